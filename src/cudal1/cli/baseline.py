@@ -1,0 +1,57 @@
+"""``cudal1 baseline``: time each task's reference under eager, ``torch.compile`` modes and
+CUDA-graph replay with the judge's own timer; cached per (task, GPU, torch, config)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
+
+DEFAULT_MODES = "eager,compile,compile-ro,max-autotune,cudagraph"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("baseline", help="measure eager / torch.compile / CUDA-graph baselines", description=__doc__)
+    p.add_argument("--suite", required=True, help="kernelbench:level1, a task dir, JSONL or .py")
+    p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
+    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated (default {DEFAULT_MODES})")
+    p.add_argument("--out", default="runs/baselines", metavar="DIR", help="output directory (run store)")
+    p.add_argument("--json", action="store_true", help="print a JSON object as the last line of stdout")
+    add_judge_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cudal1.harness import BASELINE_MODES, DevicePlan, measure_baselines
+    from cudal1.store import RunStore
+    from cudal1.tasks import load_tasks
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    unknown = [m for m in modes if m not in BASELINE_MODES]
+    if unknown:
+        raise UsageError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(BASELINE_MODES)}")
+    config = config_from_args(args)
+    tasks = load_tasks(args.suite, args.source)
+    plan = DevicePlan.detect(config.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with RunStore(out / "cudal1.sqlite") as store, progress(len(tasks) * len(modes), "baselines", not args.json) as bar:
+        results = measure_baselines(tasks, modes, config, store=store, plan=plan, on_result=lambda r: bar.update(1))
+    modes = [m for m in modes if any(k[1] == m for k in results)]
+    rows, payload = [], []
+    for t in tasks:
+        got = {m: results.get((t.hash, m)) for m in modes}
+        eager = next((r.reference_ms for r in got.values() if r and r.reference_ms), None)
+        cells = []
+        for m in modes:
+            r = got[m]
+            cells.append(r.speedup if r and r.speedup is not None else (r.status.value if r else "-"))
+        rows.append([t.task_id, eager, *cells])
+        payload.append({"task": t.task_id, "eager_ms": eager,
+                        "modes": {m: (got[m].summary() if got[m] else None) for m in modes}})
+    if args.json:
+        print_json({"tasks": payload, "device": plan.device})
+        return 0
+    print(table(["task", "eager ms", *[f"{m} x" for m in modes]], rows))
+    return 0

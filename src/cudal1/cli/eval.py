@@ -1,0 +1,62 @@
+"""``cudal1 eval``: judge one candidate file against one reference file."""
+
+from __future__ import annotations
+
+import argparse
+
+from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, fmt, print_json, read_text
+from cudal1.types import Candidate, EvalResult
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="judge one candidate against a reference", description=__doc__)
+    p.add_argument("--reference", required=True, metavar="REF.py", help="KernelBench-format task file")
+    p.add_argument("--candidate", required=True, metavar="CAND.py", help="source defining ModelNew")
+    p.add_argument("--store", default=None, metavar="PATH", help="record into (and resume from) this SQLite run store")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    add_judge_flags(p)
+    p.set_defaults(func=run)
+
+
+def describe(r: EvalResult) -> str:
+    lines = [f"status      {r.status.value}"]
+    if r.speedup is not None:
+        ci = f"  (95% CI {r.speedup_ci[0]:.3g}-{r.speedup_ci[1]:.3g})" if r.speedup_ci else ""
+        lines.append(f"speedup     {r.speedup:.3g}x{ci}")
+    if r.reference and r.candidate:
+        lines.append(f"reference   {fmt(r.reference.median_ms)} ms (IQR {fmt(r.reference.iqr_ms)}, n={r.reference.trials})")
+        lines.append(f"candidate   {fmt(r.candidate.median_ms)} ms (IQR {fmt(r.candidate.iqr_ms)}, n={r.candidate.trials}, clock {r.candidate.clock})")
+    c = r.correctness
+    if c.trials:
+        lines.append(f"correctness {c.passed}/{c.trials} trials, max abs err {fmt(c.max_abs_error)}, max rel err {fmt(c.max_rel_error)}, {c.rechecked} timed outputs re-checked")
+    if r.flags:
+        lines.append(f"flags       {', '.join(r.flags)}")
+    if r.message:
+        lines.append(f"message     {r.message.splitlines()[0][:300]}")
+    env = r.environment
+    lines.append(f"environment {env.gpu_name or 'CPU'}, torch {env.torch}, CUDA {env.cuda or '-'}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cudal1.harness import evaluate
+    from cudal1.tasks import load_task_file
+
+    config = config_from_args(args)
+    task = load_task_file(args.reference)
+    candidate = Candidate(read_text(args.candidate, "candidate"), task_hash=task.hash, label=args.candidate)
+    store = None
+    if args.store:
+        from cudal1.store import RunStore
+
+        store = RunStore(args.store)
+    try:
+        (result,) = evaluate(task, [candidate], config, store=store)
+    finally:
+        if store is not None:
+            store.close()
+    if args.json:
+        print_json(result.summary())
+    else:
+        print(describe(result))
+    return 0

@@ -1,0 +1,63 @@
+"""``cudal1`` entry point: dispatches to one module per subcommand.
+
+Exit codes: 0 when the command completed (whatever the verdicts); 2 for bad usage or bad input,
+with a one-line ``cudal1: error: ...`` on stderr; 1 for an internal failure (one line, plus the
+traceback only with ``CUDAL1_DEBUG=1``); 130 on Ctrl-C (everything recorded so far is kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import traceback
+
+from cudal1 import __version__
+from cudal1.cli import baseline, eval as eval_cmd, eval_suite
+from cudal1.cli.common import UsageError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cudal1", description="Trustworthy GPU-kernel evaluation and optimization.")
+    parser.add_argument("--version", action="version", version=f"cudal1 {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for module in (eval_cmd, eval_suite, baseline):
+        module.register(sub)
+    return parser
+
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    from cudal1.config import ConfigError
+    from cudal1.harness.api import HarnessError
+    from cudal1.store import StoreError
+    from cudal1.tasks import TaskError
+
+    return (UsageError, ConfigError, TaskError, HarnessError, StoreError)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("cudal1: interrupted (results recorded so far are kept)", file=sys.stderr)
+        return 130
+    except _user_errors() as exc:
+        print(f"cudal1: error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # noqa: BLE001 - one line, not a traceback wall
+        if os.environ.get("CUDAL1_DEBUG"):
+            traceback.print_exc()
+        print(f"cudal1: internal error: {type(exc).__name__}: {exc} (set CUDAL1_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""Named behaviours the judge reports in ``EvalResult.flags``.
+
+Names are a stable contract (``cudal1 eval --json`` carries them): add new ones, never rename.
+Informational flags describe a candidate; the others explain a ``rejected``/``incorrect`` verdict.
+"""
+
+from __future__ import annotations
+
+FLAGS: dict[str, str] = {
+    # verdict-explaining
+    "side_stream": "device work escaped the calling stream: it was still running when forward returned",
+    "lazy_output": "output is not a plain materialized torch.Tensor (subclass, meta/fake, wrong device)",
+    "cached_result": "a re-checked timed output did not match the reference for that call's fresh inputs",
+    "input_mutation": "the candidate modified its input tensors",
+    "tampering": "the candidate interfered with the judge (forged messages, patched timing/compare functions)",
+    "precision_downgrade": "the candidate changed global numeric precision settings (e.g. TF32)",
+    "shape_mismatch": "output structure, shape or dtype differs from the reference",
+    "nan_mismatch": "NaN/Inf positions differ from the reference",
+    "value_mismatch": "values differ beyond the tolerance table",
+    "reference_error": "the reference task itself failed (not the candidate's fault)",
+    "oom": "out of device memory",
+    "illegal_memory_access": "a CUDA illegal memory access (the CUDA context was lost)",
+    "signal": "the worker was killed by a signal (e.g. SIGSEGV)",
+    "no_verdict": "the worker exited without sending a verdict",
+    # informational
+    "cpu_timing": "timed on the CPU with a monotonic host clock",
+    "build_cached": "the candidate's extension build was found in the build cache",
+    "degenerate_task": "the task's reference output is constant, near zero or input-independent",
+    "no_custom_kernel": "no custom CUDA/Triton kernel ran during forward",
+    "pytorch_fallback": "the code falls back to PyTorch behind try/except",
+    "high_variance": "timing spread (IQR/median) above 10%: the speedup is less certain",
+}
+
+
+def check(name: str) -> str:
+    """Return ``name`` if it is a registered flag; raise ``KeyError`` otherwise (fail loudly)."""
+    if name not in FLAGS:
+        raise KeyError(f"unknown flag {name!r}")
+    return name

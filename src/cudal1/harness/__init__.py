@@ -1,0 +1,19 @@
+"""cudal1's judge: isolated, hack-resistant evaluation of candidate kernels.
+
+Front door: :func:`evaluate` (one task, many candidates) and :func:`evaluate_pairs` (many tasks);
+:func:`measure_baselines` for eager / ``torch.compile`` / CUDA-graph baselines.  The harness knows
+nothing of prompts, policies or RL.
+
+What in-process isolation cannot prevent (stated honestly): the candidate and the reference run
+in the same worker process, so candidate code can in principle read the worker's memory — the
+channel key, the secret input seed, the reference model — and patch Python objects the judge
+did not capture in advance.  The judge makes this costly and detectable (fresh inputs on every
+timed call, re-checks, captured callables, signed verdicts, per-candidate processes), not
+impossible.  Native code can do anything the process can.  Run untrusted candidates on machines
+you can afford to lose, under an OS sandbox if they may be hostile.
+"""
+
+from cudal1.harness.api import DevicePlan, HarnessError, Job, evaluate, evaluate_pairs, measure_baselines, run_jobs
+from cudal1.harness.baselines import MODES as BASELINE_MODES
+
+__all__ = ["BASELINE_MODES", "DevicePlan", "HarnessError", "Job", "evaluate", "evaluate_pairs", "measure_baselines", "run_jobs"]

@@ -1,0 +1,101 @@
+"""Turn a worker's :class:`~cudal1.harness.sandbox.JobOutcome` into a typed ``EvalResult``.
+
+Contract: statistics (medians, IQR, speedup, bootstrap CI) are computed here, in the parent,
+from the raw samples; the worker only reports measurements.  Missing verdicts are classified:
+a kill at a deadline is ``timeout``; a child that died before its verdict is ``runtime_error``
+(flag ``signal`` for a signal such as SIGSEGV, ``no_verdict`` for a silent exit); a failed
+message verification is ``rejected`` with ``tampering``.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from cudal1.config import EvalConfig
+from cudal1.harness.sandbox import JobOutcome
+from cudal1.harness.stats import bootstrap_speedup_ci, speedup
+from cudal1.types import Correctness, Environment, EvalResult, Status, Timing
+
+_ENV_FIELDS = set(Environment.__dataclass_fields__)
+
+
+def _signal_name(code: int) -> str:
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalResult:
+    """Fill ``base`` (which carries task/candidate identity) from the outcome."""
+    r = base
+    r.phase = outcome.phase
+    r.wall_s = outcome.wall_s
+    r.environment = Environment(**{k: v for k, v in outcome.env.items() if k in _ENV_FIELDS})
+    r.stderr_tail = outcome.log_tail[-4000:]
+    r.config_hash = config.hash()
+    if outcome.built:
+        r.build_s = float(outcome.built.get("build_s", 0.0))
+        r.compile_log = str(outcome.built.get("compile_log", ""))
+    if outcome.tamper:
+        r.status, r.flags = Status.REJECTED, ["tampering"]
+        r.message = f"verdict channel: {outcome.tamper}"
+        return r
+    if outcome.result is None:
+        return _no_verdict(outcome, r)
+    data = outcome.result
+    r.phase = str(data.get("phase") or outcome.phase)
+    r.status = Status(data["status"])
+    r.message = str(data.get("message", ""))
+    r.flags = list(dict.fromkeys(data.get("flags", [])))
+    if data.get("compile_log"):
+        r.compile_log = str(data["compile_log"])
+    if "build_s" in data:
+        r.build_s = float(data["build_s"])
+    if data.get("traceback"):
+        r.message = f"{r.message}\n{data['traceback']}".strip()
+    corr = data.get("correctness")
+    if corr:
+        r.correctness = Correctness(**{k: v for k, v in corr.items() if k in Correctness.__dataclass_fields__})
+    _timings(data, config, r)
+    return r
+
+
+def _no_verdict(outcome: JobOutcome, r: EvalResult) -> EvalResult:
+    tail = outcome.log_tail.strip().splitlines()[-3:]
+    where = f" during {outcome.phase}"
+    if outcome.timed_out:
+        r.status = Status.TIMEOUT
+        r.message = f"{outcome.phase} exceeded its {outcome.limit_s:g}s limit; the worker was killed"
+        return r
+    r.status = Status.RUNTIME_ERROR
+    code = outcome.exitcode
+    if code is not None and code < 0:
+        r.flags = ["signal"]
+        r.message = f"worker killed by {_signal_name(code)}{where}"
+    else:
+        r.flags = ["no_verdict"]
+        r.message = f"worker exited (code {code}) without a verdict{where}"
+    if any("illegal memory access" in line for line in outcome.log_tail.splitlines()):
+        r.flags.append("illegal_memory_access")
+    if tail:
+        r.message += ": " + " | ".join(tail)[-1000:]
+    return r
+
+
+def _timings(data: dict[str, Any], config: EvalConfig, r: EvalResult) -> None:
+    ref, cand = data.get("ref_samples"), data.get("cand_samples")
+    if not ref or not cand:
+        return
+    clock = str(data.get("clock", "cuda_event"))
+    r.reference = Timing.from_samples(ref, clock, keep=config.keep_samples)
+    r.candidate = Timing.from_samples(cand, clock, keep=config.keep_samples)
+    if clock == "cpu_monotonic" and "cpu_timing" not in r.flags:
+        r.flags.append("cpu_timing")
+    spread = max(r.candidate.iqr_ms / max(r.candidate.median_ms, 1e-12), r.reference.iqr_ms / max(r.reference.median_ms, 1e-12))
+    if spread > 0.10:
+        r.flags.append("high_variance")
+    if r.status is Status.OK:
+        r.speedup = speedup(r.reference.median_ms, r.candidate.median_ms)
+        r.speedup_ci = bootstrap_speedup_ci(ref, cand, config.bootstrap_samples)

@@ -1,0 +1,172 @@
+"""Output checks run inside the worker: structure, plain-tensor type, NaN/Inf positions, values.
+
+Contract: ``compare(ref, out, tolerances)`` returns a :class:`Mismatch` or ``None``; errors are
+computed in float64 (``|out - ref|`` against ``atol + rtol * |ref|`` elementwise, per-dtype
+(atol, rtol) from the tolerance table) and NaN/Inf positions must match exactly.  Integer and
+bool outputs must match exactly.  Only plain ``torch.Tensor`` objects (not subclasses, not
+meta/fake tensors) count as outputs; anything else is a ``lazy_output``.
+
+The torch callables used here are captured at import time, before any candidate code runs, so
+that a candidate rebinding ``torch.isnan`` and friends cannot change the comparison.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# Captured before candidate code runs (see module docstring).
+_Tensor = torch.Tensor
+_isnan = torch.isnan
+_isinf = torch.isinf
+_equal = torch.equal
+_abs = torch.abs
+_where = torch.where
+_zeros_like = torch.zeros_like
+_is_floating = torch.is_floating_point
+_is_complex = torch.is_complex
+
+
+@dataclass
+class Mismatch:
+    flag: str  # shape_mismatch | nan_mismatch | value_mismatch | lazy_output
+    detail: str
+    max_abs: float | None = None
+    max_rel: float | None = None
+
+
+@dataclass
+class Errors:
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+
+
+def leaves(obj: Any, path: str = "out") -> list[tuple[str, Any]]:
+    """Flatten nested tuples/lists/dicts into (path, leaf) pairs, in a stable order."""
+    if isinstance(obj, (tuple, list)):
+        out: list[tuple[str, Any]] = []
+        for i, item in enumerate(obj):
+            out.extend(leaves(item, f"{path}[{i}]"))
+        return out
+    if isinstance(obj, dict):
+        out = []
+        for k in sorted(obj, key=str):
+            out.extend(leaves(obj[k], f"{path}[{k!r}]"))
+        return out
+    return [(path, obj)]
+
+
+def plain_tensor_problem(t: Any, device_type: str) -> str | None:
+    """Why ``t`` is not an ordinary materialized tensor on ``device_type``; None if it is."""
+    if type(t) is not _Tensor:
+        return f"type {type(t).__module__}.{type(t).__qualname__} is not torch.Tensor"
+    if t.is_meta or t.device.type != device_type:
+        return f"tensor on device {t.device}, expected {device_type}"
+    if t.layout is not torch.strided:
+        return f"layout {t.layout} is not strided"
+    if t.requires_grad and t.grad_fn is None and not t.is_leaf:
+        return "tensor without data"
+    return None
+
+
+def _value_errors(ref: Any, out: Any, atol: float, rtol: float) -> tuple[Errors, int, str]:
+    """float64 errors; returns (errors, count of elements out of tolerance, first bad index)."""
+    r = ref.detach().to(torch.float64)
+    o = out.detach().to(torch.float64)
+    finite = ~(_isnan(r) | _isinf(r))
+    diff = _where(finite, _abs(o - r), _zeros_like(r))
+    scale = _abs(r)
+    bad = diff > (atol + rtol * scale)
+    # inf positions must hold the same inf
+    inf_r = _isinf(r)
+    bad = bad | (inf_r & (o != r))
+    n_bad = int(bad.sum().item())
+    errors = Errors()
+    if diff.numel():
+        errors.max_abs = float(diff.max().item())
+        rel = diff / scale.clamp_min(1e-12)
+        errors.max_rel = float(_where(finite, rel, _zeros_like(rel)).max().item())
+    first = ""
+    if n_bad:
+        idx = bad.flatten().nonzero()[0].item()
+        first = f"first at flat index {idx}: got {o.flatten()[idx].item():.6g}, want {r.flatten()[idx].item():.6g}"
+    return errors, n_bad, first
+
+
+def compare(ref: Any, out: Any, tolerances: dict[str, tuple[float, float]], device_type: str) -> tuple[Mismatch | None, Errors]:
+    """Check ``out`` against ``ref``.  Returns (mismatch or None, worst errors seen)."""
+    worst = Errors()
+    ref_leaves, out_leaves = leaves(ref), leaves(out)
+    for path, o in out_leaves:
+        if isinstance(o, _Tensor) or hasattr(o, "__torch_function__"):
+            problem = plain_tensor_problem(o, device_type)
+            if problem:
+                return Mismatch("lazy_output", f"{path}: {problem}"), worst
+    if [p for p, _ in ref_leaves] != [p for p, _ in out_leaves]:
+        return Mismatch("shape_mismatch", f"output structure differs: {len(out_leaves)} leaves, want {len(ref_leaves)}"), worst
+    for (path, r), (_, o) in zip(ref_leaves, out_leaves):
+        mismatch = _compare_leaf(path, r, o, tolerances, worst)
+        if mismatch:
+            return mismatch, worst
+    return None, worst
+
+
+def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, float]], worst: Errors) -> Mismatch | None:
+    if not isinstance(r, _Tensor):
+        if isinstance(o, _Tensor) or type(o) is not type(r):
+            return Mismatch("shape_mismatch", f"{path}: got {type(o).__name__}, want {type(r).__name__}")
+        if isinstance(r, float):
+            atol, rtol = tolerances.get("float32", (1e-4, 1e-4))
+            ok = (r != r and o != o) or abs(o - r) <= atol + rtol * abs(r)
+        else:
+            ok = o == r
+        return None if ok else Mismatch("value_mismatch", f"{path}: got {o!r}, want {r!r}")
+    if not isinstance(o, _Tensor):
+        return Mismatch("shape_mismatch", f"{path}: got {type(o).__name__}, want Tensor")
+    if tuple(o.shape) != tuple(r.shape):
+        return Mismatch("shape_mismatch", f"{path}: shape {tuple(o.shape)}, want {tuple(r.shape)}")
+    if o.dtype != r.dtype:
+        return Mismatch("shape_mismatch", f"{path}: dtype {o.dtype}, want {r.dtype}")
+    if not (_is_floating(r) or _is_complex(r)):
+        if not _equal(o.detach().cpu(), r.detach().cpu()):
+            n = int((o != r).sum().item())
+            return Mismatch("value_mismatch", f"{path}: {n} of {r.numel()} elements differ (exact dtype {r.dtype})")
+        return None
+    if not _equal(_isnan(o), _isnan(r)):
+        n = int((_isnan(o) != _isnan(r)).sum().item())
+        return Mismatch("nan_mismatch", f"{path}: NaN positions differ at {n} elements")
+    atol, rtol = tolerances.get(str(r.dtype).replace("torch.", ""), (1e-4, 1e-4))
+    errors, n_bad, first = _value_errors(r, o, atol, rtol)
+    worst.max_abs = max(worst.max_abs, errors.max_abs)
+    worst.max_rel = max(worst.max_rel, errors.max_rel)
+    if n_bad:
+        return Mismatch(
+            "value_mismatch",
+            f"{path}: {n_bad} of {r.numel()} elements outside atol={atol:g} rtol={rtol:g} "
+            f"(max abs {errors.max_abs:.3g}, max rel {errors.max_rel:.3g}); {first}",
+            errors.max_abs,
+            errors.max_rel,
+        )
+    return None
+
+
+def tensors_equal(a: Any, b: Any) -> bool:
+    """Exact, NaN-aware equality of two input trees (used for the input-mutation check)."""
+    la, lb = leaves(a, "in"), leaves(b, "in")
+    if len(la) != len(lb):
+        return False
+    for (_, x), (_, y) in zip(la, lb):
+        if isinstance(x, _Tensor):
+            if not isinstance(y, _Tensor) or x.shape != y.shape or x.dtype != y.dtype:
+                return False
+            if _is_floating(x) or _is_complex(x):
+                same = (x == y) | (_isnan(x) & _isnan(y))
+                if not bool(same.all().item()):
+                    return False
+            elif not _equal(x, y):
+                return False
+        elif x != y and not (x != x and y != y):
+            return False
+    return True

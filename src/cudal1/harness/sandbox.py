@@ -1,0 +1,187 @@
+"""Parent side of the isolation: start a worker child, enforce phase deadlines, collect its verdict.
+
+Contract: :func:`run_job` never raises for anything the child does.  The child is started from a
+``forkserver`` whose only preloaded state is ``torch`` and the worker module (no CUDA context,
+nothing from the parent), runs in its own process group, and is killed with SIGKILL (with every
+process it started, e.g. a hung ``nvcc``) when a phase overruns.  Messages are read raw by a
+reader thread and verified by :class:`~cudal1.harness.channel.Receiver`; a forged, malformed or
+replayed message ends the job with ``tampering``.  The outcome says what happened; mapping it to
+an :class:`~cudal1.types.EvalResult` is :mod:`cudal1.harness.assemble`'s job.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import secrets
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
+
+_EXIT_GRACE_S = 15.0
+_POLL_S = 0.05
+_context: Any = None
+_context_lock = threading.Lock()
+
+
+def get_context() -> Any:
+    """The shared forkserver context (``spawn`` where forkserver is unavailable)."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            try:
+                ctx = mp.get_context("forkserver")
+                ctx.set_forkserver_preload(["torch", "cudal1.harness.worker"])
+            except ValueError:
+                ctx = mp.get_context("spawn")
+            _context = ctx
+        return _context
+
+
+@dataclass
+class JobOutcome:
+    """What a worker child did.  ``result`` is the data of its signed ``result`` message."""
+
+    result: dict[str, Any] | None = None
+    env: dict[str, Any] = field(default_factory=dict)
+    built: dict[str, Any] = field(default_factory=dict)
+    phase: str = "start"
+    timed_out: bool = False
+    limit_s: float = 0.0
+    tamper: str = ""
+    exitcode: int | None = None
+    log_tail: str = ""
+    wall_s: float = 0.0
+    phase_times: dict[str, float] = field(default_factory=dict)
+
+
+def _reader(conn: Any, out: "queue.Queue[bytes | None]") -> None:
+    try:
+        while True:
+            out.put(conn.recv_bytes(MAX_MESSAGE_BYTES))
+    except (EOFError, OSError):
+        pass
+    finally:
+        out.put(None)
+
+
+def _kill_group(proc: Any) -> None:
+    pid = proc.pid
+    if pid is None:
+        return
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.kill()
+    except (ProcessLookupError, AttributeError):
+        pass
+
+
+def _close_inherited_fds(keep: int) -> None:
+    """Close every descriptor but stdio and the channel, so candidate code cannot scribble on
+    the forkserver's or resource tracker's pipes (it could otherwise disturb later jobs)."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd > 2 and fd != keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _job_target(job: dict[str, Any], conn: Any, key: bytes) -> None:
+    os.setsid()  # own process group, so a kill reaches builds it started too
+    _close_inherited_fds(conn.fileno())
+    from cudal1.harness.worker import worker_entry
+
+    worker_entry(job, conn, key)
+
+
+def run_job(job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
+    """Run one worker job; ``limits`` maps phase name → seconds (``setup``, ``import``, ...)."""
+    ctx = get_context()
+    key = secrets.token_bytes(32)
+    recv_conn, send_conn = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_job_target, args=(job, send_conn, key), daemon=False)
+    outcome = JobOutcome()
+    t0 = time.monotonic()
+    proc.start()
+    send_conn.close()
+    messages: queue.Queue[bytes | None] = queue.Queue()
+    threading.Thread(target=_reader, args=(recv_conn, messages), daemon=True).start()
+    try:
+        _monitor(proc, messages, Receiver(key), limits, outcome, t0)
+    finally:
+        _kill_group(proc)
+        proc.join(timeout=5)
+        recv_conn.close()
+        outcome.exitcode = proc.exitcode
+        outcome.wall_s = time.monotonic() - t0
+        outcome.log_tail = _tail(job.get("log_path", ""))
+    return outcome
+
+
+def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receiver, limits: dict[str, float], outcome: JobOutcome, t0: float) -> None:
+    outcome.phase = "setup"
+    outcome.limit_s = limits["setup"]
+    deadline = t0 + outcome.limit_s
+    phase_start = t0
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            outcome.timed_out = outcome.result is None
+            return
+        try:
+            raw = messages.get(timeout=min(remaining, _POLL_S if proc.is_alive() else 1.0))
+        except queue.Empty:
+            continue
+        if raw is None:  # channel closed: the child is gone (or closed it)
+            return
+        try:
+            msg = receiver.decode(raw)
+        except ChannelError as exc:
+            outcome.tamper = str(exc)
+            outcome.result = None
+            return
+        if msg.kind == "phase":
+            now = time.monotonic()
+            outcome.phase_times[outcome.phase] = now - phase_start
+            phase_start = now
+            outcome.phase = str(msg.data.get("name"))
+            outcome.limit_s = limits.get(outcome.phase, limits["default"])
+            deadline = now + outcome.limit_s
+        elif msg.kind == "env":
+            outcome.env = msg.data
+        elif msg.kind == "built":
+            outcome.built = msg.data
+        elif msg.kind == "result":
+            if outcome.result is not None:
+                outcome.tamper = "a second verdict on the verdict channel"
+                outcome.result = None
+                return
+            outcome.phase_times[outcome.phase] = time.monotonic() - phase_start
+            outcome.result = msg.data
+            deadline = time.monotonic() + _EXIT_GRACE_S  # let it exit; a later message is tampering
+
+
+def _tail(path: str, limit: int = 8000) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

@@ -1,0 +1,361 @@
+"""The worker: runs one reference/candidate pair inside a killable child process.
+
+Contract: ``worker_entry(job, conn)`` is the child's only entry point.  It announces each phase
+(``setup``, ``import``, ``construct``, ``correctness``, ``timing``) on the signed channel, sends
+its environment, and ends with exactly one ``result`` message, then leaves with ``os._exit`` so
+that no candidate ``atexit`` hook runs.  Everything the child prints goes to ``job['log_path']``.
+The parent enforces the per-phase deadlines and turns a missing verdict (crash, signal,
+``os._exit``) into a result; this module never decides about time limits.
+
+Modes: ``eval`` (the full protocol), ``build`` (import the candidate with no GPU visible, so
+``load_inline`` fills the build cache ahead of GPU timing), ``baseline`` (the reference against a
+wrapped copy of itself: ``torch.compile`` modes or CUDA-graph replay).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import statistics
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from cudal1.harness import compare as cmp
+from cudal1.harness.channel import Sender
+from cudal1.harness.memory import L2Flusher, poison_free_blocks
+from cudal1.harness.timer import make_timer
+
+_perf = time.perf_counter
+
+
+class Verdict(Exception):
+    """Ends the protocol early with a status (a ``Status`` value) and flags."""
+
+    def __init__(self, status: str, message: str, *flags: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.flags, self.extra = status, message, list(flags), extra
+
+
+def clone_tree(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(clone_tree(x) for x in obj)
+    return obj
+
+
+def load_module(path: str, name: str) -> Any:
+    """Import a source file as a real module (``@triton.jit`` needs the file for its source)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def classify_runtime(exc: BaseException, phase: str) -> Verdict:
+    """Map an exception raised from construction on to a ``runtime_error`` verdict."""
+    text = f"{type(exc).__name__}: {exc}"
+    flags = []
+    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
+        flags.append("oom")
+    if "illegal memory access" in text or "an illegal instruction" in text:
+        flags.append("illegal_memory_access")
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
+    return Verdict("runtime_error", f"{phase}: {text[:2000]}", *flags, traceback=tb[-4000:])
+
+
+def math_flags() -> dict[str, Any]:
+    """Global numeric settings a candidate must not change (precision_downgrade otherwise)."""
+    return {
+        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
+        "fp32_precision": torch.get_float32_matmul_precision(),
+        "fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+        "bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+    }
+
+
+class Worker:
+    def __init__(self, job: dict[str, Any], sender: Sender) -> None:
+        self.job = job
+        self.cfg = job["config"]
+        self.send = sender.send
+        self.device = torch.device("cpu")
+        self.input_seed = int(job["input_seed"])
+        self.log_path = job["log_path"]
+        self.math0: dict[str, Any] = {}
+        self.ref_mod: Any = None
+
+    # ---- protocol -----------------------------------------------------------------------
+    def run(self) -> None:
+        result: dict[str, Any] = {}
+        phase = "setup"
+        try:
+            self.phase(phase)
+            self.setup()
+            ref_mod = self.ref_mod = self.load_reference()
+            phase = "import"
+            self.phase(phase)
+            model_new = self.import_candidate()
+            if self.job["mode"] == "build":
+                raise Verdict("ok", "built")
+            phase = "construct"
+            self.phase(phase)
+            ref_model, cand_model, init_inputs = self.construct(ref_mod, model_new)
+            phase = "correctness"
+            self.phase(phase)
+            with torch.no_grad():
+                estimate, correctness = self.correctness(ref_mod, ref_model, cand_model)
+                result["correctness"] = correctness
+                phase = "timing"
+                self.phase(phase)
+                result.update(self.timing(ref_mod, ref_model, cand_model, estimate))
+            result["correctness"]["rechecked"] = result.pop("rechecked", 0)
+            flags = ["side_stream"] if result.get("side_stream") else []
+            status = "rejected" if flags else "ok"
+            message = "side-stream work escaped the calling stream" if flags else ""
+            self.finish(status, message, flags, phase="done", **result)
+        except Verdict as v:
+            self.finish(v.status, v.message, v.flags, phase=phase, **result, **v.extra)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a verdict
+            v = classify_runtime(exc, phase)
+            self.finish(v.status, v.message, v.flags, phase=phase, **result, **v.extra)
+
+    def phase(self, name: str) -> None:
+        self.send("phase", name=name, t=time.time())
+
+    def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
+        self.send("result", status=status, message=message, flags=flags, **data)
+
+    # ---- phases -------------------------------------------------------------------------
+    def setup(self) -> None:
+        want = self.job["device"]
+        if want == "cuda":
+            if not torch.cuda.is_available():
+                raise Verdict("runtime_error", "CUDA requested but no GPU is visible to the worker")
+            torch.cuda.set_device(0)
+            self.device = torch.device("cuda", 0)
+        if self.cfg.get("math_mode", "strict") == "strict":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            torch.set_float32_matmul_precision("highest")
+        self.math0 = math_flags()
+        from cudal1.harness.envinfo import collect_environment
+
+        self.send("env", **collect_environment(self.device))
+
+    def load_reference(self) -> Any:
+        try:
+            return load_module(self.job["reference_path"], self.job["reference_module"])
+        except BaseException as exc:  # noqa: BLE001
+            raise Verdict("runtime_error", f"reference failed to import: {type(exc).__name__}: {exc}", "reference_error") from None
+
+    def import_candidate(self) -> Any:
+        if self.job["mode"] == "baseline":
+            return None
+        start = os.path.getsize(self.log_path)
+        t0 = _perf()
+        try:
+            module = load_module(self.job["candidate_path"], self.job["candidate_module"])
+            model_new = getattr(module, "ModelNew", None)
+            if model_new is None or not isinstance(model_new, type):
+                raise ImportError("the candidate defines no class ModelNew")
+        except BaseException as exc:  # noqa: BLE001 - import/build failures are compile errors
+            log = self.read_log(start)
+            detail = f"{type(exc).__name__}: {exc}"
+            is_build = "Error building extension" in detail or "CalledProcessError" in detail
+            raise Verdict("compile_error", detail[:4000], compile_log=(log + "\n" + detail)[-20000:],
+                          build_error=is_build, build_s=_perf() - t0) from None
+        self.send("built", build_s=_perf() - t0, compile_log=self.read_log(start)[-20000:])
+        self.check_math("import")
+        return model_new
+
+    def construct(self, ref_mod: Any, model_new: Any) -> tuple[Any, Any, list]:
+        seed = int(self.cfg["seed"])
+        try:
+            init_inputs = list(ref_mod.get_init_inputs())
+            init_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in init_inputs]
+            torch.manual_seed(seed)
+            ref_model = ref_mod.Model(*clone_tree(init_inputs)).to(self.device)
+        except BaseException as exc:  # noqa: BLE001
+            raise Verdict("runtime_error", f"reference failed to construct: {type(exc).__name__}: {exc}", "reference_error") from None
+        torch.manual_seed(seed)
+        if self.job["mode"] == "baseline":
+            from cudal1.harness.baselines import wrap_baseline
+
+            cand_model = wrap_baseline(self.job["baseline_mode"], ref_mod.Model(*clone_tree(init_inputs)).to(self.device), self.device)
+        else:
+            cand_model = model_new(*clone_tree(init_inputs))
+            if isinstance(cand_model, torch.nn.Module):
+                cand_model = cand_model.to(self.device)
+        self.check_math("construct")
+        return ref_model, cand_model, init_inputs
+
+    def make_inputs(self, seed: int) -> list:
+        """Fresh inputs from the task's ``get_inputs`` under ``seed``, created on the device."""
+        torch.manual_seed(seed)
+        random.seed(seed)
+        with torch.device(self.device):
+            inputs = list(self.ref_mod.get_inputs())
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
+
+    def run_model(self, model: Any, args: list) -> tuple[Any, float]:
+        self.sync()
+        t0 = _perf()
+        out = model(*args)
+        self.sync()
+        return out, (_perf() - t0) * 1e3
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def correctness(self, ref_mod: Any, ref_model: Any, cand_model: Any) -> tuple[dict, dict]:
+        tolerances = self.job["tolerances"]
+        trials = int(self.cfg["correctness_trials"])
+        est: dict[str, list[float]] = {"ref": [], "cand": []}
+        corr = {"trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None, "detail": ""}
+        models = {"ref": ref_model, "cand": cand_model}
+        for i in range(trials):
+            corr["trials"] = i + 1
+            inputs = self.make_inputs(self.input_seed + i)
+            outs: dict[str, Any] = {}
+            for who in (("cand", "ref") if i % 2 == 0 else ("ref", "cand")):
+                args = clone_tree(inputs)
+                outs[who], ms = self.run_model(models[who], args)
+                est[who].append(ms)
+                if who == "cand":
+                    self.check_math(f"correctness trial {i}")
+                    if not cmp.tensors_equal(args, inputs):
+                        raise Verdict("rejected", f"trial {i}: the candidate modified its inputs", "input_mutation", correctness=corr)
+                del args
+                self.poison()
+            mismatch, errors = cmp.compare(outs["ref"], outs["cand"], tolerances, self.device.type)
+            corr["max_abs_error"] = max(corr["max_abs_error"], errors.max_abs)
+            corr["max_rel_error"] = max(corr["max_rel_error"], errors.max_rel)
+            if mismatch is not None:
+                corr.update(failing_trial=i, detail=mismatch.detail)
+                status = "rejected" if mismatch.flag == "lazy_output" else "incorrect"
+                raise Verdict(status, f"trial {i}: {mismatch.detail}", mismatch.flag, correctness=corr)
+            corr["passed"] = i + 1
+            scrub(outs["ref"])
+            del outs, inputs
+            self.poison()
+        return est, corr
+
+    def timing(self, ref_mod: Any, ref_model: Any, cand_model: Any, est: dict) -> dict[str, Any]:
+        """Interleaved, randomized-order timing on fresh inputs with sampled re-checks."""
+        timer = make_timer(self.device)
+        timer.calibrate()
+        flush = L2Flusher(self.device)
+        rng = random.Random(self.input_seed ^ 0x5EED)
+        models = {"ref": ref_model, "cand": cand_model}
+        t_gen = self.time_input_generation()
+        for w in range(int(self.cfg["warmup_calls"])):
+            for who in ("ref", "cand"):
+                self.run_model(models[who], self.make_inputs(self.input_seed + 10_000 + w))
+        per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 2e-4
+        n = int(min(self.cfg["timing_trials"], max(self.cfg["min_timing_trials"], self.cfg["timing_budget_s"] / per_pair_s)))
+        n_re = max(2, round(float(self.cfg["recheck_fraction"]) * n))
+        recheck = set(rng.sample(range(n), min(n, n_re))) | {n - 1}
+        samples: dict[str, list[float]] = {"ref": [], "cand": []}
+        escaped = {"ref": 0, "cand": 0}
+        seed0 = self.input_seed + 20_000
+        for t in range(n):
+            for who in rng.sample(["ref", "cand"], 2):
+                inputs = self.make_inputs(seed0 + 2 * t + (who == "cand"))
+                keep = who == "cand" and t in recheck
+                pristine = clone_tree(inputs) if keep else None
+                flush()
+                ct, out = timer.time_call(models[who], tuple(inputs))
+                samples[who].append(ct.ms)
+                escaped[who] += ct.escaped
+                if keep:
+                    self.recheck(t, ref_model, out, inputs, pristine)
+                del out, inputs, pristine
+            self.check_math(f"timed call {t}")
+        side = escaped["cand"] >= max(2, 0.25 * n)
+        return {"ref_samples": samples["ref"], "cand_samples": samples["cand"], "clock": timer.clock,
+                "escaped": escaped, "side_stream": side, "rechecked": len(recheck),
+                "sync_overhead_ms": timer.overhead_ms}
+
+    def recheck(self, t: int, ref_model: Any, out: Any, used_inputs: list, pristine: list) -> None:
+        """A timed output must match the reference on that call's own fresh inputs."""
+        if not cmp.tensors_equal(used_inputs, pristine):
+            raise Verdict("rejected", f"timed call {t}: the candidate modified its inputs", "input_mutation")
+        ref_out, _ = self.run_model(ref_model, clone_tree(pristine))
+        mismatch, _ = cmp.compare(ref_out, out, self.job["tolerances"], self.device.type)
+        if mismatch is not None:
+            flag = "lazy_output" if mismatch.flag == "lazy_output" else "cached_result"
+            raise Verdict("rejected", f"timed call {t} (re-check): {mismatch.detail}", flag)
+
+    def time_input_generation(self) -> float:
+        t0 = _perf()
+        self.make_inputs(self.input_seed + 30_000)
+        self.sync()
+        return _perf() - t0
+
+    # ---- guards -------------------------------------------------------------------------
+    def check_math(self, where: str) -> None:
+        now = math_flags()
+        changed = {k: (self.math0[k], v) for k, v in now.items() if self.math0.get(k) != v}
+        if changed:
+            what = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
+            raise Verdict("rejected", f"global numeric settings changed after {where}: {what}", "precision_downgrade")
+
+    def poison(self) -> None:
+        if self.cfg.get("poison_freed_memory", True):
+            poison_free_blocks(self.device)
+
+    def read_log(self, start: int) -> str:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(self.log_path, "rb") as f:
+            f.seek(start)
+            return f.read().decode("utf-8", "replace")
+
+
+def scrub(obj: Any) -> None:
+    """Overwrite a reference output in place before it is freed (NaN for floats)."""
+    for _, leaf in cmp.leaves(obj):
+        if isinstance(leaf, torch.Tensor) and leaf.numel():
+            try:
+                leaf.fill_(float("nan") if leaf.is_floating_point() else 0)
+            except RuntimeError:
+                pass
+
+
+def _redirect_output(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def worker_entry(job: dict[str, Any], conn: Any, key: bytes) -> None:
+    """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``."""
+    for name, value in job.get("env", {}).items():
+        os.environ[name] = value
+    _redirect_output(job["log_path"])
+    sender = Sender(conn, key)
+    del key
+    try:
+        Worker(job, sender).run()
+    except BaseException as exc:  # noqa: BLE001 - the channel itself failed
+        print(f"cudal1 worker: internal failure: {exc!r}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

@@ -1,0 +1,424 @@
+"""Embedded SQLite run store: tasks, candidates, verdicts, baselines, environments and runs.
+
+Contract
+--------
+* One file, stdlib :mod:`sqlite3` only (no ORM, no torch).  :class:`RunStore` opens or
+  creates it (parent directories included) in WAL mode with ``synchronous=NORMAL``,
+  ``foreign_keys=ON`` and a 30 s busy timeout, so several processes may read while one writes.
+* Every write method is its own transaction (``BEGIN IMMEDIATE`` … commit).  Once a method
+  returns, its row survives the process being killed (SIGKILL included); a write interrupted
+  half-way leaves nothing behind.  An OS crash or power loss may lose the last few commits
+  (the price of ``synchronous=NORMAL`` in WAL mode) but never corrupts the file.
+* Verdicts are :class:`~cudal1.types.EvalResult` values stored whole as JSON
+  (``EvalResult.to_dict``) and read back with ``EvalResult.from_dict``; ``status`` and
+  ``speedup`` are copied into columns for querying.  An evaluation is identified by
+  ``(task_hash, candidate_hash, config_hash)``; recording it again replaces the verdict
+  (upsert), which is what makes resuming a run (``has_evaluation``) cheap and idempotent.
+* Baselines (reference timings) are keyed by ``(task_hash, mode, env_key, config_hash)`` so a
+  number measured on one GPU / torch / CUDA combination is never reused on another.
+* The file carries ``schema_version`` in table ``meta``; a file written by an unknown (e.g.
+  newer) schema version is refused with :class:`StoreError` rather than misread.
+* Thread-safe: one connection opened with ``check_same_thread=False``; every operation holds
+  the store's lock, so the evaluator may record from several scheduler threads.
+
+Limits
+------
+* Rows reference each other by hash only; no foreign-key constraints are declared, so a
+  verdict may be recorded before (or without) its task or candidate row.
+* No migrations exist yet: schema version 1 is the only one this code reads.
+* Timestamps are Unix seconds (float, from :func:`time.time`).
+* WAL needs a local filesystem; on filesystems without shared memory (some network mounts)
+  SQLite may fall back to another journal mode.
+* ``best`` ignores verdicts whose speedup is ``None`` or NaN.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .types import Candidate, EvalResult, Status, Task
+
+__all__ = ["SCHEMA_VERSION", "RunStore", "StoreError"]
+
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_MS = 30_000
+
+_SCHEMA = (
+    """CREATE TABLE IF NOT EXISTS meta (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS tasks (
+        hash TEXT PRIMARY KEY,
+        name TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        level INTEGER,
+        problem_id INTEGER,
+        source TEXT NOT NULL,
+        origin TEXT NOT NULL DEFAULT '',
+        added_at REAL NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS candidates (
+        hash TEXT NOT NULL,
+        task_hash TEXT NOT NULL,
+        source TEXT NOT NULL,
+        label TEXT NOT NULL DEFAULT '',
+        meta_json TEXT NOT NULL DEFAULT '{}',
+        added_at REAL NOT NULL,
+        PRIMARY KEY (hash, task_hash)
+    )""",
+    "CREATE INDEX IF NOT EXISTS candidates_task ON candidates (task_hash)",
+    """CREATE TABLE IF NOT EXISTS evaluations (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_hash TEXT NOT NULL,
+        candidate_hash TEXT NOT NULL,
+        config_hash TEXT NOT NULL,
+        status TEXT NOT NULL,
+        speedup REAL,
+        result_json TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        UNIQUE (task_hash, candidate_hash, config_hash)
+    )""",
+    "CREATE INDEX IF NOT EXISTS evaluations_task_status ON evaluations (task_hash, status)",
+    """CREATE TABLE IF NOT EXISTS baselines (
+        task_hash TEXT NOT NULL,
+        mode TEXT NOT NULL,
+        env_key TEXT NOT NULL,
+        config_hash TEXT NOT NULL,
+        result_json TEXT NOT NULL,
+        created_at REAL NOT NULL,
+        PRIMARY KEY (task_hash, mode, env_key, config_hash)
+    )""",
+    """CREATE TABLE IF NOT EXISTS environments (
+        key TEXT PRIMARY KEY,
+        json TEXT NOT NULL
+    )""",
+    """CREATE TABLE IF NOT EXISTS runs (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        kind TEXT NOT NULL,
+        config_json TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        finished_at REAL,
+        status TEXT NOT NULL
+    )""",
+)
+
+
+class StoreError(RuntimeError):
+    """The store file cannot be used (unknown schema version, not a database, ...)."""
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, allow_nan=True, default=str)
+
+
+def _result_json(result: EvalResult) -> str:
+    return _dumps(result.to_dict())
+
+
+def _load_result(text: str) -> EvalResult:
+    return EvalResult.from_dict(json.loads(text))
+
+
+def _status_value(status: Status | str) -> str:
+    return status.value if isinstance(status, Status) else Status(status).value
+
+
+def _speedup_column(speedup: float | None) -> float | None:
+    if speedup is None:
+        return None
+    value = float(speedup)
+    return None if math.isnan(value) else value
+
+
+class RunStore:
+    """The SQLite run store at ``path`` (see the module docstring for the contract)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        memory = str(path) == ":memory:"
+        if not memory:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        # isolation_level=None: no implicit transactions; every write opens its own with
+        # BEGIN IMMEDIATE (see _tx), so the write lock is taken up front, never upgraded.
+        self._conn = sqlite3.connect(
+            ":memory:" if memory else str(self.path),
+            timeout=BUSY_TIMEOUT_MS / 1000,
+            isolation_level=None,
+            check_same_thread=False,
+        )
+        try:
+            self._init()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise StoreError(f"cannot open run store {self.path}: {exc}") from None
+        except BaseException:
+            self._conn.close()
+            raise
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def _init(self) -> None:
+        conn = self._conn
+        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+        conn.execute("PRAGMA foreign_keys = ON")
+        self._check_version()
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        with self._tx():
+            for statement in _SCHEMA:
+                conn.execute(statement)
+            conn.execute(
+                "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",
+                (str(SCHEMA_VERSION),),
+            )
+        self._check_version()
+
+    def _check_version(self) -> None:
+        has_meta = self._conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'meta'"
+        ).fetchone()
+        if not has_meta:
+            return
+        row = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+        if row is None:
+            return
+        if str(row[0]) != str(SCHEMA_VERSION):
+            raise StoreError(
+                f"run store {self.path} has schema version {row[0]!r}; this cudal1 reads "
+                f"version {SCHEMA_VERSION} only (use a newer cudal1 or a new store file)"
+            )
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        with self._lock:
+            self._conn.close()
+
+    def __enter__(self) -> "RunStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction: lock held, BEGIN IMMEDIATE, commit (rollback on error)."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            with self._conn:  # commits on success, rolls back on an exception
+                yield self._conn
+
+    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._conn.execute(sql, params).fetchall()
+
+    def _journal_mode(self) -> str:
+        return str(self._query("PRAGMA journal_mode")[0][0]).lower()
+
+    # -- tasks and candidates ------------------------------------------------------------------
+
+    def add_task(self, task: Task) -> str:
+        """Record ``task`` (content-addressed; re-adding is a no-op).  Returns its hash."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO tasks (hash, name, task_id, level, problem_id, source,"
+                " origin, added_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (task.hash, task.name, task.task_id, task.level, task.problem_id, task.source,
+                 task.origin, time.time()),
+            )
+        return task.hash
+
+    def get_task(self, task_hash: str) -> Task | None:
+        rows = self._query(
+            "SELECT name, source, level, problem_id, origin FROM tasks WHERE hash = ?",
+            (task_hash,),
+        )
+        if not rows:
+            return None
+        name, source, level, problem_id, origin = rows[0]
+        return Task(name=name, source=source, level=level, problem_id=problem_id, origin=origin)
+
+    def add_candidate(
+        self, candidate: Candidate, task_hash: str, meta: dict[str, Any] | None = None
+    ) -> str:
+        """Record ``candidate`` as proposed for ``task_hash`` (the same source may be proposed
+        for several tasks; re-adding a pair is a no-op).  Returns the candidate hash."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT OR IGNORE INTO candidates (hash, task_hash, source, label, meta_json,"
+                " added_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (candidate.hash, task_hash, candidate.source, candidate.label,
+                 _dumps(meta or {}), time.time()),
+            )
+        return candidate.hash
+
+    def candidates(self, task_hash: str) -> list[Candidate]:
+        """Candidates proposed for ``task_hash``, oldest first."""
+        rows = self._query(
+            "SELECT source, task_hash, label FROM candidates WHERE task_hash = ?"
+            " ORDER BY added_at, rowid",
+            (task_hash,),
+        )
+        return [Candidate(source=s, task_hash=t, label=lbl) for s, t, lbl in rows]
+
+    # -- evaluations ---------------------------------------------------------------------------
+
+    def _put_environment(self, conn: sqlite3.Connection, result: EvalResult) -> None:
+        env = result.environment
+        conn.execute(
+            "INSERT OR REPLACE INTO environments (key, json) VALUES (?, ?)",
+            (env.key(), _dumps(dataclasses.asdict(env))),
+        )
+
+    def record_evaluation(self, result: EvalResult) -> int:
+        """Upsert ``result`` under ``(task_hash, candidate_hash, config_hash)`` and store its
+        environment.  Returns the evaluation's row id (stable across upserts)."""
+        if not result.task_hash or not result.candidate_hash:
+            raise ValueError("record_evaluation needs result.task_hash and result.candidate_hash")
+        with self._tx() as conn:
+            self._put_environment(conn, result)
+            conn.execute(
+                "INSERT INTO evaluations (task_hash, candidate_hash, config_hash, status,"
+                " speedup, result_json, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+                " ON CONFLICT (task_hash, candidate_hash, config_hash) DO UPDATE SET"
+                " status = excluded.status, speedup = excluded.speedup,"
+                " result_json = excluded.result_json, created_at = excluded.created_at",
+                (result.task_hash, result.candidate_hash, result.config_hash,
+                 result.status.value, _speedup_column(result.speedup), _result_json(result),
+                 time.time()),
+            )
+            row = conn.execute(
+                "SELECT id FROM evaluations WHERE task_hash = ? AND candidate_hash = ?"
+                " AND config_hash = ?",
+                (result.task_hash, result.candidate_hash, result.config_hash),
+            ).fetchone()
+        return int(row[0])
+
+    def get_evaluation(
+        self, task_hash: str, candidate_hash: str, config_hash: str
+    ) -> EvalResult | None:
+        rows = self._query(
+            "SELECT result_json FROM evaluations WHERE task_hash = ? AND candidate_hash = ?"
+            " AND config_hash = ?",
+            (task_hash, candidate_hash, config_hash),
+        )
+        return _load_result(rows[0][0]) if rows else None
+
+    def has_evaluation(self, task_hash: str, candidate_hash: str, config_hash: str) -> bool:
+        return bool(
+            self._query(
+                "SELECT 1 FROM evaluations WHERE task_hash = ? AND candidate_hash = ?"
+                " AND config_hash = ?",
+                (task_hash, candidate_hash, config_hash),
+            )
+        )
+
+    def evaluations(
+        self, task_hash: str | None = None, status: Status | str | None = None
+    ) -> list[EvalResult]:
+        """Recorded verdicts, optionally filtered, in the order first recorded."""
+        where, params = [], []
+        if task_hash is not None:
+            where.append("task_hash = ?")
+            params.append(task_hash)
+        if status is not None:
+            where.append("status = ?")
+            params.append(_status_value(status))
+        sql = "SELECT result_json FROM evaluations"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        rows = self._query(sql + " ORDER BY id", tuple(params))
+        return [_load_result(r[0]) for r in rows]
+
+    def best(self, task_hash: str) -> EvalResult | None:
+        """The ``ok`` verdict with the highest speedup for ``task_hash`` (earliest on ties)."""
+        rows = self._query(
+            "SELECT result_json FROM evaluations WHERE task_hash = ? AND status = ?"
+            " AND speedup IS NOT NULL ORDER BY speedup DESC, id ASC LIMIT 1",
+            (task_hash, Status.OK.value),
+        )
+        return _load_result(rows[0][0]) if rows else None
+
+    def counts(self, task_hash: str | None = None) -> dict[str, int]:
+        """Number of verdicts per status value (statuses with none are absent)."""
+        if task_hash is None:
+            rows = self._query("SELECT status, COUNT(*) FROM evaluations GROUP BY status")
+        else:
+            rows = self._query(
+                "SELECT status, COUNT(*) FROM evaluations WHERE task_hash = ? GROUP BY status",
+                (task_hash,),
+            )
+        return {str(s): int(n) for s, n in rows}
+
+    # -- baselines -----------------------------------------------------------------------------
+
+    def record_baseline(
+        self, task_hash: str, mode: str, env_key: str, config_hash: str, result: EvalResult
+    ) -> None:
+        """Upsert the reference measurement of ``task_hash`` in ``mode`` on ``env_key``."""
+        with self._tx() as conn:
+            self._put_environment(conn, result)
+            conn.execute(
+                "INSERT OR REPLACE INTO baselines (task_hash, mode, env_key, config_hash,"
+                " result_json, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (task_hash, mode, env_key, config_hash, _result_json(result), time.time()),
+            )
+
+    def get_baseline(
+        self, task_hash: str, mode: str, env_key: str, config_hash: str
+    ) -> EvalResult | None:
+        rows = self._query(
+            "SELECT result_json FROM baselines WHERE task_hash = ? AND mode = ? AND env_key = ?"
+            " AND config_hash = ?",
+            (task_hash, mode, env_key, config_hash),
+        )
+        return _load_result(rows[0][0]) if rows else None
+
+    def get_environment(self, key: str) -> dict[str, Any] | None:
+        """The environment stored under ``key`` (``Environment.key()``) as a dict."""
+        rows = self._query("SELECT json FROM environments WHERE key = ?", (key,))
+        return json.loads(rows[0][0]) if rows else None
+
+    # -- runs ----------------------------------------------------------------------------------
+
+    def start_run(self, kind: str, config: dict[str, Any]) -> int:
+        """Record the start of a run (status ``running``).  Returns its id."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                "INSERT INTO runs (kind, config_json, started_at, finished_at, status)"
+                " VALUES (?, ?, ?, NULL, 'running')",
+                (kind, _dumps(config), time.time()),
+            )
+            return int(cur.lastrowid)
+
+    def finish_run(self, run_id: int, status: str = "done") -> None:
+        """Mark run ``run_id`` finished with ``status``."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                "UPDATE runs SET finished_at = ?, status = ? WHERE id = ?",
+                (time.time(), status, run_id),
+            )
+            if cur.rowcount != 1:
+                raise StoreError(f"no run with id {run_id} in {self.path}")
+
+    def get_run(self, run_id: int) -> dict[str, Any] | None:
+        rows = self._query(
+            "SELECT id, kind, config_json, started_at, finished_at, status FROM runs"
+            " WHERE id = ?",
+            (run_id,),
+        )
+        if not rows:
+            return None
+        rid, kind, config_json, started, finished, status = rows[0]
+        return {"id": rid, "kind": kind, "config": json.loads(config_json),
+                "started_at": started, "finished_at": finished, "status": status}

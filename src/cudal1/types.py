@@ -1,0 +1,220 @@
+"""Typed values that flow between cudal1's layers.
+
+Contract: everything here is plain data (dataclasses and enums), JSON-serialisable through
+``to_dict``/``from_dict``, and imports nothing heavy (no torch). A verdict is always an
+:class:`EvalResult` with a :class:`Status`; there are no sentinel numbers such as ``-1.0``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class Status(str, enum.Enum):
+    """Outcome of evaluating one candidate.
+
+    ``ok``: compiled, correct on every trial, timed.  ``compile_error``: an exception while
+    building or importing the candidate (or no ``ModelNew``).  ``runtime_error``: a crash
+    (signal, illegal memory access, OOM) or an exception from construction on.
+    ``incorrect``: ran but the outputs do not match the reference.  ``timeout``: a phase
+    exceeded its hard limit and the worker was killed.  ``rejected``: the judge refused the
+    candidate for behaviour it does not accept (tampering, lazy outputs, …); see ``flags``.
+    """
+
+    OK = "ok"
+    COMPILE_ERROR = "compile_error"
+    RUNTIME_ERROR = "runtime_error"
+    INCORRECT = "incorrect"
+    TIMEOUT = "timeout"
+    REJECTED = "rejected"
+
+
+def content_hash(*parts: str) -> str:
+    """Stable SHA-256 hex digest of the given strings (length-prefixed, so order matters)."""
+    h = hashlib.sha256()
+    for part in parts:
+        data = part.encode("utf-8")
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Task:
+    """A KernelBench-format task: Python source defining ``Model``, ``get_inputs`` and
+    ``get_init_inputs``.  ``name`` is human readable (``19_ReLU``); ``task_id`` is the
+    selector-style id (``level1/19`` for suite tasks, the file stem otherwise)."""
+
+    name: str
+    source: str
+    level: int | None = None
+    problem_id: int | None = None
+    origin: str = ""  # where it was loaded from (path, dataset name); informational
+
+    @property
+    def hash(self) -> str:
+        return content_hash("task", self.source)
+
+    @property
+    def task_id(self) -> str:
+        if self.level is not None and self.problem_id is not None:
+            return f"level{self.level}/{self.problem_id}"
+        return self.name
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self) | {"hash": self.hash}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """Source code defining ``class ModelNew`` with ``Model``'s constructor signature."""
+
+    source: str
+    task_hash: str = ""
+    label: str = ""  # free-form origin tag (file name, policy name, ...)
+
+    @property
+    def hash(self) -> str:
+        return content_hash("candidate", self.source)
+
+
+@dataclass
+class Correctness:
+    """What the correctness phase saw.  Errors are over all trials checked so far."""
+
+    trials: int = 0  # trials run (including the failing one)
+    passed: int = 0
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    failing_trial: int | None = None
+    detail: str = ""  # short human-readable mismatch summary (shape, dtype, values...)
+    rechecked: int = 0  # timed outputs re-checked against the reference
+
+
+@dataclass
+class Timing:
+    """Summary of one timed callable, in milliseconds.  ``clock`` says what measured it:
+    ``cuda_event`` (device events, all streams joined) or ``cpu_monotonic`` (host clock)."""
+
+    median_ms: float
+    iqr_ms: float
+    mean_ms: float
+    min_ms: float
+    trials: int
+    clock: str
+    samples_ms: list[float] = field(default_factory=list)
+
+    @classmethod
+    def from_samples(cls, samples: list[float], clock: str, keep: bool = True) -> "Timing":
+        import statistics
+
+        s = sorted(samples)
+        n = len(s)
+        q = statistics.quantiles(s, n=4, method="inclusive") if n >= 2 else [s[0]] * 3
+        return cls(
+            median_ms=statistics.median(s),
+            iqr_ms=q[2] - q[0],
+            mean_ms=sum(s) / n,
+            min_ms=s[0],
+            trials=n,
+            clock=clock,
+            samples_ms=list(samples) if keep else [],
+        )
+
+
+@dataclass
+class Environment:
+    """Where a number was measured.  A number without its environment is not reported."""
+
+    device: str = "cpu"  # "cuda" or "cpu"
+    gpu_name: str | None = None
+    gpu_capability: str | None = None
+    driver: str | None = None
+    cuda: str | None = None
+    torch: str | None = None
+    triton: str | None = None
+    python: str | None = None
+    cudal1: str | None = None
+    hostname: str | None = None
+
+    def key(self) -> str:
+        """Identity used for caching baselines: device, GPU, torch and CUDA versions."""
+        return content_hash("env", self.device, str(self.gpu_name), str(self.torch), str(self.cuda))
+
+
+@dataclass
+class EvalResult:
+    """The judge's verdict on one candidate for one task."""
+
+    status: Status
+    task_name: str = ""
+    task_hash: str = ""
+    candidate_hash: str = ""
+    message: str = ""  # one-paragraph human explanation (exception, mismatch, kill reason)
+    flags: list[str] = field(default_factory=list)  # named behaviours (see cudal1.flags)
+    correctness: Correctness = field(default_factory=Correctness)
+    reference: Timing | None = None
+    candidate: Timing | None = None
+    speedup: float | None = None
+    speedup_ci: tuple[float, float] | None = None  # bootstrap 95% CI of the speedup
+    compile_log: str = ""  # compiler output (kept for feedback to an LLM)
+    stderr_tail: str = ""  # last lines the worker wrote to stdout/stderr
+    phase: str = ""  # last phase reached (setup, import, construct, correctness, timing, done)
+    environment: Environment = field(default_factory=Environment)
+    config_hash: str = ""
+    wall_s: float = 0.0  # wall time the judge spent on this candidate, builds included
+    build_s: float = 0.0  # part of wall_s spent building/importing the candidate
+
+    @property
+    def correct(self) -> bool:
+        return self.status is Status.OK
+
+    @property
+    def reference_ms(self) -> float | None:
+        return self.reference.median_ms if self.reference else None
+
+    @property
+    def candidate_ms(self) -> float | None:
+        return self.candidate.median_ms if self.candidate else None
+
+    def summary(self) -> dict[str, Any]:
+        """The stable JSON contract of ``cudal1 eval --json`` (extra keys may be added)."""
+        return {
+            "status": self.status.value,
+            "correct": self.correct,
+            "speedup": self.speedup,
+            "speedup_ci": list(self.speedup_ci) if self.speedup_ci else None,
+            "reference_ms": self.reference_ms,
+            "candidate_ms": self.candidate_ms,
+            "flags": list(self.flags),
+            "message": self.message,
+            "task": self.task_name,
+            "task_hash": self.task_hash,
+            "candidate_hash": self.candidate_hash,
+            "phase": self.phase,
+            "clock": self.candidate.clock if self.candidate else None,
+            "correctness": dataclasses.asdict(self.correctness),
+            "environment": dataclasses.asdict(self.environment),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EvalResult":
+        d = dict(d)
+        d["status"] = Status(d["status"])
+        d["correctness"] = Correctness(**d.get("correctness") or {})
+        for key in ("reference", "candidate"):
+            if d.get(key) is not None:
+                d[key] = Timing(**d[key])
+        d["environment"] = Environment(**d.get("environment") or {})
+        if d.get("speedup_ci") is not None:
+            d["speedup_ci"] = tuple(d["speedup_ci"])
+        return cls(**d)
