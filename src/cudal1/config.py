@@ -62,6 +62,8 @@ class EvalConfig:
     recheck_fraction: float = 0.1  # share of timed candidate outputs re-checked (at least 2)
     flush_l2: bool = True  # overwrite a buffer larger than L2 before every timed call
     poison_freed_memory: bool = True  # fill the allocator's free blocks with NaN between runs
+    strict_speedup: float = 10.0  # speedups above this get a second, stricter verification pass
+    static_guards: str = "all"  # "all", "none" or comma-separated names of static_guard.CHECKS
     bootstrap_samples: int = 1000  # resamples for the speedup's 95% confidence interval
     timeout_s: float = 120.0  # hard limit per phase (construct, correctness, timing)
     build_timeout_s: float = 900.0  # hard limit for importing/building the candidate

@@ -17,6 +17,7 @@ FLAGS: dict[str, str] = {
     "shape_mismatch": "output structure, shape or dtype differs from the reference",
     "nan_mismatch": "NaN/Inf positions differ from the reference",
     "value_mismatch": "values differ beyond the tolerance table",
+    "impossible_time": "the candidate's time stayed below half of what moving its inputs and outputs once takes",
     "reference_error": "the reference task itself failed (not the candidate's fault)",
     "oom": "out of device memory",
     "illegal_memory_access": "a CUDA illegal memory access (the CUDA context was lost)",
@@ -28,6 +29,8 @@ FLAGS: dict[str, str] = {
     "degenerate_task": "the task's reference output is constant, near zero or input-independent",
     "no_custom_kernel": "no custom CUDA/Triton kernel ran during forward",
     "pytorch_fallback": "the code falls back to PyTorch behind try/except",
+    "strict_verified": "a speedup above the strict threshold passed a second, stricter verification",
+    "static_guard": "informational findings of the static guard (see message)",
     "high_variance": "timing spread (IQR/median) above 10%: the speedup is less certain",
 }
 

@@ -73,6 +73,8 @@ def _limits(config: EvalConfig) -> dict[str, float]:
         "construct": config.timeout_s,
         "correctness": config.timeout_s,
         "timing": config.timeout_s,
+        "verify": config.timeout_s,
+        "reference": config.timeout_s,
         "default": config.timeout_s,
     }
 
@@ -123,6 +125,15 @@ class Evaluator:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    def static_findings(self, candidate: Candidate) -> list:
+        from cudal1.harness.static_guard import CHECKS, run_static_guards
+
+        spec = self.config.static_guards.strip()
+        if spec == "none":
+            return []
+        names = list(CHECKS) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+        return run_static_guards(candidate.source, names)
+
     def prebuild(self, job: Job) -> tuple[JobOutcome, bool]:
         """Import the candidate on the CPU with no GPU visible; returns (outcome, was_cached)."""
         assert job.candidate is not None
@@ -136,6 +147,16 @@ class Evaluator:
             task_hash=job.task.hash,
             candidate_hash=job.candidate.hash if job.candidate else f"baseline:{job.baseline_mode}",
         )
+        if job.candidate is not None:
+            findings = self.static_findings(job.candidate)
+            rejects = [f for f in findings if f.reject]
+            if rejects:
+                base.status = Status.REJECTED
+                base.flags = list(dict.fromkeys(f.flag for f in rejects))
+                base.message = "static guard: " + "; ".join(f"line {f.line}: {f.message}" for f in rejects)
+                base.config_hash = self.config.hash()
+                base.phase = "static"
+                return base
         if prebuilt is not None:
             outcome, cached = prebuilt
             data = outcome.result or {}
@@ -147,6 +168,8 @@ class Evaluator:
             result.build_s = max(result.build_s, float((prebuilt[0].built or {}).get("build_s", 0.0)))
             if prebuilt[1]:
                 result.flags.append("build_cached")
+        if job.candidate is not None:
+            result.flags.extend(f.flag for f in self.static_findings(job.candidate) if f.flag not in result.flags)
         if self.plan.driver and not result.environment.driver:
             result.environment.driver = self.plan.driver
         return result

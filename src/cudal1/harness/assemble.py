@@ -38,6 +38,16 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
     if outcome.built:
         r.build_s = float(outcome.built.get("build_s", 0.0))
         r.compile_log = str(outcome.built.get("compile_log", ""))
+    degenerate = outcome.task.get("degenerate")
+    try:
+        return _assemble(outcome, config, r)
+    finally:
+        if degenerate:
+            r.flags.append("degenerate_task")
+            r.message = (r.message + "\n" if r.message else "") + f"degenerate task: {degenerate}"
+
+
+def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalResult:
     if outcome.tamper:
         r.status, r.flags = Status.REJECTED, ["tampering"]
         r.message = f"verdict channel: {outcome.tamper}"

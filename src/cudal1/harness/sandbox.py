@@ -50,6 +50,7 @@ class JobOutcome:
     result: dict[str, Any] | None = None
     env: dict[str, Any] = field(default_factory=dict)
     built: dict[str, Any] = field(default_factory=dict)
+    task: dict[str, Any] = field(default_factory=dict)  # task-level findings (degenerate)
     phase: str = "start"
     timed_out: bool = False
     limit_s: float = 0.0
@@ -164,6 +165,8 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
             outcome.env = msg.data
         elif msg.kind == "built":
             outcome.built = msg.data
+        elif msg.kind == "task":
+            outcome.task = msg.data
         elif msg.kind == "result":
             if outcome.result is not None:
                 outcome.tamper = "a second verdict on the verdict channel"

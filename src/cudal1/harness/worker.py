@@ -27,7 +27,9 @@ import torch
 
 from cudal1.harness import compare as cmp
 from cudal1.harness.channel import Sender
+from cudal1.harness.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.memory import L2Flusher, poison_free_blocks
+from cudal1.harness.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.timer import make_timer
 
 _perf = time.perf_counter
@@ -72,18 +74,6 @@ def classify_runtime(exc: BaseException, phase: str) -> Verdict:
     return Verdict("runtime_error", f"{phase}: {text[:2000]}", *flags, traceback=tb[-4000:])
 
 
-def math_flags() -> dict[str, Any]:
-    """Global numeric settings a candidate must not change (precision_downgrade otherwise)."""
-    return {
-        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-        "fp32_precision": torch.get_float32_matmul_precision(),
-        "fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-        "bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-        "deterministic": torch.are_deterministic_algorithms_enabled(),
-    }
-
-
 class Worker:
     def __init__(self, job: dict[str, Any], sender: Sender) -> None:
         self.job = job
@@ -92,7 +82,8 @@ class Worker:
         self.device = torch.device("cpu")
         self.input_seed = int(job["input_seed"])
         self.log_path = job["log_path"]
-        self.math0: dict[str, Any] = {}
+        self.guard: RuntimeGuard | None = None
+        self.degenerate: str | None = None
         self.ref_mod: Any = None
 
     # ---- protocol -----------------------------------------------------------------------
@@ -103,6 +94,12 @@ class Worker:
             self.phase(phase)
             self.setup()
             ref_mod = self.ref_mod = self.load_reference()
+            if self.job["mode"] != "build":
+                phase = "reference"
+                self.phase(phase)
+                with torch.no_grad():
+                    ref_model = self.construct_reference(ref_mod)
+                    self.probe_task(ref_mod, ref_model)
             phase = "import"
             self.phase(phase)
             model_new = self.import_candidate()
@@ -110,20 +107,21 @@ class Worker:
                 raise Verdict("ok", "built")
             phase = "construct"
             self.phase(phase)
-            ref_model, cand_model, init_inputs = self.construct(ref_mod, model_new)
+            cand_model = self.construct_candidate(ref_mod, model_new)
             phase = "correctness"
             self.phase(phase)
             with torch.no_grad():
-                estimate, correctness = self.correctness(ref_mod, ref_model, cand_model)
+                estimate, correctness = self.correctness(ref_model, cand_model, self.input_seed, int(self.cfg["correctness_trials"]))
                 result["correctness"] = correctness
                 phase = "timing"
                 self.phase(phase)
-                result.update(self.timing(ref_mod, ref_model, cand_model, estimate))
+                result.update(self.timing(ref_model, cand_model, estimate, float(self.cfg["recheck_fraction"])))
+                result.update(self.verify_extraordinary(ref_model, cand_model, estimate, result))
             result["correctness"]["rechecked"] = result.pop("rechecked", 0)
             flags = ["side_stream"] if result.get("side_stream") else []
             status = "rejected" if flags else "ok"
             message = "side-stream work escaped the calling stream" if flags else ""
-            self.finish(status, message, flags, phase="done", **result)
+            self.finish(status, message, flags + result.pop("extra_flags", []), phase="done", **result)
         except Verdict as v:
             self.finish(v.status, v.message, v.flags, phase=phase, **result, **v.extra)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a verdict
@@ -148,7 +146,7 @@ class Worker:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
-        self.math0 = math_flags()
+        self.guard = RuntimeGuard()
         from cudal1.harness.envinfo import collect_environment
 
         self.send("env", **collect_environment(self.device))
@@ -179,26 +177,45 @@ class Worker:
         self.check_math("import")
         return model_new
 
-    def construct(self, ref_mod: Any, model_new: Any) -> tuple[Any, Any, list]:
-        seed = int(self.cfg["seed"])
+    def init_inputs(self, ref_mod: Any) -> list:
+        init = list(ref_mod.get_init_inputs())
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in init]
+
+    def construct_reference(self, ref_mod: Any, seed: int | None = None) -> Any:
         try:
-            init_inputs = list(ref_mod.get_init_inputs())
-            init_inputs = [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in init_inputs]
-            torch.manual_seed(seed)
-            ref_model = ref_mod.Model(*clone_tree(init_inputs)).to(self.device)
+            torch.manual_seed(int(self.cfg["seed"]) if seed is None else seed)
+            return ref_mod.Model(*self.init_inputs(ref_mod)).to(self.device)
         except BaseException as exc:  # noqa: BLE001
             raise Verdict("runtime_error", f"reference failed to construct: {type(exc).__name__}: {exc}", "reference_error") from None
-        torch.manual_seed(seed)
+
+    def probe_task(self, ref_mod: Any, ref_model: Any) -> None:
+        """Degenerate-task check on the reference alone, before any candidate code runs."""
+        try:
+            prints = [fingerprint(ref_model(*self.make_inputs(self.input_seed + i))) for i in range(3)]
+            other = None
+            if any(p.is_floating_point() for p in ref_model.parameters()):
+                other_model = self.construct_reference(ref_mod, int(self.cfg["seed"]) + 1)
+                other = fingerprint(other_model(*self.make_inputs(self.input_seed)))
+                del other_model
+        except Verdict:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}", "reference_error") from None
+        self.degenerate = degenerate_reason(prints, other)
+        self.send("task", degenerate=self.degenerate)
+
+    def construct_candidate(self, ref_mod: Any, model_new: Any) -> Any:
+        torch.manual_seed(int(self.cfg["seed"]))
         if self.job["mode"] == "baseline":
             from cudal1.harness.baselines import wrap_baseline
 
-            cand_model = wrap_baseline(self.job["baseline_mode"], ref_mod.Model(*clone_tree(init_inputs)).to(self.device), self.device)
-        else:
-            cand_model = model_new(*clone_tree(init_inputs))
-            if isinstance(cand_model, torch.nn.Module):
-                cand_model = cand_model.to(self.device)
+            model = ref_mod.Model(*clone_tree(self.init_inputs(ref_mod))).to(self.device)
+            return wrap_baseline(self.job["baseline_mode"], model, self.device)
+        cand_model = model_new(*clone_tree(self.init_inputs(ref_mod)))
+        if isinstance(cand_model, torch.nn.Module):
+            cand_model = cand_model.to(self.device)
         self.check_math("construct")
-        return ref_model, cand_model, init_inputs
+        return cand_model
 
     def make_inputs(self, seed: int) -> list:
         """Fresh inputs from the task's ``get_inputs`` under ``seed``, created on the device."""
@@ -219,15 +236,15 @@ class Worker:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def correctness(self, ref_mod: Any, ref_model: Any, cand_model: Any) -> tuple[dict, dict]:
+    def correctness(self, ref_model: Any, cand_model: Any, seed0: int, trials: int) -> tuple[dict, dict]:
+        """Fresh inputs per trial; the candidate runs first on even trials, second on odd ones."""
         tolerances = self.job["tolerances"]
-        trials = int(self.cfg["correctness_trials"])
         est: dict[str, list[float]] = {"ref": [], "cand": []}
         corr = {"trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None, "detail": ""}
         models = {"ref": ref_model, "cand": cand_model}
         for i in range(trials):
             corr["trials"] = i + 1
-            inputs = self.make_inputs(self.input_seed + i)
+            inputs = self.make_inputs(seed0 + i)
             outs: dict[str, Any] = {}
             for who in (("cand", "ref") if i % 2 == 0 else ("ref", "cand")):
                 args = clone_tree(inputs)
@@ -237,6 +254,8 @@ class Worker:
                     self.check_math(f"correctness trial {i}")
                     if not cmp.tensors_equal(args, inputs):
                         raise Verdict("rejected", f"trial {i}: the candidate modified its inputs", "input_mutation", correctness=corr)
+                    if i < 2:
+                        self.check_settled(i, outs[who], corr)
                 del args
                 self.poison()
             mismatch, errors = cmp.compare(outs["ref"], outs["cand"], tolerances, self.device.type)
@@ -252,7 +271,57 @@ class Worker:
             self.poison()
         return est, corr
 
-    def timing(self, ref_mod: Any, ref_model: Any, cand_model: Any, est: dict) -> dict[str, Any]:
+    def check_settled(self, i: int, out: Any, corr: dict) -> None:
+        """An output must be final when forward returns (after a device sync): nothing — a
+        background thread, an unjoined stream — may still be writing it."""
+        snapshot = clone_tree(out)
+        _sleep(settle_s())
+        self.sync()
+        if not cmp.tensors_equal(out, snapshot):
+            raise Verdict("rejected", f"trial {i}: the output changed after forward returned", "side_stream", correctness=corr)
+
+    def verify_extraordinary(self, ref_model: Any, cand_model: Any, est: dict, timed: dict) -> dict[str, Any]:
+        """Speedups above ``strict_speedup`` or times below the memory floor get a stricter
+        second pass (more correctness trials, every timed output re-checked); its samples
+        replace the first pass's.  A time that stays below half the floor is rejected."""
+        ref_ms = statistics.median(timed["ref_samples"])
+        cand_ms = statistics.median(timed["cand_samples"])
+        floor_ms = self.memory_floor_ms(ref_model)
+        impossible = floor_ms is not None and cand_ms < 0.5 * floor_ms
+        if not impossible and ref_ms / max(cand_ms, 1e-9) <= float(self.cfg.get("strict_speedup", 10.0)):
+            return {"floor_ms": floor_ms}
+        self.phase("verify")
+        _, corr = self.correctness(ref_model, cand_model, self.input_seed + 50_000, max(20, int(self.cfg["correctness_trials"])))
+        strict = self.timing(ref_model, cand_model, est, 1.0, seed_offset=60_000, max_trials=30)
+        cand_ms = statistics.median(strict["cand_samples"])
+        if floor_ms is not None and cand_ms < 0.5 * floor_ms:
+            raise Verdict("rejected", f"candidate time {cand_ms:.4g} ms is below half the memory floor {floor_ms:.4g} ms", "impossible_time")
+        strict["extra_flags"] = ["strict_verified"]
+        strict["floor_ms"] = floor_ms
+        strict["rechecked"] = timed.get("rechecked", 0) + strict.get("rechecked", 0) + corr["passed"]
+        return strict
+
+    def memory_floor_ms(self, ref_model: Any) -> float | None:
+        """Time to read every input and write every output once at measured copy bandwidth."""
+        if self.device.type != "cuda":
+            return None
+        inputs = self.make_inputs(self.input_seed + 70_000)
+        out = ref_model(*clone_tree(inputs))
+        nbytes = sum(x.numel() * x.element_size() for _, x in cmp.leaves((inputs, out)) if isinstance(x, torch.Tensor))
+        buf = torch.empty(256 * 2**20, dtype=torch.uint8, device=self.device)
+        dst = torch.empty_like(buf)
+        dst.copy_(buf)
+        self.sync()
+        t0 = _perf()
+        for _ in range(5):
+            dst.copy_(buf)
+        self.sync()
+        bandwidth = 5 * 2 * buf.numel() / (_perf() - t0)  # bytes/s, read + write
+        del buf, dst
+        return nbytes / bandwidth * 1e3
+
+    def timing(self, ref_model: Any, cand_model: Any, est: dict, recheck_fraction: float, seed_offset: int = 20_000,
+               max_trials: int | None = None) -> dict[str, Any]:
         """Interleaved, randomized-order timing on fresh inputs with sampled re-checks."""
         timer = make_timer(self.device)
         timer.calibrate()
@@ -265,11 +334,12 @@ class Worker:
                 self.run_model(models[who], self.make_inputs(self.input_seed + 10_000 + w))
         per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 2e-4
         n = int(min(self.cfg["timing_trials"], max(self.cfg["min_timing_trials"], self.cfg["timing_budget_s"] / per_pair_s)))
-        n_re = max(2, round(float(self.cfg["recheck_fraction"]) * n))
+        n = min(n, max_trials or n)
+        n_re = max(2, round(recheck_fraction * n))
         recheck = set(rng.sample(range(n), min(n, n_re))) | {n - 1}
         samples: dict[str, list[float]] = {"ref": [], "cand": []}
         escaped = {"ref": 0, "cand": 0}
-        seed0 = self.input_seed + 20_000
+        seed0 = self.input_seed + seed_offset
         for t in range(n):
             for who in rng.sample(["ref", "cand"], 2):
                 inputs = self.make_inputs(seed0 + 2 * t + (who == "cand"))
@@ -306,11 +376,10 @@ class Worker:
 
     # ---- guards -------------------------------------------------------------------------
     def check_math(self, where: str) -> None:
-        now = math_flags()
-        changed = {k: (self.math0[k], v) for k, v in now.items() if self.math0.get(k) != v}
-        if changed:
-            what = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
-            raise Verdict("rejected", f"global numeric settings changed after {where}: {what}", "precision_downgrade")
+        """Run the runtime guards (see runtime_guard); a violation ends the protocol."""
+        found = self.guard.violation() if self.guard else None
+        if found:
+            raise Verdict("rejected", f"after {where}: {found[1]}", found[0])
 
     def poison(self) -> None:
         if self.cfg.get("poison_freed_memory", True):
