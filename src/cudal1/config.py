@@ -74,6 +74,10 @@ class EvalConfig:
     extra: dict[str, Any] = field(default_factory=dict)  # reserved for guard settings
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # 30 (YAML) and 30.0 (CLI) must hash alike
+            value = getattr(self, f.name)
+            if f.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.math_mode not in ("strict", "torch-default"):
@@ -131,7 +135,9 @@ class EvalConfig:
 
     def hash(self) -> str:
         """Identity of the fields that change verdicts or numbers (not paths or worker counts)."""
-        ignore = {"cache_dir", "build_workers", "keep_samples", "input_seed"}
+        # Hard limits are left out: they decide nothing about a run that finishes in time, and a
+        # resumed run with another --timeout must find what was recorded.
+        ignore = {"cache_dir", "build_workers", "keep_samples", "input_seed", "timeout_s", "build_timeout_s", "setup_timeout_s"}
         data = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return content_hash("config", json.dumps(data, sort_keys=True))[:16]
 

@@ -18,8 +18,16 @@ from cudal1.cli import baseline, eval as eval_cmd, eval_suite, verify
 from cudal1.cli.common import UsageError
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the one-line error contract (subparsers inherit the class)."""
+
+    def error(self, message: str):  # type: ignore[override]
+        print(f"cudal1: error: {message} (see '{self.prog} --help')", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cudal1", description="Trustworthy GPU-kernel evaluation and optimization.")
+    parser = _Parser(prog="cudal1", description="Trustworthy GPU-kernel evaluation and optimization.")
     parser.add_argument("--version", action="version", version=f"cudal1 {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

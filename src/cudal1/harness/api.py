@@ -74,6 +74,7 @@ def _limits(config: EvalConfig) -> dict[str, float]:
         "correctness": config.timeout_s,
         "timing": config.timeout_s,
         "verify": config.timeout_s,
+        "verify_timing": config.timeout_s,
         "reference": config.timeout_s,
         "default": config.timeout_s,
     }
@@ -87,6 +88,18 @@ class Evaluator:
         self.plan = plan
         self.cache_root = config.cache_root()
         self.input_seed = config.input_seed if config.input_seed is not None else secrets.randbelow(2**31)
+        self.static_names = self._static_names(config.static_guards)
+
+    @staticmethod
+    def _static_names(spec: str) -> list[str]:
+        from cudal1.harness.static_guard import CHECKS
+
+        spec = spec.strip()
+        names = [] if spec == "none" else list(CHECKS) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+        unknown = [n for n in names if n not in CHECKS]
+        if unknown:
+            raise HarnessError(f"unknown static guard(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
+        return names
 
     def _worker_job(self, job: Job, workdir: Path, device: str, gpu: int | None, mode: str) -> dict:
         task, cand = job.task, job.candidate
@@ -126,13 +139,9 @@ class Evaluator:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def static_findings(self, candidate: Candidate) -> list:
-        from cudal1.harness.static_guard import CHECKS, run_static_guards
+        from cudal1.harness.static_guard import run_static_guards
 
-        spec = self.config.static_guards.strip()
-        if spec == "none":
-            return []
-        names = list(CHECKS) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
-        return run_static_guards(candidate.source, names)
+        return run_static_guards(candidate.source, self.static_names) if self.static_names else []
 
     def prebuild(self, job: Job) -> tuple[JobOutcome, bool]:
         """Import the candidate on the CPU with no GPU visible; returns (outcome, was_cached)."""
@@ -204,20 +213,30 @@ def run_jobs(
                 pending.remove(ready)
                 return ready
 
+        failures: list[BaseException] = []
+
         def lane(gpu: int | None) -> None:
-            while (i := take()) is not None:
-                prebuilt = builds[i].result() if i in builds else None
-                res = ev.evaluate_job(jobs[i], gpu, prebuilt)
-                results[i] = res
-                if on_result is not None:
-                    on_result(i, res)
+            while not failures and (i := take()) is not None:
+                try:
+                    prebuilt = builds[i].result() if i in builds else None
+                    res = ev.evaluate_job(jobs[i], gpu, prebuilt)
+                    results[i] = res
+                    if on_result is not None:
+                        on_result(i, res)
+                except BaseException as exc:  # noqa: BLE001 - re-raised after the join
+                    failures.append(exc)
 
         threads = [threading.Thread(target=lane, args=(g,), name=f"cudal1-lane-{g}") for g in plan.lanes]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    return [r for r in results if r is not None]
+    if failures:
+        raise failures[0]
+    missing = [i for i, r in enumerate(results) if r is None]
+    if missing:
+        raise HarnessError(f"internal error: no result for job(s) {missing}")
+    return results  # type: ignore[return-value]
 
 
 def evaluate(task: Task, candidates: list[Candidate], config: EvalConfig | None = None, *, store=None) -> list[EvalResult]:

@@ -100,7 +100,22 @@ def _close_inherited_fds(keep: int) -> None:
                 pass
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this worker when its parent (the forkserver) dies, so a killed judge
+    leaves no hung worker holding a GPU."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:
+        os._exit(1)
+
+
 def _job_target(job: dict[str, Any], conn: Any, key: bytes) -> None:
+    _die_with_parent()
     os.setsid()  # own process group, so a kill reaches builds it started too
     _close_inherited_fds(conn.fileno())
     from cudal1.harness.worker import worker_entry

@@ -120,7 +120,7 @@ def check_introspection(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]
         if name in INTROSPECTION_CALLS:
             out.append(Finding("introspection", "tampering", call.lineno, f"calls {name} (reaching into the judge's objects or frames)"))
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("cudal1"):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("cudal1.", "cudal1_candidate", "cudal1_reference")):
             out.append(Finding("introspection", "tampering", node.lineno, f"names the judge's module {node.value!r}"))
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             mods = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])

@@ -292,6 +292,7 @@ class Worker:
             return {"floor_ms": floor_ms}
         self.phase("verify")
         _, corr = self.correctness(ref_model, cand_model, self.input_seed + 50_000, max(20, int(self.cfg["correctness_trials"])))
+        self.phase("verify_timing")
         strict = self.timing(ref_model, cand_model, est, 1.0, seed_offset=60_000, max_trials=30)
         cand_ms = statistics.median(strict["cand_samples"])
         if floor_ms is not None and cand_ms < 0.5 * floor_ms:

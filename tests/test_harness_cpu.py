@@ -1,0 +1,209 @@
+"""CPU tier: the real subprocess judge against ``examples/tasks/diag_matmul.py``.
+
+Every fixture in ``tests/fixtures/cpu`` starts with ``# expect: <status> [flag]``: the exact verdict
+it must get.  All fixtures are judged in one batch (one forkserver, one timing lane).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cudal1.config import EvalConfig
+from cudal1.harness import evaluate
+from cudal1.tasks import load_task_file
+from cudal1.types import Candidate, EvalResult, Status
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "tests" / "fixtures" / "cpu"
+TASK_FILE = REPO / "examples" / "tasks" / "diag_matmul.py"
+TIMEOUT_S = 15.0  # per-phase limit: the hang fixture's cost, and headroom (the strict "verify" pass of a
+# >10x candidate runs ~80 reference calls in one phase) on a loaded 2-core box
+_EXPECT = re.compile(r"#\s*expect:\s*(\w+)(?:\s+(\w+))?\s*$")
+
+
+def _expectation(path: Path) -> tuple[str, str | None]:
+    first = path.read_text().splitlines()[0]
+    m = _EXPECT.match(first)
+    assert m, f"{path.name}: first line must be '# expect: <status> [flag]', got {first!r}"
+    return m.group(1), m.group(2)
+
+
+FIXTURE_FILES = sorted(FIXTURES.glob("*.py"))
+EXPECT = {f.stem: _expectation(f) for f in FIXTURE_FILES}
+
+
+def small_config(cache_dir: Path, **changes) -> EvalConfig:
+    base = dict(
+        device="cpu",
+        cache_dir=str(cache_dir),
+        timeout_s=TIMEOUT_S,
+        timing_budget_s=0.5,
+        timing_trials=20,
+        min_timing_trials=5,
+        correctness_trials=3,
+        bootstrap_samples=500,
+    )
+    base.update(changes)
+    return EvalConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return load_task_file(TASK_FILE)
+
+
+@pytest.fixture(scope="module")
+def batch(task, tmp_path_factory) -> dict[str, EvalResult]:
+    assert FIXTURE_FILES, f"no fixtures in {FIXTURES}"
+    for name, (status, _) in EXPECT.items():
+        Status(status)  # a typo in an '# expect:' line fails here, loudly
+    cands = [Candidate(f.read_text(), task_hash=task.hash, label=f.stem) for f in FIXTURE_FILES]
+    config = small_config(tmp_path_factory.mktemp("cache"))
+    results = evaluate(task, cands, config)
+    assert len(results) == len(cands), "evaluate() must return one result per candidate, in order"
+    for cand, res in zip(cands, results):
+        assert res.candidate_hash == cand.hash, "results are out of input order"
+    return {f.stem: r for f, r in zip(FIXTURE_FILES, results)}
+
+
+def _describe(r: EvalResult) -> str:
+    return f"status={r.status.value} flags={r.flags} phase={r.phase} message={r.message[:400]!r}"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECT))
+def test_fixture_verdict(batch, name):
+    status, flag = EXPECT[name]
+    r = batch[name]
+    assert r.status.value == status, f"{name}: {_describe(r)}"
+    if flag is not None:
+        assert flag in r.flags, f"{name}: {_describe(r)}"
+
+
+def test_verdicts_carry_identity(batch, task):
+    for name, r in batch.items():
+        assert r.task_hash == task.hash and r.task_name == task.name, name
+        assert r.config_hash, name
+        if r.phase != "static":  # static-guard rejections never start a worker
+            assert r.wall_s > 0, name
+
+
+def test_honest_broadcast_is_ok_and_faster(batch):
+    r = batch["honest_broadcast"]
+    assert r.status is Status.OK, _describe(r)
+    assert r.correct
+    assert "cpu_timing" in r.flags
+    assert r.speedup is not None and r.speedup > 1.0
+    assert r.reference is not None and r.candidate is not None
+    assert r.reference.clock == r.candidate.clock == "cpu_monotonic"
+    assert r.reference.trials >= 5 and r.candidate.trials >= 5
+    assert r.speedup == pytest.approx(r.reference.median_ms / r.candidate.median_ms)
+    assert r.speedup_ci is not None
+    lo, hi = r.speedup_ci
+    assert lo <= r.speedup <= hi
+    assert r.correctness.passed == r.correctness.trials == 3
+    assert r.correctness.rechecked >= 2
+    assert r.environment.device == "cpu" and r.environment.torch
+    assert r.phase == "done"
+
+
+def test_timeout_is_killed_promptly(batch):
+    r = batch["hang"]
+    assert r.status is Status.TIMEOUT, _describe(r)
+    assert r.wall_s < TIMEOUT_S + 10, f"hang took {r.wall_s:.1f}s with a {TIMEOUT_S}s limit"
+    assert r.wall_s >= TIMEOUT_S * 0.9
+    assert r.message
+
+
+def test_every_non_ok_result_has_a_message(batch):
+    for name, r in batch.items():
+        if r.status is not Status.OK:
+            assert r.message.strip(), f"{name}: {_describe(r)}"
+
+
+def test_failures_have_no_timing(batch):
+    for name, r in batch.items():
+        if r.status is not Status.OK:
+            assert r.speedup is None, name
+            assert r.speedup_ci is None, name
+
+
+def test_results_serialise(batch):
+    import json
+
+    for name, r in batch.items():
+        assert EvalResult.from_dict(json.loads(json.dumps(r.to_dict()))) == r, name
+
+
+def test_parent_never_imports_candidates(batch):
+    leaked = [m for m in sys.modules if m.startswith(("cudal1_candidate_", "cudal1_reference_"))]
+    assert leaked == []
+
+
+# ---------------------------------------------------------------------------------------------
+# A C++ load_inline candidate: a real build, then the build cache.
+
+CPP_CANDIDATE = r'''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+CPP_SOURCE = """
+#include <torch/extension.h>
+
+torch::Tensor diag_mul(torch::Tensor A, torch::Tensor B) {
+    TORCH_CHECK(A.scalar_type() == torch::kFloat && B.scalar_type() == torch::kFloat, "float32 only");
+    TORCH_CHECK(A.dim() == 1 && B.dim() == 2 && A.size(0) == B.size(0), "bad shapes");
+    auto a = A.contiguous();
+    auto b = B.contiguous();
+    auto out = torch::empty_like(b);
+    const int64_t n = b.size(0), m = b.size(1);
+    const float* pa = a.data_ptr<float>();
+    const float* pb = b.data_ptr<float>();
+    float* po = out.data_ptr<float>();
+    for (int64_t i = 0; i < n; ++i) {
+        const float s = pa[i];
+        for (int64_t j = 0; j < m; ++j) {
+            po[i * m + j] = s * pb[i * m + j];
+        }
+    }
+    return out;
+}
+"""
+
+ext = load_inline(name="diag_mul_cpu_ext", cpp_sources=CPP_SOURCE, functions=["diag_mul"],
+                  extra_cflags=["-O2"], verbose=False)
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, B):
+        return ext.diag_mul(A, B)
+'''
+
+
+@pytest.mark.slow
+def test_cpp_load_inline_candidate_and_build_cache(task, tmp_path):
+    config = small_config(tmp_path / "cache", timeout_s=120, build_timeout_s=600)
+    cand = Candidate(CPP_CANDIDATE, task_hash=task.hash, label="cpp_diag_mul")
+
+    (first,) = evaluate(task, [cand], config)
+    assert first.status is Status.OK, _describe(first) + "\n" + first.compile_log[-3000:]
+    assert "build_cached" not in first.flags
+    assert first.speedup is not None and first.speedup > 0
+    assert first.build_s > 0
+
+    t0 = time.monotonic()
+    (second,) = evaluate(task, [Candidate(CPP_CANDIDATE, task_hash=task.hash, label="again")], config)
+    elapsed = time.monotonic() - t0
+    assert second.status is Status.OK, _describe(second)
+    assert "build_cached" in second.flags
+    assert second.build_s < 5, f"cached build took {second.build_s:.1f}s"
+    assert second.candidate_hash == first.candidate_hash
+    assert elapsed < first.wall_s + 60
