@@ -175,6 +175,7 @@ class Evaluator:
         result = assemble(self._run(job, self.plan.device, gpu, mode), self.config, base)
         if prebuilt is not None:
             result.build_s = max(result.build_s, float((prebuilt[0].built or {}).get("build_s", 0.0)))
+            result.wall_s += prebuilt[0].wall_s  # the pre-build is part of what this candidate cost
             if prebuilt[1]:
                 result.flags.append("build_cached")
         if job.candidate is not None:

@@ -71,27 +71,28 @@ def plain_tensor_problem(t: Any, device_type: str) -> str | None:
     return None
 
 
+_CHUNK = 1 << 24  # elements per float64 chunk: bounds the comparison's temporary memory
+
+
 def _value_errors(ref: Any, out: Any, atol: float, rtol: float) -> tuple[Errors, int, str]:
-    """float64 errors; returns (errors, count of elements out of tolerance, first bad index)."""
-    r = ref.detach().to(torch.float64)
-    o = out.detach().to(torch.float64)
-    finite = ~(_isnan(r) | _isinf(r))
-    diff = _where(finite, _abs(o - r), _zeros_like(r))
-    scale = _abs(r)
-    bad = diff > (atol + rtol * scale)
-    # inf positions must hold the same inf
-    inf_r = _isinf(r)
-    bad = bad | (inf_r & (o != r))
-    n_bad = int(bad.sum().item())
-    errors = Errors()
-    if diff.numel():
-        errors.max_abs = float(diff.max().item())
-        rel = diff / scale.clamp_min(1e-12)
-        errors.max_rel = float(_where(finite, rel, _zeros_like(rel)).max().item())
-    first = ""
-    if n_bad:
-        idx = bad.flatten().nonzero()[0].item()
-        first = f"first at flat index {idx}: got {o.flatten()[idx].item():.6g}, want {r.flatten()[idx].item():.6g}"
+    """float64 errors, chunked; returns (errors, count of elements out of tolerance, first bad)."""
+    r_all, o_all = ref.detach().reshape(-1), out.detach().reshape(-1)
+    errors, n_bad, first = Errors(), 0, ""
+    for start in range(0, r_all.numel(), _CHUNK):
+        r = r_all[start:start + _CHUNK].to(torch.float64)
+        o = o_all[start:start + _CHUNK].to(torch.float64)
+        finite = ~(_isnan(r) | _isinf(r))
+        diff = _where(finite, _abs(o - r), _zeros_like(r))
+        scale = _abs(r)
+        bad = (diff > (atol + rtol * scale)) | (_isinf(r) & (o != r))  # inf must be the same inf
+        count = int(bad.sum().item())
+        errors.max_abs = max(errors.max_abs, float(diff.max().item()))
+        rel = _where(finite, diff / scale.clamp_min(1e-12), _zeros_like(r))
+        errors.max_rel = max(errors.max_rel, float(rel.max().item()))
+        if count and not first:
+            idx = int(bad.nonzero()[0].item())
+            first = f"first at flat index {start + idx}: got {o[idx].item():.6g}, want {r[idx].item():.6g}"
+        n_bad += count
     return errors, n_bad, first
 
 

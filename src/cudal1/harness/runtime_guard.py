@@ -58,6 +58,7 @@ class RuntimeGuard:
     """Snapshot at construction (before any candidate code); ``violation()`` compares."""
 
     def __init__(self) -> None:
+        import torch._dynamo  # noqa: F401 - importing Dynamo rebinds torch.manual_seed; snapshot after it
         self.callables = {f"{m}.{a}": _resolve(m, a) for m, a in _GUARDED}
         self.math = math_flags()
         self.torch_module = sys.modules.get("torch")

@@ -29,14 +29,39 @@ _context: Any = None
 _context_lock = threading.Lock()
 
 
+_no_main = threading.local()
+
+
+def _install_main_stripper() -> None:
+    """Workers must not re-import the caller's ``__main__`` (multiprocessing's default): it
+    would run the user's script inside the sandbox, fail for ``python -`` and cost time.
+    The wrapper strips the main-module entries only while *this* module starts a worker."""
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_cudal1", False):
+        return
+
+    def get_preparation_data(name: str) -> dict:
+        data = original(name)
+        if getattr(_no_main, "active", False):
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    get_preparation_data._cudal1 = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
+
+
 def get_context() -> Any:
     """The shared forkserver context (``spawn`` where forkserver is unavailable)."""
     global _context
     with _context_lock:
         if _context is None:
+            _install_main_stripper()
             try:
                 ctx = mp.get_context("forkserver")
-                ctx.set_forkserver_preload(["torch", "cudal1.harness.worker"])
+                ctx.set_forkserver_preload(["torch", "torch._dynamo", "cudal1.harness.worker"])
             except ValueError:
                 ctx = mp.get_context("spawn")
             _context = ctx
@@ -131,7 +156,11 @@ def run_job(job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
     proc = ctx.Process(target=_job_target, args=(job, send_conn, key), daemon=False)
     outcome = JobOutcome()
     t0 = time.monotonic()
-    proc.start()
+    _no_main.active = True
+    try:
+        proc.start()
+    finally:
+        _no_main.active = False
     send_conn.close()
     messages: queue.Queue[bytes | None] = queue.Queue()
     threading.Thread(target=_reader, args=(recv_conn, messages), daemon=True).start()

@@ -191,7 +191,12 @@ class Worker:
     def probe_task(self, ref_mod: Any, ref_model: Any) -> None:
         """Degenerate-task check on the reference alone, before any candidate code runs."""
         try:
-            prints = [fingerprint(ref_model(*self.make_inputs(self.input_seed + i))) for i in range(3)]
+            prints = []
+            for i in range(3):
+                out = ref_model(*self.make_inputs(self.input_seed + i))
+                prints.append(fingerprint(out))
+                scrub(out)
+                del out
             other = None
             if any(p.is_floating_point() for p in ref_model.parameters()):
                 other_model = self.construct_reference(ref_mod, int(self.cfg["seed"]) + 1)
@@ -201,6 +206,7 @@ class Worker:
             raise
         except BaseException as exc:  # noqa: BLE001
             raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}", "reference_error") from None
+        self.poison()
         self.degenerate = degenerate_reason(prints, other)
         self.send("task", degenerate=self.degenerate)
 

@@ -1,0 +1,236 @@
+"""GPU tests of the judge: verdicts on the GPU fixtures, baselines, and the build cache.
+
+What is covered: ``load_inline`` (module-level builds through the CPU pre-build) and Triton
+candidates that must pass; side-stream, freed-memory, stale-CUDA-graph cheats that must be caught;
+an illegal memory access and a CUDA compile error that must become verdicts; the timer charging
+side-stream work; eager / ``torch.compile`` / CUDA-graph baselines on KernelBench tasks; a cached
+rebuild.  Not covered: multi-GPU lanes, timing accuracy against an external profiler.
+
+Every test is marked ``gpu``; ``tests/conftest.py`` skips them where torch sees no CUDA GPU.  Run
+on a CUDA machine from the repository root::
+
+    python -m pytest tests/gpu -q
+
+``CUDAL1_KERNELBENCH`` names KernelBench's JSONL (default ``<repo>/../shared/kernelbench/
+kernelbench.jsonl``; the baseline test is skipped when neither exists).  With
+``CUDAL1_GPU_TEST_OUT=DIR`` every result is also written to ``DIR/*.json`` for inspection.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from cudal1.config import EvalConfig
+from cudal1.tasks import load_task_file, load_tasks
+from cudal1.types import Candidate, EvalResult, Status
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "gpu"
+TASK_FILE = FIXTURES / "task_elementwise.py"
+KERNELBENCH_DEFAULT = REPO.parent / "shared" / "kernelbench" / "kernelbench.jsonl"
+BASELINE_SELECTOR = "kernelbench:level1/19,23,40"
+BASELINE_MODES = ["eager", "compile", "cudagraph"]
+EXPECT_RE = re.compile(r"#\s*expect:\s*(?P<status>[a-z_]+)(?:\s+(?P<flag>[a-z_]+))?\s*")
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def candidate_files() -> list[Path]:
+    return sorted(p for p in FIXTURES.glob("*.py") if not p.name.startswith(("task_", "_")))
+
+
+def expectation(path: Path) -> tuple[str, str | None]:
+    first = path.read_text().splitlines()[0]
+    m = EXPECT_RE.fullmatch(first)
+    if not m:
+        raise ValueError(f"{path.name}: first line must be '# expect: <status> [flag]', got {first!r}")
+    Status(m.group("status"))  # fail loudly on a misspelt status
+    return m.group("status"), m.group("flag")
+
+
+def uses_triton(path: Path) -> bool:
+    return re.search(r"^\s*(import|from)\s+triton\b", path.read_text(), re.M) is not None
+
+
+def has_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def describe(r: EvalResult) -> str:
+    """Everything useful when an assertion fails on a machine we cannot log into."""
+    parts = [
+        f"status={r.status.value} flags={r.flags} phase={r.phase} speedup={r.speedup}",
+        f"ref_ms={r.reference_ms} cand_ms={r.candidate_ms} wall_s={r.wall_s:.1f} build_s={r.build_s:.2f}",
+        f"correctness={r.correctness}",
+        f"environment={r.environment}",
+        f"message: {r.message[-3000:]}",
+    ]
+    if r.stderr_tail.strip():
+        parts.append(f"worker log tail: {r.stderr_tail[-3000:]}")
+    if r.compile_log.strip():
+        parts.append(f"compile log tail: {r.compile_log[-3000:]}")
+    return "\n".join(parts)
+
+
+def dump(name: str, results: dict[str, EvalResult]) -> None:
+    out = os.environ.get("CUDAL1_GPU_TEST_OUT")
+    if not out:
+        return
+    Path(out).mkdir(parents=True, exist_ok=True)
+    data = {key: r.to_dict() for key, r in results.items()}
+    Path(out, f"{name}.json").write_text(json.dumps(data, indent=1, default=str))
+
+
+def gpu_config(cache_dir: Path, **changes) -> EvalConfig:
+    return EvalConfig(device="cuda", build_timeout_s=600.0, cache_dir=str(cache_dir)).replace(**changes)
+
+
+def kernelbench_source() -> Path | None:
+    env = os.environ.get("CUDAL1_KERNELBENCH")
+    if env:
+        if not Path(env).exists():
+            pytest.fail(f"CUDAL1_KERNELBENCH={env} does not exist")
+        return Path(env)
+    return KERNELBENCH_DEFAULT if KERNELBENCH_DEFAULT.exists() else None
+
+
+# ---- the fixture batch --------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def batch_config(tmp_path_factory) -> EvalConfig:
+    """One fresh build cache for the module: the batch fills it, the cached-rebuild test reuses it."""
+    return gpu_config(tmp_path_factory.mktemp("cudal1_cache"))
+
+
+@pytest.fixture(scope="module")
+def fixture_results(batch_config) -> dict[str, EvalResult]:
+    """All GPU fixtures judged in one batch (builds overlap timing), keyed by file name."""
+    from cudal1.harness import evaluate
+
+    task = load_task_file(TASK_FILE)
+    files = [p for p in candidate_files() if has_triton() or not uses_triton(p)]
+    cands = [Candidate(p.read_text(), task_hash=task.hash, label=p.name) for p in files]
+    results = evaluate(task, cands, batch_config)
+    assert len(results) == len(files)
+    by_name = {p.name: r for p, r in zip(files, results)}
+    dump("fixtures", by_name)
+    return by_name
+
+
+@pytest.mark.gpu
+def test_fixture_files_are_well_formed():
+    files = candidate_files()
+    assert TASK_FILE.is_file()
+    assert len(files) >= 8
+    for p in files:
+        expectation(p)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [p.name for p in candidate_files()])
+def test_fixture_verdict(fixture_results, name):
+    path = FIXTURES / name
+    if uses_triton(path):
+        pytest.importorskip("triton")
+    status, flag = expectation(path)
+    r = fixture_results[name]
+    assert r.status.value == status, describe(r)
+    if flag:
+        assert flag in r.flags, describe(r)
+    if r.status is not Status.COMPILE_ERROR:  # a build failure is judged by the CPU pre-build alone
+        assert r.environment.gpu_name, describe(r)
+    if r.status is Status.OK:
+        assert r.correctness.passed == r.correctness.trials >= 1, describe(r)
+        assert r.reference is not None and r.candidate is not None, describe(r)
+        assert r.candidate.clock == "cuda_event", describe(r)
+        assert r.speedup is not None and r.speedup > 0, describe(r)
+        assert r.correctness.rechecked >= 2, describe(r)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cuda_inline_ok.py", "triton_ok.py"])
+def test_fused_kernels_beat_three_eager_kernels(fixture_results, name):
+    """One fused pass (~0.4 GB of traffic) against eager's three (~1.2 GB): a timer that cannot
+    see this is broken.  The margin is loose on purpose."""
+    if uses_triton(FIXTURES / name):
+        pytest.importorskip("triton")
+    r = fixture_results[name]
+    assert r.status is Status.OK, describe(r)
+    assert r.speedup is not None and r.speedup > 1.2, describe(r)
+
+
+@pytest.mark.gpu
+def test_side_stream_work_is_charged(fixture_results):
+    """The side-stream candidate runs the reference's three kernels on another stream: the
+    device-wide join must charge them (about the reference's time), not the ~0 ms the calling
+    stream shows."""
+    r = fixture_results["side_stream.py"]
+    assert r.status is Status.REJECTED and "side_stream" in r.flags, describe(r)
+    assert r.reference is not None and r.candidate is not None, describe(r)
+    assert r.candidate.median_ms >= 0.5 * r.reference.median_ms, describe(r)
+
+
+@pytest.mark.gpu
+def test_illegal_access_is_named(fixture_results):
+    r = fixture_results["illegal_access.py"]
+    assert r.status is Status.RUNTIME_ERROR, describe(r)
+    assert {"illegal_memory_access", "signal"} & set(r.flags), describe(r)
+
+
+@pytest.mark.gpu
+def test_compile_error_keeps_the_compiler_log(fixture_results):
+    r = fixture_results["cuda_compile_error.py"]
+    assert r.status is Status.COMPILE_ERROR, describe(r)
+    assert "error" in (r.compile_log + r.message).lower(), describe(r)
+
+
+# ---- baselines ----------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_baselines_on_kernelbench(tmp_path):
+    from cudal1.harness import measure_baselines
+
+    source = kernelbench_source()
+    if source is None:
+        pytest.skip(f"no KernelBench JSONL: set CUDAL1_KERNELBENCH or provide {KERNELBENCH_DEFAULT}")
+    tasks = load_tasks(BASELINE_SELECTOR, source=source)
+    assert len(tasks) == 3
+    # torch.compile compiles inside the correctness phase: give it room on a cold cache.
+    config = gpu_config(tmp_path / "cache", timeout_s=300.0)
+    out = measure_baselines(tasks, BASELINE_MODES, config)
+    dump("baselines", {f"{t.name}:{m}": out[(t.hash, m)] for t in tasks for m in BASELINE_MODES if (t.hash, m) in out})
+    assert len(out) == len(tasks) * len(BASELINE_MODES)
+    failures = []
+    for task in tasks:
+        for mode in BASELINE_MODES:
+            r = out[(task.hash, mode)]
+            if not (r.status is Status.OK and r.speedup is not None and r.speedup > 0 and r.environment.gpu_name):
+                failures.append(f"--- {task.name} / {mode}\n{describe(r)}")
+    assert not failures, "\n".join(failures)
+
+
+# ---- build cache --------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_cached_rebuild_is_fast(fixture_results, batch_config):
+    """Two separate evaluate() calls with one cache_dir: the fixture batch built cuda_inline_ok.py
+    from an empty cache; judging it again must find the built extension."""
+    from cudal1.harness import evaluate
+
+    first = fixture_results["cuda_inline_ok.py"]
+    assert first.status is Status.OK, describe(first)
+    assert "build_cached" not in first.flags, describe(first)
+    assert first.build_s > 1.0, describe(first)  # it really compiled
+    task = load_task_file(TASK_FILE)
+    cand = Candidate((FIXTURES / "cuda_inline_ok.py").read_text(), task_hash=task.hash, label="cuda_inline_ok.py")
+    (second,) = evaluate(task, [cand], batch_config)
+    dump("cached_rebuild", {"first": first, "second": second})
+    assert second.status is Status.OK, describe(second)
+    assert "build_cached" in second.flags, describe(second)
+    assert second.build_s < 1.0, describe(second)
