@@ -14,21 +14,24 @@ summary=()
 if [ "$stage" = smoke ]; then
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())"; git rev-parse HEAD; } >"$OUT/env.txt" 2>&1
   t0=$SECONDS
-  timeout 420 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
+  timeout 250 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu tests: rc=$? $(tail -1 "$OUT/gpu_tests.log") ($((SECONDS-t0)) s)")
   t0=$SECONDS
   python3 -m cudal1.cli.main eval --device cuda --json --reference examples/tasks/diag_matmul.py --candidate examples/candidates/diag_matmul_broadcast.py >"$OUT/eval_example.log" 2>&1
   summary+=("eval example: $(tail -1 "$OUT/eval_example.log" | head -c 300) ($((SECONDS-t0)) s)")
 fi
+if [ "$stage" = smoke ] || [ "$stage" = verify ]; then
+  t0=$SECONDS
+  timeout 330 python3 -m cudal1.cli.main verify .data/sample.jsonl --device cuda --out "$OUT/verify" >"$OUT/verify.log" 2>&1
+  summary+=("verify: rc=$? ($((SECONDS-t0)) s)")
+  cp "$OUT/verify/verify_report.json" "$OUT/" 2>/dev/null
+  tail -32 "$OUT/verify.log"
+fi
 if [ "$stage" = bench ]; then
   t0=$SECONDS
-  timeout 300 python3 -m cudal1.cli.main verify .data/sample.jsonl --device cuda --out "$OUT/verify" >"$OUT/verify.log" 2>&1
-  summary+=("verify: rc=$? ($((SECONDS-t0)) s)")
-  t0=$SECONDS
-  timeout 240 python3 benchmarks/harness_bench.py --out "$OUT/bench" >"$OUT/bench.log" 2>&1
+  timeout 560 python3 benchmarks/harness_bench.py --out "$OUT/bench" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   summary+=("harness_bench: rc=$? ($((SECONDS-t0)) s)")
-  cp "$OUT/verify/verify_report.json" "$OUT/" 2>/dev/null
-  tail -30 "$OUT/verify.log"; tail -25 "$OUT/bench.log"
+  tail -25 "$OUT/bench.log"
 fi
 grep -E "passed|failed|PASSED|FAILED|ERROR" "$OUT/gpu_tests.log" 2>/dev/null | tail -40
 printf '%s\n' "${summary[@]}"

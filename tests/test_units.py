@@ -8,6 +8,7 @@ import multiprocessing as mp
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -630,3 +631,47 @@ class TestFlags:
         for name, text in flags.FLAGS.items():
             assert name == name.lower() and " " not in name
             assert text
+
+
+class TestCharge:
+    """stats.charge: two-clock samples -> charged times and the side-stream decision."""
+
+    def _honest(self, n=50, stream=0.1, base=0.02, jitter=0.002):
+        import random as _r
+
+        rng = _r.Random(0)
+        s = [stream + rng.uniform(-0.005, 0.005) for _ in range(n)]
+        d = [x + base + rng.uniform(0, jitter) for x in s]
+        return s, d
+
+    def test_honest_candidate_is_not_side_stream(self):
+        from cudal1.harness.stats import charge
+
+        rs, rd = self._honest(stream=0.3)
+        cs, cd = self._honest(stream=0.1)
+        c = charge(rs, rd, cs, cd, [0.02] * 30)
+        assert not c.side_stream
+        assert abs(np.median(c.cand_ms) - np.median(cs)) < 0.005
+
+    def test_escaped_work_is_charged_and_flagged(self):
+        from cudal1.harness.stats import charge
+
+        rs, rd = self._honest(stream=0.3)
+        cs, cd = self._honest(stream=0.01)
+        cd = [d + 0.25 for d in cd]  # 0.25 ms still running on another stream
+        c = charge(rs, rd, cs, cd, [0.02] * 30)
+        assert c.side_stream
+        assert np.median(c.cand_ms) > 0.25
+
+    def test_empty_calibration_uses_reference_excess(self):
+        from cudal1.harness.stats import charge
+
+        rs, rd = self._honest(stream=0.3, base=0.05)
+        cs, cd = self._honest(stream=0.1, base=0.05)
+        assert not charge(rs, rd, cs, cd, []).side_stream
+
+    def test_cpu_clocks_agree(self):
+        from cudal1.harness.stats import charge
+
+        c = charge([1.0, 2.0], [1.0, 2.0], [0.5, 0.6], [0.5, 0.6], [])
+        assert c.cand_ms == [0.5, 0.6] and not c.side_stream

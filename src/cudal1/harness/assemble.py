@@ -14,7 +14,7 @@ from typing import Any
 
 from cudal1.config import EvalConfig
 from cudal1.harness.sandbox import JobOutcome
-from cudal1.harness.stats import bootstrap_speedup_ci, speedup
+from cudal1.harness.stats import bootstrap_speedup_ci, charge, speedup
 from cudal1.types import Correctness, Environment, EvalResult, Status, Timing
 
 _ENV_FIELDS = set(Environment.__dataclass_fields__)
@@ -87,7 +87,7 @@ def _no_verdict(outcome: JobOutcome, r: EvalResult) -> EvalResult:
     else:
         r.flags = ["no_verdict"]
         r.message = f"worker exited (code {code}) without a verdict{where}"
-    if any("illegal memory access" in line for line in outcome.log_tail.splitlines()):
+    if any(sign in outcome.log_tail for sign in ("illegal memory access", "invalid address space", "misaligned address", "unspecified launch failure")):
         r.flags.append("illegal_memory_access")
     if tail:
         r.message += ": " + " | ".join(tail)[-1000:]
@@ -96,6 +96,15 @@ def _no_verdict(outcome: JobOutcome, r: EvalResult) -> EvalResult:
 
 def _timings(data: dict[str, Any], config: EvalConfig, r: EvalResult) -> None:
     ref, cand = data.get("ref_samples"), data.get("cand_samples")
+    raw = data.get("raw")
+    if raw:  # recompute the charge here from the raw clocks: the parent's numbers are authoritative
+        charged = charge(raw["ref_stream"], raw["ref_device"], raw["cand_stream"], raw["cand_device"], data.get("calibration") or [])
+        ref, cand = charged.ref_ms, charged.cand_ms
+        if charged.side_stream and r.status is Status.OK:
+            r.status = Status.REJECTED
+            r.message = f"side-stream work escaped the calling stream ({charged.cand_excess_ms:.3g} ms per call beyond the join cost)"
+        if charged.side_stream and "side_stream" not in r.flags:
+            r.flags.append("side_stream")
     if not ref or not cand:
         return
     clock = str(data.get("clock", "cuda_event"))

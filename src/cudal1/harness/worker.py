@@ -30,6 +30,7 @@ from cudal1.harness.channel import Sender
 from cudal1.harness.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.memory import L2Flusher, poison_free_blocks
 from cudal1.harness.runtime_guard import RuntimeGuard, _sleep, settle_s
+from cudal1.harness.stats import charge
 from cudal1.harness.timer import make_timer
 
 _perf = time.perf_counter
@@ -62,13 +63,18 @@ def load_module(path: str, name: str) -> Any:
     return module
 
 
+# Sticky CUDA faults: after one of these the worker's CUDA context is unusable.
+_CUDA_FAULTS = ("illegal memory access", "illegal instruction", "misaligned address", "invalid address space",
+                "unspecified launch failure", "cudaErrorLaunchFailure", "device-side assert")
+
+
 def classify_runtime(exc: BaseException, phase: str) -> Verdict:
     """Map an exception raised from construction on to a ``runtime_error`` verdict."""
     text = f"{type(exc).__name__}: {exc}"
     flags = []
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
         flags.append("oom")
-    if "illegal memory access" in text or "an illegal instruction" in text:
+    if any(sign in text for sign in _CUDA_FAULTS):
         flags.append("illegal_memory_access")
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
     return Verdict("runtime_error", f"{phase}: {text[:2000]}", *flags, traceback=tb[-4000:])
@@ -198,10 +204,14 @@ class Worker:
                 scrub(out)
                 del out
             other = None
-            if any(p.is_floating_point() for p in ref_model.parameters()):
+            params = [p for p in ref_model.parameters() if p.is_floating_point()]
+            if params:
                 other_model = self.construct_reference(ref_mod, int(self.cfg["seed"]) + 1)
-                other = fingerprint(other_model(*self.make_inputs(self.input_seed)))
-                del other_model
+                other_params = [p for p in other_model.parameters() if p.is_floating_point()]
+                # Only a model whose initialisation really differs can be init-independent.
+                if any(not torch.equal(a, b) for a, b in zip(params, other_params)):
+                    other = fingerprint(other_model(*self.make_inputs(self.input_seed)))
+                del other_model, other_params
         except Verdict:
             raise
         except BaseException as exc:  # noqa: BLE001
@@ -344,8 +354,7 @@ class Worker:
         n = min(n, max_trials or n)
         n_re = max(2, round(recheck_fraction * n))
         recheck = set(rng.sample(range(n), min(n, n_re))) | {n - 1}
-        samples: dict[str, list[float]] = {"ref": [], "cand": []}
-        escaped = {"ref": 0, "cand": 0}
+        raw: dict[str, list[float]] = {"ref_stream": [], "ref_device": [], "cand_stream": [], "cand_device": []}
         seed0 = self.input_seed + seed_offset
         for t in range(n):
             for who in rng.sample(["ref", "cand"], 2):
@@ -353,17 +362,17 @@ class Worker:
                 keep = who == "cand" and t in recheck
                 pristine = clone_tree(inputs) if keep else None
                 flush()
-                ct, out = timer.time_call(models[who], tuple(inputs))
-                samples[who].append(ct.ms)
-                escaped[who] += ct.escaped
+                stream_ms, device_ms, out = timer.time_call(models[who], tuple(inputs))
+                raw[f"{who}_stream"].append(stream_ms)
+                raw[f"{who}_device"].append(device_ms)
                 if keep:
                     self.recheck(t, ref_model, out, inputs, pristine)
                 del out, inputs, pristine
             self.check_math(f"timed call {t}")
-        side = escaped["cand"] >= max(2, 0.25 * n)
-        return {"ref_samples": samples["ref"], "cand_samples": samples["cand"], "clock": timer.clock,
-                "escaped": escaped, "side_stream": side, "rechecked": len(recheck),
-                "sync_overhead_ms": timer.overhead_ms}
+        charged = charge(raw["ref_stream"], raw["ref_device"], raw["cand_stream"], raw["cand_device"], timer.calibration)
+        return {"ref_samples": charged.ref_ms, "cand_samples": charged.cand_ms, "clock": timer.clock,
+                "side_stream": charged.side_stream, "rechecked": len(recheck), "raw": raw,
+                "calibration": timer.calibration}
 
     def recheck(self, t: int, ref_model: Any, out: Any, used_inputs: list, pristine: list) -> None:
         """A timed output must match the reference on that call's own fresh inputs."""
