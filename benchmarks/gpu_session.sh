@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device-tool call's worth of GPU checks.  Usage: bash benchmarks/gpu_session.sh STAGE
-#   smoke : environment, gpu-marked tests, eval of the bundled examples on CUDA
-#   bench : cudal1 verify over CUDA-L1's sample, baselines, harness benchmark
+#   smoke : environment, gpu-marked tests, eval of the bundled example on CUDA, verify
+#   tests : the smoke stage without verify
+#   verify: cudal1 verify over CUDA-L1's sample
+#   bench : the harness benchmark (benchmarks/harness_bench.py)
 # Expects KernelBench/CUDA-L1 JSONL copies in .data/ (carried; see docs/benchmarks.md).
 # Full logs go to $OUT; a short table is printed last.
 set -u
@@ -11,7 +13,7 @@ export PYTHONUNBUFFERED=1 CUDAL1_KERNELBENCH=$PWD/.data/kernelbench.jsonl CUDAL1
 export CUDAL1_CACHE_DIR=/tmp/cudal1_cache PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 stage=${1:-smoke}
 summary=()
-if [ "$stage" = smoke ]; then
+if [ "$stage" = smoke ] || [ "$stage" = tests ]; then
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())"; git rev-parse HEAD; } >"$OUT/env.txt" 2>&1
   t0=$SECONDS
   timeout 250 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1

@@ -168,6 +168,7 @@ class EvalResult:
     config_hash: str = ""
     wall_s: float = 0.0  # wall time the judge spent on this candidate, builds included
     build_s: float = 0.0  # part of wall_s spent building/importing the candidate
+    phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds per worker phase
 
     @property
     def correct(self) -> bool:

@@ -32,6 +32,7 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
     r = base
     r.phase = outcome.phase
     r.wall_s = outcome.wall_s
+    r.phase_s = {k: round(v, 4) for k, v in outcome.phase_times.items()}
     r.environment = Environment(**{k: v for k, v in outcome.env.items() if k in _ENV_FIELDS})
     r.stderr_tail = outcome.log_tail[-4000:]
     r.config_hash = config.hash()

@@ -125,6 +125,10 @@ class Worker:
                 result.update(self.verify_extraordinary(ref_model, cand_model, estimate, result))
             result["correctness"]["rechecked"] = result.pop("rechecked", 0)
             flags = ["side_stream"] if result.get("side_stream") else []
+            from cudal1.harness.build_memo import failed_builds
+
+            if failed_builds:  # it built nothing, yet ran: PyTorch fallback behind try/except
+                result.setdefault("extra_flags", []).append("pytorch_fallback")
             status = "rejected" if flags else "ok"
             message = "side-stream work escaped the calling stream" if flags else ""
             self.finish(status, message, flags + result.pop("extra_flags", []), phase="done", **result)
@@ -152,6 +156,9 @@ class Worker:
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
+        from cudal1.harness import build_memo
+
+        build_memo.install()
         self.guard = RuntimeGuard()
         from cudal1.harness.envinfo import collect_environment
 
