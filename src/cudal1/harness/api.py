@@ -70,6 +70,7 @@ def _limits(config: EvalConfig) -> dict[str, float]:
     return {
         "setup": config.setup_timeout_s,
         "import": config.build_timeout_s,
+        "build": config.build_timeout_s,
         "construct": config.timeout_s,
         "correctness": config.timeout_s,
         "timing": config.timeout_s,

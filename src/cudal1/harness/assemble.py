@@ -36,8 +36,9 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
     r.environment = Environment(**{k: v for k, v in outcome.env.items() if k in _ENV_FIELDS})
     r.stderr_tail = outcome.log_tail[-4000:]
     r.config_hash = config.hash()
+    r.build_s = r.phase_s.get("build", 0.0)  # extensions built inside ModelNew.__init__
     if outcome.built:
-        r.build_s = float(outcome.built.get("build_s", 0.0))
+        r.build_s += float(outcome.built.get("build_s", 0.0))
         r.compile_log = str(outcome.built.get("compile_log", ""))
     degenerate = outcome.task.get("degenerate")
     try:
@@ -63,7 +64,7 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
     if data.get("compile_log"):
         r.compile_log = str(data["compile_log"])
     if "build_s" in data:
-        r.build_s = float(data["build_s"])
+        r.build_s = float(data["build_s"]) + r.phase_s.get("build", 0.0)
     if data.get("traceback"):
         r.message = f"{r.message}\n{data['traceback']}".strip()
     corr = data.get("correctness")

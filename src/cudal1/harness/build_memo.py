@@ -26,7 +26,7 @@ def _marker(name: str) -> Path | None:
     return Path(root) / name / _MARKER if root and name else None
 
 
-def _memoize(fn: Callable[..., Any]) -> Callable[..., Any]:
+def _memoize(fn: Callable[..., Any], building: Callable[[bool], None]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         name = str(kwargs.get("name", args[0] if args else ""))
@@ -34,6 +34,7 @@ def _memoize(fn: Callable[..., Any]) -> Callable[..., Any]:
         if kwargs.get("build_directory") is None and marker is not None and marker.is_file():
             failed_builds.append(name)
             raise RuntimeError(f"Error building extension '{name}' (cached failure): " + marker.read_text()[-8000:])
+        building(True)  # a build inside ModelNew.__init__ runs under the build deadline
         try:
             return fn(*args, **kwargs)
         except Exception as exc:
@@ -42,16 +43,19 @@ def _memoize(fn: Callable[..., Any]) -> Callable[..., Any]:
                 marker.parent.mkdir(parents=True, exist_ok=True)
                 marker.write_text(str(exc)[-20000:])
             raise
+        finally:
+            building(False)
 
     return wrapper
 
 
-def install() -> None:
+def install(building: Callable[[bool], None] = lambda on: None) -> None:
+    """Wrap the extension loaders; ``building(True/False)`` is told when a build starts/ends."""
     from torch.utils import cpp_extension
 
     for attr in ("load_inline", "load"):
         original = getattr(cpp_extension, attr)
         if not getattr(original, "_cudal1_memo", False):
-            wrapped = _memoize(original)
+            wrapped = _memoize(original, building)
             wrapped._cudal1_memo = True  # type: ignore[attr-defined]
             setattr(cpp_extension, attr, wrapped)

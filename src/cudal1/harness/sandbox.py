@@ -200,7 +200,7 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
             return
         if msg.kind == "phase":
             now = time.monotonic()
-            outcome.phase_times[outcome.phase] = now - phase_start
+            outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
             phase_start = now
             outcome.phase = str(msg.data.get("name"))
             outcome.limit_s = limits.get(outcome.phase, limits["default"])
@@ -216,7 +216,8 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
                 outcome.tamper = "a second verdict on the verdict channel"
                 outcome.result = None
                 return
-            outcome.phase_times[outcome.phase] = time.monotonic() - phase_start
+            now = time.monotonic()
+            outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
             outcome.result = msg.data
             deadline = time.monotonic() + _EXIT_GRACE_S  # let it exit; a later message is tampering
 

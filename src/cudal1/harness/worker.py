@@ -89,6 +89,8 @@ class Worker:
         self.input_seed = int(job["input_seed"])
         self.log_path = job["log_path"]
         self.guard: RuntimeGuard | None = None
+        self.current_phase = ""
+        self.resume_phase = ""
         self.degenerate: str | None = None
         self.ref_mod: Any = None
 
@@ -139,7 +141,18 @@ class Worker:
             self.finish(v.status, v.message, v.flags, phase=phase, **result, **v.extra)
 
     def phase(self, name: str) -> None:
+        self.current_phase = name
         self.send("phase", name=name, t=time.time())
+
+    def building(self, on: bool) -> None:
+        """Extension builds outside the import phase get the build deadline, then the phase
+        they interrupted starts a fresh deadline."""
+        if on and self.current_phase not in ("import", "build"):
+            self.resume_phase = self.current_phase
+            self.phase("build")
+        elif not on and self.current_phase == "build" and self.resume_phase:
+            self.phase(self.resume_phase)
+            self.resume_phase = ""
 
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
         self.send("result", status=status, message=message, flags=flags, **data)
@@ -158,7 +171,7 @@ class Worker:
             torch.set_float32_matmul_precision("highest")
         from cudal1.harness import build_memo
 
-        build_memo.install()
+        build_memo.install(self.building)
         self.guard = RuntimeGuard()
         from cudal1.harness.envinfo import collect_environment
 
