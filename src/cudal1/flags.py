@@ -30,7 +30,6 @@ FLAGS: dict[str, str] = {
     "no_custom_kernel": "no custom CUDA/Triton kernel ran during forward",
     "pytorch_fallback": "the code falls back to PyTorch behind try/except",
     "strict_verified": "a speedup above the strict threshold passed a second, stricter verification",
-    "static_guard": "informational findings of the static guard (see message)",
     "high_variance": "timing spread (IQR/median) above 10%: the speedup is less certain",
 }
 
