@@ -219,3 +219,60 @@ class EvalResult:
         if d.get("speedup_ci") is not None:
             d["speedup_ci"] = tuple(d["speedup_ci"])
         return cls(**d)
+
+
+# ---- policies and prompts (the optimizer's data; the judge never sees these) -------------------
+
+
+@dataclass(frozen=True)
+class Exemplar:
+    """An earlier candidate shown in a contrastive prompt, with what the judge measured."""
+
+    code: str
+    speedup: float | None  # measured speedup (None for failed candidates)
+    status: str = "ok"  # a Status value
+    feedback: str = ""  # for failed ones: truncated compiler error or mismatch summary
+    candidate_hash: str = ""
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One chat request: ``system`` + ``user`` messages, and where they came from."""
+
+    task_name: str
+    task_hash: str
+    system: str
+    user: str
+    template_version: str
+    exemplar_hashes: tuple[str, ...] = ()
+
+    def messages(self) -> list[dict[str, str]]:
+        return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]
+
+
+@dataclass
+class Completion:
+    """A policy's answer to one prompt.  ``error`` is set (and ``text`` empty) when the request
+    failed after retries; failures are recorded, never dropped."""
+
+    text: str
+    policy: str
+    model: str = ""
+    usage: dict[str, int] = field(default_factory=dict)  # prompt_tokens, completion_tokens
+    error: str = ""
+    latency_s: float = 0.0
+    meta: dict[str, Any] = field(default_factory=dict)  # policy-specific (e.g. builtin passes)
+
+
+@dataclass
+class ParsedResponse:
+    """A response split into CUDA-L1's sections.  ``code`` is None for a format failure."""
+
+    analysis: str
+    design: str
+    code: str | None
+    problem: str = ""  # why the format failed ("" when code was found)
+
+    @property
+    def format_ok(self) -> bool:
+        return self.code is not None
