@@ -102,6 +102,22 @@ _SCHEMA = (
         key TEXT PRIMARY KEY,
         json TEXT NOT NULL
     )""",
+    # Optimizer responses, usable or not: a response without code is a format failure, kept.
+    """CREATE TABLE IF NOT EXISTS responses (
+        id INTEGER PRIMARY KEY AUTOINCREMENT,
+        task_hash TEXT NOT NULL,
+        round INTEGER NOT NULL,
+        policy TEXT NOT NULL,
+        prompt_json TEXT NOT NULL,
+        response TEXT NOT NULL,
+        analysis TEXT NOT NULL,
+        candidate_hash TEXT,
+        problem TEXT NOT NULL,
+        error TEXT NOT NULL,
+        usage_json TEXT NOT NULL,
+        created_at REAL NOT NULL
+    )""",
+    """CREATE INDEX IF NOT EXISTS responses_task ON responses (task_hash, round)""",
     """CREATE TABLE IF NOT EXISTS runs (
         id INTEGER PRIMARY KEY AUTOINCREMENT,
         kind TEXT NOT NULL,
@@ -270,6 +286,50 @@ class RunStore:
             (task_hash,),
         )
         return [Candidate(source=s, task_hash=t, label=lbl) for s, t, lbl in rows]
+
+    def candidate_meta(self, task_hash: str) -> list[tuple[str, dict[str, Any]]]:
+        """(candidate hash, meta) for ``task_hash``, oldest first."""
+        rows = self._query(
+            "SELECT hash, meta_json FROM candidates WHERE task_hash = ? ORDER BY added_at, rowid",
+            (task_hash,),
+        )
+        return [(h, json.loads(m or "{}")) for h, m in rows]
+
+    # -- optimizer responses -------------------------------------------------------------------
+
+    def record_response(self, task_hash: str, round_: int, policy: str, prompt: dict[str, Any], response: str,
+                        analysis: str, candidate_hash: str | None, problem: str = "", error: str = "",
+                        usage: dict[str, Any] | None = None) -> int:
+        """Record one policy response (the exact prompt sent, the text, its parse)."""
+        with self._tx() as conn:
+            cur = conn.execute(
+                "INSERT INTO responses (task_hash, round, policy, prompt_json, response, analysis,"
+                " candidate_hash, problem, error, usage_json, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (task_hash, round_, policy, _dumps(prompt), response, analysis, candidate_hash,
+                 problem, error, _dumps(usage or {}), time.time()),
+            )
+            return int(cur.lastrowid)
+
+    def responses(self, task_hash: str | None = None) -> list[dict[str, Any]]:
+        """Recorded responses (oldest first) as dicts with the columns above."""
+        cols = ("id", "task_hash", "round", "policy", "prompt_json", "response", "analysis",
+                "candidate_hash", "problem", "error", "usage_json", "created_at")
+        sql = f"SELECT {', '.join(cols)} FROM responses"
+        rows = self._query(sql + (" WHERE task_hash = ?" if task_hash else "") + " ORDER BY id",
+                           (task_hash,) if task_hash else ())
+        out = []
+        for row in rows:
+            d = dict(zip(cols, row))
+            d["prompt"] = json.loads(d.pop("prompt_json"))
+            d["usage"] = json.loads(d.pop("usage_json"))
+            out.append(d)
+        return out
+
+    def last_round(self, task_hash: str) -> int:
+        """Highest optimizer round with a recorded response for ``task_hash`` (-1 if none)."""
+        rows = self._query("SELECT MAX(round) FROM responses WHERE task_hash = ?", (task_hash,))
+        return -1 if not rows or rows[0][0] is None else int(rows[0][0])
 
     # -- evaluations ---------------------------------------------------------------------------
 

@@ -245,6 +245,8 @@ class Prompt:
     user: str
     template_version: str
     exemplar_hashes: tuple[str, ...] = ()
+    task_source: str = ""  # the reference source (for policies that transform code, e.g. builtin)
+    exemplar_codes: tuple[str, ...] = ()  # the exemplars' code, best last
 
     def messages(self) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system}, {"role": "user", "content": self.user}]

@@ -1,0 +1,134 @@
+"""The policy interface: given prompts, return completions.
+
+Contract (every implementation):
+
+- ``generate(prompts, n)`` returns one list per prompt, in prompt order, each holding exactly ``n``
+  :class:`~cudal1.types.Completion` objects.  A failure (HTTP error after retries, timeout,
+  malformed answer, exhausted replay, generation exception) becomes
+  ``Completion(text="", error=...)``: it is recorded, never raised and never dropped.
+- ``generate`` may be called from several threads at once (the search loop optimizes the tasks of
+  a suite concurrently); implementations bound their own resource use across calls.
+- ``close()`` releases clients, threads and models; it is idempotent.
+- Constructors *do* raise on bad configuration (missing extra, unknown option, missing file,
+  no API key for a hosted endpoint): a misconfigured run must fail before it spends anything.
+
+Not covered here: prompt construction and response parsing (``cudal1.prompts``) and judging
+(``cudal1.harness``, which policies never import).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from cudal1.config import ConfigError
+from cudal1.types import Completion, Prompt
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """Anything that turns prompts into completions (see the module docstring for the contract)."""
+
+    name: str
+
+    def generate(self, prompts: list[Prompt], n: int | None = None) -> list[list[Completion]]:
+        """For each prompt, ``n`` completions (``None``: the policy's configured ``n``)."""
+        ...
+
+    def close(self) -> None:
+        """Release resources; safe to call twice."""
+        ...
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Settings shared by the LLM-backed policies.  Field comments are the help text.
+
+    Each policy reads the fields it needs and ignores the rest, so one resolved config can be
+    saved with a run whatever the policy.  ``api_key`` is never logged, shown in ``repr`` or
+    written by :meth:`to_dict`; prefer ``api_key_env`` (the *name* of the variable holding it).
+    """
+
+    base_url: str = ""  # OpenAI-compatible endpoint, e.g. http://localhost:8000/v1; "" = client default
+    model: str = ""  # model name sent to the endpoint; "" = the server's first listed model
+    api_key_env: str = "OPENAI_API_KEY"  # name of the env var holding the API key
+    api_key: str = field(default="", repr=False)  # explicit key (overrides api_key_env); never logged
+    temperature: float = 0.7  # sampling temperature; 0 = greedy (hf) / server-side greedy
+    top_p: float = 0.95  # nucleus sampling mass
+    max_tokens: int = 8192  # maximum new tokens per completion
+    n: int = 1  # samples per prompt when generate() is called without n
+    concurrency: int = 8  # maximum requests in flight per policy (shared by concurrent generate calls)
+    max_retries: int = 5  # retries after the first attempt on 429/5xx/timeouts/connection errors
+    timeout_s: float = 600.0  # per-request timeout (connect + read), seconds
+    backoff_base_s: float = 1.0  # first retry waits about this long; doubles each retry, with jitter
+    backoff_max_s: float = 60.0  # cap on one backoff wait (also caps a server's Retry-After)
+    seed: int | None = None  # sampling seed (sent to the server; seeds torch for hf); None = unseeded
+    extra_body: dict[str, Any] = field(default_factory=dict)  # extra JSON fields for the endpoint (e.g. vLLM top_k)
+    replay_path: str = ""  # replay: JSONL file of {"task", "code"} (or "response"/"text") records
+    model_path: str = ""  # hf: local transformers model directory (what training writes)
+    device: str = "auto"  # hf: auto | cpu | cuda
+    dtype: str = "auto"  # hf: auto | float32 | bfloat16 | float16
+    batch_size: int = 8  # hf: prompts per generate() batch (each expands to n sequences)
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "timeout_s", "backoff_base_s", "backoff_max_s"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):  # 1 (YAML) and 1.0 (CLI) alike
+                object.__setattr__(self, name, float(value))
+        if self.temperature < 0 or not 0 < self.top_p <= 1:
+            raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
+        for name in ("max_tokens", "n", "concurrency", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1")
+        if self.max_retries < 0:
+            raise ConfigError("max_retries must be >= 0")
+        if self.timeout_s <= 0 or self.backoff_base_s < 0 or self.backoff_max_s < 0:
+            raise ConfigError("timeout_s must be positive and backoff times non-negative")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError(f"device must be auto, cpu or cuda, not {self.device!r}")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "PolicyConfig":
+        """Build from a mapping; unknown keys are errors."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown policy option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        return cls(**data)
+
+    def replace(self, **changes: Any) -> "PolicyConfig":
+        """A copy with ``changes`` applied (``None`` values are ignored, as for CLI flags)."""
+        changes = {k: v for k, v in changes.items() if v is not None}
+        merged = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | changes
+        return PolicyConfig.from_dict(merged)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything except the secret (``api_key`` is reported only as set or not)."""
+        d = dataclasses.asdict(self)
+        d["api_key"] = "<set>" if self.api_key else ""
+        return d
+
+
+def resolve_config(config: PolicyConfig | None, options: dict[str, Any]) -> PolicyConfig:
+    """``config`` (or the defaults) with keyword ``options`` applied; unknown keys are errors."""
+    return (config or PolicyConfig()).replace(**options)
+
+
+def require_extra(module: str, extra: str, what: str) -> None:
+    """Raise one clear ImportError when an optional dependency of ``extra`` is missing."""
+    if importlib.util.find_spec(module) is None:
+        raise ImportError(f"{what} needs the '{module}' package: pip install \"cudal1[{extra}]\"")
+
+
+def error_completion(policy: str, error: str, model: str = "", **meta: Any) -> Completion:
+    """The recorded form of a failure: empty text, the reason in ``error``."""
+    return Completion(text="", policy=policy, model=model, error=error or "unknown error", meta=dict(meta))
+
+
+def wrap_code(code: str) -> str:
+    """``code`` as a response the parser accepts: fenced as Python unless it already has a fence."""
+    if "```" in code:
+        return code
+    return f"```python\n{code.rstrip()}\n```\n"

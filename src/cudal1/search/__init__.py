@@ -1,0 +1,5 @@
+"""The contrastive optimizer (apps layer): :func:`optimize` over tasks with any policy."""
+
+from cudal1.search.loop import SearchConfig, optimize, reference_candidate
+
+__all__ = ["SearchConfig", "optimize", "reference_candidate"]

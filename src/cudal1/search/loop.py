@@ -1,0 +1,221 @@
+"""The contrastive search loop: prompt with measured exemplars, sample, judge, repeat.
+
+Contract: :func:`optimize` runs rounds over every task of a suite concurrently (all prompts of
+a round go to the policy in one call; all candidates of a round go to the judge in one batch, so
+builds overlap timing across tasks).  Round 0 judges the reference itself (``ModelNew = Model``)
+as the 1.00x anchor.  Every prompt sent, response received, parse and verdict is recorded in the
+run store before the next round, so a killed run resumes where it stopped (same ``out`` dir):
+finished rounds are not re-sampled and recorded evaluations are not re-run.  Only ``ok``
+candidates of non-degenerate tasks become exemplars or "best"; failed ones are shown to the
+policy as feedback when ``feedback`` is on.  Stops at ``rounds``, ``max_evaluations`` or the
+wall-clock budget (checked between rounds; a round in flight finishes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from cudal1.config import EvalConfig
+from cudal1.store import RunStore
+from cudal1.types import Candidate, EvalResult, Exemplar, Prompt, Status, Task
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How the optimizer searches (CLI flags override)."""
+
+    rounds: int = 3  # rounds after the reference round
+    samples: int = 4  # candidates requested per task per round
+    exemplars: int = 2  # exemplars shown per prompt
+    strategy: str = "contrastive"  # exemplar selection: contrastive | random | best
+    temperature: float = 1.0  # softmax temperature over speedup buckets
+    feedback: bool = True  # show a failed candidate's error to the policy
+    budget_minutes: float | None = None  # wall-clock budget for the whole run
+    max_evaluations: int | None = None  # budget of judged candidates (reference included)
+    template: str = "contrastive_v1"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.rounds < 0 or self.samples < 1 or self.exemplars < 0:
+            raise ValueError("rounds >= 0, samples >= 1 and exemplars >= 0 are required")
+
+
+def reference_candidate(task: Task) -> Candidate:
+    """Round 0: the reference itself as a candidate (the 1.00x anchor of the pool)."""
+    return Candidate(f"{task.source.rstrip()}\n\n\nModelNew = Model\n", task_hash=task.hash, label="reference")
+
+
+def _feedback(result: EvalResult, limit: int = 1500) -> str:
+    text = result.compile_log if result.status is Status.COMPILE_ERROR and result.compile_log else result.message
+    return text[-limit:]
+
+
+class Search:
+    """State of one optimize run (store, policy, budgets)."""
+
+    def __init__(self, tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalConfig, out: Path,
+                 hardware: str, plan: Any = None, on_result: Callable[[EvalResult], None] | None = None) -> None:
+        self.tasks, self.policy, self.cfg, self.judge = tasks, policy, search, judge
+        self.out, self.hardware, self.plan, self.on_result = out, hardware, plan, on_result
+        self.store = RunStore(out / "cudal1.sqlite")
+        self.started = time.monotonic()
+
+    # ---- pool ---------------------------------------------------------------------------
+    def results(self, task: Task) -> list[tuple[Candidate, EvalResult]]:
+        config_hash = self.judge.hash()
+        out = []
+        for cand in self.store.candidates(task.hash):
+            res = self.store.get_evaluation(task.hash, cand.hash, config_hash)
+            if res is not None:
+                out.append((cand, res))
+        return out
+
+    @staticmethod
+    def degenerate(pairs: list[tuple[Candidate, EvalResult]]) -> bool:
+        return any("degenerate_task" in r.flags for _, r in pairs)
+
+    def pool(self, task: Task) -> tuple[list[Exemplar], list[Exemplar]]:
+        """(successful exemplars, failed ones for feedback) of ``task``."""
+        pairs = self.results(task)
+        if self.degenerate(pairs):
+            return [], []
+        ok = [Exemplar(c.source, r.speedup, r.status.value, "", c.hash) for c, r in pairs
+              if r.status is Status.OK and r.speedup is not None]
+        failed = [Exemplar(c.source, None, r.status.value, _feedback(r), c.hash) for c, r in pairs if r.status is not Status.OK]
+        return ok, failed
+
+    # ---- budgets ------------------------------------------------------------------------
+    def evaluations(self) -> int:
+        return sum(len(self.results(t)) for t in self.tasks)
+
+    def out_of_budget(self) -> str:
+        if self.cfg.budget_minutes is not None and time.monotonic() - self.started > 60 * self.cfg.budget_minutes:
+            return "wall-clock budget"
+        if self.cfg.max_evaluations is not None and self.evaluations() >= self.cfg.max_evaluations:
+            return "evaluation budget"
+        return ""
+
+    # ---- rounds -------------------------------------------------------------------------
+    def judge_pairs(self, pairs: list[tuple[Task, Candidate]]) -> list[EvalResult]:
+        from cudal1.harness import evaluate_pairs
+
+        return evaluate_pairs(pairs, self.judge, store=self.store, plan=self.plan, on_result=self.on_result)
+
+    def prompts_for(self, task: Task, round_: int) -> list[Prompt]:
+        from cudal1.prompts import build_prompt, failed_feedback, select_exemplars
+
+        ok, failed = self.pool(task)
+        rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
+        prompts = []
+        for _ in range(self.cfg.samples):
+            shown = select_exemplars(ok, self.cfg.exemplars, self.cfg.strategy, rng=rng, temperature=self.cfg.temperature)
+            if self.cfg.feedback and failed:
+                shown = list(failed_feedback(failed, 1, rng)) + list(shown)
+            prompt = build_prompt(task, shown, self.hardware, feedback=self.cfg.feedback, template=self.cfg.template)
+            codes = tuple(e.code for e in sorted(ok, key=lambda e: e.speedup or 0.0))
+            prompts.append(dataclasses.replace(prompt, task_source=task.source, exemplar_codes=codes))
+        return prompts
+
+    def run_round(self, round_: int, active: list[Task]) -> int:
+        """Sample and judge one round for ``active`` tasks; returns candidates judged."""
+        from cudal1.prompts import parse_response
+
+        prompts = [(t, p) for t in active for p in self.prompts_for(t, round_)]
+        completions = self.policy.generate([p for _, p in prompts], 1)
+        pairs: list[tuple[Task, Candidate]] = []
+        for (task, prompt), batch in zip(prompts, completions):
+            for comp in batch:
+                parsed = parse_response(comp.text) if not comp.error else None
+                cand = None
+                if parsed is not None and parsed.code is not None:
+                    cand = Candidate(parsed.code, task_hash=task.hash, label=f"{comp.policy}:r{round_}")
+                    self.store.add_candidate(cand, task.hash, {"round": round_, "policy": comp.policy, "model": comp.model,
+                                                               "meta": comp.meta})
+                    pairs.append((task, cand))
+                problem = comp.error or (parsed.problem if parsed else "")
+                self.store.record_response(task.hash, round_, comp.policy, dataclasses.asdict(prompt), comp.text,
+                                           parsed.analysis if parsed else "", cand.hash if cand else None,
+                                           problem=problem if cand is None else "", error=comp.error, usage=comp.usage)
+        if pairs:
+            self.judge_pairs(pairs)
+        return len(pairs)
+
+    def best(self, task: Task) -> tuple[Candidate, EvalResult] | None:
+        pairs = self.results(task)
+        if self.degenerate(pairs):
+            return None
+        anchor = reference_candidate(task).hash  # the reference itself is never "best"
+        ok = [(c, r) for c, r in pairs if r.status is Status.OK and r.speedup is not None and c.hash != anchor]
+        return max(ok, key=lambda cr: cr[1].speedup) if ok else None
+
+
+def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalConfig, out: str | Path, *,
+             hardware: str = "CPU", plan: Any = None, on_result: Callable[[EvalResult], None] | None = None) -> dict[str, Any]:
+    """Run (or resume) the search; writes ``best/`` and ``summary.json`` under ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    s = Search(tasks, policy, search, judge, out, hardware, plan, on_result)
+    run_id = s.store.start_run("optimize", {"search": dataclasses.asdict(search), "judge": judge.to_dict(),
+                                            "policy": getattr(policy, "name", str(policy))})
+    status, stop = "done", ""
+    try:
+        for t in tasks:
+            s.store.add_task(t)
+        s.judge_pairs([(t, reference_candidate(t)) for t in tasks])
+        for round_ in range(1, search.rounds + 1):
+            stop = s.out_of_budget()
+            if stop:
+                break
+            active = [t for t in tasks if s.store.last_round(t.hash) < round_]
+            if active:
+                log.info("round %d: %d task(s)", round_, len(active))
+                s.run_round(round_, active)
+    except BaseException:
+        status = "interrupted"
+        raise
+    finally:
+        summary = write_outputs(s, stop)
+        s.store.finish_run(run_id, status)
+        s.store.close()
+    return summary
+
+
+def write_outputs(s: Search, stop: str) -> dict[str, Any]:
+    """``best/<task>.py`` for each task with a verified candidate, and ``summary.json``."""
+    best_dir = s.out / "best"
+    best_dir.mkdir(exist_ok=True)
+    rows = []
+    environment: dict[str, Any] = {}
+    for task in s.tasks:
+        pairs = s.results(task)
+        statuses: dict[str, int] = {}
+        for _, r in pairs:
+            statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
+            environment = environment or dataclasses.asdict(r.environment)
+        best = s.best(task)
+        path = None
+        if best is not None:
+            path = best_dir / f"{task.task_id.replace('/', '_')}.py"
+            path.write_text(best[0].source)
+        rows.append({"task": task.task_id, "best_speedup": best[1].speedup if best else None,
+                     "best_path": str(path) if path else None, "evaluated": len(pairs), "statuses": statuses,
+                     "degenerate": Search.degenerate(pairs)})
+    summary = {"tasks": rows, "environment": environment, "stopped_by": stop or "rounds",
+               "geomean_best_speedup": _geomean([r["best_speedup"] for r in rows])}
+    (s.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def _geomean(values: list[float | None]) -> float | None:
+    vals = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None

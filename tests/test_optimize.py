@@ -1,0 +1,178 @@
+"""The contrastive optimizer end to end on CPU: search loop + real judge + a scripted
+OpenAI-compatible server (tests/llm_server.py), the builtin policy, and resume after a kill."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cudal1.config import EvalConfig
+from cudal1.policy.builtin import PASSES, BuiltinPolicy, passes_in, render_candidate
+from cudal1.search import SearchConfig, optimize
+from cudal1.store import RunStore
+from cudal1.tasks import load_task_file
+from cudal1.types import Prompt
+from llm_server import Reply, ScriptedLLMServer
+
+REPO = Path(__file__).resolve().parents[1]
+TASK = REPO / "examples" / "tasks" / "diag_matmul.py"
+needs_openai = pytest.mark.skipif(importlib.util.find_spec("openai") is None, reason="openai is not installed")
+
+FAST = """## Performance Analysis
+diag(A) @ B builds an N x N matrix and multiplies it: O(N^2 M) work for O(NM) useful work.
+
+## Algorithm Design
+Scale each row of B by A instead.
+
+## Code Implementation
+```python
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, B):
+        return A.unsqueeze(1) * B
+```
+"""
+SLOW_BUT_CORRECT = FAST.replace("return A.unsqueeze(1) * B", "return (torch.diag(A) @ B).contiguous()")
+NO_CODE = "## Performance Analysis\nI am not sure what to do here, sorry."
+
+
+def judge_config(tmp_path: Path) -> EvalConfig:
+    return EvalConfig(cache_dir=str(tmp_path / "cache"), timing_budget_s=0.3, timing_trials=20, min_timing_trials=5,
+                      timeout_s=60, correctness_trials=3)
+
+
+def user_messages(server: ScriptedLLMServer) -> list[str]:
+    return [m["content"] for body in server.requests for m in body["messages"] if m["role"] == "user"]
+
+
+@needs_openai
+def test_contrastive_rounds_show_measured_exemplars_and_survive_bad_answers(tmp_path):
+    from cudal1.policy import make_policy
+
+    script = [FAST, NO_CODE, Reply(status=500), SLOW_BUT_CORRECT, "## Code Implementation\n```python\nclass ModelNew(nn.Module)\n    pass\n```", SLOW_BUT_CORRECT]
+    with ScriptedLLMServer(script, default=SLOW_BUT_CORRECT) as srv:
+        policy = make_policy("openai", base_url=srv.url, model="test-model", backoff_base_s=0.01, max_retries=2,
+                             concurrency=1, temperature=0.5)
+        summary = optimize([load_task_file(TASK)], policy, SearchConfig(rounds=2, samples=2, exemplars=2, seed=1),
+                           judge_config(tmp_path), tmp_path / "out", hardware="CPU")
+        policy.close()
+        requests = list(srv.requests)
+    users = user_messages(srv)
+    assert len(requests) >= 4  # 2 in round 1, 2 in round 2 plus one retry of the HTTP 500
+    round1, round2 = users[:2], users[2:]
+    assert all("torch.diag(A) @ B" in u for u in users)  # the reference source is in every prompt
+    assert not any("A.unsqueeze(1) * B" in u for u in round1)
+    assert any("A.unsqueeze(1) * B" in u for u in round2), "round 2 must show round 1's fast candidate"
+    assert any(re.search(r"\d+(\.\d+)?x", u) for u in round2), "exemplars carry measured speedups"
+    row = summary["tasks"][0]
+    assert row["best_path"] and "A.unsqueeze(1) * B" in Path(row["best_path"]).read_text()
+    assert row["best_speedup"] > 1.5
+    with RunStore(tmp_path / "out" / "cudal1.sqlite") as store:
+        responses = store.responses()
+    problems = [r["problem"] for r in responses if r["candidate_hash"] is None]
+    assert any(p.startswith("no code block") or p.startswith("no python code block") for p in problems), problems
+    assert any(p.startswith("code block does not parse") for p in problems), problems
+    assert all(r["prompt"]["user"] for r in responses)  # the exact prompt text is stored
+    assert (tmp_path / "out" / "summary.json").is_file()
+
+
+@needs_openai
+def test_endpoint_down_is_recorded_not_fatal(tmp_path):
+    from cudal1.policy import make_policy
+
+    with ScriptedLLMServer(default=Reply(status=503)) as srv:
+        policy = make_policy("openai", base_url=srv.url, model="m", backoff_base_s=0.01, max_retries=1)
+        summary = optimize([load_task_file(TASK)], policy, SearchConfig(rounds=1, samples=2), judge_config(tmp_path),
+                           tmp_path / "out")
+    row = summary["tasks"][0]
+    assert row["evaluated"] == 1 and row["best_speedup"] is None  # only the reference was judged
+    with RunStore(tmp_path / "out" / "cudal1.sqlite") as store:
+        errors = [r["error"] for r in store.responses()]
+    assert len(errors) == 2 and all(errors)
+
+
+@needs_openai
+def test_resume_after_kill_continues_where_it_stopped(tmp_path):
+    out = tmp_path / "out"
+    env = dict(os.environ, CUDAL1_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
+    base = [sys.executable, "-m", "cudal1.cli.main", "optimize", str(TASK), "--policy", "openai", "--model", "m",
+            "--rounds", "2", "--samples", "1", "--out", str(out), "--device", "cpu", "--timing-trials", "10",
+            "--trials", "2", "--json"]
+    # First run: round 1 answers at once, round 2 hangs -> killed while waiting for round 2.
+    with ScriptedLLMServer([FAST], default=Reply(text=SLOW_BUT_CORRECT, delay_s=60)) as srv:
+        proc = subprocess.Popen(base + ["--base-url", srv.url], env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True)
+        deadline = time.time() + 240
+        while time.time() < deadline and len(srv.requests) < 2:
+            time.sleep(0.2)
+        assert len(srv.requests) >= 2, proc.stderr.read().decode()[-2000:] if proc.poll() is not None else "no round 2"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    con = sqlite3.connect(out / "cudal1.sqlite")
+    rounds = [r[0] for r in con.execute("SELECT round FROM responses")]
+    n_eval = con.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+    con.close()
+    assert rounds == [1] and n_eval == 2  # reference + round-1 candidate survived the kill
+    # Second run resumes: only round 2 is requested, nothing already judged is re-run.
+    with ScriptedLLMServer(default=SLOW_BUT_CORRECT) as srv:
+        done = subprocess.run(base + ["--base-url", srv.url], env=env, cwd=tmp_path, capture_output=True, text=True,
+                              timeout=400)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert len(srv.requests) == 1
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    assert summary["tasks"][0]["evaluated"] == 3
+    assert "A.unsqueeze(1) * B" in Path(summary["tasks"][0]["best_path"]).read_text()
+
+
+def test_builtin_is_the_zero_setup_default(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("CUDAL1_BASE_URL",)}
+    env["CUDAL1_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run([sys.executable, "-m", "cudal1.cli.main", "optimize", str(TASK), "--rounds", "1",
+                           "--samples", "1", "--out", str(tmp_path / "out"), "--device", "cpu", "--timing-trials", "10",
+                           "--json"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    row = summary["tasks"][0]
+    assert row["evaluated"] == 2 and row["statuses"].get("ok") == 2, row
+    best = Path(row["best_path"]).read_text()
+    assert passes_in(best) == ["compile-default"] and "cudal1" not in best.replace("# cudal1-builtin pass", "")
+
+
+def _prompt(task_source: str, codes: tuple[str, ...] = ()) -> Prompt:
+    return Prompt("t", "h" * 64, "s", "u", "v", task_source=task_source, exemplar_codes=codes)
+
+
+def test_builtin_passes_render_loadable_code_and_decline_when_exhausted():
+    source = TASK.read_text()
+    for name in PASSES:
+        code = render_candidate(source, name)
+        ast.parse(code)
+        assert passes_in(code) == [name] and "class ModelNew(Model)" in code
+    cpu = BuiltinPolicy(device="cpu")
+    assert all(not PASSES[n].cuda_only for n in cpu.passes)
+    got = cpu.generate([_prompt(source)], n=len(cpu.passes) + 1)[0]
+    assert [c.meta.get("passes", [None])[0] for c in got[:-1]] == cpu.passes
+    assert got[-1].error and not got[-1].text
+    # resume: passes already present in the pool are not proposed again
+    fresh = BuiltinPolicy(device="cpu")
+    again = fresh.generate([_prompt(source, (render_candidate(source, cpu.passes[0]),))], n=1)[0][0]
+    assert again.meta["passes"] == [cpu.passes[1]]
+    with pytest.raises(ValueError, match="unknown builtin pass"):
+        BuiltinPolicy(passes=["nope"])
