@@ -10,7 +10,6 @@ only reads records, classifies and summarises.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cudal1.jsonl import JsonlError, iter_jsonl
 from cudal1.types import Candidate, EvalResult, Status, Task
 
 CLASSES = ("verified", "slower_than_claimed", "incorrect", "failed", "rejected", "degenerate_task", "missing_code")
@@ -47,16 +47,10 @@ def read_records(path: str | Path, tasks: list[Task] | None = None) -> list[Reco
 
     records = []
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise AuditError(f"cannot read {path}: {exc.strerror or exc}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            raise AuditError(f"{path}:{n}: not JSON") from None
+        lines = list(iter_jsonl(path))
+    except JsonlError as exc:
+        raise AuditError(str(exc)) from None
+    for n, rec in lines:
         if "ref_code" in rec:
             level, tid = rec.get("level_id"), rec.get("task_id")
             task = Task(name=f"level{level}_{tid}", source=rec["ref_code"], level=level, problem_id=tid, origin=f"{path}:{n}")

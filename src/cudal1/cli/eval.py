@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, fmt, print_json, read_text
+from cudal1.cli.common import add_judge_flags, config_from_args, fmt, print_json, read_text
 from cudal1.types import Candidate, EvalResult
 
 

@@ -13,6 +13,7 @@ import statistics
 from collections import Counter
 from pathlib import Path
 
+from cudal1.jsonl import JsonlError, iter_jsonl
 from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
 from cudal1.types import Candidate, EvalResult, Task
 
@@ -34,17 +35,13 @@ def read_candidates(path: str, tasks: list[Task]) -> list[tuple[Task, Candidate]
 
     pairs = []
     try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as exc:
-        raise UsageError(f"cannot read candidates {path}: {exc.strerror or exc}") from None
-    for n, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-            key, code = str(rec["task"]), rec["code"]
-        except (ValueError, KeyError, TypeError):
-            raise UsageError(f"{path}:{n}: expected a JSON object with 'task' and 'code'") from None
+        lines = list(iter_jsonl(path))
+    except JsonlError as exc:
+        raise UsageError(str(exc)) from None
+    for n, rec in lines:
+        if "task" not in rec or "code" not in rec:
+            raise UsageError(f"{path}:{n}: expected a JSON object with 'task' and 'code'")
+        key, code = str(rec["task"]), rec["code"]
         if not isinstance(code, str) or not code.strip():
             raise UsageError(f"{path}:{n}: 'code' must be non-empty source text")
         task = find_task(tasks, key)
