@@ -675,3 +675,38 @@ class TestCharge:
 
         c = charge([1.0, 2.0], [1.0, 2.0], [0.5, 0.6], [0.5, 0.6], [])
         assert c.cand_ms == [0.5, 0.6] and not c.side_stream
+
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_kernel_names_classify_library_and_custom():
+    from cudal1.harness.kernels import custom_kernels
+
+    library = [
+        "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>>(int, float*)",
+        "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32_warpgroupsize1x1x1",
+        "nvjet_tst_128x64_64x8_1x2_h_bz_TNT", "Memcpy DtoD (Device -> Device)", "triton_poi_fused_add_relu_0",
+        "void cutlass::Kernel2<cutlass_80_tensorop_s1688gemm>(Params)", "cudnn::engines_precompiled::nchwToNhwcKernel",
+    ]
+    custom = ["fused_relu_scale_kernel", "mean_dim0_kernel<float>", "_triton_relu_kernel", "add_kernel"]
+    assert custom_kernels(library) == []
+    assert custom_kernels(library + custom) == custom
+
+
+def test_hyperparameter_guard_catches_ignored_constructor_arguments():
+    from cudal1.harness.static_guard import run_static_guards
+
+    ref = (REPO / "examples" / "tasks" / "linear_relu.py").read_text()
+    good = (REPO / "examples" / "candidates" / "linear_relu_addmm.py").read_text()
+    assert not run_static_guards(good, reference=ref)
+    ignored = good.replace("self.scale = scale", "self.scale = 0.5")
+    (finding,) = run_static_guards(ignored, reference=ref)
+    assert finding.flag == "hyperparameter_ignored" and finding.reject
+    fewer = good.replace("def __init__(self, in_features, out_features, scale):", "def __init__(self, in_features, out_features):")
+    fewer = fewer.replace("self.scale = scale", "self.scale = 0.5")
+    assert [f.flag for f in run_static_guards(fewer, reference=ref)] == ["hyperparameter_ignored"]
+    inherits = "from torch import nn\nclass ModelNew(Model):\n    pass\n"
+    assert not run_static_guards(inherits, reference=ref)
+    forwards = "class ModelNew(Model):\n    def __init__(self, *args):\n        super().__init__(*args)\n"
+    assert not run_static_guards(forwards, reference=ref)

@@ -169,6 +169,7 @@ class EvalResult:
     wall_s: float = 0.0  # wall time the judge spent on this candidate, builds included
     build_s: float = 0.0  # part of wall_s spent building/importing the candidate
     phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds per worker phase
+    kernels: list[str] = field(default_factory=list)  # CUDA kernels of one profiled forward
 
     @property
     def correct(self) -> bool:

@@ -166,6 +166,19 @@ def test_fused_kernels_beat_three_eager_kernels(fixture_results, name):
 
 
 @pytest.mark.gpu
+def test_kernel_inventory_tells_custom_kernels_from_pytorch(fixture_results):
+    """``no_custom_kernel`` (informational): set for PyTorch-only code, absent for real kernels."""
+    for name in ("cuda_inline_ok.py", "triton_ok.py"):
+        r = fixture_results[name]
+        if name == "triton_ok.py" and not has_triton():
+            continue
+        assert r.kernels, describe(r)
+        assert "no_custom_kernel" not in r.flags, (name, r.kernels)
+    honest_graph = fixture_results["cuda_graph_honest.py"]
+    assert "no_custom_kernel" in honest_graph.flags, honest_graph.kernels
+
+
+@pytest.mark.gpu
 def test_side_stream_work_is_charged(fixture_results):
     """The side-stream candidate runs the reference's three kernels on another stream: the
     device-wide join must charge them (about the reference's time), not the ~0 ms the calling

@@ -139,10 +139,10 @@ class Evaluator:
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
-    def static_findings(self, candidate: Candidate) -> list:
+    def static_findings(self, candidate: Candidate, task: Task) -> list:
         from cudal1.harness.static_guard import run_static_guards
 
-        return run_static_guards(candidate.source, self.static_names) if self.static_names else []
+        return run_static_guards(candidate.source, self.static_names, reference=task.source) if self.static_names else []
 
     def prebuild(self, job: Job) -> tuple[JobOutcome, bool]:
         """Import the candidate on the CPU with no GPU visible; returns (outcome, was_cached)."""
@@ -158,7 +158,7 @@ class Evaluator:
             candidate_hash=job.candidate.hash if job.candidate else f"baseline:{job.baseline_mode}",
         )
         if job.candidate is not None:
-            findings = self.static_findings(job.candidate)
+            findings = self.static_findings(job.candidate, job.task)
             rejects = [f for f in findings if f.reject]
             if rejects:
                 base.status = Status.REJECTED
@@ -180,7 +180,7 @@ class Evaluator:
             if prebuilt[1]:
                 result.flags.append("build_cached")
         if job.candidate is not None:
-            result.flags.extend(f.flag for f in self.static_findings(job.candidate) if f.flag not in result.flags)
+            result.flags.extend(f.flag for f in self.static_findings(job.candidate, job.task) if f.flag not in result.flags)
         if self.plan.driver and not result.environment.driver:
             result.environment.driver = self.plan.driver
         return result

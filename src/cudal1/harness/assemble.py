@@ -67,6 +67,7 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
         r.build_s = float(data["build_s"]) + r.phase_s.get("build", 0.0)
     if data.get("traceback"):
         r.message = f"{r.message}\n{data['traceback']}".strip()
+    r.kernels = [str(k) for k in data.get("kernels") or []]
     corr = data.get("correctness")
     if corr:
         r.correctness = Correctness(**{k: v for k, v in corr.items() if k in Correctness.__dataclass_fields__})

@@ -157,15 +157,61 @@ def check_pytorch_fallback(tree: ast.AST, aliases: dict[str, str]) -> list[Findi
     return out
 
 
-CHECKS: dict[str, Callable[[ast.AST, dict[str, str]], list[Finding]]] = {
+def _init_of(tree: ast.AST | None, class_name: str) -> tuple[ast.ClassDef | None, ast.FunctionDef | None]:
+    for node in getattr(tree, "body", []):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            init = next((f for f in node.body if isinstance(f, ast.FunctionDef) and f.name == "__init__"), None)
+            return node, init
+    return None, None
+
+
+def _used_names(fn: ast.FunctionDef) -> set[str]:
+    return {n.id for n in ast.walk(fn) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def check_hyperparameters(tree: ast.AST, aliases: dict[str, str], reference: ast.AST | None = None) -> list[Finding]:
+    """``ModelNew.__init__`` must use every constructor argument that ``Model.__init__`` uses
+    (arguments are passed by position, KernelBench's convention).  A ModelNew that inherits
+    ``Model.__init__``, forwards ``*args``, or calls ``locals()`` is not judged here; one whose
+    outputs change with an ignored argument is caught by correctness anyway — this check exists
+    for arguments that are ignored *and* happen to equal the hard-coded value."""
+    if reference is None:
+        return []
+    _, ref_init = _init_of(reference, "Model")
+    cls, init = _init_of(tree, "ModelNew")
+    if ref_init is None or cls is None or init is None or init.args.vararg is not None:
+        return []
+    used = _used_names(init)
+    if "locals" in used or "vars" in used:
+        return []
+    ref_params = [a.arg for a in ref_init.args.args[1:]]
+    ref_used = _used_names(ref_init)
+    params = [a.arg for a in init.args.args[1:]]
+    out = []
+    for i, ref_name in enumerate(ref_params):
+        if ref_name not in ref_used:
+            continue  # the reference ignores it too
+        if i >= len(params):
+            if init.args.kwarg is None:
+                out.append(Finding("hyperparameters", "hyperparameter_ignored", init.lineno,
+                                   f"ModelNew.__init__ takes no argument in position {i + 1} ({ref_name!r})"))
+        elif params[i] not in used:
+            out.append(Finding("hyperparameters", "hyperparameter_ignored", init.lineno,
+                               f"ModelNew.__init__ ignores its argument {params[i]!r} (the reference's {ref_name!r})"))
+    return out
+
+
+CHECKS: dict[str, Callable[..., list[Finding]]] = {
     "timer_tampering": check_timer_tampering,
     "introspection": check_introspection,
     "precision": check_precision,
     "pytorch_fallback": check_pytorch_fallback,
+    "hyperparameters": check_hyperparameters,
 }
+_NEEDS_REFERENCE = {"hyperparameters"}
 
 
-def run_static_guards(source: str, names: list[str] | None = None) -> list[Finding]:
+def run_static_guards(source: str, names: list[str] | None = None, reference: str | None = None) -> list[Finding]:
     """Run the named checks (all by default).  A SyntaxError yields no findings: the import
     phase reports it as a compile error with the interpreter's own message."""
     selected = list(CHECKS) if names is None else names
@@ -177,7 +223,14 @@ def run_static_guards(source: str, names: list[str] | None = None) -> list[Findi
     except SyntaxError:
         return []
     aliases = import_aliases(tree)
+    try:
+        ref_tree = ast.parse(reference) if reference else None
+    except SyntaxError:
+        ref_tree = None
     findings: list[Finding] = []
     for name in selected:
-        findings.extend(CHECKS[name](tree, aliases))
+        if name in _NEEDS_REFERENCE:
+            findings.extend(CHECKS[name](tree, aliases, ref_tree))
+        else:
+            findings.extend(CHECKS[name](tree, aliases))
     return findings

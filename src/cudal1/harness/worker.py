@@ -28,6 +28,7 @@ import torch
 from cudal1.harness import compare as cmp
 from cudal1.harness.channel import Sender
 from cudal1.harness.degenerate import degenerate_reason, fingerprint
+from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.memory import L2Flusher, poison_free_blocks
 from cudal1.harness.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.stats import charge
@@ -90,6 +91,7 @@ class Worker:
         self.log_path = job["log_path"]
         self.guard: RuntimeGuard | None = None
         self.current_phase = ""
+        self.extra_flags: list[str] = []  # informational flags gathered along the protocol
         self.resume_phase = ""
         self.degenerate: str | None = None
         self.ref_mod: Any = None
@@ -121,6 +123,11 @@ class Worker:
             with torch.no_grad():
                 estimate, correctness = self.correctness(ref_model, cand_model, self.input_seed, int(self.cfg["correctness_trials"]))
                 result["correctness"] = correctness
+                kernels = self.kernel_names(cand_model)
+                if kernels is not None:
+                    result["kernels"] = kernels
+                    if not custom_kernels(kernels):
+                        self.extra_flags.append("no_custom_kernel")
                 phase = "timing"
                 self.phase(phase)
                 result.update(self.timing(ref_model, cand_model, estimate, float(self.cfg["recheck_fraction"])))
@@ -130,10 +137,10 @@ class Worker:
             from cudal1.harness.build_memo import failed_builds
 
             if failed_builds:  # it built nothing, yet ran: PyTorch fallback behind try/except
-                result.setdefault("extra_flags", []).append("pytorch_fallback")
+                self.extra_flags.append("pytorch_fallback")
             status = "rejected" if flags else "ok"
             message = "side-stream work escaped the calling stream" if flags else ""
-            self.finish(status, message, flags + result.pop("extra_flags", []), phase="done", **result)
+            self.finish(status, message, flags + self.extra_flags, phase="done", **result)
         except Verdict as v:
             self.finish(v.status, v.message, v.flags, phase=phase, **result, **v.extra)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a verdict
@@ -307,6 +314,24 @@ class Worker:
             self.poison()
         return est, corr
 
+    def kernel_names(self, cand_model: Any) -> list[str] | None:
+        """CUDA kernels launched by one profiled candidate forward (None off CUDA or when the
+        profiler is unavailable)."""
+        if self.device.type != "cuda" or self.job["mode"] == "baseline":
+            return None
+        from torch.profiler import ProfilerActivity, profile
+
+        inputs = self.make_inputs(self.input_seed + 80_000)
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                cand_model(*inputs)
+                self.sync()
+            events = prof.events()
+        except Exception:  # noqa: BLE001 - informational only
+            return None
+        cuda = torch.autograd.DeviceType.CUDA
+        return sorted({e.name for e in events if getattr(e, "device_type", None) == cuda})[:200]
+
     def check_settled(self, i: int, out: Any, corr: dict) -> None:
         """An output must be final when forward returns (after a device sync): nothing — a
         background thread, an unjoined stream — may still be writing it."""
@@ -333,7 +358,7 @@ class Worker:
         cand_ms = statistics.median(strict["cand_samples"])
         if floor_ms is not None and cand_ms < 0.5 * floor_ms:
             raise Verdict("rejected", f"candidate time {cand_ms:.4g} ms is below half the memory floor {floor_ms:.4g} ms", "impossible_time")
-        strict["extra_flags"] = ["strict_verified"]
+        self.extra_flags.append("strict_verified")
         strict["floor_ms"] = floor_ms
         strict["rechecked"] = timed.get("rechecked", 0) + strict.get("rechecked", 0) + corr["passed"]
         return strict
