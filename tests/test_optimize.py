@@ -176,3 +176,29 @@ def test_builtin_passes_render_loadable_code_and_decline_when_exhausted():
     assert again.meta["passes"] == [cpu.passes[1]]
     with pytest.raises(ValueError, match="unknown builtin pass"):
         BuiltinPolicy(passes=["nope"])
+
+
+@needs_openai
+def test_llm_reviewer_adds_a_second_opinion_but_never_a_verdict(tmp_path):
+    from cudal1.policy import make_policy
+    from cudal1.policy.reviewer import LLMReviewer, parse_verdict
+
+    assert parse_verdict('sure: {"suspicious": true, "category": "caching", "reason": "x"}')["category"] == "caching"
+    assert parse_verdict("no json here") is None and parse_verdict('{"suspicious": "yes"}') is None
+
+    def script(body, index):
+        user = body["messages"][-1]["content"]
+        if user.startswith("Reference (the function that must be computed)"):
+            return '{"suspicious": true, "category": "caching", "reason": "keeps the last output"}'
+        return FAST
+
+    with ScriptedLLMServer(script) as srv:
+        policy = make_policy("openai", base_url=srv.url, model="m", backoff_base_s=0.01, max_retries=1)
+        summary = optimize([load_task_file(TASK)], policy, SearchConfig(rounds=1, samples=1), judge_config(tmp_path),
+                           tmp_path / "out", reviewer=LLMReviewer(policy))
+        reviews = [b for b in srv.requests if b["messages"][-1]["content"].startswith("Reference (the function")]
+    assert len(reviews) == 1  # the round-1 candidate only, not the reference anchor
+    with RunStore(tmp_path / "out" / "cudal1.sqlite") as store:
+        flagged = [r for r in store.evaluations() if "reviewer_suspects" in r.flags]
+    assert len(flagged) == 1 and flagged[0].status.value == "ok" and "caching" in flagged[0].message
+    assert summary["tasks"][0]["best_speedup"] > 1.5  # a second opinion never changes the verdict

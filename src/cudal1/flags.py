@@ -31,6 +31,7 @@ FLAGS: dict[str, str] = {
     "no_custom_kernel": "no custom CUDA/Triton kernel ran during forward (profiled on CUDA only)",
     "pytorch_fallback": "the code falls back to PyTorch behind try/except",
     "strict_verified": "a speedup above the strict threshold passed a second, stricter verification",
+    "reviewer_suspects": "an optional LLM reviewer suspects reward hacking (second opinion, never a verdict)",
     "high_variance": "timing spread (IQR/median) above 10%: the speedup is less certain",
 }
 

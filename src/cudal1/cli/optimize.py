@@ -30,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--concurrency", type=int, default=None, help="parallel requests to the endpoint")
     g.add_argument("--replay", default=None, metavar="FILE.jsonl", help="candidates (task, code) for --policy replay")
     g.add_argument("--model-path", default=None, metavar="DIR", help="local transformers model for --policy hf")
+    g.add_argument("--review", action="store_true",
+                   help="ask the same LLM for a second opinion on accepted candidates (flag reviewer_suspects; never a verdict)")
     s = p.add_argument_group("search")
     s.add_argument("--rounds", type=int, default=3, help="rounds after the reference round (default 3)")
     s.add_argument("--samples", type=int, default=4, help="candidates per task per round (default 4)")
@@ -101,11 +103,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     plan = DevicePlan.detect(judge.device)
     policy = make_policy(choose_policy(args), args, plan.device)
+    reviewer = None
+    if args.review:
+        if policy.name not in ("openai", "hf"):
+            raise UsageError("--review needs an LLM policy (openai or hf)")
+        from cudal1.policy.reviewer import LLMReviewer
+
+        reviewer = LLMReviewer(policy)
     total = len(tasks) * (1 + search.rounds * search.samples)
     try:
         with progress(total, "optimize", not args.json) as bar:
             summary = optimize(tasks, policy, search, judge, args.out, hardware=hardware_name(plan), plan=plan,
-                               on_result=lambda r: bar.update(1))
+                               on_result=lambda r: bar.update(1), reviewer=reviewer)
     finally:
         policy.close()
     if args.json:

@@ -247,9 +247,18 @@ def evaluate(task: Task, candidates: list[Candidate], config: EvalConfig | None 
     return evaluate_pairs([(task, c) for c in candidates], config, store=store)
 
 
+Reviewer = Callable[[Task, Candidate], "str | None"]
+
+
 def evaluate_pairs(pairs: list[tuple[Task, Candidate]], config: EvalConfig, *, store=None, plan: DevicePlan | None = None,
-                   on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
-    """Judge (task, candidate) pairs, possibly of many tasks; results in input order."""
+                   on_result: Callable[[EvalResult], None] | None = None,
+                   reviewer: Reviewer | None = None) -> list[EvalResult]:
+    """Judge (task, candidate) pairs, possibly of many tasks; results in input order.
+
+    ``reviewer`` (optional, e.g. an LLM second opinion supplied by the caller; the judge knows
+    nothing of LLMs) is asked about each ``ok`` result; a reason it returns becomes the
+    informational flag ``reviewer_suspects`` and a line of the message.  It never changes a
+    verdict, and an exception from it is ignored."""
     results: list[EvalResult | None] = [None] * len(pairs)
     todo: list[int] = []
     for i, (task, cand) in enumerate(pairs):
@@ -272,7 +281,24 @@ def evaluate_pairs(pairs: list[tuple[Task, Candidate]], config: EvalConfig, *, s
 
     if todo:
         run_jobs([Job(pairs[i][0], pairs[i][1]) for i in todo], config, plan=plan, on_result=record)
+        if reviewer is not None:  # after the batch, so a slow reviewer never stalls a GPU lane
+            _review([(pairs[i], results[i]) for i in todo], reviewer, store)
     return [r for r in results if r is not None]
+
+
+def _review(done: list, reviewer: Reviewer, store) -> None:
+    for (task, cand), res in done:
+        if res is None or res.status is not Status.OK:
+            continue
+        try:
+            reason = reviewer(task, cand)
+        except Exception:  # noqa: BLE001 - a second opinion must never break judging
+            reason = None
+        if reason:
+            res.flags.append("reviewer_suspects")
+            res.message = (res.message + "\n" if res.message else "") + f"reviewer: {reason}"
+            if store is not None:
+                store.record_evaluation(res)
 
 
 def environment_key(plan: DevicePlan) -> str:

@@ -64,9 +64,11 @@ class Search:
     """State of one optimize run (store, policy, budgets)."""
 
     def __init__(self, tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalConfig, out: Path,
-                 hardware: str, plan: Any = None, on_result: Callable[[EvalResult], None] | None = None) -> None:
+                 hardware: str, plan: Any = None, on_result: Callable[[EvalResult], None] | None = None,
+                 reviewer: Callable[[Task, Candidate], str | None] | None = None) -> None:
         self.tasks, self.policy, self.cfg, self.judge = tasks, policy, search, judge
         self.out, self.hardware, self.plan, self.on_result = out, hardware, plan, on_result
+        self.reviewer = reviewer
         self.store = RunStore(out / "cudal1.sqlite")
         self.started = time.monotonic()
 
@@ -106,10 +108,11 @@ class Search:
         return ""
 
     # ---- rounds -------------------------------------------------------------------------
-    def judge_pairs(self, pairs: list[tuple[Task, Candidate]]) -> list[EvalResult]:
+    def judge_pairs(self, pairs: list[tuple[Task, Candidate]], review: bool = True) -> list[EvalResult]:
         from cudal1.harness import evaluate_pairs
 
-        return evaluate_pairs(pairs, self.judge, store=self.store, plan=self.plan, on_result=self.on_result)
+        return evaluate_pairs(pairs, self.judge, store=self.store, plan=self.plan, on_result=self.on_result,
+                              reviewer=self.reviewer if review else None)
 
     def prompts_for(self, task: Task, round_: int) -> list[Prompt]:
         from cudal1.prompts import build_prompt, failed_feedback, select_exemplars
@@ -160,18 +163,20 @@ class Search:
 
 
 def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalConfig, out: str | Path, *,
-             hardware: str = "CPU", plan: Any = None, on_result: Callable[[EvalResult], None] | None = None) -> dict[str, Any]:
-    """Run (or resume) the search; writes ``best/`` and ``summary.json`` under ``out``."""
+             hardware: str = "CPU", plan: Any = None, on_result: Callable[[EvalResult], None] | None = None,
+             reviewer: Callable[[Task, Candidate], str | None] | None = None) -> dict[str, Any]:
+    """Run (or resume) the search; writes ``best/`` and ``summary.json`` under ``out``.
+    ``reviewer``: optional second opinion on accepted candidates (see ``cudal1.policy.reviewer``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    s = Search(tasks, policy, search, judge, out, hardware, plan, on_result)
+    s = Search(tasks, policy, search, judge, out, hardware, plan, on_result, reviewer)
     run_id = s.store.start_run("optimize", {"search": dataclasses.asdict(search), "judge": judge.to_dict(),
                                             "policy": getattr(policy, "name", str(policy))})
     status, stop = "done", ""
     try:
         for t in tasks:
             s.store.add_task(t)
-        s.judge_pairs([(t, reference_candidate(t)) for t in tasks])
+        s.judge_pairs([(t, reference_candidate(t)) for t in tasks], review=False)
         for round_ in range(1, search.rounds + 1):
             stop = s.out_of_budget()
             if stop:
