@@ -74,6 +74,20 @@ def plain_tensor_problem(t: Any, device_type: str) -> str | None:
 _CHUNK = 1 << 24  # elements per float64 chunk: bounds the comparison's temporary memory
 
 
+def output_problem(out: Any, device_type: str) -> str | None:
+    """Why an output tree is not made of plain materialized tensors (None when it is).  Runs
+    before anything touches the values, so a meta, sparse or NumPy output is ``lazy_output``,
+    not a crash."""
+    for path, leaf in leaves(out):
+        if isinstance(leaf, _Tensor) or hasattr(leaf, "__torch_function__"):
+            problem = plain_tensor_problem(leaf, device_type)
+            if problem:
+                return f"{path}: {problem}"
+        elif hasattr(leaf, "__array__") or hasattr(leaf, "__array_interface__"):
+            return f"{path}: {type(leaf).__module__}.{type(leaf).__qualname__} is not a torch.Tensor"
+    return None
+
+
 def _value_errors(ref: Any, out: Any, atol: float, rtol: float) -> tuple[Errors, int, str]:
     """float64 errors, chunked; returns (errors, count of elements out of tolerance, first bad)."""
     r_all, o_all = ref.detach().reshape(-1), out.detach().reshape(-1)

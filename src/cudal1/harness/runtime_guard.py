@@ -54,14 +54,84 @@ def math_flags() -> dict[str, Any]:
     }
 
 
+# The judge's own functions: rebinding them from candidate code is tampering too.
+_JUDGE: list[tuple[str, str]] = [
+    ("cudal1.harness.compare", n) for n in ("compare", "_compare_leaf", "_value_errors", "tensors_equal",
+                                            "plain_tensor_problem", "output_problem", "leaves")
+] + [
+    ("cudal1.harness.stats", "charge"), ("cudal1.harness.timer.CudaTimer", "time_call"),
+    ("cudal1.harness.timer.CpuTimer", "time_call"), ("cudal1.harness.channel.Sender", "send"),
+] + [
+    ("cudal1.harness.worker.Worker", n) for n in ("correctness", "timing", "recheck", "check_settled", "check_math",
+                                                   "make_inputs", "run_model", "finish", "tolerances",
+                                                   "verify_extraordinary", "memory_floor_ms")
+]
+# Namespaces whose every callable is snapshotted (a rebinding of, say, torch.diag would make the
+# reference slower or the comparison lenient without touching the names listed above).
+_NAMESPACES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special", "math", "time")
+
+_tripped: list[str] = []
+
+
+def _install_tripwires() -> None:
+    """Wrap ``gc``'s object-graph walkers: candidate code has no business calling them, and a
+    computed name (``getattr(gc, "get_" + "objects")``) reaches the wrapper just the same."""
+    import gc
+
+    for name in ("get_objects", "get_referrers", "get_referents"):
+        original = getattr(gc, name)
+        if getattr(original, "_cudal1_tripwire", False):
+            continue
+
+        def wire(*args: Any, _orig: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            _tripped.append(f"gc.{_name}")
+            return _orig(*args, **kwargs)
+
+        wire._cudal1_tripwire = True  # type: ignore[attr-defined]
+        setattr(gc, name, wire)
+
+
+def _namespace_snapshot() -> dict[tuple[str, str], Any]:
+    snap: dict[tuple[str, str], Any] = {}
+    for module_name in _NAMESPACES:
+        module = importlib.import_module(module_name)
+        for key, value in vars(module).items():
+            if callable(value) and not isinstance(value, type(sys)):
+                snap[(module_name, key)] = value
+    for cls in (torch.Tensor, torch._C.TensorBase, torch.nn.Module):
+        for key, value in vars(cls).items():
+            snap[(cls.__qualname__, key)] = value
+    return snap
+
+
 class RuntimeGuard:
     """Snapshot at construction (before any candidate code); ``violation()`` compares."""
 
     def __init__(self) -> None:
         import torch._dynamo  # noqa: F401 - importing Dynamo rebinds torch.manual_seed; snapshot after it
-        self.callables = {f"{m}.{a}": _resolve(m, a) for m, a in _GUARDED}
+        import cudal1.harness.compare  # noqa: F401 - the judge's modules are guarded too
+        import cudal1.harness.worker  # noqa: F401
+
+        try:  # torch.compile patches nn.Module.__init__ on first use; let it happen before the snapshot
+            from torch._dynamo.mutation_guard import install_generation_tagging_init
+
+            install_generation_tagging_init()
+        except (ImportError, AttributeError):
+            pass
+        _install_tripwires()
+        self.callables = {f"{m}.{a}": _resolve(m, a) for m, a in _GUARDED + _JUDGE}
+        self.namespaces = _namespace_snapshot()
         self.math = math_flags()
         self.torch_module = sys.modules.get("torch")
+        self.reference: list[tuple[str, Any, str, Any]] = []
+
+    def watch_reference(self, ref_module: Any, ref_model: Any) -> None:
+        """Guard the reference too: its module's ``Model``/``get_inputs`` and the model's
+        ``forward`` (patching them would make the reference slow or its outputs wrong)."""
+        for name in ("Model", "get_inputs", "get_init_inputs"):
+            self.reference.append((f"reference.{name}", ref_module, name, getattr(ref_module, name, None)))
+        self.reference.append(("reference Model.forward", type(ref_model), "forward", type(ref_model).__dict__.get("forward")))
+        self.reference_model = ref_model
 
     def violation(self) -> tuple[str, str] | None:
         """(flag, message) for the first thing that changed, or None."""
@@ -73,6 +143,19 @@ class RuntimeGuard:
                 now = None
             if now is not original:
                 return "tampering", f"{name} was replaced"
+        if _tripped:
+            return "tampering", f"called {_tripped[0]} (walking the judge's objects)"
+        for key, original in self.namespaces.items():
+            owner = key[0]
+            current = self._namespace_value(owner, key[1])
+            if current is not original:
+                return "tampering", f"{owner}.{key[1]} was replaced"
+        for label, owner, attr, original in self.reference:
+            current = owner.__dict__.get(attr) if isinstance(owner, type) else getattr(owner, attr, None)
+            if current is not original:
+                return "tampering", f"{label} was replaced"
+        if self.reference and "forward" in vars(self.reference_model):
+            return "tampering", "the reference model's forward was shadowed"
         if sys.modules.get("torch") is not self.torch_module:
             return "tampering", "sys.modules['torch'] was replaced"
         if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
@@ -85,6 +168,14 @@ class RuntimeGuard:
             what = ", ".join(f"{k}: {a} -> {b}" for k, (a, b) in changed.items())
             return "precision_downgrade", f"global numeric settings changed: {what}"
         return None
+
+
+    @staticmethod
+    def _namespace_value(owner: str, key: str) -> Any:
+        classes = {"Tensor": torch.Tensor, "TensorBase": torch._C.TensorBase, "Module": torch.nn.Module}
+        if owner in classes:
+            return vars(classes[owner]).get(key)
+        return vars(sys.modules[owner]).get(key)
 
 
 def settle_s() -> float:

@@ -110,6 +110,7 @@ class Worker:
                 with torch.no_grad():
                     ref_model = self.construct_reference(ref_mod)
                     self.probe_task(ref_mod, ref_model)
+                self.guard.watch_reference(ref_mod, ref_model)
             phase = "import"
             self.phase(phase)
             model_new = self.import_candidate()
@@ -142,10 +143,10 @@ class Worker:
             message = "side-stream work escaped the calling stream" if flags else ""
             self.finish(status, message, flags + self.extra_flags, phase="done", **result)
         except Verdict as v:
-            self.finish(v.status, v.message, v.flags, phase=phase, **result, **v.extra)
+            self.finish(v.status, v.message, v.flags, phase=phase, **{**result, **v.extra})
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a verdict
             v = classify_runtime(exc, phase)
-            self.finish(v.status, v.message, v.flags, phase=phase, **result, **v.extra)
+            self.finish(v.status, v.message, v.flags, phase=phase, **{**result, **v.extra})
 
     def phase(self, name: str) -> None:
         self.current_phase = name
@@ -179,6 +180,7 @@ class Worker:
         from cudal1.harness import build_memo
 
         build_memo.install(self.building)
+        self._frozen_tolerances = tuple((k, (float(a), float(r))) for k, (a, r) in self.job["tolerances"].items())
         self.guard = RuntimeGuard()
         from cudal1.harness.envinfo import collect_environment
 
@@ -281,7 +283,7 @@ class Worker:
 
     def correctness(self, ref_model: Any, cand_model: Any, seed0: int, trials: int) -> tuple[dict, dict]:
         """Fresh inputs per trial; the candidate runs first on even trials, second on odd ones."""
-        tolerances = self.job["tolerances"]
+        tolerances = self.tolerances()
         est: dict[str, list[float]] = {"ref": [], "cand": []}
         corr = {"trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None, "detail": ""}
         models = {"ref": ref_model, "cand": cand_model}
@@ -297,6 +299,9 @@ class Worker:
                     self.check_math(f"correctness trial {i}")
                     if not cmp.tensors_equal(args, inputs):
                         raise Verdict("rejected", f"trial {i}: the candidate modified its inputs", "input_mutation", correctness=corr)
+                    problem = cmp.output_problem(outs[who], self.device.type)
+                    if problem:
+                        raise Verdict("rejected", f"trial {i}: {problem}", "lazy_output", correctness=corr)
                     if i < 2:
                         self.check_settled(i, outs[who], corr)
                 del args
@@ -331,6 +336,11 @@ class Worker:
             return None
         cuda = torch.autograd.DeviceType.CUDA
         return sorted({e.name for e in events if getattr(e, "device_type", None) == cuda})[:200]
+
+    def tolerances(self) -> dict[str, tuple[float, float]]:
+        """A fresh dict from the tuple frozen at start-up (the job dict is reachable by candidate
+        code; a rebound table is caught by the runtime guard's identity check on ``_frozen``)."""
+        return dict(self._frozen_tolerances)
 
     def check_settled(self, i: int, out: Any, corr: dict) -> None:
         """An output must be final when forward returns (after a device sync): nothing — a
@@ -424,7 +434,7 @@ class Worker:
         if not cmp.tensors_equal(used_inputs, pristine):
             raise Verdict("rejected", f"timed call {t}: the candidate modified its inputs", "input_mutation")
         ref_out, _ = self.run_model(ref_model, clone_tree(pristine))
-        mismatch, _ = cmp.compare(ref_out, out, self.job["tolerances"], self.device.type)
+        mismatch, _ = cmp.compare(ref_out, out, self.tolerances(), self.device.type)
         if mismatch is not None:
             flag = "lazy_output" if mismatch.flag == "lazy_output" else "cached_result"
             raise Verdict("rejected", f"timed call {t} (re-check): {mismatch.detail}", flag)
