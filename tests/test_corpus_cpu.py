@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
+from test_harness_cpu import small_config
 
 from cudal1.config import EvalConfig
 from cudal1.harness import evaluate_pairs
@@ -61,16 +62,7 @@ def _params():
 
 
 def corpus_config(cache_dir: Path) -> EvalConfig:
-    return EvalConfig(
-        device="cpu",
-        cache_dir=str(cache_dir),
-        timeout_s=TIMEOUT_S,
-        timing_budget_s=0.5,
-        timing_trials=20,
-        min_timing_trials=5,
-        correctness_trials=3,
-        bootstrap_samples=500,
-    )
+    return small_config(cache_dir, timeout_s=TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")
