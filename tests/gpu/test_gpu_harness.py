@@ -1,10 +1,17 @@
 """GPU tests of the judge: verdicts on the GPU fixtures, baselines, and the build cache.
 
-What is covered: ``load_inline`` (module-level builds through the CPU pre-build) and Triton
-candidates that must pass; side-stream, freed-memory, stale-CUDA-graph cheats that must be caught;
-an illegal memory access and a CUDA compile error that must become verdicts; the timer charging
-side-stream work; eager / ``torch.compile`` / CUDA-graph baselines on KernelBench tasks; a cached
-rebuild.  Not covered: multi-GPU lanes, timing accuracy against an external profiler.
+What is covered: ``load_inline`` (module-level builds through the CPU pre-build), Triton, CUDA-graph,
+joined-side-stream, reused-buffer and pre-transposed-matmul candidates that must pass; side-stream
+(unjoined, partly escaped, wrong-stream event wait, thread-launched), freed-memory, stale-CUDA-graph
+(call count, data_ptr keys), result-cache, TF32/fp16 precision and synchronize-tampering cheats that
+must be caught; an illegal memory access and a CUDA compile error that must become verdicts; the
+timer charging side-stream work; eager / ``torch.compile`` / CUDA-graph baselines on KernelBench
+tasks; a cached rebuild.  Not covered: multi-GPU lanes, timing accuracy against an external profiler.
+
+Fixture files (``tests/fixtures/gpu/*.py`` not starting with ``task_``/``_``) start with
+``# expect: <status> [flag]``; further header comment lines may hold ``# task: <task_*.py in the
+same folder>`` (default ``task_elementwise.py``) and ``# xfail: <reason>`` (a known escape or judge
+bug: the expectation is the *correct* verdict, the test is xfail(strict=False) until it is fixed).
 
 Every test is marked ``gpu``; ``tests/conftest.py`` skips them where torch sees no CUDA GPU.  Run
 on a CUDA machine from the repository root::
@@ -37,6 +44,7 @@ KERNELBENCH_DEFAULT = REPO.parent / "shared" / "kernelbench" / "kernelbench.json
 BASELINE_SELECTOR = "kernelbench:level1/19,23,40"
 BASELINE_MODES = ["eager", "compile", "cudagraph"]
 EXPECT_RE = re.compile(r"#\s*expect:\s*(?P<status>[a-z_]+)(?:\s+(?P<flag>[a-z_]+))?\s*")
+HEADER_RE = re.compile(r"#\s*(?P<key>task|xfail):\s*(?P<value>.+?)\s*")
 
 
 # ---- helpers ------------------------------------------------------------------------------------
@@ -52,6 +60,33 @@ def expectation(path: Path) -> tuple[str, str | None]:
         raise ValueError(f"{path.name}: first line must be '# expect: <status> [flag]', got {first!r}")
     Status(m.group("status"))  # fail loudly on a misspelt status
     return m.group("status"), m.group("flag")
+
+
+def header(path: Path) -> dict[str, str]:
+    """``task``/``xfail`` entries from the comment lines right after the ``# expect:`` line."""
+    found: dict[str, str] = {}
+    for line in path.read_text().splitlines()[1:]:
+        if not line.startswith("#"):
+            break
+        m = HEADER_RE.fullmatch(line)
+        if m:
+            found[m.group("key")] = m.group("value")
+    return found
+
+
+def task_file(path: Path) -> Path:
+    name = header(path).get("task", TASK_FILE.name)
+    task = FIXTURES / name
+    if not (name.startswith("task_") and task.is_file()):
+        raise ValueError(f"{path.name}: '# task: {name}' must name a task_*.py file in {FIXTURES}")
+    return task
+
+
+def verdict_params():
+    for p in candidate_files():
+        reason = header(p).get("xfail")
+        marks = [pytest.mark.xfail(strict=False, reason=f"known judge gap: {reason}")] if reason else []
+        yield pytest.param(p.name, marks=marks, id=p.name)
 
 
 def uses_triton(path: Path) -> bool:
@@ -110,14 +145,20 @@ def batch_config(tmp_path_factory) -> EvalConfig:
 
 @pytest.fixture(scope="module")
 def fixture_results(batch_config) -> dict[str, EvalResult]:
-    """All GPU fixtures judged in one batch (builds overlap timing), keyed by file name."""
-    from cudal1.harness import evaluate
+    """All GPU fixtures judged in one batch (builds overlap timing), each against its own task
+    (``# task:``), keyed by file name."""
+    from cudal1.harness import evaluate_pairs
 
-    task = load_task_file(TASK_FILE)
     files = [p for p in candidate_files() if has_triton() or not uses_triton(p)]
-    cands = [Candidate(p.read_text(), task_hash=task.hash, label=p.name) for p in files]
-    results = evaluate(task, cands, batch_config)
+    tasks = {t: load_task_file(t) for t in {task_file(p) for p in files}}
+    pairs = []
+    for p in files:
+        task = tasks[task_file(p)]
+        pairs.append((task, Candidate(p.read_text(), task_hash=task.hash, label=p.name)))
+    results = evaluate_pairs(pairs, batch_config)
     assert len(results) == len(files)
+    for (task, cand), r in zip(pairs, results):
+        assert r.task_hash == task.hash and r.candidate_hash == cand.hash, "results out of input order"
     by_name = {p.name: r for p, r in zip(files, results)}
     dump("fixtures", by_name)
     return by_name
@@ -130,10 +171,11 @@ def test_fixture_files_are_well_formed():
     assert len(files) >= 8
     for p in files:
         expectation(p)
+        task_file(p)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", [p.name for p in candidate_files()])
+@pytest.mark.parametrize("name", list(verdict_params()))
 def test_fixture_verdict(fixture_results, name):
     path = FIXTURES / name
     if uses_triton(path):
@@ -179,11 +221,12 @@ def test_kernel_inventory_tells_custom_kernels_from_pytorch(fixture_results):
 
 
 @pytest.mark.gpu
-def test_side_stream_work_is_charged(fixture_results):
-    """The side-stream candidate runs the reference's three kernels on another stream: the
-    device-wide join must charge them (about the reference's time), not the ~0 ms the calling
-    stream shows."""
-    r = fixture_results["side_stream.py"]
+@pytest.mark.parametrize("name", ["side_stream.py", "side_stream_partial.py", "stream_event_no_wait.py"])
+def test_side_stream_work_is_charged(fixture_results, name):
+    """These candidates run (some of) the reference's work on an unjoined stream: the device-wide
+    join must charge it (about the reference's time: the same three kernels, or two fused ones),
+    not the ~0 ms (or the partial time) the calling stream shows."""
+    r = fixture_results[name]
     assert r.status is Status.REJECTED and "side_stream" in r.flags, describe(r)
     assert r.reference is not None and r.candidate is not None, describe(r)
     assert r.candidate.median_ms >= 0.5 * r.reference.median_ms, describe(r)
