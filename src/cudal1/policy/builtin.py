@@ -1,56 +1,73 @@
 """The builtin policy: no LLM, proposes verified-rewrite candidates as readable source.
 
-Contract: ``BuiltinPolicy.generate(prompts, n)`` returns, for each prompt, up to ``n`` completions
-whose text has the same sections an LLM would write (analysis, design, one code block), so the
-judge and the search loop treat them like any other candidate.  Each completion applies one
-named pass from ``PASSES`` (a registry; unknown names fail loudly) that it has not proposed for
-that task before, and declines (an error completion ``"builtin: no pass left"``) once every
-applicable pass was tried.  Generated modules are plain Python a person could keep: the
-reference source unchanged, then a ``ModelNew`` subclass, with a comment naming the pass; they
-import nothing from cudal1.
+Contract: ``BuiltinPolicy.generate(prompts, n)`` returns, for each prompt, ``n`` completions whose
+text has the same sections an LLM would write (analysis, design, one code block), so the judge
+and the search loop treat them like any other candidate.  Each completion applies one named pass
+from ``PASSES`` (a registry; unknown names fail loudly) to a *base*: the best candidate so far when
+it was itself built by this policy (passes compose across rounds: e.g. ``algebraic`` then
+``compile-default`` on top), else the reference.  A pass may decline a task (pattern absent, not
+a CUDA device, not a convolution model); once every applicable (base, pass) pair was proposed the
+completion is an error ``"builtin: no pass left"``.  What was proposed is read back from the
+candidates' header comments, so a resumed run does not repeat itself.
 
-Passes here are compilation-level (``torch.compile`` modes, whole-forward CUDA-graph capture).
-Algebraic torch.fx rewrites and generated Triton fusions belong to the builtin-policy issue and
-plug into the same registry.
+Generated modules are plain Python a person could keep: the reference source unchanged, then one
+``ModelNew`` class per pass (each subclassing the previous stage), with a header comment naming the
+passes; they import nothing from cudal1.
+
+Pass kinds: ``graph`` passes rewrite the traced reference (torch.fx, in a child process; see
+:mod:`cudal1.policy.rewrite`) and only apply to the reference itself; ``layout`` passes
+(channels_last, scoped cuDNN autotuning) may stack under one ``exec`` pass (torch.compile modes,
+CUDA-graph capture), which always comes last.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 from cudal1.types import Completion, Prompt
+
+_MARK = "# cudal1-builtin pass: "
 
 
 @dataclass(frozen=True)
 class Pass:
     name: str
     description: str
+    kind: str  # graph | layout | exec
     cuda_only: bool
-    render: Callable[[], str]  # the ModelNew class source (appended after the reference)
+    render: Callable[[str, str], str | None]  # (task source, base class name) -> ModelNew class source, None = declines
 
 
-def _compile_class(mode: str | None) -> str:
-    mode_arg = f', mode="{mode}"' if mode else ""
-    label = mode or "default"
+# ---- exec passes ----------------------------------------------------------------------------------
+
+def _compile_class(mode: str | None) -> Callable[[str, str], str]:
+    def render(_source: str, base: str) -> str:
+        mode_arg = f', mode="{mode}"' if mode else ""
+        label = mode or "default"
+        return textwrap.dedent(f'''
+            class ModelNew({base}):
+                """The {base} forward compiled by torch.compile (mode {label}); same parameters."""
+
+                def __init__(self, *args, **kwargs):
+                    super().__init__(*args, **kwargs)
+                    self._compiled_forward = torch.compile(super().forward{mode_arg})
+
+                def forward(self, *args):
+                    return self._compiled_forward(*args)
+            ''')
+    return render
+
+
+def _cudagraph_class(_source: str, base: str) -> str:
     return textwrap.dedent(f'''
-        class ModelNew(Model):
-            """The reference forward compiled by torch.compile (mode {label}); same parameters."""
-
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, **kwargs)
-                self._compiled_forward = torch.compile(super().forward{mode_arg})
-
-            def forward(self, *args):
-                return self._compiled_forward(*args)
-        ''')
-
-
-def _cudagraph_class() -> str:
-    return textwrap.dedent('''
-        class ModelNew(Model):
-            """The reference forward captured once in a CUDA graph and replayed.
+        class ModelNew({base}):
+            """The {base} forward captured once in a CUDA graph and replayed.
 
             Inputs are copied into static buffers on every call; outputs are cloned, so a caller
             never sees them change on the next call.  Falls back to eager for non-CUDA inputs
@@ -93,32 +110,152 @@ def _cudagraph_class() -> str:
         ''')
 
 
+# ---- layout passes --------------------------------------------------------------------------------
+
+_CONV_RE = re.compile(r"\b(?:nn\.)?Conv(?:Transpose)?([123])d\b")
+
+
+def _conv_dims(source: str) -> set[str]:
+    return set(_CONV_RE.findall(source))
+
+
+def _channels_last_class(source: str, base: str) -> str | None:
+    dims = _conv_dims(source)
+    if not dims or not dims <= {"2", "3"} or len(dims) != 1:
+        return None  # no convolution, 1-D ones, or a mix of 2-D and 3-D
+    fmt, rank = ("channels_last", 4) if dims == {"2"} else ("channels_last_3d", 5)
+    return textwrap.dedent(f'''
+        class ModelNew({base}):
+            """{base} with {rank}-D weights and inputs in torch.{fmt} memory format (NHWC-style),
+            the layout cuDNN's fastest convolution kernels use.  Values are unchanged."""
+
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                for p in list(self.parameters()) + list(self.buffers()):
+                    if p.dim() == {rank}:
+                        p.data = p.data.contiguous(memory_format=torch.{fmt})
+
+            def forward(self, *args):
+                args = [a.contiguous(memory_format=torch.{fmt}) if isinstance(a, torch.Tensor) and a.dim() == {rank} else a
+                        for a in args]
+                return super().forward(*args)
+        ''')
+
+
+def _cudnn_autotune_class(source: str, base: str) -> str | None:
+    if not _conv_dims(source):
+        return None
+    return textwrap.dedent(f'''
+        class ModelNew({base}):
+            """{base} with cuDNN autotuning (benchmark mode) switched on for this forward only.
+
+            The switch is scoped: every other cuDNN setting (including TF32) keeps its current
+            value, and the previous settings are restored when forward returns, so nothing else
+            in the process (the reference included) runs differently."""
+
+            def forward(self, *args):
+                cudnn = torch.backends.cudnn
+                with cudnn.flags(enabled=cudnn.enabled, benchmark=True, deterministic=cudnn.deterministic,
+                                 allow_tf32=cudnn.allow_tf32):
+                    return super().forward(*args)
+        ''')
+
+
+# ---- graph passes ---------------------------------------------------------------------------------
+
+class _GraphRewrites:
+    """Per-task cache of child-process graph rewrites (one child per task source, thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cache: dict[str, object] = {}
+
+    def get(self, source: str) -> object:
+        from cudal1.policy.rewrite import rewrite_task
+
+        key = hashlib.sha256(source.encode()).hexdigest()
+        with self._lock:
+            if key in self._cache:
+                return self._cache[key]
+        outcome = rewrite_task(source)
+        with self._lock:
+            self._cache[key] = outcome
+        return outcome
+
+
+_REWRITES = _GraphRewrites()
+
+
+def _algebraic_class(source: str, base: str) -> str | None:
+    if base != "Model":
+        return None  # graph rewrites trace the reference itself
+    outcome = _REWRITES.get(source)
+    return outcome.class_source if outcome.ok else None  # type: ignore[attr-defined]
+
+
+def algebraic_detail(source: str) -> str:
+    """One line on what the graph passes did (or why they declined) for ``source``."""
+    outcome = _REWRITES.get(source)
+    if outcome.ok:  # type: ignore[attr-defined]
+        return "; ".join(n for notes in outcome.notes.values() for n in notes)  # type: ignore[attr-defined]
+    return outcome.error  # type: ignore[attr-defined]
+
+
 PASSES: dict[str, Pass] = {
     p.name: p
     for p in (
-        Pass("compile-default", "torch.compile, default mode (Inductor fusion)", False, lambda: _compile_class(None)),
-        Pass("compile-max-autotune", "torch.compile, max-autotune (autotuned Triton/GEMM templates, CUDA graphs)", False,
-             lambda: _compile_class("max-autotune")),
-        Pass("compile-max-autotune-no-cudagraphs", "torch.compile, max-autotune without CUDA graphs", False,
-             lambda: _compile_class("max-autotune-no-cudagraphs")),
-        Pass("compile-reduce-overhead", "torch.compile, reduce-overhead (CUDA graphs)", True,
-             lambda: _compile_class("reduce-overhead")),
-        Pass("cudagraph", "whole-forward CUDA-graph capture with static buffers", True, _cudagraph_class),
+        Pass("algebraic", "torch.fx algebraic rewrites (diag broadcast, matrix-chain order, linear folding, "
+             "reductions through linear maps, fused attention, redundant-op removal)", "graph", False, _algebraic_class),
+        Pass("compile-default", "torch.compile, default mode (Inductor fusion)", "exec", False, _compile_class(None)),
+        Pass("cudagraph", "whole-forward CUDA-graph capture with static buffers", "exec", True, _cudagraph_class),
+        Pass("channels-last", "convolution weights and inputs in channels_last memory format", "layout", True,
+             _channels_last_class),
+        Pass("cudnn-autotune", "scoped cuDNN autotuning (benchmark mode for this forward only)", "layout", True,
+             _cudnn_autotune_class),
+        Pass("compile-max-autotune-no-cudagraphs", "torch.compile, max-autotune without CUDA graphs", "exec", False,
+             _compile_class("max-autotune-no-cudagraphs")),
+        Pass("compile-reduce-overhead", "torch.compile, reduce-overhead (CUDA graphs)", "exec", True,
+             _compile_class("reduce-overhead")),
+        Pass("compile-max-autotune", "torch.compile, max-autotune (autotuned Triton/GEMM templates, CUDA graphs)",
+             "exec", False, _compile_class("max-autotune")),
     )
 }
 
-_MARK = "# cudal1-builtin pass: "
-
-
-def render_candidate(task_source: str, pass_name: str) -> str:
-    """The full candidate module for ``pass_name`` applied to the reference."""
-    p = PASSES[pass_name]
-    return f"{_MARK}{p.name} — {p.description}\n{task_source.rstrip()}\n\n{p.render().strip()}\n"
-
 
 def passes_in(code: str) -> list[str]:
-    """Pass names recorded in a candidate's header comment (empty for non-builtin code)."""
+    """Pass names recorded in a candidate's header comments, in the order they were applied."""
     return [line[len(_MARK):].split(" — ")[0].strip() for line in code.splitlines() if line.startswith(_MARK)]
+
+
+def compose(task_source: str, base_code: str | None, pass_name: str) -> str | None:
+    """The candidate module applying ``pass_name`` on top of ``base_code`` (a builtin candidate) or
+    on the reference when ``base_code`` is None; None when the pass declines."""
+    p = PASSES[pass_name]
+    chain = passes_in(base_code) if base_code else []
+    if not _compatible(chain, pass_name):
+        return None
+    base_class = f"_Stage{len(chain)}" if chain else "Model"
+    cls = p.render(task_source, base_class)
+    if cls is None:
+        return None
+    header = "".join(f"{_MARK}{name} — {PASSES[name].description}\n" for name in chain + [pass_name]
+                     if name in PASSES)
+    if not chain:
+        return f"{header}{task_source.rstrip()}\n\n\n{cls.strip()}\n"
+    body = "\n".join(line for line in base_code.splitlines() if not line.startswith(_MARK)).rstrip()
+    return f"{header}{body}\n\n\n{base_class} = ModelNew\n\n\n{cls.strip()}\n"
+
+
+def render_candidate(task_source: str, pass_name: str) -> str | None:
+    """``pass_name`` applied to the reference (None when it declines)."""
+    return compose(task_source, None, pass_name)
+
+
+def _compatible(chain: list[str], name: str) -> bool:
+    if name in chain or any(PASSES[c].kind == "exec" for c in chain if c in PASSES):
+        return False  # each pass once; nothing stacks on top of an exec pass
+    kind = PASSES[name].kind
+    return kind != "graph" or not chain
 
 
 class BuiltinPolicy:
@@ -126,38 +263,64 @@ class BuiltinPolicy:
 
     name = "builtin"
 
-    def __init__(self, device: str = "cuda", passes: list[str] | None = None, **_: object) -> None:
+    def __init__(self, device: str = "cuda", passes: list[str] | None = None, workers: int = 4, **_: object) -> None:
         names = passes or list(PASSES)
         unknown = [n for n in names if n not in PASSES]
         if unknown:
             raise ValueError(f"unknown builtin pass(es) {', '.join(unknown)}; known: {', '.join(PASSES)}")
         self.passes = [n for n in names if device == "cuda" or not PASSES[n].cuda_only]
-        self._proposed: dict[str, set[str]] = {}
+        self.workers = max(1, workers)
+        self._proposed: dict[str, set[tuple[str, ...]]] = {}
+        self._lock = threading.Lock()
 
     def generate(self, prompts: list[Prompt], n: int = 1) -> list[list[Completion]]:
-        out = []
-        for prompt in prompts:
-            tried = self._proposed.setdefault(prompt.task_hash, set())
-            for code in prompt.exemplar_codes:  # resume: passes already in the pool count as tried
-                tried.update(passes_in(code))
-            batch = []
-            for _ in range(n):
-                name = next((p for p in self.passes if p not in tried), None)
-                if name is None or not prompt.task_source:
-                    batch.append(Completion(text="", policy=self.name, error="builtin: no pass left for this task"))
-                    continue
-                tried.add(name)
-                batch.append(Completion(text=self._response(prompt.task_source, name), policy=self.name,
-                                        model="builtin", meta={"passes": [name]}))
-            out.append(batch)
-        return out
+        if "algebraic" in self.passes:  # trace every distinct task once, in parallel child processes
+            sources = list({p.task_source for p in prompts if p.task_source})
+            with ThreadPoolExecutor(self.workers) as pool:
+                list(pool.map(_REWRITES.get, sources))
+        return [[self._next(prompt) for _ in range(n)] for prompt in prompts]
 
     @staticmethod
-    def _response(task_source: str, name: str) -> str:
-        p = PASSES[name]
-        return (f"## Performance Analysis\nBuiltin pass `{name}`: {p.description}.\n\n"
-                f"## Algorithm Design\nKeep the reference computation; change how it is executed.\n\n"
-                f"## Code Implementation\n```python\n{render_candidate(task_source, name)}```\n")
+    def _bases(prompt: Prompt) -> list[str | None]:
+        """Builtin candidates that beat the reference anchor, best first, then the reference."""
+        bases: list[str | None] = []
+        for code in reversed(prompt.exemplar_codes):  # exemplar codes come best last
+            if not passes_in(code):
+                if code.rstrip().endswith("ModelNew = Model"):
+                    break  # the reference anchor: what follows is slower than the reference
+                continue
+            bases.append(code)
+        return bases + [None]
+
+    def _next(self, prompt: Prompt) -> Completion:
+        if not prompt.task_source:
+            return Completion(text="", policy=self.name, error="builtin: the prompt carries no task source")
+        with self._lock:
+            tried = self._proposed.setdefault(prompt.task_hash, set())
+            for code in prompt.exemplar_codes:  # resume: chains already in the pool count as tried
+                tried.add(tuple(passes_in(code)))
+            for base in self._bases(prompt):
+                chain = tuple(passes_in(base)) if base else ()
+                for name in self.passes:
+                    if chain + (name,) in tried:
+                        continue
+                    code = compose(prompt.task_source, base, name)
+                    if code is None:
+                        continue
+                    tried.add(chain + (name,))
+                    return Completion(text=self._response(prompt.task_source, list(chain) + [name], code),
+                                      policy=self.name, model="builtin", meta={"passes": list(chain) + [name]})
+        return Completion(text="", policy=self.name, error="builtin: no pass left for this task")
+
+    @staticmethod
+    def _response(task_source: str, chain: list[str], code: str) -> str:
+        lines = [f"- `{name}`: {PASSES[name].description}." for name in chain]
+        if "algebraic" in chain:
+            lines.append(f"- rewrites: {algebraic_detail(task_source)}")
+        return ("## Performance Analysis\nBuiltin passes, applied in order:\n" + "\n".join(lines) + "\n\n"
+                "## Algorithm Design\nThe same function as the reference; each pass changes how it is computed "
+                "or executed, never what.\n\n"
+                f"## Code Implementation\n```python\n{code}```\n")
 
     def close(self) -> None:
         return None

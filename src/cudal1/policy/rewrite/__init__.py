@@ -1,0 +1,53 @@
+"""Algebraic graph rewrites for the builtin policy (torch.fx on the meta device).
+
+Contract: :func:`rewrite_task` returns a :class:`RewriteOutcome` for a task source and a list of
+graph-pass names (see :data:`~cudal1.policy.rewrite.passes.GRAPH_PASSES`): the ``ModelNew``
+class source that applies every pass that matched, or an ``error`` saying why nothing was
+produced.  Tracing executes the task's code, so it always happens in a child process (the judge's
+rule: untrusted code never runs in the calling process) with no GPU visible, bounded by
+``timeout_s``.  The outcome is plain data; nothing here imports the judge.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+
+GRAPH_PASS_NAMES = ("simplify", "diag-broadcast", "matmul-chain", "fold-linear", "reduce-through-linear", "sdpa")
+
+
+@dataclass
+class RewriteOutcome:
+    class_source: str = ""  # the ModelNew class (and any imports it needs); "" when nothing applied
+    applied: list[str] = field(default_factory=list)  # graph passes that rewrote something, in order
+    notes: dict[str, list[str]] = field(default_factory=dict)  # per pass: one line per rewrite
+    declined: dict[str, str] = field(default_factory=dict)  # per pass: why it did not apply
+    error: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.class_source)
+
+
+def rewrite_task(source: str, passes: list[str] | tuple[str, ...] = GRAPH_PASS_NAMES, timeout_s: float = 180.0) -> RewriteOutcome:
+    """Trace ``source`` in a child process and apply ``passes`` (see module docstring)."""
+    unknown = [p for p in passes if p not in GRAPH_PASS_NAMES]
+    if unknown:
+        raise ValueError(f"unknown graph pass(es) {', '.join(unknown)}; known: {', '.join(GRAPH_PASS_NAMES)}")
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cudal1.policy.rewrite.child"],
+                              input=json.dumps({"source": source, "passes": list(passes)}),
+                              capture_output=True, text=True, timeout=timeout_s, env=env, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return RewriteOutcome(error=f"graph rewrite timed out after {timeout_s:.0f} s")
+    try:
+        data = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
+        return RewriteOutcome(error=f"graph rewrite child failed: {tail[0][:300]}")
+    return RewriteOutcome(class_source=data.get("class_source", ""), applied=data.get("applied", []),
+                          notes=data.get("notes", {}), declined=data.get("declined", {}), error=data.get("error", ""))

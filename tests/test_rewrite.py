@@ -1,0 +1,152 @@
+"""The builtin policy's torch.fx graph passes, on bundled tasks (CPU, real child processes).
+
+Each task in ``tests/fixtures/rewrite`` names on its first line (``# applies: ...``) exactly the
+graph passes that must rewrite it; every other pass must decline.  The rewritten model must give
+the reference's outputs on real inputs, the generated module must not import cudal1, and the
+policy must compose passes across rounds.
+"""
+
+from __future__ import annotations
+
+import ast
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from cudal1.policy.builtin import PASSES, BuiltinPolicy, compose, passes_in
+from cudal1.policy.rewrite import GRAPH_PASS_NAMES, rewrite_task
+from cudal1.types import Prompt
+
+FIXTURES = Path(__file__).parent / "fixtures" / "rewrite"
+TASKS = sorted(FIXTURES.glob("*.py"))
+
+
+def expected_passes(path: Path) -> list[str]:
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# applies:"), path
+    names = first.split(":", 1)[1].split()
+    assert all(n in GRAPH_PASS_NAMES for n in names), names
+    return names
+
+
+def load(source: str, name: str) -> types.ModuleType:
+    mod = types.ModuleType(name)
+    exec(compile(source, name, "exec"), mod.__dict__)
+    return mod
+
+
+def outputs(mod: types.ModuleType, cls: str, seed: int = 0) -> torch.Tensor:
+    torch.manual_seed(seed)
+    model = getattr(mod, cls)(*mod.get_init_inputs())
+    torch.manual_seed(seed + 1)
+    return model(*mod.get_inputs())
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return {p.name: rewrite_task(p.read_text()) for p in TASKS}
+
+
+@pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
+def test_graph_passes_apply_exactly_where_their_pattern_is(path, outcomes):
+    outcome = outcomes[path.name]
+    want = expected_passes(path)
+    assert sorted(outcome.applied) == sorted(want), (outcome.applied, outcome.declined, outcome.error)
+    for name in set(GRAPH_PASS_NAMES) - set(want):
+        assert name in outcome.declined, name
+    if not want:
+        assert not outcome.ok and outcome.error == "no graph pass applies"
+
+
+@pytest.mark.parametrize("path", [p for p in TASKS if expected_passes(p)], ids=lambda p: p.stem)
+def test_rewritten_model_computes_the_reference_function(path, outcomes):
+    source = path.read_text()
+    code = compose(source, None, "algebraic")
+    assert code is not None and passes_in(code) == ["algebraic"]
+    tree = ast.parse(code)
+    assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) and "cudal1" in ast.unparse(n) for n in ast.walk(tree))
+    mod = load(code, path.stem)
+    for seed in (0, 7):  # different weights and inputs: nothing is specialised to one draw
+        expected, got = outputs(mod, "Model", seed), outputs(mod, "ModelNew", seed)
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    for note in (n for notes in outcomes[path.name].notes.values() for n in notes):
+        assert note in code  # the class docstring says what was rewritten
+
+
+def test_folded_weights_follow_parameter_updates():
+    source = (FIXTURES / "sum_of_linear.py").read_text()
+    mod = load(compose(source, None, "algebraic"), "m")
+    torch.manual_seed(0)
+    ref, new = mod.Model(*mod.get_init_inputs()), None
+    torch.manual_seed(0)
+    new = mod.ModelNew(*mod.get_init_inputs())
+    x = torch.rand(4, 128)
+    torch.testing.assert_close(new(x), ref(x))
+    with torch.no_grad():  # an in-place update must invalidate the folded weights
+        ref.weight.mul_(-3.0)
+        new.weight.mul_(-3.0)
+    torch.testing.assert_close(new(x), ref(x), rtol=1e-4, atol=1e-4)
+    new.double()  # so must a cast
+    torch.testing.assert_close(new(x.double()), ref.double()(x.double()), rtol=1e-6, atol=1e-6)
+
+
+def test_folding_is_declined_when_it_would_cost_more():
+    source = (FIXTURES / "fold_two_linears.py").read_text().replace("return [48, 256, 24]", "return [512, 16, 512]")
+    outcome = rewrite_task(source)
+    assert "fold-linear" not in outcome.applied  # 512→16→512 is cheaper than one 512x512 map
+
+
+def test_untraceable_task_is_declined_with_a_reason():
+    source = (FIXTURES / "residual_scale.py").read_text().replace(
+        "x = self.matmul(x)", "x = self.matmul(x)\n        if x.sum() > 0:\n            x = -x")
+    outcome = rewrite_task(source)
+    assert not outcome.ok and "torch.fx cannot trace" in outcome.error
+    assert compose(source, None, "algebraic") is None
+
+
+def _prompt(source: str, codes: tuple[str, ...] = ()) -> Prompt:
+    return Prompt("t", "h" * 64, "s", "u", "v", task_source=source, exemplar_codes=codes)
+
+
+def test_policy_proposes_algebraic_first_then_composes_on_the_best():
+    source = (FIXTURES / "sum_of_linear.py").read_text()
+    policy = BuiltinPolicy(device="cuda")
+    first = policy.generate([_prompt(source)], n=2)[0]
+    assert [c.meta["passes"] for c in first] == [["algebraic"], ["compile-default"]]
+    assert "reduction folded into the weights" in first[0].text
+    algebraic = compose(source, None, "algebraic")
+    anchor = source + "\n\nModelNew = Model\n"
+    # the algebraic candidate beat the reference: the next proposals stack on top of it
+    nxt = policy.generate([_prompt(source, (anchor, algebraic))], n=2)[0]
+    assert [c.meta["passes"] for c in nxt] == [["algebraic", "compile-default"], ["algebraic", "cudagraph"]]
+    stacked = load(compose(source, algebraic, "cudagraph"), "s")
+    assert issubclass(stacked.ModelNew, stacked._Stage1) and issubclass(stacked._Stage1, stacked.Model)
+    # slower than the reference: it is not used as a base
+    policy2 = BuiltinPolicy(device="cuda")
+    nxt2 = policy2.generate([_prompt(source, (algebraic, anchor))], n=1)[0]
+    assert nxt2[0].meta["passes"] == ["compile-default"]
+
+
+def test_layout_passes_only_for_convolutions_and_exec_passes_end_a_chain():
+    conv = "import torch\nimport torch.nn as nn\nclass Model(nn.Module):\n    def __init__(self):\n" \
+           "        super().__init__()\n        self.c = nn.Conv2d(3, 8, 3)\n    def forward(self, x):\n" \
+           "        return self.c(x)\ndef get_inputs():\n    return [torch.randn(2, 3, 16, 16)]\n" \
+           "def get_init_inputs():\n    return []\n"
+    linear = (FIXTURES / "residual_scale.py").read_text()
+    assert compose(linear, None, "channels-last") is None and compose(linear, None, "cudnn-autotune") is None
+    code = compose(conv, None, "channels-last")
+    mod = load(code, "c")
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 16, 16)
+    torch.manual_seed(1)
+    ref = mod.Model()
+    torch.manual_seed(1)
+    torch.testing.assert_close(mod.ModelNew()(x), ref(x))
+    compiled = compose(conv, code, "compile-default")
+    assert passes_in(compiled) == ["channels-last", "compile-default"]
+    assert compose(conv, compiled, "cudagraph") is None  # nothing stacks on an exec pass
+    assert compose(conv, code, "algebraic") is None  # graph passes trace the reference only
+    assert set(PASSES) >= {"algebraic", "channels-last", "cudnn-autotune", "compile-default", "cudagraph"}
