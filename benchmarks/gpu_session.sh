@@ -4,6 +4,8 @@
 #   tests : the smoke stage without verify
 #   verify: cudal1 verify over CUDA-L1's sample
 #   bench : the harness benchmark (benchmarks/harness_bench.py)
+#   builtin: the builtin policy over KernelBench (benchmarks/builtin_kernelbench.py $BUILTIN_ARGS)
+# Several stages: bash benchmarks/gpu_session.sh "tests builtin"
 # Expects KernelBench/CUDA-L1 JSONL copies in .data/ (carried; see docs/benchmarks.md).
 # Full logs go to $OUT; a short table is printed last.
 set -u
@@ -11,9 +13,10 @@ OUT=${OUT:-/tmp/cudal1_out}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 CUDAL1_KERNELBENCH=$PWD/.data/kernelbench.jsonl CUDAL1_CUDA_L1=$PWD/.data/sample.jsonl
 export CUDAL1_CACHE_DIR=/tmp/cudal1_cache PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
-stage=${1:-smoke}
+stages=" ${1:-smoke} "
+has() { [[ "$stages" == *" $1 "* ]]; }
 summary=()
-if [ "$stage" = smoke ] || [ "$stage" = tests ]; then
+if has smoke || has tests; then
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())"; git rev-parse HEAD; } >"$OUT/env.txt" 2>&1
   t0=$SECONDS
   timeout 250 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
@@ -22,14 +25,26 @@ if [ "$stage" = smoke ] || [ "$stage" = tests ]; then
   python3 -m cudal1.cli.main eval --device cuda --json --reference examples/tasks/diag_matmul.py --candidate examples/candidates/diag_matmul_broadcast.py >"$OUT/eval_example.log" 2>&1
   summary+=("eval example: $(tail -1 "$OUT/eval_example.log" | head -c 300) ($((SECONDS-t0)) s)")
 fi
-if [ "$stage" = smoke ] || [ "$stage" = verify ]; then
+if has smoke || has verify; then
   t0=$SECONDS
   timeout 330 python3 -m cudal1.cli.main verify .data/sample.jsonl --device cuda --out "$OUT/verify" >"$OUT/verify.log" 2>&1
   summary+=("verify: rc=$? ($((SECONDS-t0)) s)")
   cp "$OUT/verify/verify_report.json" "$OUT/" 2>/dev/null
   tail -32 "$OUT/verify.log"
 fi
-if [ "$stage" = bench ]; then
+if has builtin; then
+  t0=$SECONDS
+  timeout ${BUILTIN_TIMEOUT:-400} python3 benchmarks/builtin_kernelbench.py ${BUILTIN_ARGS:-kernelbench:level2/1-100 --subset algebraic} \
+    --out "$OUT/builtin" >"$OUT/builtin.log" 2>&1
+  rc=$?
+  if [ ! -s "$OUT/builtin/report.md" ]; then  # killed by the timeout: report what was judged
+    python3 benchmarks/builtin_kernelbench.py ${BUILTIN_ARGS:-kernelbench:level2/1-100 --subset algebraic} \
+      --out "$OUT/builtin" --report-only >>"$OUT/builtin.log" 2>&1
+  fi
+  summary+=("builtin: rc=$rc ($((SECONDS-t0)) s)")
+  head -14 "$OUT/builtin/report.md" 2>/dev/null
+fi
+if has bench; then
   t0=$SECONDS
   timeout 560 python3 benchmarks/harness_bench.py --out "$OUT/bench" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   summary+=("harness_bench: rc=$? ($((SECONDS-t0)) s)")

@@ -120,7 +120,9 @@ def _max_min_identity(node: fx.Node) -> list[str]:
     dim = arg(node, 1, "dim")
     if not isinstance(x, fx.Node) or not _floating(x) or not nd or not isinstance(dim, int) or arg(node, 2, "keepdim") is not True:
         return []
-    if s[dim % nd] != 1 or not node.users or not all(op_name(u) == "getitem" and u.args[1] == 0 for u in node.users):
+    if s[dim % nd] != 1 or not node.users or not all(
+            (op_name(u) == "getitem" and u.args[1] == 0) or (op_name(u) == "getattr" and u.args[1] == "values")
+            for u in node.users):
         return []
     for u in list(node.users):
         u.replace_all_uses_with(x)
