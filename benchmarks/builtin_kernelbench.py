@@ -160,8 +160,13 @@ def main() -> int:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = select(args.selectors, args.subset)
-    (out / "tasks.txt").write_text("\n".join(t.task_id for t in tasks) + "\n")
+    listed = out / "tasks.txt"
+    if args.report_only and listed.exists():  # the tasks of the run being reported, no re-selection
+        ids = set(listed.read_text().split())
+        tasks = [t for sel in args.selectors for t in load_tasks(sel) if t.task_id in ids]
+    else:
+        tasks = select(args.selectors, args.subset)
+        listed.write_text("\n".join(t.task_id for t in tasks) + "\n")
     judge = EvalConfig(device=args.device)
     if not args.report_only:
         plan = DevicePlan.detect(args.device)
