@@ -19,7 +19,7 @@ summary=()
 if has smoke || has tests; then
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())"; git rev-parse HEAD; } >"$OUT/env.txt" 2>&1
   t0=$SECONDS
-  timeout 250 python3 -m pytest tests/gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
+  timeout ${GPU_TEST_TIMEOUT:-250} python3 -m pytest tests/gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu tests: rc=$? $(tail -1 "$OUT/gpu_tests.log") ($((SECONDS-t0)) s)")
   t0=$SECONDS
   python3 -m cudal1.cli.main eval --device cuda --json --reference examples/tasks/diag_matmul.py --candidate examples/candidates/diag_matmul_broadcast.py >"$OUT/eval_example.log" 2>&1
