@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import platform
+import os
 import shutil
 import socket
 import subprocess
@@ -54,20 +55,32 @@ class Gpu:
 
 
 def gpu_inventory() -> list[Gpu]:
-    """Local NVIDIA GPUs through ``nvidia-smi`` ([] when there is none or it fails)."""
+    """Local NVIDIA GPUs through ``nvidia-smi`` ([] when there is none or it fails), restricted to
+    ``$CUDA_VISIBLE_DEVICES`` when it is set (indices or ``GPU-…`` UUIDs, as CUDA reads it).
+    Indices are nvidia-smi's (PCI order); lanes pass them on as ``CUDA_VISIBLE_DEVICES``."""
     exe = shutil.which("nvidia-smi")
     if not exe:
         return []
     try:
         out = subprocess.run(
-            [exe, "--query-gpu=index,name,driver_version,compute_cap", "--format=csv,noheader"],
+            [exe, "--query-gpu=index,name,driver_version,compute_cap,uuid", "--format=csv,noheader"],
             capture_output=True, text=True, timeout=30, check=True,
         ).stdout
     except (OSError, subprocess.SubprocessError):
         return []
-    gpus = []
+    gpus, uuids = [], {}
     for line in out.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 4 and parts[0].isdigit():
+        if len(parts) == 5 and parts[0].isdigit():
             gpus.append(Gpu(int(parts[0]), parts[1], parts[2], parts[3]))
+            uuids[int(parts[0])] = parts[4]
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        wanted = [v.strip() for v in visible.split(",") if v.strip()]
+        keep = []
+        for w in wanted:
+            if w.lstrip("-").isdigit() and int(w) < 0:
+                break  # CUDA stops at the first invalid entry
+            keep += [g for g in gpus if str(g.index) == w or uuids.get(g.index, "").startswith(w)]
+        gpus = [g for g in gpus if g in keep]
     return gpus
