@@ -23,18 +23,18 @@ and written to ``OUT/report.json`` and ``OUT/report.md``) gives, over the tasks 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import math
 import statistics
 import sys
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cudal1.config import EvalConfig
 from cudal1.harness import DevicePlan
-from cudal1.policy.builtin import BuiltinPolicy, passes_in
+from cudal1.policy.builtin import BuiltinPolicy, passes_in, prepare_rewrites
 from cudal1.search import SearchConfig, optimize
 from cudal1.search.loop import reference_candidate
 from cudal1.store import RunStore
@@ -53,12 +53,9 @@ def select(selectors: list[str], subset: list[str]) -> list:
             elif rule.startswith("stride:"):
                 n = int(rule.split(":")[1])
                 keep |= {t.hash for i, t in enumerate(got) if i % n == 0}
-            elif rule == "algebraic":
-                from cudal1.policy.rewrite import rewrite_task
-
-                with ThreadPoolExecutor(4) as pool:
-                    ok = list(pool.map(lambda t: rewrite_task(t.source).ok, got))
-                keep |= {t.hash for t, good in zip(got, ok) if good}
+            elif rule == "algebraic":  # the policy's own cache: traced once for selection and search
+                outcomes = prepare_rewrites([t.source for t in got])
+                keep |= {t.hash for t, o in zip(got, outcomes) if o.ok}
             else:
                 raise SystemExit(f"unknown --subset rule {rule!r} (all | stride:N | algebraic)")
         tasks += [t for t in got if t.hash in keep]
@@ -158,6 +155,7 @@ def main() -> int:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--report-only", action="store_true", help="recompute the report from OUT without judging")
     args = ap.parse_args()
+    faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     listed = out / "tasks.txt"

@@ -23,6 +23,7 @@ CUDA-graph capture), which always comes last.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import textwrap
 import threading
@@ -186,6 +187,12 @@ class _GraphRewrites:
 _REWRITES = _GraphRewrites()
 
 
+def prepare_rewrites(sources: list[str], workers: int | None = None) -> list[object]:
+    """Trace ``sources`` in parallel child processes (cached for this process); the outcomes."""
+    with ThreadPoolExecutor(max(1, workers or (os.cpu_count() or 2) // 2)) as pool:
+        return list(pool.map(_REWRITES.get, sources))
+
+
 def _algebraic_class(source: str, base: str) -> str | None:
     if base != "Model":
         return None  # graph rewrites trace the reference itself
@@ -263,21 +270,20 @@ class BuiltinPolicy:
 
     name = "builtin"
 
-    def __init__(self, device: str = "cuda", passes: list[str] | None = None, workers: int = 4, **_: object) -> None:
+    def __init__(self, device: str = "cuda", passes: list[str] | None = None, workers: int | None = None,
+                 **_: object) -> None:
         names = passes or list(PASSES)
         unknown = [n for n in names if n not in PASSES]
         if unknown:
             raise ValueError(f"unknown builtin pass(es) {', '.join(unknown)}; known: {', '.join(PASSES)}")
         self.passes = [n for n in names if device == "cuda" or not PASSES[n].cuda_only]
-        self.workers = max(1, workers)
+        self.workers = max(1, workers or (os.cpu_count() or 2) // 2)  # tracing children at once
         self._proposed: dict[str, set[tuple[str, ...]]] = {}
         self._lock = threading.Lock()
 
     def generate(self, prompts: list[Prompt], n: int = 1) -> list[list[Completion]]:
         if "algebraic" in self.passes:  # trace every distinct task once, in parallel child processes
-            sources = list({p.task_source for p in prompts if p.task_source})
-            with ThreadPoolExecutor(self.workers) as pool:
-                list(pool.map(_REWRITES.get, sources))
+            prepare_rewrites(list({p.task_source: None for p in prompts if p.task_source}), self.workers)
         return [[self._next(prompt) for _ in range(n)] for prompt in prompts]
 
     @staticmethod
