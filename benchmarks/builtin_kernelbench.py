@@ -8,7 +8,9 @@ Usage (from the repository root, on a CUDA machine)::
 ``--subset stride:N`` keeps every N-th task of each selector (by problem id), ``algebraic`` keeps
 the tasks where a graph pass applies (traced in child processes on the CPU, no GPU needed), and
 both may be given (union).  The search is ``cudal1.search.optimize`` with
-``BuiltinPolicy`` and the default judge config (resumable: same ``--out``).  The report (printed,
+``BuiltinPolicy`` and the judge preset ``--preset`` (``default``: strict fp32 tolerance;
+``kernelbench-v0``: KernelBench's atol = rtol = 1e-2, comparable with published numbers);
+resumable with the same ``--out``.  The report (printed,
 and written to ``OUT/report.json`` and ``OUT/report.md``) gives, over the tasks judged:
 
 - ``success``: tasks with at least one verified (``ok``) builtin candidate;
@@ -153,6 +155,7 @@ def main() -> int:
     ap.add_argument("--budget-minutes", type=float, default=None)
     ap.add_argument("--out", default="runs/builtin_kb")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument("--preset", default="default", help="judge preset: default (strict fp32) | kernelbench-v0 | ...")
     ap.add_argument("--report-only", action="store_true", help="recompute the report from OUT without judging")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
@@ -165,7 +168,7 @@ def main() -> int:
     else:
         tasks = select(args.selectors, args.subset)
         listed.write_text("\n".join(t.task_id for t in tasks) + "\n")
-    judge = EvalConfig(device=args.device)
+    judge = EvalConfig.preset(args.preset).replace(device=args.device)
     if not args.report_only:
         plan = DevicePlan.detect(args.device)
         policy = BuiltinPolicy(device=plan.device)

@@ -4,7 +4,8 @@ Contract: :func:`emit_class` returns Python source for a subclass of the task's 
 ``forward`` is the rewritten graph's code (``torch.fx`` codegen: one statement per operation,
 named after the operation), so the reference's ``__init__``, parameters and submodules are reused
 unchanged.  Values that depend only on parameters and buffers (folded weights, pre-multiplied
-matrices) are *hoisted*: computed by ``_cudal1_fold`` under ``no_grad`` and recomputed whenever a
+matrices) are *hoisted*: computed by ``_cudal1_fold`` under ``no_grad`` (in float64, then cast back
+to the parameters' dtype, so folding adds no rounding of its own) and recomputed whenever a
 parameter they come from is moved, cast or updated in place (keyed on ``data_ptr`` and the
 tensor's version counter), never on the inputs.  The module imports nothing from cudal1.
 Raises :class:`EmitFailed` when the code needs a global it cannot import by name.
@@ -20,10 +21,11 @@ import re
 import textwrap
 from typing import Any
 
+import torch
 import torch.fx as fx
 
 from cudal1.policy.rewrite.patterns import CHEAP, is_inplace, module_of, op_name
-from cudal1.policy.rewrite.trace import is_constant, reset_constant_memo
+from cudal1.policy.rewrite.trace import dtype, is_constant, reset_constant_memo
 
 
 class EmitFailed(Exception):
@@ -172,7 +174,10 @@ def emit_class(gm: fx.GraphModule, task_globals: dict[str, Any], notes: list[str
         for node in graph.nodes:  # copy the constant subgraph feeding the frontier, in order
             if is_constant(node) and node.op != "output" and _feeds(node, frontier):
                 env[node] = fold.node_copy(node, lambda n: env[n])
-        fold.output(tuple(env[n] for n in frontier))
+                if node.op == "get_attr" and _narrow_float(node):  # fold in float64: no extra rounding
+                    env[node] = fold.call_method("double", (env[node],))
+        outs = [fold.call_method("to", (env[n], dtype(n))) if _narrow_float(n) else env[n] for n in frontier]
+        fold.output(tuple(outs))
         sources = sorted({n.target for n in fold.nodes if n.op == "get_attr"})
         fold_code = fold.python_code(root_module="self")
         fold_globals = dict(fold_code.globals)
@@ -223,6 +228,11 @@ def emit_class(gm: fx.GraphModule, task_globals: dict[str, Any], notes: list[str
     for src in prelude:
         top += [src, "", ""]
     return "\n".join(top + out) + "\n"
+
+
+def _narrow_float(node: fx.Node) -> bool:
+    d = dtype(node)
+    return d is not None and d.is_floating_point and d != torch.float64
 
 
 def _feeds(node: fx.Node, frontier: list[fx.Node]) -> bool:
