@@ -171,12 +171,16 @@ def emit_class(gm: fx.GraphModule, task_globals: dict[str, Any], notes: list[str
     if frontier:
         fold = fx.Graph()
         env: dict[fx.Node, fx.Node] = {}
+        param_dtype = None  # the parameters' dtype *now* (the model may have been cast since tracing)
         for node in graph.nodes:  # copy the constant subgraph feeding the frontier, in order
             if is_constant(node) and node.op != "output" and _feeds(node, frontier):
                 env[node] = fold.node_copy(node, lambda n: env[n])
                 if node.op == "get_attr" and _narrow_float(node):  # fold in float64: no extra rounding
+                    if param_dtype is None:
+                        param_dtype = fold.call_function(builtins.getattr, (env[node], "dtype"))
                     env[node] = fold.call_method("double", (env[node],))
-        outs = [fold.call_method("to", (env[n], dtype(n))) if _narrow_float(n) else env[n] for n in frontier]
+        outs = [fold.call_method("to", (env[n], param_dtype)) if _narrow_float(n) and param_dtype is not None
+                else env[n] for n in frontier]
         fold.output(tuple(outs))
         sources = sorted({n.target for n in fold.nodes if n.op == "get_attr"})
         fold_code = fold.python_code(root_module="self")
