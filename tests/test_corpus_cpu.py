@@ -14,6 +14,7 @@ All fixtures are judged in one batch (one forkserver, one timing lane), like tes
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -105,3 +106,26 @@ def test_degenerate_task_flags_every_result(batch):
     for name, (_, task, _) in HEADERS.items():
         if task.name == "degenerate_mean.py":
             assert "degenerate_task" in batch[name].flags, f"{name}: {_describe(batch[name])}"
+
+
+# The frame-walking cheats above are already stopped by the static guard.  With the static guard
+# switched off, the worker's audit hook alone must still catch them (computed names, helper
+# functions and signal-handler frames get past any AST check).
+RUNTIME_ONLY = ["forge_signed_verdict", "frame_walk_tolerances", "forge_from_signal_handler", "loosen_via_inspect_stack"]
+
+
+@pytest.fixture(scope="module")
+def runtime_batch(tmp_path_factory) -> dict[str, EvalResult]:
+    files = [FIXTURES / f"{name}.py" for name in RUNTIME_ONLY]
+    task = load_task_file(HEADERS[RUNTIME_ONLY[0]][1])
+    pairs = [(task, Candidate(f.read_text(), task_hash=task.hash, label=f.stem)) for f in files]
+    config = small_config(tmp_path_factory.mktemp("cache"), timeout_s=TIMEOUT_S, static_guards="none")
+    return {f.stem: r for f, r in zip(files, evaluate_pairs(pairs, config))}
+
+
+@pytest.mark.parametrize("name", RUNTIME_ONLY)
+def test_runtime_guard_alone_stops_frame_walkers(runtime_batch, name):
+    r = runtime_batch[name]
+    assert r.status is Status.REJECTED and "tampering" in r.flags, f"{name}: {_describe(r)}"
+    if sys.version_info >= (3, 11) or name != "loosen_via_inspect_stack":  # sys._getframe is audited from 3.11
+        assert "audit guard" in r.message, f"{name}: {_describe(r)}"

@@ -710,3 +710,209 @@ def test_hyperparameter_guard_catches_ignored_constructor_arguments():
     assert not run_static_guards(inherits, reference=ref)
     forwards = "class ModelNew(Model):\n    def __init__(self, *args):\n        super().__init__(*args)\n"
     assert not run_static_guards(forwards, reference=ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# harness.static_guard: the "frames" check
+
+
+def test_frames_guard_flags_frame_and_closure_walking_only():
+    from cudal1.harness.static_guard import run_static_guards
+
+    def flags_of(src):
+        return [f.check for f in run_static_guards(src, ["frames"])]
+
+    assert flags_of("import sys\ntry:\n    1/0\nexcept Exception as e:\n    f = e.__traceback__.tb_frame\n") == ["frames"]
+    assert flags_of("def g(f):\n    return getattr(f, 'f_back')\n") == ["frames"]
+    assert flags_of("import ctypes\np = ctypes.pythonapi\n") == ["frames"]
+    assert flags_of("import signal as s\ns.signal(s.SIGUSR1, print)\n") == ["frames"]
+    assert flags_of("import sys\nx = sys._current_frames()\n") == ["frames"]
+    assert flags_of("def f():\n    pass\nc = f.__closure__\n") == ["frames"]
+    honest = (REPO / "tests" / "fixtures" / "cpu_more" / "honest_thread_queue_handoff.py").read_text()
+    assert flags_of(honest) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# harness.sandbox.verdict_problem: the parent's re-checks of an "ok" verdict
+
+
+def _ok_verdict(**changes):
+    data = {"status": "ok", "correctness": {"trials": 5, "passed": 5, "by_dtype": {"float32": [1e-5, 3.0]}},
+            "raw": {"ref_stream": [1.0, 1.0], "cand_stream": [0.5, 0.5]}}
+    data.update(changes)
+    return data
+
+
+class TestVerdictProblem:
+    JOB = {"mode": "eval", "config": {"correctness_trials": 5}, "tolerances": STRICT}
+    PHASES = ["setup", "reference", "import", "construct", "correctness", "timing", "verify", "verify_timing"]
+
+    def test_honest_verdict_holds(self):
+        from cudal1.harness.sandbox import verdict_problem
+
+        assert verdict_problem(self.JOB, self.PHASES, _ok_verdict()) == ""
+        assert verdict_problem(self.JOB, ["setup"], {"status": "incorrect"}) == ""  # only "ok" is re-checked
+        assert verdict_problem({"mode": "build"}, ["setup", "import"], {"status": "ok"}) == ""
+
+    def test_missing_or_reordered_phases(self):
+        from cudal1.harness.sandbox import verdict_problem
+
+        assert "phases" in verdict_problem(self.JOB, ["setup", "reference", "import", "construct", "correctness"], _ok_verdict())
+        assert "phases" in verdict_problem(self.JOB, ["setup", "reference", "import", "construct", "timing", "correctness"],
+                                           _ok_verdict())
+
+    def test_too_few_trials_or_no_timing(self):
+        from cudal1.harness.sandbox import verdict_problem
+
+        assert "correctness trials" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 2, "passed": 2}))
+        assert "correctness trials" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 5, "passed": 4}))
+        assert "timed calls" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(raw={}))
+
+    def test_errors_beyond_the_parents_tolerances(self):
+        from cudal1.harness.sandbox import verdict_problem
+
+        # 1% off on values near 3: passes only with a loosened table in the worker
+        loose = _ok_verdict(correctness={"trials": 5, "passed": 5, "by_dtype": {"float32": [0.03, 3.0]}})
+        assert "exceeds the judge's tolerance" in verdict_problem(self.JOB, self.PHASES, loose)
+        # exactly at the bound of the elementwise test is fine
+        edge = _ok_verdict(correctness={"trials": 5, "passed": 5, "by_dtype": {"float32": [1e-4 + 1e-4 * 3.0, 3.0]}})
+        assert verdict_problem(self.JOB, self.PHASES, edge) == ""
+
+    def test_compare_reports_per_dtype_errors(self):
+        ref = torch.tensor([1.0, -3.0, float("inf")])
+        out = ref + torch.tensor([1e-5, -2e-5, 0.0])
+        mismatch, errors = cmp.compare(ref, out, STRICT, "cpu")
+        assert mismatch is None
+        max_abs, max_ref = errors.by_dtype["float32"]
+        assert max_abs == pytest.approx(2e-5, rel=1e-2) and max_ref == 3.0  # the infinite reference is not counted
+
+
+# ---------------------------------------------------------------------------------------------
+# harness.audit_guard, in a child interpreter (a hook cannot be removed once installed)
+
+_AUDIT_SCRIPT = r'''
+import os, sys, traceback
+from cudal1.harness import audit_guard
+
+CAND = "/nonexistent/cand_under_test.py"
+scenario, fd = sys.argv[1], int(sys.argv[2])
+
+def send(kind, payload):
+    sys.audit("cudal1.channel", kind, payload)
+
+def finish(status):
+    send("result", '{"status": "%s"}' % status)
+
+def phase(name):
+    send("phase", '{"name": "%s"}' % name)
+
+def tolerances():
+    table = {}
+    sys.audit("cudal1.tolerances", table)
+    return table
+
+def run():
+    phase("correctness")
+    if scenario == "tolerances":
+        assert tolerances() == {"float32": (1e-4, 1e-4)}
+    if scenario == "library_frames":  # the standard library reading frames for the judge or the candidate
+        try:
+            1 / 0
+        except ZeroDivisionError:
+            traceback.format_exc()
+    if scenario == "inventory_no_leak":  # the inventory must not keep its callers' locals alive
+        import gc, weakref
+        gc.disable()
+        class Big: pass
+        def call():
+            big = Big()
+            INVENTORY[0]()
+            return weakref.ref(big)
+        refs = [call() for _ in range(3)]
+        assert all(r() is None for r in refs), "the thread inventory kept a caller's locals alive"
+    if scenario in CANDIDATE:
+        exec(compile(CANDIDATE[scenario], CAND, "exec"), {"finish": finish, "send": send, "sys": sys})
+    finish("ok")
+    if scenario == "twice":
+        finish("ok")
+
+CANDIDATE = {
+    "forge_finish": "finish('ok')",
+    "forge_event": "sys.audit('cudal1.channel', 'result', '{\"status\": \"ok\"}')",
+    "tb_frame": "try:\n    1/0\nexcept Exception as e:\n    f = getattr(e.__traceback__, 'tb_' + 'frame')",
+    "getframe": "getattr(sys, '_get' + 'frame')(0)",
+    "inspect_stack": "import inspect\ngetattr(inspect, 'st' + 'ack')()",
+    "gc": "import gc\ngc.get_referrers(sys)",
+    "current_frames": "sys._current_frames()",
+    "thread_forge": "import threading\nt = threading.Thread(target=finish, args=('ok',))\nt.start()\nt.join()",
+}
+
+INVENTORY = []
+
+def entry():
+    INVENTORY[:] = [audit_guard.install(b"k" * 32, fd, candidate_path=CAND, bottom=sys._getframe(), send=send, chain=[finish, phase, run],
+                        building=entry, register=entry, tolerances_fn=tolerances, profiled=entry,
+                        tolerances={"float32": (1e-4, 1e-4)})]
+    run()
+
+entry()
+os._exit(0)
+'''
+
+
+def _audit_run(scenario: str) -> list[Message]:
+    import os
+    import struct
+
+    r, w = os.pipe()
+    try:
+        proc = subprocess.run([sys.executable, "-c", _AUDIT_SCRIPT, scenario, str(w)], pass_fds=(w,), timeout=120,
+                              capture_output=True, text=True)
+        os.close(w)
+        w = -1
+        data = b""
+        while chunk := os.read(r, 1 << 16):
+            data += chunk
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    rx, out, pos = Receiver(b"k" * 32), [], 0
+    while pos < len(data):
+        (n,) = struct.unpack("!i", data[pos:pos + 4])
+        out.append(rx.decode(data[pos + 4:pos + 4 + n]))
+        pos += 4 + n
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out
+
+
+class TestAuditGuard:
+    def test_the_protocol_chain_signs(self):
+        msgs = _audit_run("tolerances")
+        assert [(m.kind, m.data) for m in msgs] == [("phase", {"name": "correctness"}), ("result", {"status": "ok"})]
+
+    def test_library_code_may_read_frames(self):
+        assert [m.kind for m in _audit_run("library_frames")] == ["phase", "result"]
+
+    def test_one_verdict_only(self):
+        assert [m.kind for m in _audit_run("twice")] == ["phase", "result"]
+
+    def test_thread_inventory_keeps_no_frames_alive(self):
+        assert [m.kind for m in _audit_run("inventory_no_leak")] == ["phase", "result"]
+
+    @pytest.mark.parametrize("scenario, reason", [
+        ("forge_finish", "outside the judge's protocol"),
+        ("forge_event", "outside the judge's protocol"),
+        ("thread_forge", "another thread"),
+        ("tb_frame", "tb_frame"),
+        ("getframe", "sys._getframe"),
+        ("inspect_stack", "sys._getframe"),
+        ("gc", "gc.get_referrers"),
+        ("current_frames", "sys._current_frames"),
+    ])
+    def test_candidate_reaching_for_the_judge_ends_the_worker(self, scenario, reason):
+        if reason == "sys._getframe" and sys.version_info < (3, 11):
+            pytest.skip("sys._getframe is an audit event from Python 3.11 on")
+        msgs = _audit_run(scenario)
+        assert [m.kind for m in msgs] == ["phase", "tamper"], msgs
+        assert reason in msgs[-1].data["reason"]

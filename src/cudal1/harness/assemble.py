@@ -4,7 +4,9 @@ Contract: statistics (medians, IQR, speedup, bootstrap CI) are computed here, in
 from the raw samples; the worker only reports measurements.  Missing verdicts are classified:
 a kill at a deadline is ``timeout``; a child that died before its verdict is ``runtime_error``
 (flag ``signal`` for a signal such as SIGSEGV, ``no_verdict`` for a silent exit); a failed
-message verification is ``rejected`` with ``tampering``.
+message verification, a ``tamper`` report from the worker's audit guard, or an ``ok`` verdict
+that fails the parent's re-checks (``sandbox.verdict_problem``) is ``rejected`` with
+``tampering``.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
 def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalResult:
     if outcome.tamper:
         r.status, r.flags = Status.REJECTED, ["tampering"]
-        r.message = f"verdict channel: {outcome.tamper}"
+        r.message = outcome.tamper
         return r
     if outcome.result is None:
         return _no_verdict(outcome, r)

@@ -6,9 +6,16 @@ that child.  Text a candidate prints to stdout/stderr, or bytes it writes to inh
 descriptors, therefore cannot produce a verdict: unsigned, mis-signed, replayed or out-of-order
 messages are reported as tampering.
 
+Inside the worker the key is not held by a :class:`Sender`: the worker's audit hook
+(:mod:`cudal1.harness.audit_guard`) writes the same wire format (4-byte length, MAC, JSON with
+``seq``/``kind``/``data``) and signs only for the judge's own call chain; ``Sender`` remains the
+reference implementation of the format (tests, tools).
+
 Limit (documented, not fixable in-process): code running inside the worker can, in principle,
-read the key out of the worker's own memory (``gc``, frames).  The runtime guards make that
-detectable, not impossible; see ``cudal1.harness`` for what in-process isolation cannot prevent.
+read the signing state out of the worker's memory (``ctypes``, or code disguised as library code
+that reaches the hook's frame; see docs/harness.md).  The audit hook and runtime guards make
+that costly and detectable, not impossible; see ``cudal1.harness`` for what in-process isolation
+cannot prevent.
 """
 
 from __future__ import annotations

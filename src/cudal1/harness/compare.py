@@ -12,7 +12,7 @@ that a candidate rebinding ``torch.isnan`` and friends cannot change the compari
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -41,6 +41,8 @@ class Mismatch:
 class Errors:
     max_abs: float = 0.0
     max_rel: float = 0.0
+    max_ref: float = 0.0  # largest finite |ref| (with max_abs: the parent's tolerance re-check)
+    by_dtype: dict[str, list[float]] = field(default_factory=dict)  # dtype -> [max_abs, max_ref]
 
 
 def leaves(obj: Any, path: str = "out") -> list[tuple[str, Any]]:
@@ -103,6 +105,7 @@ def _value_errors(ref: Any, out: Any, atol: float, rtol: float) -> tuple[Errors,
         errors.max_abs = max(errors.max_abs, float(diff.max().item()))
         rel = _where(finite, diff / scale.clamp_min(1e-12), _zeros_like(r))
         errors.max_rel = max(errors.max_rel, float(rel.max().item()))
+        errors.max_ref = max(errors.max_ref, float(_where(finite, scale, _zeros_like(r)).max().item()))
         if count and not first:
             idx = int(bad.nonzero()[0].item())
             first = f"first at flat index {start + idx}: got {o[idx].item():.6g}, want {r[idx].item():.6g}"
@@ -152,10 +155,13 @@ def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, 
     if not _equal(_isnan(o), _isnan(r)):
         n = int((_isnan(o) != _isnan(r)).sum().item())
         return Mismatch("nan_mismatch", f"{path}: NaN positions differ at {n} elements")
-    atol, rtol = tolerances.get(str(r.dtype).replace("torch.", ""), (1e-4, 1e-4))
+    dtype = str(r.dtype).replace("torch.", "")
+    atol, rtol = tolerances.get(dtype, (1e-4, 1e-4))
     errors, n_bad, first = _value_errors(r, o, atol, rtol)
     worst.max_abs = max(worst.max_abs, errors.max_abs)
     worst.max_rel = max(worst.max_rel, errors.max_rel)
+    seen = worst.by_dtype.setdefault(dtype, [0.0, 0.0])
+    seen[0], seen[1] = max(seen[0], errors.max_abs), max(seen[1], errors.max_ref)
     if n_bad:
         return Mismatch(
             "value_mismatch",

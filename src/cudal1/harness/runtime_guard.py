@@ -6,7 +6,13 @@ Checked after the candidate is imported, after it is constructed and after every
 - no global ``__torch_function__``/``__torch_dispatch__`` mode left pushed, no trace/profile
   hook installed, ``sys.modules['torch']`` still torch — else ``tampering``;
 - numeric settings (TF32, matmul precision, reduced-precision reductions) — a change is
-  ``precision_downgrade`` (it would silently change the reference's math too).
+  ``precision_downgrade`` (it would silently change the reference's math too);
+- the worker object itself: no instance attribute shadowing one of its methods, its thread
+  inventory and job unchanged (``tampering``); no signal handler defined by the candidate
+  (a Python signal handler receives the interrupted frame without any audited call).
+
+These checks run *after* the fact; what must be stopped before it happens (obtaining frames,
+walking ``gc``, signing a message) is the audit hook's job (:mod:`cudal1.harness.audit_guard`).
 
 Limits: identity checks catch rebinding, not in-place mutation of a function's ``__code__``
 of pure-Python helpers we do not list, nor anything native code does.
@@ -15,6 +21,7 @@ of pure-Python helpers we do not list, nor anything native code does.
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import time
 from typing import Any
@@ -60,11 +67,11 @@ _JUDGE: list[tuple[str, str]] = [
                                             "plain_tensor_problem", "output_problem", "leaves")
 ] + [
     ("cudal1.harness.stats", "charge"), ("cudal1.harness.timer.CudaTimer", "time_call"),
-    ("cudal1.harness.timer.CpuTimer", "time_call"), ("cudal1.harness.channel.Sender", "send"),
+    ("cudal1.harness.timer.CpuTimer", "time_call"), ("cudal1.harness.runtime_guard.RuntimeGuard", "violation"),
 ] + [
-    ("cudal1.harness.worker.Worker", n) for n in ("correctness", "timing", "recheck", "check_settled", "check_math",
-                                                   "make_inputs", "run_model", "finish", "tolerances",
-                                                   "verify_extraordinary", "memory_floor_ms")
+    ("cudal1.harness.worker.Worker", n) for n in ("correctness", "timing", "recheck", "settle", "check_math",
+                                                   "make_inputs", "run_model", "finish", "send", "tolerances",
+                                                   "verify_extraordinary", "memory_floor_ms", "sync", "poison")
 ]
 # Namespaces whose every callable is snapshotted (a rebinding of, say, torch.diag would make the
 # reference slower or the comparison lenient without touching the names listed above).
@@ -124,6 +131,17 @@ class RuntimeGuard:
         self.math = math_flags()
         self.torch_module = sys.modules.get("torch")
         self.reference: list[tuple[str, Any, str, Any]] = []
+        self.worker: Any = None
+        self.signals = _signal_handlers()
+
+    def watch_worker(self, worker: Any) -> None:
+        """Guard the worker object: its methods must not be shadowed on the instance, its
+        thread inventory and job must stay as they are (a frame-walking candidate could
+        otherwise switch a check off or change the config the protocol reads)."""
+        self.worker = worker
+        self.worker_threads = worker.threads
+        self.worker_job = _freeze(worker.job)
+        self.worker_methods = {k for k, v in vars(type(worker)).items() if callable(v)}
 
     def watch_reference(self, ref_module: Any, ref_model: Any) -> None:
         """Guard the reference too: its module's ``Model``/``get_inputs`` and the model's
@@ -156,6 +174,17 @@ class RuntimeGuard:
                 return "tampering", f"{label} was replaced"
         if self.reference and "forward" in vars(self.reference_model):
             return "tampering", "the reference model's forward was shadowed"
+        if self.worker is not None:
+            shadowed = self.worker_methods.intersection(vars(self.worker))
+            if shadowed:
+                return "tampering", f"the worker's {sorted(shadowed)[0]} was shadowed on the instance"
+            if self.worker.threads is not self.worker_threads:
+                return "tampering", "the worker's thread inventory was replaced"
+            if _freeze(self.worker.job) != self.worker_job:
+                return "tampering", "the judge's job (config, tolerances, seeds) was modified"
+        found = _candidate_signal_handler(self.signals)
+        if found:
+            return "tampering", found
         if sys.modules.get("torch") is not self.torch_module:
             return "tampering", "sys.modules['torch'] was replaced"
         if torch._C._len_torch_function_stack() or torch._C._len_torch_dispatch_stack():
@@ -176,6 +205,40 @@ class RuntimeGuard:
         if owner in classes:
             return vars(classes[owner]).get(key)
         return vars(sys.modules[owner]).get(key)
+
+
+def _signal_handlers() -> dict[int, Any]:
+    import signal
+
+    out = {}
+    for sig in range(1, getattr(signal, "NSIG", 65)):
+        try:
+            out[sig] = signal.getsignal(sig)
+        except (ValueError, OSError):
+            continue
+    return out
+
+
+def _candidate_signal_handler(before: dict[int, Any]) -> str:
+    """A Python signal handler installed since start-up whose code is not the judge's, torch's
+    or the standard library's own (signal handlers receive the interrupted frame)."""
+    import signal
+
+    for sig, old in before.items():
+        try:
+            now = signal.getsignal(sig)
+        except (ValueError, OSError):
+            continue
+        if now is old or not callable(now):
+            continue
+        module = getattr(now, "__module__", None) or ""
+        if not module.startswith(("torch", "triton", "multiprocessing", "concurrent", "asyncio", "cudal1.harness")):
+            return f"a Python signal handler was installed for signal {sig} ({module or type(now).__name__})"
+    return ""
+
+
+def _freeze(obj: Any) -> str:
+    return json.dumps(obj, sort_keys=True, default=repr)
 
 
 def settle_s() -> float:

@@ -5,8 +5,13 @@ Contract: :func:`run_job` never raises for anything the child does.  The child i
 nothing from the parent), runs in its own process group, and is killed with SIGKILL (with every
 process it started, e.g. a hung ``nvcc``) when a phase overruns.  Messages are read raw by a
 reader thread and verified by :class:`~cudal1.harness.channel.Receiver`; a forged, malformed or
-replayed message ends the job with ``tampering``.  The outcome says what happened; mapping it to
-an :class:`~cudal1.types.EvalResult` is :mod:`cudal1.harness.assemble`'s job.
+replayed message ends the job with ``tampering``, and so does a ``tamper`` report from the
+worker's audit hook (:mod:`cudal1.harness.audit_guard`: candidate code reached for frames, ``gc``
+or the channel).  The parent also re-checks what it can of an ``ok`` verdict with its own copy
+of the job (:func:`verdict_problem`): the protocol's phases all announced, in order; every
+correctness trial run and passed; the reported errors within *its* tolerance table.
+The outcome says what happened; mapping it to an :class:`~cudal1.types.EvalResult` is
+:mod:`cudal1.harness.assemble`'s job.
 """
 
 from __future__ import annotations
@@ -139,13 +144,13 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _job_target(job: dict[str, Any], conn: Any, key: bytes) -> None:
+def _job_target(job: dict[str, Any], conn: Any, key_holder: list) -> None:
     _die_with_parent()
     os.setsid()  # own process group, so a kill reaches builds it started too
     _close_inherited_fds(conn.fileno())
     from cudal1.harness.worker import worker_entry
 
-    worker_entry(job, conn, key)
+    worker_entry(job, conn, key_holder)  # empties key_holder: the key ends up in the audit hook only
 
 
 def run_job(job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
@@ -153,7 +158,7 @@ def run_job(job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
     ctx = get_context()
     key = secrets.token_bytes(32)
     recv_conn, send_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_job_target, args=(job, send_conn, key), daemon=False)
+    proc = ctx.Process(target=_job_target, args=(job, send_conn, [key]), daemon=False)
     outcome = JobOutcome()
     t0 = time.monotonic()
     _no_main.active = True
@@ -165,7 +170,7 @@ def run_job(job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
     messages: queue.Queue[bytes | None] = queue.Queue()
     threading.Thread(target=_reader, args=(recv_conn, messages), daemon=True).start()
     try:
-        _monitor(proc, messages, Receiver(key), limits, outcome, t0)
+        _monitor(proc, messages, Receiver(key), limits, outcome, t0, job)
     finally:
         _kill_group(proc)
         proc.join(timeout=5)
@@ -176,8 +181,10 @@ def run_job(job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
     return outcome
 
 
-def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receiver, limits: dict[str, float], outcome: JobOutcome, t0: float) -> None:
+def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receiver, limits: dict[str, float],
+             outcome: JobOutcome, t0: float, job: dict[str, Any] | None = None) -> None:
     outcome.phase = "setup"
+    phases = ["setup"]
     outcome.limit_s = limits["setup"]
     deadline = t0 + outcome.limit_s
     phase_start = t0
@@ -195,7 +202,7 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
         try:
             msg = receiver.decode(raw)
         except ChannelError as exc:
-            outcome.tamper = str(exc)
+            outcome.tamper = f"verdict channel: {exc}"
             outcome.result = None
             return
         if msg.kind == "phase":
@@ -203,6 +210,7 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
             outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
             phase_start = now
             outcome.phase = str(msg.data.get("name"))
+            phases.append(outcome.phase)
             outcome.limit_s = limits.get(outcome.phase, limits["default"])
             deadline = now + outcome.limit_s
         elif msg.kind == "env":
@@ -211,15 +219,58 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
             outcome.built = msg.data
         elif msg.kind == "task":
             outcome.task = msg.data
+        elif msg.kind == "tamper":
+            outcome.tamper = f"the worker's audit guard stopped the candidate: {msg.data.get('reason', '')}"
+            outcome.result = None
+            return
         elif msg.kind == "result":
             if outcome.result is not None:
-                outcome.tamper = "a second verdict on the verdict channel"
+                outcome.tamper = "verdict channel: a second verdict"
                 outcome.result = None
                 return
             now = time.monotonic()
             outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
+            problem = verdict_problem(job, phases, msg.data) if job is not None else ""
+            if problem:
+                outcome.tamper = f"the verdict does not hold up: {problem}"
+                outcome.result = None
+                return
             outcome.result = msg.data
             deadline = time.monotonic() + _EXIT_GRACE_S  # let it exit; a later message is tampering
+
+
+_PROTOCOL = {"build": ["setup", "import"],
+             "eval": ["setup", "reference", "import", "construct", "correctness", "timing"],
+             "baseline": ["setup", "reference", "import", "construct", "correctness", "timing"]}
+
+
+def verdict_problem(job: dict[str, Any], phases: list[str], data: dict[str, Any]) -> str:
+    """Why an ``ok`` verdict cannot be right, judged with the parent's own copy of the job
+    ('' when it holds up).  Only a worker whose judge state was tampered with can trip these:
+    they are re-checks, not the primary decision."""
+    if data.get("status") != "ok":
+        return ""
+    want = _PROTOCOL.get(str(job.get("mode")), [])
+    it = iter(phases)
+    if not all(any(p == w for p in it) for w in want):
+        return f"phases {phases} do not contain the protocol's {want} in order"
+    if job.get("mode") == "build":
+        return ""
+    corr = data.get("correctness") or {}
+    trials = int((job.get("config") or {}).get("correctness_trials", 1))
+    if not (int(corr.get("passed") or 0) == int(corr.get("trials") or 0) >= trials):
+        return f"{corr.get('passed')} of {corr.get('trials')} correctness trials passed, {trials} required"
+    raw = data.get("raw") or {}
+    if not raw.get("cand_stream") or len(raw.get("cand_stream", [])) != len(raw.get("ref_stream", [])):
+        return "no timed calls reported"
+    tolerances = job.get("tolerances") or {}
+    for dtype, (max_abs, max_ref) in (corr.get("by_dtype") or {}).items():
+        atol, rtol = tolerances.get(dtype, (1e-4, 1e-4))
+        bound = (float(atol) + float(rtol) * float(max_ref)) * (1 + 1e-9)
+        if float(max_abs) > bound:
+            return (f"a {dtype} error of {float(max_abs):.3g} exceeds the judge's tolerance "
+                    f"(atol {atol:g} + rtol {rtol:g} x max |ref| {float(max_ref):.3g})")
+    return ""
 
 
 def _tail(path: str, limit: int = 8000) -> str:

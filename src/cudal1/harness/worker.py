@@ -1,11 +1,19 @@
 """The worker: runs one reference/candidate pair inside a killable child process.
 
-Contract: ``worker_entry(job, conn)`` is the child's only entry point.  It announces each phase
-(``setup``, ``import``, ``construct``, ``correctness``, ``timing``) on the signed channel, sends
-its environment, and ends with exactly one ``result`` message, then leaves with ``os._exit`` so
-that no candidate ``atexit`` hook runs.  Everything the child prints goes to ``job['log_path']``.
-The parent enforces the per-phase deadlines and turns a missing verdict (crash, signal,
-``os._exit``) into a result; this module never decides about time limits.
+Contract: ``worker_entry(job, conn, key_holder)`` is the child's only entry point.  It installs
+the audit hook (:mod:`cudal1.harness.audit_guard`: the only holder of the channel key) before
+any task code runs, announces each phase (``setup``, ``import``, ``construct``, ``correctness``,
+``timing``) on the signed channel, sends its environment, and ends with exactly one ``result``
+message, then leaves with ``os._exit`` so that no candidate ``atexit`` hook runs.  Messages go
+through :meth:`Worker.send` (an audit event the hook signs only for the judge's own call
+chain); no object on the worker's stack holds the key or the tolerance table.  Everything the
+child prints goes to ``job['log_path']``.  The parent enforces the per-phase deadlines and turns
+a missing verdict (crash, signal, ``os._exit``) into a result; this module never decides about
+time limits.
+
+After every candidate call (and after import and construction) the thread inventory looks for
+work the call did not wait for (:meth:`Worker.settle`): outside the timed region, a few
+microseconds when there is nothing to find.
 
 Modes: ``eval`` (the full protocol), ``build`` (import the candidate with no GPU visible, so
 ``load_inline`` fills the build cache ahead of GPU timing), ``baseline`` (the reference against a
@@ -15,6 +23,7 @@ wrapped copy of itself: ``torch.compile`` modes or CUDA-graph replay).
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import random
 import statistics
@@ -25,8 +34,8 @@ from typing import Any
 
 import torch
 
+from cudal1.harness import audit_guard
 from cudal1.harness import compare as cmp
-from cudal1.harness.channel import Sender
 from cudal1.harness.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.memory import L2Flusher, poison_free_blocks
@@ -35,6 +44,9 @@ from cudal1.harness.stats import charge
 from cudal1.harness.timer import make_timer
 
 _perf = time.perf_counter
+_THREAD_GRACE_S = 0.1  # a thread seen right after a call gets this long to finish (its writes are watched)
+_audit = sys.audit  # captured before candidate code runs
+_dumps = json.dumps
 
 
 class Verdict(Exception):
@@ -82,10 +94,10 @@ def classify_runtime(exc: BaseException, phase: str) -> Verdict:
 
 
 class Worker:
-    def __init__(self, job: dict[str, Any], sender: Sender) -> None:
+    def __init__(self, job: dict[str, Any], threads: Any = None) -> None:
         self.job = job
         self.cfg = job["config"]
-        self.send = sender.send
+        self.threads = threads or (lambda: [])  # audit_guard's thread inventory
         self.device = torch.device("cpu")
         self.input_seed = int(job["input_seed"])
         self.log_path = job["log_path"]
@@ -165,6 +177,11 @@ class Worker:
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
         self.send("result", status=status, message=message, flags=flags, **data)
 
+    def send(self, kind: str, **data: Any) -> None:
+        """One message on the verdict channel: the audit hook signs it if this call came down
+        the judge's own protocol chain (see audit_guard)."""
+        _audit("cudal1.channel", kind, _dumps(data, default=str))
+
     # ---- phases -------------------------------------------------------------------------
     def setup(self) -> None:
         want = self.job["device"]
@@ -180,8 +197,8 @@ class Worker:
         from cudal1.harness import build_memo
 
         build_memo.install(self.building)
-        self._frozen_tolerances = tuple((k, (float(a), float(r))) for k, (a, r) in self.job["tolerances"].items())
         self.guard = RuntimeGuard()
+        self.guard.watch_worker(self)
         from cudal1.harness.envinfo import collect_environment
 
         self.send("env", **collect_environment(self.device))
@@ -198,7 +215,14 @@ class Worker:
         start = os.path.getsize(self.log_path)
         t0 = _perf()
         try:
-            module = load_module(self.job["candidate_path"], self.job["candidate_module"])
+            path, name = self.job["candidate_path"], self.job["candidate_module"]
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot import {path}")
+            module = importlib.util.module_from_spec(spec)
+            _audit("cudal1.candidate", module.__dict__)  # the audit guard attributes this module's frames
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
             model_new = getattr(module, "ModelNew", None)
             if model_new is None or not isinstance(model_new, type):
                 raise ImportError("the candidate defines no class ModelNew")
@@ -210,6 +234,7 @@ class Worker:
                           build_error=is_build, build_s=_perf() - t0) from None
         self.send("built", build_s=_perf() - t0, compile_log=self.read_log(start)[-20000:])
         self.check_math("import")
+        self.settle("import")
         return model_new
 
     def init_inputs(self, ref_mod: Any) -> list:
@@ -260,6 +285,7 @@ class Worker:
         if isinstance(cand_model, torch.nn.Module):
             cand_model = cand_model.to(self.device)
         self.check_math("construct")
+        self.settle("construct")
         return cand_model
 
     def make_inputs(self, seed: int) -> list:
@@ -283,9 +309,9 @@ class Worker:
 
     def correctness(self, ref_model: Any, cand_model: Any, seed0: int, trials: int) -> tuple[dict, dict]:
         """Fresh inputs per trial; the candidate runs first on even trials, second on odd ones."""
-        tolerances = self.tolerances()
         est: dict[str, list[float]] = {"ref": [], "cand": []}
-        corr = {"trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None, "detail": ""}
+        corr = {"trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None, "detail": "",
+                "by_dtype": {}}
         models = {"ref": ref_model, "cand": cand_model}
         for i in range(trials):
             corr["trials"] = i + 1
@@ -296,19 +322,24 @@ class Worker:
                 outs[who], ms = self.run_model(models[who], args)
                 est[who].append(ms)
                 if who == "cand":
+                    busy = self.threads()  # first thing after the call: a late writer may be quick
+                    problem = cmp.output_problem(outs[who], self.device.type)
+                    early = clone_tree(outs[who]) if busy and not problem else None  # before the slower checks
                     self.check_math(f"correctness trial {i}")
                     if not cmp.tensors_equal(args, inputs):
                         raise Verdict("rejected", f"trial {i}: the candidate modified its inputs", "input_mutation", correctness=corr)
-                    problem = cmp.output_problem(outs[who], self.device.type)
                     if problem:
                         raise Verdict("rejected", f"trial {i}: {problem}", "lazy_output", correctness=corr)
-                    if i < 2:
-                        self.check_settled(i, outs[who], corr)
+                    self.settle(f"trial {i}", outs[who], full=i < 2, busy=busy, snapshot=early, correctness=corr)
+                    del early
                 del args
                 self.poison()
-            mismatch, errors = cmp.compare(outs["ref"], outs["cand"], tolerances, self.device.type)
+            mismatch, errors = cmp.compare(outs["ref"], outs["cand"], self.tolerances(), self.device.type)
             corr["max_abs_error"] = max(corr["max_abs_error"], errors.max_abs)
             corr["max_rel_error"] = max(corr["max_rel_error"], errors.max_rel)
+            for dtype, (max_abs, max_ref) in errors.by_dtype.items():
+                seen = corr["by_dtype"].setdefault(dtype, [0.0, 0.0])
+                seen[0], seen[1] = max(seen[0], max_abs), max(seen[1], max_ref)
             if mismatch is not None:
                 corr.update(failing_trial=i, detail=mismatch.detail)
                 status = "rejected" if mismatch.flag == "lazy_output" else "incorrect"
@@ -329,27 +360,58 @@ class Worker:
         inputs = self.make_inputs(self.input_seed + 80_000)
         try:
             with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                cand_model(*inputs)
+                out = cand_model(*inputs)
                 self.sync()
+                busy = self.threads()
             events = prof.events()
         except Exception:  # noqa: BLE001 - informational only
             return None
+        self.settle("profiled call", out, busy=busy)
         cuda = torch.autograd.DeviceType.CUDA
         return sorted({e.name for e in events if getattr(e, "device_type", None) == cuda})[:200]
 
     def tolerances(self) -> dict[str, tuple[float, float]]:
-        """A fresh dict from the tuple frozen at start-up (the job dict is reachable by candidate
-        code; a rebound table is caught by the runtime guard's identity check on ``_frozen``)."""
-        return dict(self._frozen_tolerances)
+        """The tolerance table, fresh from the audit hook on every use: no object on the
+        worker's stack holds a table that candidate code could loosen."""
+        table: dict[str, tuple[float, float]] = {}
+        _audit("cudal1.tolerances", table)
+        if not table:
+            raise RuntimeError("the audit guard is not installed: no tolerance table")
+        return table
 
-    def check_settled(self, i: int, out: Any, corr: dict) -> None:
-        """An output must be final when forward returns (after a device sync): nothing — a
-        background thread, an unjoined stream — may still be writing it."""
-        snapshot = clone_tree(out)
-        _sleep(settle_s())
+    def settle(self, where: str, out: Any = None, full: bool = False, busy: list | None = None, snapshot: Any = None,
+               **extra: Any) -> None:
+        """Nothing may still be working for the call after it returned: no thread running
+        candidate code (or a C callable handed to a thread/pool, or a pending Timer) and, for
+        ``full`` settle checks (the first two correctness trials) or when such a thread is
+        seen, an output that stays the same for ``settle_s()`` (a background thread or an
+        unjoined stream still writing it).  Honest code pays one inventory (microseconds);
+        only a suspicious thread costs a wait, up to ``_THREAD_GRACE_S`` for it to finish (a
+        generous grace does not weaken the check: the output is snapshotted first, so a thread
+        that writes it during the grace is caught by the comparison).  ``busy``/``snapshot``: an
+        inventory and a copy of the output taken right after the call returned (before slower
+        checks)."""
+        if busy is None:
+            busy = self.threads()
+        if not busy and not full:
+            return
+        if snapshot is None and out is not None:
+            snapshot = clone_tree(out)
+        deadline = _perf() + max(settle_s(), _THREAD_GRACE_S)
+        if full:
+            _sleep(settle_s())
+            busy = self.threads()
+        while busy and _perf() < deadline:
+            _sleep(0.0005)
+            busy = self.threads()
         self.sync()
-        if not cmp.tensors_equal(out, snapshot):
-            raise Verdict("rejected", f"trial {i}: the output changed after forward returned", "side_stream", correctness=corr)
+        if snapshot is not None and not cmp.tensors_equal(out, snapshot):
+            raise Verdict("rejected", f"{where}: the output changed after forward returned", "side_stream", **extra)
+        if busy:
+            what = "; ".join(desc for _, desc in busy[:3])
+            raise Verdict("rejected", f"{where}: a thread was still working for the candidate "
+                                      f"{max(settle_s(), _THREAD_GRACE_S) * 1e3:.0f} ms after it returned ({what})",
+                                      "side_stream", **extra)
 
     def verify_extraordinary(self, ref_model: Any, cand_model: Any, est: dict, timed: dict) -> dict[str, Any]:
         """Speedups above ``strict_speedup`` or times below the memory floor get a stricter
@@ -403,7 +465,10 @@ class Worker:
         t_gen = self.time_input_generation()
         for w in range(int(self.cfg["warmup_calls"])):
             for who in ("ref", "cand"):
-                self.run_model(models[who], self.make_inputs(self.input_seed + 10_000 + w))
+                out, _ = self.run_model(models[who], self.make_inputs(self.input_seed + 10_000 + w))
+                if who == "cand":
+                    self.settle(f"warm-up call {w}", out)
+                del out
         per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 2e-4
         n = int(min(self.cfg["timing_trials"], max(self.cfg["min_timing_trials"], self.cfg["timing_budget_s"] / per_pair_s)))
         n = min(n, max_trials or n)
@@ -418,6 +483,8 @@ class Worker:
                 pristine = clone_tree(inputs) if keep else None
                 flush()
                 stream_ms, device_ms, out = timer.time_call(models[who], tuple(inputs))
+                if who == "cand":
+                    self.settle(f"timed call {t}", out)  # after the clocks stopped
                 raw[f"{who}_stream"].append(stream_ms)
                 raw[f"{who}_device"].append(device_ms)
                 if keep:
@@ -484,15 +551,24 @@ def _redirect_output(log_path: str) -> None:
     os.close(null)
 
 
-def worker_entry(job: dict[str, Any], conn: Any, key: bytes) -> None:
-    """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``."""
+def worker_entry(job: dict[str, Any], conn: Any, key_holder: list) -> None:
+    """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``.
+    ``key_holder`` is a one-element list: the key leaves it for the audit hook's closure, so
+    that no frame on the worker's stack (nor ``current_process()._args``) keeps it."""
     for name, value in job.get("env", {}).items():
         os.environ[name] = value
     _redirect_output(job["log_path"])
-    sender = Sender(conn, key)
-    del key
+    audit_guard.clear_process_args()
+    fd = os.dup(conn.fileno())
+    conn.close()
+    threads = audit_guard.install(
+        key_holder.pop(), fd, candidate_path=job.get("candidate_path"), bottom=sys._getframe(),
+        send=Worker.send, chain=[Worker.phase, Worker.finish, Worker.setup, Worker.import_candidate, Worker.probe_task,
+                                 Worker.verify_extraordinary, Worker.run],
+        building=Worker.building, register=Worker.import_candidate, tolerances_fn=Worker.tolerances,
+        profiled=Worker.kernel_names, tolerances=job["tolerances"])
     try:
-        Worker(job, sender).run()
+        Worker(job, threads).run()
     except BaseException as exc:  # noqa: BLE001 - the channel itself failed
         print(f"cudal1 worker: internal failure: {exc!r}", file=sys.stderr)
     finally:
