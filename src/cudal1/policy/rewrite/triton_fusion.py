@@ -34,7 +34,7 @@ import linecache
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.fx as fx
@@ -46,7 +46,8 @@ from cudal1.policy.rewrite.patterns import is_inplace, module_of
 from cudal1.policy.rewrite.trace import is_constant, reset_constant_memo, shape
 
 NAME = "triton-fusion"
-DESCRIPTION = "fuse chains of elementwise operations (activations, scalar and per-channel arithmetic) into one Triton kernel"
+DESCRIPTION = ("fuse chains of elementwise operations (activations, scalar and per-channel arithmetic) "
+               "into one Triton kernel")
 PRELUDE_KEY = "cudal1_prelude"
 
 BLOCK = 1024  # elements per program
@@ -154,7 +155,8 @@ _METHODS: dict[str, _Spec] = {
     "sub": _spec("sub", *_BINARY, ("alpha", 1), tensors=("other",)),
     "mul": _spec("mul", *_BINARY, tensors=("other",)),
     "div": _spec("div", *_BINARY, ("rounding_mode", None), tensors=("other",)),
-    "maximum": _spec("maximum", *_BINARY, tensors=("other",)), "minimum": _spec("minimum", *_BINARY, tensors=("other",)),
+    "maximum": _spec("maximum", *_BINARY, tensors=("other",)),
+    "minimum": _spec("minimum", *_BINARY, tensors=("other",)),
 }
 for _m in ("relu", "sigmoid", "tanh", "clamp", "clip", "clamp_min", "clamp_max", "exp", "log", "abs", "neg", "sqrt",
            "rsqrt", "reciprocal", "square", "erf", "pow", "add", "sub", "mul", "div"):
@@ -190,6 +192,9 @@ class _Op:
             shown = {}
         if not shown:
             return self.op
+        if self.op in ("clamp", "hardtanh"):
+            bounds = (f"{k.removesuffix('_val')}={_fmt_param(v)}" for k, v in shown.items())
+            return f"{self.op}({', '.join(bounds)})"
         return f"{self.op}({', '.join(_fmt_param(v) for v in shown.values())})"
 
 
@@ -336,8 +341,8 @@ def _lower(op: _Op, a: list[str]) -> tuple[str, set[str]]:
     if o == "elu":
         return f"tl.where({x} > 0.0, {x}, (tl.exp({x}) - 1.0) * {_lit(p['alpha'])})", set()
     if o == "selu":
-        return (f"tl.where({x} > 0.0, {x} * {_lit(_SELU_SCALE)}, (tl.exp({x}) - 1.0) * {_lit(_SELU_ALPHA * _SELU_SCALE)})",
-                set())
+        neg = _lit(_SELU_ALPHA * _SELU_SCALE)
+        return f"tl.where({x} > 0.0, {x} * {_lit(_SELU_SCALE)}, (tl.exp({x}) - 1.0) * {neg})", set()
     if o == "celu":
         alpha = float(p["alpha"])
         return f"tl.where({x} > 0.0, {x}, (tl.exp({x} / {_lit(alpha)}) - 1.0) * {_lit(alpha)})", set()
@@ -433,17 +438,19 @@ def _inplace_ok(op: _Op, ops: dict[fx.Node, _Op]) -> bool:
 class _Region:
     nodes: list[fx.Node]  # in graph order; the last one is the output
     full: list[fx.Node] = field(default_factory=list)  # inputs of the output's shape
-    broadcast: dict[fx.Node, tuple[int, int]] = field(default_factory=dict)  # input → (first dim after its run, size)
+    # broadcast input → (first output dim of its run, first output dim after it, its numel)
+    broadcast: dict[fx.Node, tuple[int, int, int]] = field(default_factory=dict)
 
     @property
     def out(self) -> fx.Node:
         return self.nodes[-1]
 
 
-def _broadcast_run(s: tuple[int, ...], out: tuple[int, ...]) -> int | None:
-    """For an operand of shape ``s`` broadcast to ``out``: the index of the first output dim after
-    its run of kept dims (the operand's element is ``(offset // prod(out[k:])) % numel``), or None
-    when its kept dims are not one consecutive run.  ``len(out)`` for a numel-1 operand is fine too."""
+def _broadcast_run(s: tuple[int, ...], out: tuple[int, ...]) -> tuple[int, int] | None:
+    """For an operand of shape ``s`` broadcast to ``out``: the output dims ``[a, k)`` it varies
+    along (its element for output offset o is ``(o // prod(out[k:])) % numel``), or None when
+    those dims are not one consecutive run (ignoring size-1 dims); ``(len(out), len(out))`` for a
+    single element."""
     if len(s) > len(out):
         return None
     s = (1,) * (len(out) - len(s)) + tuple(s)
@@ -457,11 +464,11 @@ def _broadcast_run(s: tuple[int, ...], out: tuple[int, ...]) -> int | None:
             return None
     big = [i for i, b in enumerate(out) if b != 1]
     if not kept:
-        return len(out)
+        return len(out), len(out)
     first, last = big.index(kept[0]), big.index(kept[-1])
     if big[first:last + 1] != kept:
         return None
-    return kept[-1] + 1
+    return kept[0], kept[-1] + 1
 
 
 def _grow(sink: fx.Node, ops: dict[fx.Node, _Op], taken: set[fx.Node]) -> list[fx.Node]:
@@ -492,16 +499,18 @@ def _classify(nodes: list[fx.Node], ops: dict[fx.Node, _Op]) -> _Region | None:
             tm = _meta(a)
             if tm is None or not _dtype_ok(a):
                 return None
+            if a.op == "get_attr" and str(a.target).startswith("_tensor_constant"):
+                return None  # a tensor fx lifted out of forward: ModelNew would not have it
             s = tuple(tm.shape)
             if s == out_shape:
                 if not _contiguous(tm):
                     return None
                 region.full.append(a)
                 continue
-            k = _broadcast_run(s, out_shape)
-            if k is None:
+            run = _broadcast_run(s, out_shape)
+            if run is None:
                 return None
-            region.broadcast[a] = (k, math.prod(s))
+            region.broadcast[a] = (*run, math.prod(s))
     region.full.sort(key=lambda a: is_constant(a))  # an input (not a parameter) gives the launcher its output shape
     if not region.full or is_constant(region.full[0]):
         return None
@@ -610,7 +619,7 @@ def generate(region: _Region, ops: dict[fx.Node, _Op], index: int) -> Generated:
     body.append("mask = offs < n")
     for a in region.full:
         body.append(f"{var[a]} = tl.load({var[a]}_ptr + offs, mask=mask).to(tl.float32)")
-    for a, (k, size) in region.broadcast.items():
+    for a, (_, _, size) in region.broadcast.items():
         v = var[a]
         if size == 1:
             body.append(f"{v} = tl.load({v}_ptr).to(tl.float32)")
@@ -627,7 +636,7 @@ def generate(region: _Region, ops: dict[fx.Node, _Op], index: int) -> Generated:
 
     params = [f"{var[a]}_ptr" for a in inputs] + ["out_ptr", "n"]
     call = [var[a] for a in inputs] + ["out", "n"]
-    for a, (k, size) in region.broadcast.items():
+    for a, (_, k, size) in region.broadcast.items():
         if size != 1:
             params += [f"{var[a]}_inner", f"{var[a]}_size"]
             call += [f"math.prod(out.shape[{k}:])", f"{var[a]}.numel()"]
@@ -640,8 +649,12 @@ def generate(region: _Region, ops: dict[fx.Node, _Op], index: int) -> Generated:
     shape_s = "x".join(str(d) for d in out_meta.shape)
     dt = str(out_meta.dtype).replace("torch.", "")
     dtype_expr = f"{var[first]}.dtype" if _meta(first).dtype == out_meta.dtype else str(out_meta.dtype)
+    reads = [f"{var[a]} {_along(first_dim, k, size)}" for a, (first_dim, k, size) in region.broadcast.items()]
     launcher = [f"def {name}({', '.join(var[a] for a in inputs)}):",
-                f'    """{chain}, one pass over the tensor (traced as {shape_s} {dt}; fp32 math)."""']
+                f'    """{chain}, in one pass in fp32.',
+                "",
+                f"    Traced as {shape_s} {dt}{'; ' + ', '.join(reads) if reads else ''}.",
+                '    """']
     launcher += [f"    {var[a]} = {var[a]}.contiguous()" for a in inputs]
     launcher.append(f"    out = torch.empty({var[first]}.shape, dtype={dtype_expr}, device={var[first]}.device)")
     for a in region.full[1:]:
@@ -655,11 +668,16 @@ def generate(region: _Region, ops: dict[fx.Node, _Op], index: int) -> Generated:
     launcher.append("    return out")
 
     eager, fused = estimate(region, ops)
-    per = [f"{a.name} per-{'element' if s == 1 else 'slice'}" for a, (k, s) in region.broadcast.items()]
     note = (f"{chain}: fused into one Triton kernel {name} over the {shape_s} {dt} tensor"
-            f"{' (' + ', '.join(per) + ')' if per else ''}; {len(region.nodes)} kernels → 1, "
+            f"{' (' + ', '.join(reads) + ')' if reads else ''}; {len(region.nodes)} kernels → 1, "
             f"est. {eager * 1e6:.0f} → {fused * 1e6:.0f} µs")
     return Generated(name, "\n".join(kernel) + "\n\n\n" + "\n".join(launcher), helpers, inputs, note)
+
+
+def _along(first: int, end: int, size: int) -> str:
+    if size == 1:
+        return "a single value"
+    return f"per index of dim {first}" if end == first + 1 else f"per index of dims {first}..{end - 1}"
 
 
 def _exec(source: str, namespace: dict[str, Any], tag: str) -> None:
