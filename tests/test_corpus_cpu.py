@@ -9,6 +9,10 @@ and optionally
     ``# xfail: <reason>``          a known judge bug: the expectation is the *correct* verdict,
                                    the test is marked xfail(strict=False) until the judge is fixed.
 All fixtures are judged in one batch (one forkserver, one timing lane), like test_harness_cpu.
+
+GPU fixtures (``tests/fixtures/gpu``) whose header has a ``# cpu-too`` line exercise a guard that
+does not depend on the device; they are judged here as well, against their own task (their
+``# task:`` line names a file in ``tests/fixtures/gpu``; default ``task_elementwise.py``).
 """
 
 from __future__ import annotations
@@ -52,8 +56,25 @@ def _header(path: Path) -> tuple[list[tuple[str, str | None]], Path, str | None]
     return alternatives, task, x.group(1) if x else None
 
 
-FIXTURE_FILES = sorted(FIXTURES.glob("*.py"))
-HEADERS = {f.stem: _header(f) for f in FIXTURE_FILES}
+GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
+
+
+def _gpu_header(path: Path) -> tuple[list[tuple[str, str | None]], Path, str | None]:
+    """A ``# cpu-too`` GPU fixture's expectation and task (see the module docstring)."""
+    lines = path.read_text().splitlines()
+    m = _EXPECT.match(lines[0])
+    a = _ALTERNATIVE.match(m.group(1).strip()) if m else None
+    assert a, f"{path.name}: first line must be '# expect: <status> [flag]'"
+    task = next((_TASK.match(ln).group(1) for ln in lines[1:4] if _TASK.match(ln)), "task_elementwise.py")
+    return [(a.group(1), a.group(2))], GPU_FIXTURES / task, None
+
+
+def _cpu_too(path: Path) -> bool:
+    return any(ln.strip() == "# cpu-too" for ln in path.read_text().splitlines()[:6])
+
+
+FIXTURE_FILES = sorted(FIXTURES.glob("*.py")) + sorted(p for p in GPU_FIXTURES.glob("*.py") if _cpu_too(p))
+HEADERS = {f.stem: (_header(f) if f.parent == FIXTURES else _gpu_header(f)) for f in FIXTURE_FILES}
 
 
 def _params():

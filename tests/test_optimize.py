@@ -164,7 +164,8 @@ def _prompt(task_source: str, codes: tuple[str, ...] = ()) -> Prompt:
 def test_builtin_passes_render_loadable_code_and_decline_when_exhausted():
     source = TASK.read_text()
     rendered = {name: render_candidate(source, name) for name in PASSES}
-    assert {n for n, code in rendered.items() if code is None} == {"channels-last", "cudnn-autotune"}  # no conv
+    # no convolution; after diag-broadcast a single multiply is left, nothing for Triton to fuse
+    assert {n for n, code in rendered.items() if code is None} == {"channels-last", "cudnn-autotune", "triton-fusion"}
     for name, code in rendered.items():
         if code is not None:
             ast.parse(code)

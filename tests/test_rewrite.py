@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from cudal1.policy.builtin import PASSES, BuiltinPolicy, compose, passes_in
-from cudal1.policy.rewrite import GRAPH_PASS_NAMES, rewrite_task
+from cudal1.policy.rewrite import ALGEBRAIC_PASSES, GRAPH_PASS_NAMES, rewrite_task
 from cudal1.types import Prompt
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewrite"
@@ -54,7 +54,7 @@ def test_graph_passes_apply_exactly_where_their_pattern_is(path, outcomes):
     outcome = outcomes[path.name]
     want = expected_passes(path)
     assert sorted(outcome.applied) == sorted(want), (outcome.applied, outcome.declined, outcome.error)
-    for name in set(GRAPH_PASS_NAMES) - set(want):
+    for name in set(ALGEBRAIC_PASSES) - set(want):
         assert name in outcome.declined, name
     if not want:
         assert not outcome.ok and outcome.error == "no graph pass applies"
@@ -150,3 +150,30 @@ def test_layout_passes_only_for_convolutions_and_exec_passes_end_a_chain():
     assert compose(conv, compiled, "cudagraph") is None  # nothing stacks on an exec pass
     assert compose(conv, code, "algebraic") is None  # graph passes trace the reference only
     assert set(PASSES) >= {"algebraic", "channels-last", "cudnn-autotune", "compile-default", "cudagraph"}
+
+
+def test_triton_fusion_is_its_own_candidate_after_the_algebraic_rewrites(tmp_path, monkeypatch):
+    pytest.importorskip("triton")
+    import importlib.util
+    import sys
+
+    source = (FIXTURES / "residual_scale.py").read_text().replace(
+        "        return x + original", "        x = x + original\n        return torch.tanh(torch.sigmoid(x) * 2.0)")
+    code = compose(source, None, "triton-fusion")
+    assert code is not None and passes_in(code) == ["triton-fusion"] and "@triton.jit" in code
+    assert "fold-linear" in code and "sigmoid → mul → tanh" in code  # both stages named in the docstring
+    assert "@triton.jit" not in compose(source, None, "algebraic")  # the plain rewrite stays a separate candidate
+    policy = BuiltinPolicy(device="cuda")
+    got = [c.meta["passes"] for c in policy.generate([_prompt(source)], n=3)[0]]
+    assert got == [["algebraic"], ["compile-default"], ["triton-fusion"]]
+    assert BuiltinPolicy(device="cpu").passes.count("triton-fusion") == 0  # kernels need a GPU (or the interpreter)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # run the generated kernel on the CPU
+    path = tmp_path / "fused.py"
+    path.write_text(code)
+    spec = importlib.util.spec_from_file_location("cudal1_test_fused", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["cudal1_test_fused"] = mod
+    spec.loader.exec_module(mod)
+    for seed in (0, 3):
+        expected, got_out = outputs(mod, "Model", seed), outputs(mod, "ModelNew", seed)
+        torch.testing.assert_close(got_out, expected, rtol=1e-4, atol=1e-4)

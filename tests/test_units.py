@@ -916,3 +916,15 @@ class TestAuditGuard:
         msgs = _audit_run(scenario)
         assert [m.kind for m in msgs] == ["phase", "tamper"], msgs
         assert reason in msgs[-1].data["reason"]
+
+
+def test_cuda_error_boilerplate_is_not_an_illegal_memory_access():
+    from cudal1.harness.worker import classify_runtime
+
+    boilerplate = ("CUDA kernel errors might be asynchronously reported at some other API call.\n"
+                   "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+    os_error = RuntimeError("CUDA error: OS call failed or operation not supported on this OS\n" + boilerplate)
+    assert "illegal_memory_access" not in classify_runtime(os_error, "correctness").flags
+    fault = RuntimeError("CUDA error: an illegal memory access was encountered\n" + boilerplate)
+    assert "illegal_memory_access" in classify_runtime(fault, "correctness").flags
+    assert "illegal_memory_access" in classify_runtime(RuntimeError("CUDA error: device-side assert triggered"), "x").flags

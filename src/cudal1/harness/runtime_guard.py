@@ -32,6 +32,9 @@ _GUARDED: list[tuple[str, str]] = [
     ("time", "perf_counter"), ("time", "perf_counter_ns"), ("time", "time"), ("time", "monotonic"),
     ("time", "sleep"),
     ("torch.cuda", "synchronize"), ("torch.cuda", "Event"), ("torch.cuda", "current_stream"),
+    # what those call: rebinding torch._C's binding would turn the judge's device-wide joins into no-ops
+    ("torch._C", "_cuda_synchronize"), ("torch._C", "_cuda_getCurrentStream"), ("torch._C", "_cuda_getDefaultStream"),
+    ("torch._C", "_cuda_setStream"),
     ("torch.cuda.Event", "record"), ("torch.cuda.Event", "elapsed_time"), ("torch.cuda.Event", "synchronize"),
     ("torch", "allclose"), ("torch", "equal"), ("torch", "isnan"), ("torch", "isinf"), ("torch", "abs"),
     ("torch", "where"), ("torch", "manual_seed"), ("torch.cuda", "manual_seed_all"), ("torch", "randn"),
@@ -50,15 +53,30 @@ def _resolve(module: str, attr: str) -> Any:
     return obj.__dict__.get(attr, getattr(obj, attr, None)) if isinstance(obj, type) else getattr(obj, attr, None)
 
 
+_MATH_FLAGS: dict[str, Any] = {
+    "matmul_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
+    "cudnn_tf32": lambda: torch.backends.cudnn.allow_tf32,
+    "fp32_precision": lambda: torch.get_float32_matmul_precision(),
+    "fp16_reduced": lambda: torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
+    "bf16_reduced": lambda: torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+    # torch >= 2.9's per-backend API (absent attributes read as None on older versions)
+    "fp32_precision_global": lambda: getattr(torch.backends, "fp32_precision", None),
+    "matmul_fp32_precision": lambda: getattr(torch.backends.cuda.matmul, "fp32_precision", None),
+    "cudnn_fp32_precision": lambda: getattr(torch.backends.cudnn, "fp32_precision", None),
+}
+
+
 def math_flags() -> dict[str, Any]:
-    """Global numeric settings a candidate must not change."""
-    return {
-        "matmul_tf32": torch.backends.cuda.matmul.allow_tf32,
-        "cudnn_tf32": torch.backends.cudnn.allow_tf32,
-        "fp32_precision": torch.get_float32_matmul_precision(),
-        "fp16_reduced": torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction,
-        "bf16_reduced": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
-    }
+    """Global numeric settings a candidate must not change.  A setting that cannot be read (torch
+    >= 2.9 refuses to read the legacy TF32 flags once the new ``fp32_precision`` API was used) is
+    recorded as ``"unreadable: …"``, which differs from any snapshot and so is reported too."""
+    out: dict[str, Any] = {}
+    for name, read in _MATH_FLAGS.items():
+        try:
+            out[name] = read()
+        except Exception as exc:  # noqa: BLE001 - an unreadable flag is itself a changed flag
+            out[name] = f"unreadable: {type(exc).__name__}"
+    return out
 
 
 # The judge's own functions: rebinding them from candidate code is tampering too.

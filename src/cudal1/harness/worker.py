@@ -78,7 +78,9 @@ def load_module(path: str, name: str) -> Any:
 
 # Sticky CUDA faults: after one of these the worker's CUDA context is unusable.
 _CUDA_FAULTS = ("illegal memory access", "illegal instruction", "misaligned address", "invalid address space",
-                "unspecified launch failure", "cudaErrorLaunchFailure", "device-side assert")
+                "unspecified launch failure", "cudaErrorLaunchFailure", "device-side assert triggered")
+# ("device-side assert triggered", not "device-side assert": torch appends "Compile with
+# `TORCH_USE_CUDA_DSA` to enable device-side assertions" to *every* CUDA error message.)
 
 
 def classify_runtime(exc: BaseException, phase: str) -> Verdict:
@@ -491,6 +493,7 @@ class Worker:
                     self.recheck(t, ref_model, out, inputs, pristine)
                 del out, inputs, pristine
             self.check_math(f"timed call {t}")
+        self.address_reuse_probe(ref_model, cand_model, seed0 + 2 * n + 1)
         charged = charge(raw["ref_stream"], raw["ref_device"], raw["cand_stream"], raw["cand_device"], timer.calibration)
         return {"ref_samples": charged.ref_ms, "cand_samples": charged.cand_ms, "clock": timer.clock,
                 "side_stream": charged.side_stream, "rechecked": len(recheck), "raw": raw,
@@ -498,13 +501,37 @@ class Worker:
 
     def recheck(self, t: int, ref_model: Any, out: Any, used_inputs: list, pristine: list) -> None:
         """A timed output must match the reference on that call's own fresh inputs."""
+        where = "address-reuse probe" if t < 0 else f"timed call {t}"
         if not cmp.tensors_equal(used_inputs, pristine):
-            raise Verdict("rejected", f"timed call {t}: the candidate modified its inputs", "input_mutation")
+            raise Verdict("rejected", f"{where}: the candidate modified its inputs", "input_mutation")
         ref_out, _ = self.run_model(ref_model, clone_tree(pristine))
         mismatch, _ = cmp.compare(ref_out, out, self.tolerances(), self.device.type)
         if mismatch is not None:
             flag = "lazy_output" if mismatch.flag == "lazy_output" else "cached_result"
-            raise Verdict("rejected", f"timed call {t} (re-check): {mismatch.detail}", flag)
+            raise Verdict("rejected", f"{where} (re-check): {mismatch.detail}", flag)
+
+    def address_reuse_probe(self, ref_model: Any, cand_model: Any, seed: int) -> None:
+        """Untimed: call the candidate twice on the *same* input tensors with new values written
+        into them in between.  A result cache keyed on input addresses (or CUDA graphs replayed
+        without copying the inputs) returns the first call's output and is caught on every run,
+        not only when the allocator happens to hand out a repeated address."""
+        inputs = self.make_inputs(seed)
+        out, _ = self.run_model(cand_model, inputs)
+        self.settle("address-reuse probe", out)
+        del out
+        fresh = self.make_inputs(seed + 1)
+        try:
+            with torch.no_grad():
+                for dst, src in zip(inputs, fresh):
+                    if isinstance(dst, torch.Tensor):
+                        dst.copy_(src)
+        except RuntimeError:
+            return  # inputs that cannot be written in place (e.g. expanded views): no probe
+        del fresh
+        pristine = clone_tree(inputs)
+        out, _ = self.run_model(cand_model, inputs)
+        self.settle("address-reuse probe", out)
+        self.recheck(-1, ref_model, out, inputs, pristine)
 
     def time_input_generation(self) -> float:
         t0 = _perf()

@@ -15,7 +15,9 @@ Generated modules are plain Python a person could keep: the reference source unc
 passes; they import nothing from cudal1.
 
 Pass kinds: ``graph`` passes rewrite the traced reference (torch.fx, in a child process; see
-:mod:`cudal1.policy.rewrite`) and only apply to the reference itself; ``layout`` passes
+:mod:`cudal1.policy.rewrite`) and only apply to the reference itself (``algebraic``; and
+``triton-fusion``, the same rewrites plus generated Triton kernels for elementwise chains, a
+separate candidate so the judge decides whether the kernels beat the eager chain); ``layout`` passes
 (channels_last, scoped cuDNN autotuning) may stack under one ``exec`` pass (torch.compile modes,
 CUDA-graph capture), which always comes last.
 """
@@ -171,14 +173,14 @@ class _GraphRewrites:
         self._lock = threading.Lock()
         self._cache: dict[str, object] = {}
 
-    def get(self, source: str) -> object:
-        from cudal1.policy.rewrite import rewrite_task
+    def get(self, source: str, fuse: bool = False) -> object:
+        from cudal1.policy.rewrite import ALGEBRAIC_PASSES, rewrite_task
 
-        key = hashlib.sha256(source.encode()).hexdigest()
+        key = hashlib.sha256(source.encode()).hexdigest() + (":fuse" if fuse else "")
         with self._lock:
             if key in self._cache:
                 return self._cache[key]
-        outcome = rewrite_task(source)
+        outcome = rewrite_task(source, ALGEBRAIC_PASSES + (("triton-fusion",) if fuse else ()))
         with self._lock:
             self._cache[key] = outcome
         return outcome
@@ -187,10 +189,11 @@ class _GraphRewrites:
 _REWRITES = _GraphRewrites()
 
 
-def prepare_rewrites(sources: list[str], workers: int | None = None) -> list[object]:
-    """Trace ``sources`` in parallel child processes (cached for this process); the outcomes."""
+def prepare_rewrites(sources: list[str], workers: int | None = None, fuse: bool = False) -> list[object]:
+    """Trace ``sources`` in parallel child processes (cached for this process); the outcomes.
+    ``fuse``: the algebraic passes followed by Triton fusion (the ``triton-fusion`` pass)."""
     with ThreadPoolExecutor(max(1, workers or (os.cpu_count() or 2) // 2)) as pool:
-        return list(pool.map(_REWRITES.get, sources))
+        return list(pool.map(lambda src: _REWRITES.get(src, fuse), sources))
 
 
 def _algebraic_class(source: str, base: str) -> str | None:
@@ -200,9 +203,17 @@ def _algebraic_class(source: str, base: str) -> str | None:
     return outcome.class_source if outcome.ok else None  # type: ignore[attr-defined]
 
 
-def algebraic_detail(source: str) -> str:
+def _triton_fusion_class(source: str, base: str) -> str | None:
+    if base != "Model":
+        return None
+    outcome = _REWRITES.get(source, fuse=True)
+    ok = outcome.ok and "triton-fusion" in outcome.applied  # type: ignore[attr-defined]
+    return outcome.class_source if ok else None  # type: ignore[attr-defined]
+
+
+def algebraic_detail(source: str, fuse: bool = False) -> str:
     """One line on what the graph passes did (or why they declined) for ``source``."""
-    outcome = _REWRITES.get(source)
+    outcome = _REWRITES.get(source, fuse)
     if outcome.ok:  # type: ignore[attr-defined]
         return "; ".join(n for notes in outcome.notes.values() for n in notes)  # type: ignore[attr-defined]
     return outcome.error  # type: ignore[attr-defined]
@@ -214,6 +225,8 @@ PASSES: dict[str, Pass] = {
         Pass("algebraic", "torch.fx algebraic rewrites (diag broadcast, matrix-chain order, linear folding, "
              "reductions through linear maps, fused attention, redundant-op removal)", "graph", False, _algebraic_class),
         Pass("compile-default", "torch.compile, default mode (Inductor fusion)", "exec", False, _compile_class(None)),
+        Pass("triton-fusion", "the algebraic rewrites, then elementwise chains fused into generated Triton kernels",
+             "graph", True, _triton_fusion_class),
         Pass("cudagraph", "whole-forward CUDA-graph capture with static buffers", "exec", True, _cudagraph_class),
         Pass("channels-last", "convolution weights and inputs in channels_last memory format", "layout", True,
              _channels_last_class),
@@ -282,8 +295,11 @@ class BuiltinPolicy:
         self._lock = threading.Lock()
 
     def generate(self, prompts: list[Prompt], n: int = 1) -> list[list[Completion]]:
+        sources = list({p.task_source: None for p in prompts if p.task_source})
         if "algebraic" in self.passes:  # trace every distinct task once, in parallel child processes
-            prepare_rewrites(list({p.task_source: None for p in prompts if p.task_source}), self.workers)
+            prepare_rewrites(sources, self.workers)
+        if "triton-fusion" in self.passes:
+            prepare_rewrites(sources, self.workers, fuse=True)
         return [[self._next(prompt) for _ in range(n)] for prompt in prompts]
 
     @staticmethod
@@ -321,8 +337,8 @@ class BuiltinPolicy:
     @staticmethod
     def _response(task_source: str, chain: list[str], code: str) -> str:
         lines = [f"- `{name}`: {PASSES[name].description}." for name in chain]
-        if "algebraic" in chain:
-            lines.append(f"- rewrites: {algebraic_detail(task_source)}")
+        if "algebraic" in chain or "triton-fusion" in chain:
+            lines.append(f"- rewrites: {algebraic_detail(task_source, 'triton-fusion' in chain)}")
         return ("## Performance Analysis\nBuiltin passes, applied in order:\n" + "\n".join(lines) + "\n\n"
                 "## Algorithm Design\nThe same function as the reference; each pass changes how it is computed "
                 "or executed, never what.\n\n"

@@ -16,7 +16,8 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-GRAPH_PASS_NAMES = ("simplify", "diag-broadcast", "matmul-chain", "fold-linear", "reduce-through-linear", "sdpa")
+ALGEBRAIC_PASSES = ("simplify", "diag-broadcast", "matmul-chain", "fold-linear", "reduce-through-linear", "sdpa")
+GRAPH_PASS_NAMES = ALGEBRAIC_PASSES + ("triton-fusion",)
 
 
 @dataclass
@@ -32,7 +33,7 @@ class RewriteOutcome:
         return bool(self.class_source)
 
 
-def rewrite_task(source: str, passes: list[str] | tuple[str, ...] = GRAPH_PASS_NAMES, timeout_s: float = 180.0) -> RewriteOutcome:
+def rewrite_task(source: str, passes: list[str] | tuple[str, ...] = ALGEBRAIC_PASSES, timeout_s: float = 180.0) -> RewriteOutcome:
     """Trace ``source`` in a child process and apply ``passes`` (see module docstring)."""
     unknown = [p for p in passes if p not in GRAPH_PASS_NAMES]
     if unknown:

@@ -203,7 +203,7 @@ def emit_class(gm: fx.GraphModule, task_globals: dict[str, Any], notes: list[str
         own = getattr(obj, "__name__", None)
         if name not in defined and own in defined and callable(obj):
             body = [re.sub(rf"(?<![\w.]){re.escape(name)}\b", own, ln) for ln in body]
-    text = "\n".join(body) + "\n" + fold_src
+    text = signature + "\n" + "\n".join(body) + "\n" + fold_src  # annotations in the signature need imports too
     imports = _imports(_used({**fold_globals, **code.globals}, text), task_globals, defined)
     imports = [ln for ln in imports if not any(ln in src.splitlines() for src in prelude)]
 

@@ -13,7 +13,8 @@ chains), ``diag-broadcast`` (diag(v) @ M → v[:, None] * M), ``matmul-chain`` (
 matrix chains by shape), ``fold-linear`` (consecutive affine maps and scalar scalings folded into
 one ``F.linear``), ``reduce-through-linear`` (sum/mean over the output features of an affine map
 folded into its weights), ``sdpa`` (manual softmax(QKᵀ·s [masked]) V → fused
-``scaled_dot_product_attention``).
+``scaled_dot_product_attention``), and last ``triton-fusion`` (elementwise chains → one generated
+Triton kernel; :mod:`cudal1.policy.rewrite.triton_fusion`).
 """
 
 from __future__ import annotations
@@ -625,3 +626,7 @@ GRAPH_PASSES: dict[str, GraphPass] = {
         GraphPass("sdpa", "manual softmax(QKᵀ/√d)V → scaled_dot_product_attention", sdpa),
     )
 }
+
+from cudal1.policy.rewrite.triton_fusion import TRITON_FUSION  # noqa: E402 - needs GraphPass above
+
+GRAPH_PASSES[TRITON_FUSION.name] = TRITON_FUSION  # last: fuses what the algebraic passes left

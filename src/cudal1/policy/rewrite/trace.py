@@ -38,7 +38,7 @@ class Traced:
 def load_task_module(source: str, name: str = "task") -> types.ModuleType:
     mod = types.ModuleType(name)
     mod.__file__ = f"<{name}>"
-    exec(compile(source, f"<{name}>", "exec"), mod.__dict__)  # noqa: S102 - child process only
+    exec(compile(source, f"<{name}>", "exec", dont_inherit=True), mod.__dict__)  # noqa: S102 - child process only
     for attr in ("Model", "get_inputs", "get_init_inputs"):
         if not hasattr(mod, attr):
             raise TraceFailed(f"the task defines no {attr}")
