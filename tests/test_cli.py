@@ -417,3 +417,14 @@ def test_baseline_unknown_mode(tmp_path, cli_env, capsys):
                    "--out", str(tmp_path / "b")])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("cudal1: error:") and "warp-speed" in err
+
+
+def test_optimize_builtin_passes_flag(tmp_path, capsys):
+    rc = cli_main(["optimize", str(DIAG), "--policy", "builtin", "--passes", "algebraic,warp-drive", "--device", "cpu",
+                   "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.startswith("cudal1: error:") and "warp-drive" in err and len(err.strip().splitlines()) == 1
+    rc = cli_main(["optimize", str(DIAG), "--policy", "replay", "--replay", str(DIAG), "--passes", "algebraic",
+                   "--device", "cpu", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--passes applies to --policy builtin only" in err

@@ -30,6 +30,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--concurrency", type=int, default=None, help="parallel requests to the endpoint")
     g.add_argument("--replay", default=None, metavar="FILE.jsonl", help="candidates (task, code) for --policy replay")
     g.add_argument("--model-path", default=None, metavar="DIR", help="local transformers model for --policy hf")
+    g.add_argument("--passes", default=None, metavar="LIST",
+                   help="builtin policy: comma-separated pass names, in the order to try them (default: all; "
+                        "see the README's builtin-policy table)")
     g.add_argument("--review", action="store_true",
                    help="ask the same LLM for a second opinion on accepted candidates (flag reviewer_suspects; never a verdict)")
     s = p.add_argument_group("search")
@@ -72,7 +75,13 @@ def make_policy(name: str, args: argparse.Namespace, device: str):
     if name == "builtin":
         from cudal1.policy.builtin import BuiltinPolicy
 
-        return BuiltinPolicy(device=device)
+        passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None
+        try:
+            return BuiltinPolicy(device=device, passes=passes)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if args.passes:
+        raise UsageError("--passes applies to --policy builtin only")
     try:
         return _make(name, config=PolicyConfig(**options))
     except (ValueError, ImportError) as exc:
