@@ -7,7 +7,8 @@ Usage (from the repository root, on a CUDA machine)::
 
 ``--subset stride:N`` keeps every N-th task of each selector (by problem id), ``algebraic`` keeps
 the tasks where a graph pass applies (traced in child processes on the CPU, no GPU needed), and
-both may be given (union).  The search is ``cudal1.search.optimize`` with
+both may be given (union).  The selection is written to ``OUT/tasks.txt`` (task id and the rules
+that kept it) and reused when the run is resumed (``--reselect`` to apply the rules again).  The search is ``cudal1.search.optimize`` with
 ``BuiltinPolicy`` and the judge preset ``--preset`` (``default``: strict fp32 tolerance;
 ``kernelbench-v0``: KernelBench's atol = rtol = 1e-2, comparable with published numbers);
 resumable with the same ``--out``.  The report (printed,
@@ -44,24 +45,31 @@ from cudal1.tasks import load_tasks
 from cudal1.types import Status
 
 
-def select(selectors: list[str], subset: list[str]) -> list:
-    tasks = []
+def select(selectors: list[str], subset: list[str]) -> tuple[list, dict[str, list[str]]]:
+    """The tasks of ``selectors`` kept by the ``subset`` rules, and for each task id the rules that
+    kept it (so a report can separate an unbiased stride sample from tasks chosen for a pass)."""
+    tasks, rules_of = [], {}
     for sel in selectors:
         got = sorted(load_tasks(sel), key=lambda t: (t.level or 0, int(t.problem_id or 0)))
-        keep = set()
+        keep: dict[str, list[str]] = {}
         for rule in subset or ["all"]:
             if rule == "all":
-                keep |= {t.hash for t in got}
+                hit = {t.hash for t in got}
             elif rule.startswith("stride:"):
                 n = int(rule.split(":")[1])
-                keep |= {t.hash for i, t in enumerate(got) if i % n == 0}
+                hit = {t.hash for i, t in enumerate(got) if i % n == 0}
             elif rule == "algebraic":  # the policy's own cache: traced once for selection and search
                 outcomes = prepare_rewrites([t.source for t in got])
-                keep |= {t.hash for t, o in zip(got, outcomes) if o.ok}
+                hit = {t.hash for t, o in zip(got, outcomes) if o.ok}
             else:
                 raise SystemExit(f"unknown --subset rule {rule!r} (all | stride:N | algebraic)")
-        tasks += [t for t in got if t.hash in keep]
-    return tasks
+            for h in hit:
+                keep.setdefault(h, []).append(rule)
+        for t in got:
+            if t.hash in keep:
+                tasks.append(t)
+                rules_of[t.task_id] = keep[t.hash]
+    return tasks, rules_of
 
 
 def geomean(xs: list[float]) -> float | None:
@@ -69,7 +77,7 @@ def geomean(xs: list[float]) -> float | None:
     return math.exp(sum(map(math.log, xs)) / len(xs)) if xs else None
 
 
-def report(out: Path, tasks: list, judge: EvalConfig) -> dict:
+def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict[str, list[str]] | None = None) -> dict:
     store = RunStore(out / "cudal1.sqlite")
     cfg = judge.hash()
     rows = []
@@ -87,7 +95,8 @@ def report(out: Path, tasks: list, judge: EvalConfig) -> dict:
         ok = [(p, r) for p, r in cands if r.status is Status.OK and r.speedup]
         best = max(ok, key=lambda pr: pr[1].speedup) if ok else None
         compiled = [r.speedup for p, r in ok if p == ["compile-default"]]
-        rows.append({"task": t.task_id, "level": t.level, "degenerate": degenerate, "judged": len(cands),
+        rows.append({"task": t.task_id, "level": t.level, "rules": (rules_of or {}).get(t.task_id, []),
+                     "degenerate": degenerate, "judged": len(cands),
                      "verified": len(ok), "best": best[1].speedup if best else None,
                      "best_passes": "+".join(best[0]) if best else None,
                      "compile_default": compiled[0] if compiled else None,
@@ -109,7 +118,13 @@ def report(out: Path, tasks: list, judge: EvalConfig) -> dict:
         sub = [r for r in live if r["level"] == level]
         by_level[level] = {"best": stats([r["best"] or 1.0 for r in sub]),
                            "compile_default": stats([r["compile_default"] or 1.0 for r in sub])}
+    sample = [r for r in live if any(rule == "all" or rule.startswith("stride:") for rule in r["rules"])]
+    unbiased = None
+    if sample and len(sample) < len(live):  # tasks chosen for a pass over-represent wins: the sample alone
+        unbiased = {"best_over_eager": stats([r["best"] or 1.0 for r in sample]),
+                    "compile_default_over_eager": stats([r["compile_default"] or 1.0 for r in sample])}
     summary = {"tasks": len(rows), "degenerate": len(rows) - len(live),
+               "stride_sample": unbiased,
                "success": sum(1 for r in live if r["verified"]),
                "best_over_eager": stats(best), "compile_default_over_eager": stats(comp),
                "best_over_compile_default": stats(over), "by_level": by_level,
@@ -134,14 +149,21 @@ def markdown(s: dict) -> str:
         st = s[key]
         lines.append(f"| {label} | {st['n']} | {fmt(st['mean'])} | {fmt(st['median'])} | {fmt(st['geomean'])} | "
                      f"{fmt(st['fast_1'], True)} | {fmt(st['fast_1.5'], True)} |")
+    if s.get("stride_sample"):
+        for label, key in (("stride sample only: best builtin over eager", "best_over_eager"),
+                           ("stride sample only: torch.compile default over eager", "compile_default_over_eager")):
+            st = s["stride_sample"][key]
+            lines.append(f"| {label} | {st['n']} | {fmt(st['mean'])} | {fmt(st['median'])} | {fmt(st['geomean'])} | "
+                         f"{fmt(st['fast_1'], True)} | {fmt(st['fast_1.5'], True)} |")
     for level, st in s["by_level"].items():
         b, c = st["best"], st["compile_default"]
         lines.append(f"| level {level}: best / compile geomean | {b['n']} | | | {fmt(b['geomean'])} / {fmt(c['geomean'])} | "
                      f"{fmt(b['fast_1'], True)} | {fmt(b['fast_1.5'], True)} |")
     lines += ["", "winning passes: " + ", ".join(f"{k} {v}" for k, v in s["winning_passes"].items()), "",
-              "| task | best | passes | compile-default | verdicts |", "|---|---|---|---|---|"]
+              "| task | selected by | best | passes | compile-default | verdicts |", "|---|---|---|---|---|---|"]
     for r in s["rows"]:
-        lines.append(f"| {r['task']} | {fmt(r['best'])} | {r['best_passes'] or '-'} | {fmt(r['compile_default'])} | "
+        lines.append(f"| {r['task']} | {','.join(r.get('rules', [])) or '-'} | {fmt(r['best'])} | {r['best_passes'] or '-'} | "
+                     f"{fmt(r['compile_default'])} | "
                      f"{'degenerate; ' if r['degenerate'] else ''}{', '.join(f'{k} {v}' for k, v in sorted(r['statuses'].items()))} |")
     return "\n".join(lines)
 
@@ -153,25 +175,31 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=2)
     ap.add_argument("--budget-minutes", type=float, default=None)
+    ap.add_argument("--passes", default=None,
+                    help="comma-separated builtin passes in proposal order (default: all registered, in order)")
     ap.add_argument("--out", default="runs/builtin_kb")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="default", help="judge preset: default (strict fp32) | kernelbench-v0 | ...")
     ap.add_argument("--report-only", action="store_true", help="recompute the report from OUT without judging")
+    ap.add_argument("--reselect", action="store_true",
+                    help="apply the selectors and --subset again even when OUT/tasks.txt lists the run's tasks")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     listed = out / "tasks.txt"
-    if args.report_only and listed.exists():  # the tasks of the run being reported, no re-selection
-        ids = set(listed.read_text().split())
-        tasks = [t for sel in args.selectors for t in load_tasks(sel) if t.task_id in ids]
+    if listed.exists() and not args.reselect:  # the tasks of the run being resumed or reported
+        rules_of = {line.split()[0]: (line.split()[1].split(",") if len(line.split()) > 1 else [])
+                    for line in listed.read_text().splitlines() if line.strip()}
+        tasks = [t for sel in args.selectors for t in load_tasks(sel) if t.task_id in rules_of]
     else:
-        tasks = select(args.selectors, args.subset)
-        listed.write_text("\n".join(t.task_id for t in tasks) + "\n")
+        tasks, rules_of = select(args.selectors, args.subset)
+        listed.write_text("".join(f"{t.task_id}\t{','.join(rules_of[t.task_id])}\n" for t in tasks))
     judge = EvalConfig.preset(args.preset).replace(device=args.device)
     if not args.report_only:
         plan = DevicePlan.detect(args.device)
-        policy = BuiltinPolicy(device=plan.device)
+        passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None
+        policy = BuiltinPolicy(device=plan.device, passes=passes)
         t0 = time.monotonic()
         done = [0]
 
@@ -184,7 +212,7 @@ def main() -> int:
         optimize(tasks, policy, SearchConfig(rounds=args.rounds, samples=args.samples,
                                              budget_minutes=args.budget_minutes), judge, out, plan=plan,
                  hardware="GPU", on_result=tick)
-    s = report(out, tasks, judge)
+    s = report(out, tasks, judge, rules_of)
     text = markdown(s)
     (out / "report.md").write_text(text + "\n")
     print(text)

@@ -4,7 +4,8 @@
 #   tests : the smoke stage without verify
 #   verify: cudal1 verify over CUDA-L1's sample
 #   bench : the harness benchmark (benchmarks/harness_bench.py)
-#   builtin: the builtin policy over KernelBench (benchmarks/builtin_kernelbench.py $BUILTIN_ARGS)
+#   builtin: the builtin policy over KernelBench (benchmarks/builtin_kernelbench.py $BUILTIN_ARGS;
+#            run dir $BUILTIN_DIR, resumable; its store and report are copied to $OUT/builtin)
 # Several stages: bash benchmarks/gpu_session.sh "tests builtin"
 # Expects KernelBench/CUDA-L1 JSONL copies in .data/ (carried; see docs/benchmarks.md).
 # Full logs go to $OUT; a short table is printed last.
@@ -33,16 +34,26 @@ if has smoke || has verify; then
   tail -32 "$OUT/verify.log"
 fi
 if has builtin; then
-  t0=$SECONDS
-  timeout ${BUILTIN_TIMEOUT:-400} python3 benchmarks/builtin_kernelbench.py ${BUILTIN_ARGS:-kernelbench:level2/1-100 --subset algebraic} \
-    --out "$OUT/builtin" >"$OUT/builtin.log" 2>&1
-  rc=$?
-  if [ ! -s "$OUT/builtin/report.md" ]; then  # killed by the timeout: report what was judged
-    python3 benchmarks/builtin_kernelbench.py ${BUILTIN_ARGS:-kernelbench:level2/1-100 --subset algebraic} \
-      --out "$OUT/builtin" --report-only >>"$OUT/builtin.log" 2>&1
+  # The run directory stays out of $OUT (its best/*.py would crowd the 8 files that come back).
+  # BUILTIN_RESUME: a folder holding an earlier call's $OUT/builtin files (carried): its store is
+  # resumed (nothing judged twice) and its graph-rewrite cache reused (no tracing again).
+  dir=${BUILTIN_DIR:-/tmp/cudal1_builtin}
+  args=${BUILTIN_ARGS:-kernelbench:level2/1-100 --subset algebraic}
+  mkdir -p "$dir" "$CUDAL1_CACHE_DIR"
+  if [ -n "${BUILTIN_RESUME:-}" ]; then
+    cp "$BUILTIN_RESUME"/cudal1.sqlite "$BUILTIN_RESUME"/tasks.txt "$dir/" 2>/dev/null
+    tar xzf "$BUILTIN_RESUME/rewrites.tgz" -C "$CUDAL1_CACHE_DIR" 2>/dev/null
   fi
-  summary+=("builtin: rc=$rc ($((SECONDS-t0)) s)")
-  head -14 "$OUT/builtin/report.md" 2>/dev/null
+  t0=$SECONDS
+  timeout ${BUILTIN_TIMEOUT:-400} python3 benchmarks/builtin_kernelbench.py $args --out "$dir" >"$OUT/builtin.log" 2>&1
+  rc=$?
+  # killed by the timeout or not: report what was judged (closing the store checkpoints its WAL)
+  python3 benchmarks/builtin_kernelbench.py $args --out "$dir" --report-only >>"$OUT/builtin.log" 2>&1
+  mkdir -p "$OUT/builtin"
+  cp "$dir"/cudal1.sqlite "$dir"/report.md "$dir"/tasks.txt "$OUT/builtin/" 2>/dev/null
+  tar czf "$OUT/builtin/rewrites.tgz" -C "$CUDAL1_CACHE_DIR" rewrites 2>/dev/null
+  summary+=("builtin: rc=$rc ($((SECONDS-t0)) s) $(head -1 "$dir/report.md" 2>/dev/null)")
+  head -16 "$dir/report.md" 2>/dev/null
 fi
 if has bench; then
   t0=$SECONDS

@@ -1,15 +1,22 @@
-"""Shared pytest wiring: the ``gpu`` marker auto-skip and path fixtures.
+"""Shared pytest wiring: the ``gpu`` marker auto-skip, a per-session cache dir, path fixtures.
 
 Markers (``gpu``, ``slow``) are registered in ``pyproject.toml``; nothing else global lives here.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
 from pathlib import Path
 
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # caches (builds, graph rewrites) go to a per-session directory, never the user's ~/.cache
+    os.environ.setdefault("CUDAL1_CACHE_DIR", tempfile.mkdtemp(prefix="cudal1-test-cache-"))
 
 
 def _cuda_available() -> bool:

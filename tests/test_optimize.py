@@ -141,6 +141,36 @@ def test_resume_after_kill_continues_where_it_stopped(tmp_path):
     assert "A.unsqueeze(1) * B" in Path(summary["tasks"][0]["best_path"]).read_text()
 
 
+class _NoMoreSampling:
+    name = "none"
+
+    def generate(self, prompts, n=1):
+        raise AssertionError("a resumed run must not sample a finished round again")
+
+
+def test_resume_judges_candidates_sampled_but_not_judged_before_the_kill(tmp_path):
+    """A run killed while judging leaves recorded candidates without verdicts; resuming judges
+    them (and re-samples nothing)."""
+    from cudal1.search.loop import reference_candidate
+    from cudal1.types import Candidate
+
+    task = load_task_file(TASK)
+    out = tmp_path / "out"
+    code = FAST.split("```python\n")[1].split("```")[0]
+    with RunStore(out / "cudal1.sqlite") as store:  # what the killed run had written
+        store.add_task(task)
+        cand = Candidate(code, task_hash=task.hash, label="openai:r1")
+        store.add_candidate(cand, task.hash, {"round": 1})
+        store.record_response(task.hash, 1, "openai", {}, FAST, "", cand.hash)
+    summary = optimize([task], _NoMoreSampling(), SearchConfig(rounds=1, samples=1), judge_config(tmp_path), out)
+    row = summary["tasks"][0]
+    assert row["evaluated"] == 2 and row["statuses"] == {"ok": 2}, row
+    assert "A.unsqueeze(1) * B" in Path(row["best_path"]).read_text()
+    with RunStore(out / "cudal1.sqlite") as store:
+        cfg = judge_config(tmp_path).hash()
+        assert store.has_evaluation(task.hash, reference_candidate(task).hash, cfg)
+
+
 def test_builtin_is_the_zero_setup_default(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CUDAL1_BASE_URL",)}
     env["CUDAL1_CACHE_DIR"] = str(tmp_path / "cache")

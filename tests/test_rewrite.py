@@ -9,6 +9,7 @@ policy must compose passes across rounds.
 from __future__ import annotations
 
 import ast
+import json
 import types
 from pathlib import Path
 
@@ -105,6 +106,33 @@ def test_untraceable_task_is_declined_with_a_reason():
     outcome = rewrite_task(source)
     assert not outcome.ok and "torch.fx cannot trace" in outcome.error
     assert compose(source, None, "algebraic") is None
+
+
+def test_outcomes_are_cached_on_disk_keyed_by_source_and_passes(tmp_path, monkeypatch):
+    import cudal1.policy.rewrite as rw
+
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
+    source = (FIXTURES / "sum_of_linear.py").read_text()
+    first = rewrite_task(source)
+    assert first.ok and len(list((tmp_path / "rewrites").glob("*.json"))) == 1
+
+    def no_child(*_args, **_kwargs):
+        raise AssertionError("a cached outcome must not trace again")
+
+    monkeypatch.setattr(rw, "_run_child", no_child)
+    assert rewrite_task(source) == first  # from disk, no child process
+    with pytest.raises(AssertionError):
+        rewrite_task(source, ALGEBRAIC_PASSES[:2])  # other passes: another key
+    with pytest.raises(AssertionError):
+        rewrite_task(source, cache=False)
+    monkeypatch.undo()
+    monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
+    entry = next((tmp_path / "rewrites").glob("*.json"))
+    entry.write_text("{not json")  # a damaged entry is traced again and rewritten
+    assert rewrite_task(source) == first and json.loads(entry.read_text())["class_source"] == first.class_source
+    crashed = "import torch\nraise SystemExit(3)\n"
+    assert not rewrite_task(crashed).ok
+    assert len(list((tmp_path / "rewrites").glob("*.json"))) == 1  # child failures are not cached
 
 
 def _prompt(source: str, codes: tuple[str, ...] = ()) -> Prompt:

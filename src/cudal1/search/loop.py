@@ -5,7 +5,8 @@ a round go to the policy in one call; all candidates of a round go to the judge 
 builds overlap timing across tasks).  Round 0 judges the reference itself (``ModelNew = Model``)
 as the 1.00x anchor.  Every prompt sent, response received, parse and verdict is recorded in the
 run store before the next round, so a killed run resumes where it stopped (same ``out`` dir):
-finished rounds are not re-sampled and recorded evaluations are not re-run.  Only ``ok``
+finished rounds are not re-sampled, recorded evaluations are not re-run, and candidates sampled
+but not judged when the run died are judged first.  Only ``ok``
 candidates of non-degenerate tasks become exemplars or "best"; failed ones are shown to the
 policy as feedback when ``feedback`` is on.  Stops at ``rounds``, ``max_evaluations`` or the
 wall-clock budget (checked between rounds; a round in flight finishes).
@@ -153,6 +154,12 @@ class Search:
             self.judge_pairs(pairs)
         return len(pairs)
 
+    def pending(self) -> list[tuple[Task, Candidate]]:
+        """Candidates recorded but never judged under this judge config (a run killed mid-round)."""
+        config_hash = self.judge.hash()
+        return [(t, c) for t in self.tasks for c in self.store.candidates(t.hash)
+                if not self.store.has_evaluation(t.hash, c.hash, config_hash)]
+
     def best(self, task: Task) -> tuple[Candidate, EvalResult] | None:
         pairs = self.results(task)
         if self.degenerate(pairs):
@@ -177,6 +184,10 @@ def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalCo
         for t in tasks:
             s.store.add_task(t)
         s.judge_pairs([(t, reference_candidate(t)) for t in tasks], review=False)
+        pending = s.pending()  # sampled before a kill, not yet judged: judge them before new rounds
+        if pending:
+            log.info("resuming: %d candidate(s) recorded but not judged", len(pending))
+            s.judge_pairs(pending)
         for round_ in range(1, search.rounds + 1):
             stop = s.out_of_budget()
             if stop:
