@@ -20,7 +20,12 @@ and written to ``OUT/report.json`` and ``OUT/report.md``) gives, over the tasks 
   tasks whose best verified candidate is more than 1x / 1.5x faster than eager;
 - the same for ``compile-default`` alone (torch.compile's own figure on the same tasks and judge),
   and best over ``compile-default`` where that was verified;
-- how often each pass chain won.  Degenerate tasks (the judge's probe) are reported and excluded.
+- the same figures on the tasks where ``compile-default`` itself was verified (a paired
+  comparison, unaffected by torch.compile failures), and on the stride sample alone when the
+  selection also holds tasks chosen because a pass applies;
+- how often each pass chain won, and the failed verdicts per pass chain.  Degenerate tasks (the
+  judge's probe) and unfinished tasks (a run cut short: reference not judged, or candidates
+  sampled but not judged) are listed and excluded.
 """
 
 from __future__ import annotations
@@ -81,31 +86,41 @@ def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict[str, list[s
     store = RunStore(out / "cudal1.sqlite")
     cfg = judge.hash()
     rows = []
+    errors_by_pass: Counter = Counter()
     for t in tasks:
         anchor = reference_candidate(t).hash
         cands = []
-        degenerate = False
+        degenerate = judged = False
+        pending = 0
         for c in store.candidates(t.hash):
             r = store.get_evaluation(t.hash, c.hash, cfg)
             if r is None:
+                pending += 1
                 continue
             degenerate |= "degenerate_task" in r.flags
-            if c.hash != anchor:
+            if c.hash == anchor:
+                judged = True
+            else:
                 cands.append((passes_in(c.source), r))
+                if r.status is not Status.OK:
+                    errors_by_pass[f"{'+'.join(passes_in(c.source))}: {r.status.value}"] += 1
         ok = [(p, r) for p, r in cands if r.status is Status.OK and r.speedup]
         best = max(ok, key=lambda pr: pr[1].speedup) if ok else None
         compiled = [r.speedup for p, r in ok if p == ["compile-default"]]
         rows.append({"task": t.task_id, "level": t.level, "rules": (rules_of or {}).get(t.task_id, []),
-                     "degenerate": degenerate, "judged": len(cands),
+                     "judged": judged, "rounds": max(store.last_round(t.hash), 0), "pending": pending,
+                     "degenerate": degenerate, "candidates": len(cands),
                      "verified": len(ok), "best": best[1].speedup if best else None,
                      "best_passes": "+".join(best[0]) if best else None,
                      "compile_default": compiled[0] if compiled else None,
                      "statuses": dict(Counter(r.status.value for _, r in cands))})
     store.close()
-    live = [r for r in rows if not r["degenerate"]]
-    best = [r["best"] or 1.0 for r in live]
-    comp = [r["compile_default"] or 1.0 for r in live]
+    # unfinished tasks (reference never judged, or candidates sampled but not judged when the run
+    # was cut short) are left out and listed: counting them as 1.0 would dilute both columns
+    unfinished = [r for r in rows if not r["judged"] or r["pending"] or not r["rounds"]]
+    live = [r for r in rows if r not in unfinished and not r["degenerate"]]
     over = [r["best"] / r["compile_default"] for r in live if r["best"] and r["compile_default"]]
+    paired = [r for r in live if r["compile_default"]]  # torch.compile itself verified on these
 
     def stats(xs: list[float]) -> dict:
         return {"n": len(xs), "mean": statistics.fmean(xs) if xs else None,
@@ -113,22 +128,23 @@ def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict[str, list[s
                 "fast_1": sum(x > 1.0 for x in xs) / len(xs) if xs else None,
                 "fast_1.5": sum(x > 1.5 for x in xs) / len(xs) if xs else None}
 
-    by_level = {}
-    for level in sorted({r["level"] for r in live}):
-        sub = [r for r in live if r["level"] == level]
-        by_level[level] = {"best": stats([r["best"] or 1.0 for r in sub]),
-                           "compile_default": stats([r["compile_default"] or 1.0 for r in sub])}
+    def figures(sub: list[dict]) -> dict:
+        return {"best": stats([r["best"] or 1.0 for r in sub]),
+                "compile_default": stats([r["compile_default"] or 1.0 for r in sub])}
+
     sample = [r for r in live if any(rule == "all" or rule.startswith("stride:") for rule in r["rules"])]
-    unbiased = None
-    if sample and len(sample) < len(live):  # tasks chosen for a pass over-represent wins: the sample alone
-        unbiased = {"best_over_eager": stats([r["best"] or 1.0 for r in sample]),
-                    "compile_default_over_eager": stats([r["compile_default"] or 1.0 for r in sample])}
-    summary = {"tasks": len(rows), "degenerate": len(rows) - len(live),
-               "stride_sample": unbiased,
-               "success": sum(1 for r in live if r["verified"]),
-               "best_over_eager": stats(best), "compile_default_over_eager": stats(comp),
-               "best_over_compile_default": stats(over), "by_level": by_level,
+    summary = {"tasks": len(rows), "unfinished": [r["task"] for r in unfinished],
+               "degenerate": sum(1 for r in rows if r["degenerate"]),
+               "success": sum(1 for r in live if r["verified"]), "judged": len(live),
+               "best_over_eager": stats([r["best"] or 1.0 for r in live]),
+               "compile_default_over_eager": stats([r["compile_default"] or 1.0 for r in live]),
+               "best_over_compile_default": stats(over),
+               "paired": figures(paired),  # tasks where torch.compile default itself was verified
+               "stride_sample": figures(sample) if sample and len(sample) < len(live) else None,
+               "by_level": {level: figures([r for r in live if r["level"] == level])
+                            for level in sorted({r["level"] for r in live}, key=lambda v: (v is None, v or 0))},
                "winning_passes": dict(Counter(r["best_passes"] for r in live if r["best_passes"]).most_common()),
+               "failed_verdicts_by_pass": dict(errors_by_pass.most_common()),
                "rows": rows}
     (out / "report.json").write_text(json.dumps(summary, indent=1))
     return summary
@@ -141,30 +157,36 @@ def fmt(x: float | None, pct: bool = False) -> str:
 
 
 def markdown(s: dict) -> str:
-    lines = [f"tasks {s['tasks']} (degenerate {s['degenerate']}), success {s['success']}", "",
-             "| figure | n | mean | median | geomean | fast_1 | fast_1.5 |", "|---|---|---|---|---|---|---|"]
-    for label, key in (("best builtin over eager", "best_over_eager"),
-                       ("torch.compile default over eager", "compile_default_over_eager"),
-                       ("best builtin over torch.compile default", "best_over_compile_default")):
-        st = s[key]
+    lines = [f"tasks {s['tasks']}: {s['judged']} finished and not degenerate, success {s['success']}; "
+             f"degenerate {s['degenerate']}" + (f"; unfinished: {', '.join(s['unfinished'])}" if s["unfinished"] else ""),
+             "", "| figure | n | mean | median | geomean | fast_1 | fast_1.5 |", "|---|---|---|---|---|---|---|"]
+
+    def line(label: str, st: dict) -> None:
         lines.append(f"| {label} | {st['n']} | {fmt(st['mean'])} | {fmt(st['median'])} | {fmt(st['geomean'])} | "
                      f"{fmt(st['fast_1'], True)} | {fmt(st['fast_1.5'], True)} |")
+
+    line("best builtin over eager", s["best_over_eager"])
+    line("torch.compile default over eager (1.0 where it failed)", s["compile_default_over_eager"])
+    line("best builtin over torch.compile default", s["best_over_compile_default"])
+    line("where torch.compile verified: best builtin over eager", s["paired"]["best"])
+    line("where torch.compile verified: torch.compile over eager", s["paired"]["compile_default"])
     if s.get("stride_sample"):
-        for label, key in (("stride sample only: best builtin over eager", "best_over_eager"),
-                           ("stride sample only: torch.compile default over eager", "compile_default_over_eager")):
-            st = s["stride_sample"][key]
-            lines.append(f"| {label} | {st['n']} | {fmt(st['mean'])} | {fmt(st['median'])} | {fmt(st['geomean'])} | "
-                         f"{fmt(st['fast_1'], True)} | {fmt(st['fast_1.5'], True)} |")
+        line("stride sample only: best builtin over eager", s["stride_sample"]["best"])
+        line("stride sample only: torch.compile default over eager", s["stride_sample"]["compile_default"])
     for level, st in s["by_level"].items():
         b, c = st["best"], st["compile_default"]
-        lines.append(f"| level {level}: best / compile geomean | {b['n']} | | | {fmt(b['geomean'])} / {fmt(c['geomean'])} | "
+        lines.append(f"| level {level if level is not None else '-'}: best / compile geomean | {b['n']} | | | {fmt(b['geomean'])} / {fmt(c['geomean'])} | "
                      f"{fmt(b['fast_1'], True)} | {fmt(b['fast_1.5'], True)} |")
-    lines += ["", "winning passes: " + ", ".join(f"{k} {v}" for k, v in s["winning_passes"].items()), "",
-              "| task | selected by | best | passes | compile-default | verdicts |", "|---|---|---|---|---|---|"]
+    lines += ["", "winning passes: " + ", ".join(f"{k} {v}" for k, v in s["winning_passes"].items()),
+              "", "failed verdicts by pass: " + (", ".join(f"{k} {v}" for k, v in s["failed_verdicts_by_pass"].items()) or "none"),
+              "", "| task | selected by | rounds | best | passes | compile-default | verdicts |", "|---|---|---|---|---|---|---|"]
     for r in s["rows"]:
-        lines.append(f"| {r['task']} | {','.join(r.get('rules', [])) or '-'} | {fmt(r['best'])} | {r['best_passes'] or '-'} | "
-                     f"{fmt(r['compile_default'])} | "
-                     f"{'degenerate; ' if r['degenerate'] else ''}{', '.join(f'{k} {v}' for k, v in sorted(r['statuses'].items()))} |")
+        state = ("not judged; " if not r["judged"] else "") + ("degenerate; " if r["degenerate"] else "")
+        if r["pending"]:
+            state += f"{r['pending']} pending; "
+        lines.append(f"| {r['task']} | {','.join(r.get('rules', [])) or '-'} | {r['rounds']} | {fmt(r['best'])} | "
+                     f"{r['best_passes'] or '-'} | {fmt(r['compile_default'])} | "
+                     f"{state}{', '.join(f'{k} {v}' for k, v in sorted(r['statuses'].items()))} |")
     return "\n".join(lines)
 
 

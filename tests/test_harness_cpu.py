@@ -117,6 +117,7 @@ def test_timeout_is_killed_promptly(batch):
     assert r.wall_s < TIMEOUT_S + 10, f"hang took {r.wall_s:.1f}s with a {TIMEOUT_S}s limit"
     assert r.wall_s >= TIMEOUT_S * 0.9
     assert r.message
+    assert "most recent call first" in r.stderr_tail and "in forward" in r.stderr_tail, r.stderr_tail  # where it hung
 
 
 def test_every_non_ok_result_has_a_message(batch):

@@ -130,6 +130,27 @@ def _close_inherited_fds(keep: int) -> None:
                 pass
 
 
+def _forget_inherited_helpers() -> None:
+    """Make multiprocessing start its own resource tracker (and forkserver) in this worker.
+
+    The worker inherits the forkserver's bookkeeping of those helpers, whose pipes
+    ``_close_inherited_fds`` just closed.  Left alone, the first semaphore the worker creates
+    (torch.compile's compile pool does) makes the resource tracker probe its old descriptor
+    number, find it "dead" and ``os.close`` it, although by then that number belongs to something
+    else: the CUDA driver's device files.  The candidate then fails at random with
+    ``cudaErrorOperatingSystem`` or "unspecified launch failure" (seen on the H200)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    tracker = resource_tracker._resource_tracker  # type: ignore[attr-defined]
+    for name in ("_fd", "_pid"):
+        if hasattr(tracker, name):
+            setattr(tracker, name, None)
+    server = forkserver._forkserver  # type: ignore[attr-defined]
+    for name in ("_forkserver_address", "_forkserver_alive_fd", "_forkserver_pid"):
+        if hasattr(server, name):
+            setattr(server, name, None)
+
+
 def _die_with_parent() -> None:
     """Linux: SIGKILL this worker when its parent (the forkserver) dies, so a killed judge
     leaves no hung worker holding a GPU."""
@@ -148,6 +169,7 @@ def _job_target(job: dict[str, Any], conn: Any, key_holder: list) -> None:
     _die_with_parent()
     os.setsid()  # own process group, so a kill reaches builds it started too
     _close_inherited_fds(conn.fileno())
+    _forget_inherited_helpers()
     from cudal1.harness.worker import worker_entry
 
     worker_entry(job, conn, key_holder)  # empties key_holder: the key ends up in the audit hook only

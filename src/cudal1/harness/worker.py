@@ -22,6 +22,7 @@ wrapped copy of itself: ``torch.compile`` modes or CUDA-graph replay).
 
 from __future__ import annotations
 
+import faulthandler
 import importlib.util
 import json
 import os
@@ -164,6 +165,7 @@ class Worker:
 
     def phase(self, name: str) -> None:
         self.current_phase = name
+        arm_stall_dump(self.cfg, name)
         self.send("phase", name=name, t=time.time())
 
     def building(self, on: bool) -> None:
@@ -568,6 +570,14 @@ def scrub(obj: Any) -> None:
                 pass
 
 
+def arm_stall_dump(cfg: dict[str, Any], phase: str) -> None:
+    """A phase that stalls leaves every thread's stack in the log (the verdict's stderr_tail)
+    shortly before the parent's deadline for that phase kills it, so a timeout says where it
+    hung; re-armed at each phase, so a long but moving run dumps nothing."""
+    key = {"setup": "setup_timeout_s", "import": "build_timeout_s", "build": "build_timeout_s"}.get(phase, "timeout_s")
+    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(cfg.get(key, 120.0))), repeat=True)
+
+
 def _redirect_output(log_path: str) -> None:
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     os.dup2(fd, 1)
@@ -585,6 +595,7 @@ def worker_entry(job: dict[str, Any], conn: Any, key_holder: list) -> None:
     for name, value in job.get("env", {}).items():
         os.environ[name] = value
     _redirect_output(job["log_path"])
+    arm_stall_dump(job["config"], "setup")
     audit_guard.clear_process_args()
     fd = os.dup(conn.fileno())
     conn.close()

@@ -53,10 +53,14 @@ PRELUDE_KEY = "cudal1_prelude"
 BLOCK = 1024  # elements per program
 _DTYPES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}
 
-# Cost model (see worth_fusing); to calibrate on the H200.
-BANDWIDTH_B_PER_S = 3.0e12  # sustained DRAM bandwidth of a simple elementwise kernel
-EAGER_LAUNCH_S = 4e-6  # one eager elementwise operation: dispatch + launch
-TRITON_LAUNCH_S = 10e-6  # one Triton launch from Python (argument binding + launch)
+# Cost model (see worth_fusing), calibrated on the H200 (torch 2.11, Triton 3.6; 2026-11-30,
+# tests/gpu/test_triton_fusion_gpu.py): host time of a tiny eager op 7.5 us, of a whole module
+# forward with one tiny fused launch 24.7 us (of which ~5 us is the module call both versions
+# pay); the fused 8192x8192 GELU chain of level1/88 moved 537 MB in 160 us (3.4 TB/s).  So a
+# chain of three or more tiny eager ops is worth one launch; two are not.
+BANDWIDTH_B_PER_S = 3.3e12  # sustained DRAM bandwidth of a simple elementwise kernel
+EAGER_LAUNCH_S = 7.5e-6  # one eager elementwise operation: dispatch + launch
+TRITON_LAUNCH_S = 20e-6  # one Triton launch from Python (argument binding + launch)
 
 HEADER = "import math\n\nimport torch\nimport triton\nimport triton.language as tl"
 
