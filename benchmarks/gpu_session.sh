@@ -34,15 +34,20 @@ if has smoke || has verify; then
   tail -32 "$OUT/verify.log"
 fi
 if has builtin; then
-  # The run directory stays out of $OUT (its best/*.py would crowd the 8 files that come back).
-  # BUILTIN_RESUME: a folder holding an earlier call's $OUT/builtin files (carried): its store is
-  # resumed (nothing judged twice) and its graph-rewrite cache reused (no tracing again).
+  # The run directory stays out of $OUT (its best/*.py would crowd the 8 files that come back):
+  # $OUT/builtin gets the store, the report and state.tgz (tasks.txt, confirm.json, rewrites/).
+  # BUILTIN_RESUME: a folder holding an earlier call's $OUT/builtin files (carried): the store
+  # is resumed (nothing judged twice) and the graph-rewrite cache reused (no tracing again).
   dir=${BUILTIN_DIR:-/tmp/cudal1_builtin}
+  state=/tmp/cudal1_builtin_state
   args=${BUILTIN_ARGS:-kernelbench:level2/1-100 --subset algebraic}
-  mkdir -p "$dir" "$CUDAL1_CACHE_DIR"
+  mkdir -p "$dir" "$CUDAL1_CACHE_DIR" && rm -rf "$state" && mkdir -p "$state"
   if [ -n "${BUILTIN_RESUME:-}" ]; then
-    cp "$BUILTIN_RESUME"/cudal1.sqlite "$BUILTIN_RESUME"/tasks.txt "$dir/" 2>/dev/null
-    tar xzf "$BUILTIN_RESUME/rewrites.tgz" -C "$CUDAL1_CACHE_DIR" 2>/dev/null
+    cp "$BUILTIN_RESUME"/cudal1.sqlite "$dir/" 2>/dev/null
+    tar xzf "$BUILTIN_RESUME/state.tgz" -C "$state" 2>/dev/null
+    cp "$state"/tasks.txt "$state"/confirm.json "$dir/" 2>/dev/null
+    [ -d "$state/rewrites" ] && cp -r "$state/rewrites" "$CUDAL1_CACHE_DIR/"
+    rm -rf "$state" && mkdir -p "$state"
   fi
   t0=$SECONDS
   timeout ${BUILTIN_TIMEOUT:-400} python3 benchmarks/builtin_kernelbench.py $args --out "$dir" >"$OUT/builtin.log" 2>&1
@@ -50,8 +55,10 @@ if has builtin; then
   # killed by the timeout or not: report what was judged (closing the store checkpoints its WAL)
   python3 benchmarks/builtin_kernelbench.py $args --out "$dir" --report-only >>"$OUT/builtin.log" 2>&1
   mkdir -p "$OUT/builtin"
-  cp "$dir"/cudal1.sqlite "$dir"/report.md "$dir"/tasks.txt "$OUT/builtin/" 2>/dev/null
-  tar czf "$OUT/builtin/rewrites.tgz" -C "$CUDAL1_CACHE_DIR" rewrites 2>/dev/null
+  cp "$dir"/cudal1.sqlite "$dir"/report.md "$OUT/builtin/" 2>/dev/null
+  cp "$dir"/tasks.txt "$dir"/confirm.json "$state/" 2>/dev/null
+  [ -d "$CUDAL1_CACHE_DIR/rewrites" ] && cp -r "$CUDAL1_CACHE_DIR/rewrites" "$state/"
+  tar czf "$OUT/builtin/state.tgz" -C "$state" .
   summary+=("builtin: rc=$rc ($((SECONDS-t0)) s) $(head -1 "$dir/report.md" 2>/dev/null)")
   head -16 "$dir/report.md" 2>/dev/null
 fi
