@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # One device-tool call's worth of GPU checks.  Usage: bash benchmarks/gpu_session.sh STAGE
-#   smoke : environment, gpu-marked tests, eval of the bundled example on CUDA, verify
+#   smoke : environment, gpu-marked tests, Triton launch overheads, eval of the bundled example on CUDA, verify
 #   tests : the smoke stage without verify
 #   verify: cudal1 verify over CUDA-L1's sample
 #   bench : the harness benchmark (benchmarks/harness_bench.py)
+#   numerics: what the exact-answer rule adds per candidate (harness_bench with --tolerance exact
+#            --compare-tolerance strict)
+#   chain : the builtin policy's matrix-chain rewrite through optimize (correct, ~60x fewer FLOPs;
+#            the old fixed 1e-4 rule rejected it)
 #   builtin: the builtin policy over KernelBench (benchmarks/builtin_kernelbench.py $BUILTIN_ARGS;
 #            run dir $BUILTIN_DIR, resumable; its store and report are copied to $OUT/builtin)
 # Several stages: bash benchmarks/gpu_session.sh "tests builtin"
@@ -22,6 +26,8 @@ if has smoke || has tests; then
   t0=$SECONDS
   timeout ${GPU_TEST_TIMEOUT:-250} python3 -m pytest tests/gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu tests: rc=$? $(tail -1 "$OUT/gpu_tests.log") ($((SECONDS-t0)) s)")
+  timeout 120 python3 benchmarks/triton_launch_overhead.py >"$OUT/triton_launch_overhead.json" 2>&1
+  summary+=("triton launch overhead: $(tail -1 "$OUT/triton_launch_overhead.json" | head -c 300)")
   t0=$SECONDS
   python3 -m cudal1.cli.main eval --device cuda --json --reference examples/tasks/diag_matmul.py --candidate examples/candidates/diag_matmul_broadcast.py >"$OUT/eval_example.log" 2>&1
   summary+=("eval example: $(tail -1 "$OUT/eval_example.log" | head -c 300) ($((SECONDS-t0)) s)")
@@ -67,6 +73,19 @@ if has bench; then
   timeout 560 python3 benchmarks/harness_bench.py --out "$OUT/bench" ${BENCH_ARGS:-} >"$OUT/bench.log" 2>&1
   summary+=("harness_bench: rc=$? ($((SECONDS-t0)) s)")
   tail -25 "$OUT/bench.log"
+fi
+if has numerics; then
+  t0=$SECONDS
+  timeout ${NUMERICS_TIMEOUT:-400} python3 benchmarks/harness_bench.py --out "$OUT/numerics_bench" --tolerance exact \
+    --compare-tolerance strict --runs 2 --min-tasks ${NUMERICS_TASKS:-12} --max-pairs ${NUMERICS_PAIRS:-24} >"$OUT/numerics_bench.log" 2>&1
+  summary+=("numerics bench: rc=$? ($((SECONDS-t0)) s) $(grep -E '^\(e\)' "$OUT/numerics_bench.log" | head -1)")
+  tail -30 "$OUT/numerics_bench.log"
+fi
+if has chain; then
+  t0=$SECONDS
+  timeout 200 python3 -m cudal1.cli.main optimize examples/tasks/matmul_chain.py --policy builtin --device cuda --rounds 2 \
+    --out "$OUT/chain" --json >"$OUT/chain.log" 2>&1
+  summary+=("matmul chain optimize: rc=$? ($((SECONDS-t0)) s) $(tail -1 "$OUT/chain.log" | head -c 400)")
 fi
 grep -E "passed|failed|PASSED|FAILED|ERROR" "$OUT/gpu_tests.log" 2>/dev/null | tail -40
 printf '%s\n' "${summary[@]}"

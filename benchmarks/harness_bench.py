@@ -11,7 +11,11 @@ ones, and reports:
   (b) candidates fully evaluated per GPU-hour, builds included (wall of the fresh-cache batch);
   (c) repeatability: median ``|speedup2 - speedup1| / speedup1`` over pairs ``ok`` in both runs;
   (d) cached rebuild time: ``build_s`` in the second run of candidates that compiled an extension
-      at import in the first.
+      at import in the first;
+  (e) with ``--compare-tolerance RULE``: one more batch on warm caches under RULE, and the time the
+      main rule adds per candidate against it (``--tolerance exact --compare-tolerance strict``:
+      what judging against the float64 answer costs): the difference of the reference,
+      correctness and timing phases, and of the wall, over pairs judged in both.
 
 Pairs: CUDA-L1's published kernels (``--cuda-l1``: records ``level_id``, ``task_id``,
 ``ref_code``, ``custom_code``; the reference is ``ref_code``) plus KernelBench tasks
@@ -408,6 +412,23 @@ def summarize(pairs: list[Pair], runs: list[dict[str, Any]], config: Any, n_gpus
     return figures
 
 
+_JUDGED_PHASES = ("reference", "correctness", "timing", "verify", "verify_timing")
+
+
+def rule_added(main: list[Any], other: list[Any]) -> dict[str, Any]:
+    """(e): per pair judged (not a build failure) under both rules, what the main rule adds: the
+    reference, correctness and timing phases (where the rule's work happens) and the wall."""
+    from cudal1.types import Status
+
+    phases, walls = [], []
+    for a, b in zip(main, other):
+        if a.status is Status.COMPILE_ERROR or b.status is Status.COMPILE_ERROR or "timing" not in a.phase_s or "timing" not in b.phase_s:
+            continue
+        phases.append(sum(a.phase_s.get(k, 0.0) for k in _JUDGED_PHASES) - sum(b.phase_s.get(k, 0.0) for k in _JUDGED_PHASES))
+        walls.append(a.wall_s - b.wall_s)
+    return {"phases": spread(phases), "wall": spread(walls)}
+
+
 # ---- output -------------------------------------------------------------------------------------
 
 def fmt(x: Any, unit: str = "", digits: int = 3) -> str:
@@ -458,6 +479,11 @@ def figure_rows(fig: dict[str, Any]) -> list[list[str]]:
         rows.append(["(d) cached rebuild build_s", fmt(cr["median"], " s"),
                      f"max {fmt(cr['max'], ' s')}, n={cr['n']}, cold {fmt(cr['cold_build_median_s'], ' s')}, "
                      f"{cr['flagged_build_cached']} flagged build_cached"])
+    if "rule_added_s" in fig:
+        ra = fig["rule_added_s"]
+        rows.append([f"(e) {ra['rule']} vs {ra['against']}: added/candidate", fmt(ra["phases"]["median"], " s"),
+                     f"judged phases, p90 {fmt(ra['phases']['p90'], ' s')}, n={ra['phases']['n']}; "
+                     f"wall median {fmt(ra['wall']['median'], ' s')}"])
     for i, run in enumerate(fig["runs"], start=1):
         counts = " ".join(f"{k}={v}" for k, v in sorted(run["status_counts"].items()))
         share = None if run["model_share_of_wall"] is None else 100 * run["model_share_of_wall"]
@@ -466,9 +492,9 @@ def figure_rows(fig: dict[str, Any]) -> list[list[str]]:
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(headers), line(["-" * w for w in widths])] + [line(r) for r in rows])
+    from cudal1.figures import table as text_table
+
+    return text_table(headers, rows)
 
 
 # ---- main ---------------------------------------------------------------------------------------
@@ -499,6 +525,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     judge.add_argument("--preset", default="default", help="config preset (default: default)")
     judge.add_argument("--tolerance", default="kernelbench-v0",
                        help="tolerance table (default kernelbench-v0, the one CUDA-L1's kernels were judged with)")
+    judge.add_argument("--compare-tolerance", default=None, metavar="RULE",
+                       help="one more warm batch under RULE, for figure (e): the main rule's added time per candidate")
     judge.add_argument("--timing-budget", type=float, default=1.0, metavar="S", help="timing_budget_s per candidate (default 1.0)")
     judge.add_argument("--timeout", type=float, default=300.0, metavar="S",
                        help="per-phase limit; lazily built extensions compile inside 'construct' (default 300)")
@@ -550,6 +578,7 @@ class Session:
         self.args, self.pairs, self.config, self.plan = args, pairs, config, plan
         self.started = datetime.now(timezone.utc)
         self.runs: list[dict[str, Any]] = []
+        self.compare_run: dict[str, Any] | None = None  # the --compare-tolerance batch
         self.partial: dict[int, Any] = {}  # pair index -> result of the run in progress
         self.partial_t0 = 0.0
         self.lock = threading.RLock()
@@ -557,8 +586,11 @@ class Session:
         out_dir.mkdir(parents=True, exist_ok=True)
         self.out_path = out_dir / f"harness_bench_{self.started.strftime('%Y%m%dT%H%M%SZ')}.json"
 
-    def run_batch(self, index: int) -> None:
+    def run_batch(self, index: int, config: Any = None) -> None:
         from cudal1.harness import evaluate_pairs
+
+        compare = config is not None
+        config = config or self.config
 
         where = {(p.task.hash, p.candidate.hash): i for i, p in enumerate(self.pairs)}
         with self.lock:
@@ -571,9 +603,13 @@ class Session:
                       f"{r.task_name[:34]:<34} {r.status.value:<13} speedup {fmt(r.speedup, 'x'):>7}  wall {r.wall_s:6.1f}s  "
                       f"build {r.build_s:6.1f}s{'  ' + ','.join(r.flags) if r.flags else ''}", file=sys.stderr, flush=True)
 
-        results = evaluate_pairs([(p.task, p.candidate) for p in self.pairs], self.config, plan=self.plan, on_result=progress)
+        results = evaluate_pairs([(p.task, p.candidate) for p in self.pairs], config, plan=self.plan, on_result=progress)
         with self.lock:
-            self.runs.append({"wall_s": time.monotonic() - self.partial_t0, "results": results})
+            run = {"wall_s": time.monotonic() - self.partial_t0, "results": results}
+            if compare:
+                self.compare_run = run | {"tolerance": config.tolerance}
+            else:
+                self.runs.append(run)
             self.partial = {}
         self.write()
 
@@ -585,7 +621,11 @@ class Session:
         """Figures over the finished runs; with none finished, over the verdicts of the first run
         so far (its wall so far), marked ``partial``."""
         if self.runs:
-            return summarize(self.pairs, self.runs, self.config, n_gpus=len(self.plan.lanes))
+            figures = summarize(self.pairs, self.runs, self.config, n_gpus=len(self.plan.lanes))
+            if self.compare_run is not None:
+                figures["rule_added_s"] = rule_added(self.runs[-1]["results"], self.compare_run["results"]) | {
+                    "rule": self.config.tolerance, "against": self.compare_run["tolerance"]}
+            return figures
         if not self.partial:
             return None
         done = sorted(self.partial)
@@ -608,6 +648,9 @@ class Session:
                        "overhead_s": [overhead_s(run["results"][i], warm, cold_prebuilt(p, k)) for k, run in enumerate(runs)]}
                       for i, p in enumerate(self.pairs)],
             "runs": [{"wall_s": run["wall_s"], "results": [r.to_dict() for r in run["results"]]} for run in runs],
+            "compare_run": None if self.compare_run is None else {
+                "tolerance": self.compare_run["tolerance"], "wall_s": self.compare_run["wall_s"],
+                "results": [r.to_dict() for r in self.compare_run["results"]]},
         }
         if interrupted and self.partial:
             payload["unfinished_run"] = {
@@ -683,6 +726,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for i in range(args.runs):
             session.run_batch(i + 1)
+        if args.compare_tolerance:
+            session.run_batch(args.runs + 1, config.replace(tolerance=args.compare_tolerance))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     session.report()

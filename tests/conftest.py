@@ -1,13 +1,36 @@
-"""Shared pytest wiring: the ``gpu`` marker auto-skip, a per-session cache dir, path fixtures.
+"""Shared pytest wiring: the ``gpu`` marker auto-skip, a per-session cache dir, path fixtures,
+and the one runner of the adversarial fixture corpora (so no test module imports another).
 
-Markers (``gpu``, ``slow``) are registered in ``pyproject.toml``; nothing else global lives here.
+Markers (``gpu``, ``slow``) are registered in ``pyproject.toml``.
+
+Fixture corpora (``tests/fixtures/cpu``, ``cpu_more``, ``gpu``): one candidate per file, whose
+leading comment block is its header::
+
+    # expect: <status> [flag] [| <status> [flag] ...]   first line; alternatives when the same cheat
+                                                       is legitimately caught at different points
+    # task: <file>        optional: the task it is judged against, relative to the fixture's folder
+                          or to the repository root (default: the module's CORPUS_TASK)
+    # xfail: <reason>     optional: a known judge gap; the expectation is the *correct* verdict
+    # cpu-too             optional (GPU fixtures): the guard does not depend on the device, so the
+                          CPU corpus judges it too
+
+A test module that holds a corpus sets ``CORPUS`` (fixture paths), ``CORPUS_TASK`` (the default
+task file) and optionally ``CORPUS_SELECT`` (entry -> bool: which parsed entries it judges), and
+defines a module-scoped ``corpus_config`` fixture (the judge's EvalConfig).  It then
+gets ``corpus`` (name -> :class:`CorpusEntry`), ``corpus_results`` (name -> EvalResult, all judged
+in one ``evaluate_pairs`` batch) and, for a test taking a ``corpus_name`` argument, one test per
+fixture (xfail-marked where the header says so); ``expected_verdict(entry, result)`` says what is
+wrong with a verdict ("" when it matches).  Names are file stems.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,3 +70,138 @@ def shared_dir(repo_root: Path) -> Path:
     if not path.is_dir():
         pytest.skip(f"shared directory {path} is absent")
     return path
+
+
+# ---- fixture corpora ------------------------------------------------------------------------------
+
+_EXPECT = re.compile(r"#\s*expect:\s*(.+?)\s*$")
+_ALTERNATIVE = re.compile(r"^([a-z_]+)(?:\s+([a-z_]+))?$")
+_FIELD = re.compile(r"#\s*(task|xfail):\s*(.+?)\s*$")
+
+
+@dataclass(frozen=True)
+class CorpusEntry:
+    path: Path
+    expect: tuple[tuple[str, str | None], ...]  # alternatives: (status, flag or None)
+    task: Path | None  # from '# task:' (resolved); None = the module's CORPUS_TASK
+    xfail: str | None  # known judge gap, from '# xfail:'
+    cpu_too: bool  # '# cpu-too'
+
+    @property
+    def name(self) -> str:
+        return self.path.stem
+
+
+def read_corpus_entry(path: Path) -> CorpusEntry:
+    """Parse ``path``'s header (see the module docstring); ValueError on a malformed one."""
+    from cudal1.flags import FLAGS
+    from cudal1.types import Status
+
+    lines = path.read_text().splitlines()
+    m = _EXPECT.match(lines[0]) if lines else None
+    if not m:
+        raise ValueError(f"{path}: first line must be '# expect: <status> [flag] [| <status> [flag] ...]'")
+    expect = []
+    for alt in m.group(1).split("|"):
+        a = _ALTERNATIVE.match(alt.strip())
+        if not a:
+            raise ValueError(f"{path}: bad expectation {alt.strip()!r}")
+        Status(a.group(1))  # a misspelt status fails here, loudly
+        if a.group(2) is not None and a.group(2) not in FLAGS:
+            raise ValueError(f"{path}: {a.group(2)!r} is not a flag of cudal1/flags.py")
+        expect.append((a.group(1), a.group(2)))
+    fields: dict[str, str] = {}
+    cpu_too = False
+    for line in lines[1:]:
+        if not line.startswith("#"):
+            break  # the header is the leading comment block
+        f = _FIELD.match(line)
+        if f:
+            fields.setdefault(f.group(1), f.group(2))
+        cpu_too = cpu_too or line.strip() == "# cpu-too"
+    task = None
+    if "task" in fields:
+        candidates = (path.parent / fields["task"], REPO_ROOT / fields["task"])
+        task = next((c for c in candidates if c.is_file()), None)
+        if task is None:
+            raise ValueError(f"{path}: '# task: {fields['task']}' is neither in {path.parent} nor in the repository")
+    return CorpusEntry(path, tuple(expect), task, fields.get("xfail"), cpu_too)
+
+
+def _module_corpus(module: Any) -> dict[str, CorpusEntry]:
+    cached = getattr(module, "_corpus_entries", None)
+    if cached is None:
+        files = list(module.CORPUS)
+        if not files:
+            raise ValueError(f"{module.__name__}: CORPUS is empty")
+        entries = [read_corpus_entry(f) for f in files]  # every header is checked, selected or not
+        select = getattr(module, "CORPUS_SELECT", None)
+        cached = {e.name: e for e in entries if select is None or select(e)}
+        if len({e.name for e in entries}) != len(files):
+            raise ValueError(f"{module.__name__}: two corpus files share a name")
+        module._corpus_entries = cached
+    return cached
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "corpus_name" in metafunc.fixturenames:
+        params = []
+        for name, entry in sorted(_module_corpus(metafunc.module).items()):
+            marks = [pytest.mark.xfail(strict=False, reason=f"known judge gap: {entry.xfail}")] if entry.xfail else []
+            params.append(pytest.param(name, marks=marks, id=name))
+        metafunc.parametrize("corpus_name", params)
+
+
+@pytest.fixture(scope="module")
+def corpus(request: pytest.FixtureRequest) -> dict[str, CorpusEntry]:
+    return _module_corpus(request.module)
+
+
+@pytest.fixture(scope="module")
+def corpus_results(request: pytest.FixtureRequest, corpus: dict[str, CorpusEntry]) -> dict[str, Any]:
+    """Every entry of the module's corpus judged in one batch, each against its own task."""
+    from cudal1.harness import evaluate_pairs
+    from cudal1.tasks import load_task_file
+    from cudal1.types import Candidate
+
+    config = request.getfixturevalue("corpus_config")
+    default = request.module.CORPUS_TASK
+    entries = list(corpus.values())
+    tasks = {t: load_task_file(t) for t in {e.task or default for e in entries}}
+    pairs = []
+    for e in entries:
+        task = tasks[e.task or default]
+        pairs.append((task, Candidate(e.path.read_text(), task_hash=task.hash, label=e.name)))
+    results = evaluate_pairs(pairs, config)
+    assert len(results) == len(pairs), "evaluate_pairs() must return one result per pair, in order"
+    for (task, cand), r in zip(pairs, results):
+        assert r.task_hash == task.hash and r.candidate_hash == cand.hash, "results are out of input order"
+    return {e.name: r for e, r in zip(entries, results)}
+
+
+def expected_verdict(entry: CorpusEntry, result: Any) -> str:
+    """"" when ``result`` matches one of ``entry``'s alternatives, else what went wrong."""
+    for status, flag in entry.expect:
+        if result.status.value == status and (flag is None or flag in result.flags):
+            return ""
+    return (f"{entry.name}: want one of {list(entry.expect)}; got status={result.status.value} flags={result.flags} "
+            f"phase={result.phase} message={result.message[:400]!r}")
+
+
+@pytest.fixture(scope="session")
+def check_verdict():
+    """``expected_verdict`` as a fixture (test modules do not import conftest)."""
+    return expected_verdict
+
+
+@pytest.fixture(scope="session")
+def cpu_judge_config():
+    """A factory of the small CPU judge config the CPU corpora use: ``(cache_dir, **changes)``."""
+    def make(cache_dir: Path, **changes: Any):
+        from cudal1.config import EvalConfig
+
+        base = dict(device="cpu", cache_dir=str(cache_dir), timeout_s=15.0, timing_budget_s=0.5, timing_trials=20,
+                    min_timing_trials=5, correctness_trials=3, bootstrap_samples=500)
+        return EvalConfig(**(base | changes))
+
+    return make

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from cudal1.cli.main import main as cli_main
 from cudal1.store import RunStore
@@ -224,6 +225,9 @@ def test_eval_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_en
     assert summary["device"] == "cpu"
     assert (out / "cudal1.sqlite").is_file()
     assert (out / "results.jsonl").is_file()
+    saved = yaml.safe_load((out / "config.yaml").read_text())  # the resolved configuration, next to summary.json
+    assert saved["judge"]["correctness_trials"] == 2 and saved["judge"]["tolerance"] == "exact"  # the file, then defaults
+    assert saved["eval_suite"]["device"] == "cpu" and saved["eval_suite"]["backend"] == "local"
     results = _read_results(out / "results.jsonl")
     assert [r["label"] for r in results] == ["broadcast", "addmm", "wrong"]
     assert [r["status"] for r in results] == ["ok", "ok", "incorrect"], [(r["status"], r["message"][:200]) for r in results]
@@ -410,6 +414,8 @@ def test_baseline_eager_cpu(tmp_path, cli_env, config_file):
     assert eager["status"] == "ok", eager
     assert eager["reference_ms"] == task["eager_ms"]
     assert (tmp_path / "baselines" / "cudal1.sqlite").is_file()
+    saved = yaml.safe_load((tmp_path / "baselines" / "config.yaml").read_text())
+    assert saved["baseline"]["modes"] == ["eager"] and set(saved["judge"]) >= {"tolerance", "correctness_trials"}
 
 
 def test_baseline_unknown_mode(tmp_path, cli_env, capsys):

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from cudal1.policy.base import PoolEntry, PoolPrompt
 from cudal1.policy.builtin import PASSES, BuiltinPolicy, compose, passes_in
-from cudal1.policy.rewrite import ALGEBRAIC_PASSES, GRAPH_PASS_NAMES, rewrite_task
-from cudal1.types import Prompt
+from cudal1.rewrite import ALGEBRAIC_PASSES, GRAPH_PASS_NAMES, rewrite_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewrite"
 TASKS = sorted(FIXTURES.glob("*.py"))
@@ -109,7 +109,7 @@ def test_untraceable_task_is_declined_with_a_reason():
 
 
 def test_outcomes_are_cached_on_disk_keyed_by_source_and_passes(tmp_path, monkeypatch):
-    import cudal1.policy.rewrite as rw
+    import cudal1.rewrite as rw
 
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path))
     source = (FIXTURES / "sum_of_linear.py").read_text()
@@ -135,8 +135,8 @@ def test_outcomes_are_cached_on_disk_keyed_by_source_and_passes(tmp_path, monkey
     assert len(list((tmp_path / "rewrites").glob("*.json"))) == 1  # child failures are not cached
 
 
-def _prompt(source: str, codes: tuple[str, ...] = ()) -> Prompt:
-    return Prompt("t", "h" * 64, "s", "u", "v", task_source=source, exemplar_codes=codes)
+def _prompt(source: str, pool: tuple[PoolEntry, ...] = ()) -> PoolPrompt:
+    return PoolPrompt("t", "h" * 64, "s", "u", "v", task_source=source, pool=pool)
 
 
 def test_policy_proposes_algebraic_first_then_composes_on_the_best():
@@ -146,16 +146,23 @@ def test_policy_proposes_algebraic_first_then_composes_on_the_best():
     assert [c.meta["passes"] for c in first] == [["algebraic"], ["compile-default"]]
     assert "reduction folded into the weights" in first[0].text
     algebraic = compose(source, None, "algebraic")
-    anchor = source + "\n\nModelNew = Model\n"
+    anchor = PoolEntry(source + "\n\nModelNew = Model\n", 1.0, reference=True)
     # the algebraic candidate beat the reference: the next proposals stack on top of it
-    nxt = policy.generate([_prompt(source, (anchor, algebraic))], n=2)[0]
+    nxt = policy.generate([_prompt(source, (anchor, PoolEntry(algebraic, 2.0)))], n=2)[0]
     assert [c.meta["passes"] for c in nxt] == [["algebraic", "compile-default"], ["algebraic", "cudagraph"]]
     stacked = load(compose(source, algebraic, "cudagraph"), "s")
     assert issubclass(stacked.ModelNew, stacked._Stage1) and issubclass(stacked._Stage1, stacked.Model)
     # slower than the reference: it is not used as a base
     policy2 = BuiltinPolicy(device="cuda")
-    nxt2 = policy2.generate([_prompt(source, (algebraic, anchor))], n=1)[0]
+    nxt2 = policy2.generate([_prompt(source, (PoolEntry(algebraic, 0.8), anchor))], n=1)[0]
     assert nxt2[0].meta["passes"] == ["compile-default"]
+    # the anchor is known by its field, not by its text
+    unmarked = (PoolEntry(algebraic, 0.8), PoolEntry(anchor.code, 1.0))
+    assert BuiltinPolicy(device="cuda").generate([_prompt(source, unmarked)], n=1)[0][0].meta["passes"] == \
+        ["algebraic", "compile-default"]
+    marked = (PoolEntry(algebraic, 0.8), PoolEntry("class ModelNew(Model):\n    pass\n", 1.0, reference=True))
+    assert BuiltinPolicy(device="cuda").generate([_prompt(source, marked)], n=1)[0][0].meta["passes"] == \
+        ["compile-default"]
 
 
 def test_layout_passes_only_for_convolutions_and_exec_passes_end_a_chain():

@@ -12,6 +12,7 @@ Fixture files (``tests/fixtures/gpu/*.py`` not starting with ``task_``/``_``) st
 ``# expect: <status> [flag]``; further header comment lines may hold ``# task: <task_*.py in the
 same folder>`` (default ``task_elementwise.py``) and ``# xfail: <reason>`` (a known escape or judge
 bug: the expectation is the *correct* verdict, the test is xfail(strict=False) until it is fixed).
+The header parser and the batch runner are ``tests/conftest.py``'s (shared with the CPU corpora).
 
 Every test is marked ``gpu``; ``tests/conftest.py`` skips them where torch sees no CUDA GPU.  Run
 on a CUDA machine from the repository root::
@@ -42,51 +43,13 @@ FIXTURES = REPO / "tests" / "fixtures" / "gpu"
 TASK_FILE = FIXTURES / "task_elementwise.py"
 KERNELBENCH_DEFAULT = REPO.parent / "shared" / "kernelbench" / "kernelbench.jsonl"
 BASELINE_SELECTOR = "kernelbench:level1/19,23,40"
-BASELINE_MODES = ["eager", "compile", "cudagraph"]
-EXPECT_RE = re.compile(r"#\s*expect:\s*(?P<status>[a-z_]+)(?:\s+(?P<flag>[a-z_]+))?\s*")
-HEADER_RE = re.compile(r"#\s*(?P<key>task|xfail):\s*(?P<value>.+?)\s*")
+BASELINE_MODES = ["eager", "compile-default", "cudagraph"]  # cudal1.compile_modes names
 
 
 # ---- helpers ------------------------------------------------------------------------------------
 
 def candidate_files() -> list[Path]:
     return sorted(p for p in FIXTURES.glob("*.py") if not p.name.startswith(("task_", "_")))
-
-
-def expectation(path: Path) -> tuple[str, str | None]:
-    first = path.read_text().splitlines()[0]
-    m = EXPECT_RE.fullmatch(first)
-    if not m:
-        raise ValueError(f"{path.name}: first line must be '# expect: <status> [flag]', got {first!r}")
-    Status(m.group("status"))  # fail loudly on a misspelt status
-    return m.group("status"), m.group("flag")
-
-
-def header(path: Path) -> dict[str, str]:
-    """``task``/``xfail`` entries from the comment lines right after the ``# expect:`` line."""
-    found: dict[str, str] = {}
-    for line in path.read_text().splitlines()[1:]:
-        if not line.startswith("#"):
-            break
-        m = HEADER_RE.fullmatch(line)
-        if m:
-            found[m.group("key")] = m.group("value")
-    return found
-
-
-def task_file(path: Path) -> Path:
-    name = header(path).get("task", TASK_FILE.name)
-    task = FIXTURES / name
-    if not (name.startswith("task_") and task.is_file()):
-        raise ValueError(f"{path.name}: '# task: {name}' must name a task_*.py file in {FIXTURES}")
-    return task
-
-
-def verdict_params():
-    for p in candidate_files():
-        reason = header(p).get("xfail")
-        marks = [pytest.mark.xfail(strict=False, reason=f"known judge gap: {reason}")] if reason else []
-        yield pytest.param(p.name, marks=marks, id=p.name)
 
 
 def uses_triton(path: Path) -> bool:
@@ -137,6 +100,10 @@ def kernelbench_source() -> Path | None:
 
 # ---- the fixture batch --------------------------------------------------------------------------
 
+CORPUS = [p for p in candidate_files() if has_triton() or not uses_triton(p)]
+CORPUS_TASK = TASK_FILE
+
+
 @pytest.fixture(scope="module")
 def batch_config(tmp_path_factory) -> EvalConfig:
     """One fresh build cache for the module: the batch fills it, the cached-rebuild test reuses it."""
@@ -144,47 +111,35 @@ def batch_config(tmp_path_factory) -> EvalConfig:
 
 
 @pytest.fixture(scope="module")
-def fixture_results(batch_config) -> dict[str, EvalResult]:
+def corpus_config(batch_config) -> EvalConfig:
+    return batch_config
+
+
+@pytest.fixture(scope="module")
+def fixture_results(corpus_results) -> dict[str, EvalResult]:
     """All GPU fixtures judged in one batch (builds overlap timing), each against its own task
-    (``# task:``), keyed by file name."""
-    from cudal1.harness import evaluate_pairs
-
-    files = [p for p in candidate_files() if has_triton() or not uses_triton(p)]
-    tasks = {t: load_task_file(t) for t in {task_file(p) for p in files}}
-    pairs = []
-    for p in files:
-        task = tasks[task_file(p)]
-        pairs.append((task, Candidate(p.read_text(), task_hash=task.hash, label=p.name)))
-    results = evaluate_pairs(pairs, batch_config)
-    assert len(results) == len(files)
-    for (task, cand), r in zip(pairs, results):
-        assert r.task_hash == task.hash and r.candidate_hash == cand.hash, "results out of input order"
-    by_name = {p.name: r for p, r in zip(files, results)}
-    dump("fixtures", by_name)
-    return by_name
+    (``# task:``), keyed by file stem."""
+    dump("fixtures", corpus_results)
+    return corpus_results
 
 
 @pytest.mark.gpu
-def test_fixture_files_are_well_formed():
-    files = candidate_files()
+def test_fixture_files_are_well_formed(corpus):
     assert TASK_FILE.is_file()
-    assert len(files) >= 8
-    for p in files:
-        expectation(p)
-        task_file(p)
+    assert len(corpus) >= 8
+    for name, entry in corpus.items():
+        assert len(entry.expect) == 1, f"{name}: one expectation per GPU fixture"
+        if entry.task is not None:
+            assert entry.task.parent == FIXTURES and entry.task.name.startswith("task_"), \
+                f"{name}: '# task:' must name a task_*.py file in {FIXTURES}"
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", list(verdict_params()))
-def test_fixture_verdict(fixture_results, name):
-    path = FIXTURES / name
-    if uses_triton(path):
-        pytest.importorskip("triton")
-    status, flag = expectation(path)
-    r = fixture_results[name]
-    assert r.status.value == status, describe(r)
-    if flag:
-        assert flag in r.flags, describe(r)
+def test_fixture_verdict(corpus, fixture_results, corpus_name, check_verdict):
+    entry = corpus[corpus_name]
+    r = fixture_results[corpus_name]
+    problem = check_verdict(entry, r)
+    assert not problem, problem + "\n" + describe(r)
     if r.status is not Status.COMPILE_ERROR:  # a build failure is judged by the CPU pre-build alone
         assert r.environment.gpu_name, describe(r)
     if r.status is Status.OK:
@@ -196,11 +151,11 @@ def test_fixture_verdict(fixture_results, name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["cuda_inline_ok.py", "triton_ok.py"])
+@pytest.mark.parametrize("name", ["cuda_inline_ok", "triton_ok"])
 def test_fused_kernels_beat_three_eager_kernels(fixture_results, name):
     """One fused pass (~0.4 GB of traffic) against eager's three (~1.2 GB): a timer that cannot
     see this is broken.  The margin is loose on purpose."""
-    if uses_triton(FIXTURES / name):
+    if uses_triton(FIXTURES / f"{name}.py"):
         pytest.importorskip("triton")
     r = fixture_results[name]
     assert r.status is Status.OK, describe(r)
@@ -210,18 +165,18 @@ def test_fused_kernels_beat_three_eager_kernels(fixture_results, name):
 @pytest.mark.gpu
 def test_kernel_inventory_tells_custom_kernels_from_pytorch(fixture_results):
     """``no_custom_kernel`` (informational): set for PyTorch-only code, absent for real kernels."""
-    for name in ("cuda_inline_ok.py", "triton_ok.py"):
+    for name in ("cuda_inline_ok", "triton_ok"):
         r = fixture_results[name]
-        if name == "triton_ok.py" and not has_triton():
+        if name == "triton_ok" and not has_triton():
             continue
         assert r.kernels, describe(r)
         assert "no_custom_kernel" not in r.flags, (name, r.kernels)
-    honest_graph = fixture_results["cuda_graph_honest.py"]
+    honest_graph = fixture_results["cuda_graph_honest"]
     assert "no_custom_kernel" in honest_graph.flags, honest_graph.kernels
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["side_stream.py", "side_stream_partial.py", "stream_event_no_wait.py"])
+@pytest.mark.parametrize("name", ["side_stream", "side_stream_partial", "stream_event_no_wait"])
 def test_side_stream_work_is_charged(fixture_results, name):
     """These candidates run (some of) the reference's work on an unjoined stream: the device-wide
     join must charge it (about the reference's time: the same three kernels, or two fused ones),
@@ -234,14 +189,14 @@ def test_side_stream_work_is_charged(fixture_results, name):
 
 @pytest.mark.gpu
 def test_illegal_access_is_named(fixture_results):
-    r = fixture_results["illegal_access.py"]
+    r = fixture_results["illegal_access"]
     assert r.status is Status.RUNTIME_ERROR, describe(r)
     assert {"illegal_memory_access", "signal"} & set(r.flags), describe(r)
 
 
 @pytest.mark.gpu
 def test_compile_error_keeps_the_compiler_log(fixture_results):
-    r = fixture_results["cuda_compile_error.py"]
+    r = fixture_results["cuda_compile_error"]
     assert r.status is Status.COMPILE_ERROR, describe(r)
     assert "error" in (r.compile_log + r.message).lower(), describe(r)
 
@@ -279,7 +234,7 @@ def test_cached_rebuild_is_fast(fixture_results, batch_config):
     from an empty cache; judging it again must find the built extension."""
     from cudal1.harness import evaluate
 
-    first = fixture_results["cuda_inline_ok.py"]
+    first = fixture_results["cuda_inline_ok"]
     assert first.status is Status.OK, describe(first)
     assert "build_cached" not in first.flags, describe(first)
     assert first.build_s > 1.0, describe(first)  # it really compiled

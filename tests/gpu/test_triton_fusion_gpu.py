@@ -1,11 +1,12 @@
 """GPU checks of the ``triton-fusion`` graph pass: compiled kernels (not the interpreter).
 
-What is covered: every elementwise spelling of ``tests/test_triton_fusion.py`` compiled by Triton
+What is covered: every elementwise spelling of ``tests/triton_cases.py`` compiled by Triton
 and compared with PyTorch on CUDA at the judge's fp32 tolerance (1e-4/1e-4), odd sizes (masked
 tail); KernelBench level-2 tails at full size (2/81, 2/4, 2/7, 2/20, 1/88): same tolerance, and
-the fused forward must not be slower than the eager one; the launch overhead the cost model
-assumes (printed).  Every test is marked ``gpu`` (skipped without CUDA).  Run from the repository
-root: ``python -m pytest tests/gpu/test_triton_fusion_gpu.py -q -rA`` (``-rA`` shows the timings).
+the fused forward must not be slower than the eager one.  (The launch overheads the cost model
+assumes are measured by ``benchmarks/triton_launch_overhead.py``.)  Every test is marked ``gpu``
+(skipped without CUDA).  Run from the repository root:
+``python -m pytest tests/gpu/test_triton_fusion_gpu.py -q -rA`` (``-rA`` shows the timings);
 ``CUDAL1_GPU_TEST_OUT=DIR`` also writes them to ``DIR/triton_fusion.json``.
 """
 
@@ -23,25 +24,15 @@ import pytest
 pytest.importorskip("triton")
 import torch  # noqa: E402
 
-from cudal1.policy.rewrite import triton_fusion  # noqa: E402
-from cudal1.policy.rewrite.emit import emit_class  # noqa: E402
-from cudal1.policy.rewrite.trace import propagate_shapes, trace_task  # noqa: E402
+from cudal1.rewrite import triton_fusion  # noqa: E402
+from cudal1.rewrite.emit import emit_class  # noqa: E402
+from cudal1.rewrite.trace import propagate_shapes, trace_task  # noqa: E402
+from triton_cases import ACTIVATIONS, task  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 KERNELBENCH = Path(os.environ.get("CUDAL1_KERNELBENCH", REPO.parent / "shared" / "kernelbench" / "kernelbench.jsonl"))
 ATOL = RTOL = 1e-4  # the judge's fp32 tolerance
-
-
-def _cpu_tests():
-    path = REPO / "tests" / "test_triton_fusion.py"
-    spec = importlib.util.spec_from_file_location("cudal1_cpu_triton_fusion_tests", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-CPU = _cpu_tests()
 
 
 def fused_module(source: str, tmp_path: Path, name: str, monkeypatch, cost_model: bool = False):
@@ -87,12 +78,12 @@ def gpu_time(fn, inputs, reps: int = 10) -> float:
     return statistics.median(times)
 
 
-@pytest.mark.parametrize("name", sorted(CPU.ACTIVATIONS))
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
 def test_compiled_kernels_match_pytorch(name, tmp_path, monkeypatch):
-    expr, init = CPU.ACTIVATIONS[name], ""
+    expr, init = ACTIVATIONS[name], ""
     if expr.startswith("nn."):
         expr, init = "self.act(x)", f"self.act = {expr}\n"
-    src = CPU.task(forward=f"x = x * 3.0\ny = {expr}\nreturn y + 0.5\n", init=init,
+    src = task(forward=f"x = x * 3.0\ny = {expr}\nreturn y + 0.5\n", init=init,
                    inputs="torch.randn(33, 65, 37) * 4")  # odd sizes: a masked tail
     module, _ = fused_module(src, tmp_path, f"tf_gpu_{name}", monkeypatch)
     ref, new, inputs = models(module)
@@ -121,29 +112,3 @@ def test_kernelbench_tails_full_size(key, tmp_path, monkeypatch):
         with out.open("a") as fh:
             fh.write(json.dumps(result) + "\n")
     assert fused <= eager * 1.02, result
-
-
-def test_launch_overheads_for_the_cost_model(tmp_path, monkeypatch):
-    """Host time of one tiny eager op and of one tiny fused launch (the cost model's constants)."""
-    import time
-
-    src = CPU.task(forward="return torch.sigmoid(x) * 3.0\n", inputs="torch.randn(8, 8)")
-    module, _ = fused_module(src, tmp_path, "tf_gpu_overhead", monkeypatch)
-    _, new, inputs = models(module)
-    x = inputs[0]
-
-    def host(fn, n=2000):
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        for _ in range(n):
-            fn()
-        torch.cuda.synchronize()
-        return (time.perf_counter() - t) / n
-
-    eager_op = host(lambda: torch.sigmoid(x))
-    launch = host(lambda: new(x))
-    print(json.dumps({"eager_op_us": eager_op * 1e6, "fused_forward_us": launch * 1e6,
-                      "assumed_eager_us": triton_fusion.EAGER_LAUNCH_S * 1e6,
-                      "assumed_triton_us": triton_fusion.TRITON_LAUNCH_S * 1e6}))

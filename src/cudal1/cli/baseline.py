@@ -8,14 +8,16 @@ from pathlib import Path
 
 from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
 
-DEFAULT_MODES = "eager,compile,compile-ro,max-autotune,cudagraph"
+DEFAULT_MODES = "eager,compile-default,compile-reduce-overhead,compile-max-autotune,cudagraph"  # cudal1.compile_modes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("baseline", help="measure eager / torch.compile / CUDA-graph baselines", description=__doc__)
     p.add_argument("--suite", required=True, help="kernelbench:level1, a task dir, JSONL or .py")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
-    p.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated (default {DEFAULT_MODES})")
+    p.add_argument("--modes", default=DEFAULT_MODES,
+                   help=f"comma-separated, the builtin policy's names (default {DEFAULT_MODES}; also "
+                        "compile-max-autotune-no-cudagraphs; the old names compile, compile-ro, max-autotune are accepted)")
     p.add_argument("--out", default="runs/baselines", metavar="DIR", help="output directory (run store)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line of stdout")
     add_judge_flags(p)
@@ -23,21 +25,27 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.harness import BASELINE_MODES, DevicePlan, measure_baselines
+    from cudal1.compile_modes import canonical
+    from cudal1.harness import DevicePlan
+    from cudal1.runs import baselines_recorded
     from cudal1.store import RunStore
     from cudal1.tasks import load_tasks
 
-    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    unknown = [m for m in modes if m not in BASELINE_MODES]
-    if unknown:
-        raise UsageError(f"unknown mode(s) {', '.join(unknown)}; known: {', '.join(BASELINE_MODES)}")
+    try:  # results are keyed by the vocabulary's names (old ones resolved)
+        modes = [canonical(m.strip()) for m in args.modes.split(",") if m.strip()]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    from cudal1.config import write_run_config
+
     config = config_from_args(args)
     tasks = load_tasks(args.suite, args.source)
     plan = DevicePlan.detect(config.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_run_config(out, judge=config, baseline={"suite": args.suite, "source": args.source, "modes": modes,
+                                                  "device": plan.device, "lanes": list(plan.lanes)})
     with RunStore(out / "cudal1.sqlite") as store, progress(len(tasks) * len(modes), "baselines", not args.json) as bar:
-        results = measure_baselines(tasks, modes, config, store=store, plan=plan, on_result=lambda r: bar.update(1))
+        results = baselines_recorded(tasks, modes, config, store=store, plan=plan, on_result=lambda r: bar.update(1))
     modes = [m for m in modes if any(k[1] == m for k in results)]
     rows, payload = [], []
     for t in tasks:

@@ -6,8 +6,9 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
+from cudal1.figures import fmt, table  # noqa: F401 - the CLI's cells and tables
 from cudal1.config import EvalConfig
 
 
@@ -25,6 +26,52 @@ def add_judge_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--preset", default=None, help="config preset: default, fast, thorough, kernelbench-v0")
     g.add_argument("--config", default=None, metavar="YAML", help="config file (unknown keys are errors)")
     g.add_argument("--seed", type=int, default=None, help="fix the input seed (default: secret, random per run)")
+
+
+def add_backend_flags(p: argparse.ArgumentParser) -> None:
+    """``--backend local|ray`` and ``--ray-address``, shared by the subcommands that judge batches."""
+    g = p.add_argument_group("scale-out")
+    g.add_argument("--backend", choices=["local", "ray"], default="local",
+                   help="local: build processes and one timing lane per GPU here (default); ray: timing actors "
+                        "and build tasks on a Ray cluster (pip install 'cudal1[distributed]')")
+    g.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="Ray cluster to join (with --backend ray); default: start a local one (loopback only)")
+
+
+def plan_from_args(args: argparse.Namespace, device: str, gpus: list[int] | None = None) -> Any:
+    """The device plan for ``--backend``: local GPUs, or the Ray cluster's (actors start here)."""
+    from cudal1.harness import DevicePlan
+
+    backend = getattr(args, "backend", "local")
+    address = getattr(args, "ray_address", None)
+    if address and backend != "ray":
+        raise UsageError("--ray-address needs --backend ray")
+    if backend == "ray":
+        from cudal1.harness.ray_backend import cluster_plan
+
+        return cluster_plan(device, address, gpus)
+    return DevicePlan.detect(device, gpus)
+
+
+def batch_summary(stats: list[Any]) -> dict[str, Any] | None:
+    """The ``BatchStats`` of a command's batches, totalled, as JSON (None when nothing was judged)."""
+    if not stats:
+        return None
+    total = stats[0]
+    for s in stats[1:]:
+        total = total.merge(s)
+    return total.to_dict()
+
+
+def batch_line(batch: dict[str, Any] | None) -> str:
+    """One line for people: where the judging time went."""
+    if not batch:
+        return "time: nothing judged (all from the run store)"
+    idle = batch.get("idle_share")
+    return (f"time ({batch['backend']}): {batch['wall_s']:.1f} s wall; {batch['builds']} builds "
+            f"({batch['builds_shared']} shared, {batch['builds_cached']} cached; queue {batch['build_queue_s']:.1f} s, "
+            f"build {batch['build_s']:.1f} s, {batch['build_workers']} x MAX_JOBS {batch['max_jobs']}); "
+            f"judging {batch['judge_s']:.1f} s; lanes idle {'-' if idle is None else f'{100 * idle:.0f}%'} after their first job")
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -51,24 +98,6 @@ def read_text(path: str, what: str) -> str:
         return Path(path).read_text()
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
-
-
-def fmt(x: Any, digits: int = 3) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, float):
-        return f"{x:.{digits}g}" if abs(x) < 1e4 else f"{x:.0f}"
-    return str(x)
-
-
-def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A plain aligned text table."""
-    cells = [[fmt(c) for c in row] for row in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
-    line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
-    out = [line(headers), line(["-" * w for w in widths])]
-    out.extend(line(r) for r in cells)
-    return "\n".join(out)
 
 
 def print_json(obj: Any) -> None:

@@ -39,7 +39,7 @@ def describe(r: EvalResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.harness import evaluate
+    from cudal1.runs import judge_recorded
     from cudal1.tasks import load_task_file
 
     config = config_from_args(args)
@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
 
         store = RunStore(args.store)
     try:
-        (result,) = evaluate(task, [candidate], config, store=store)
+        (result,) = judge_recorded([(task, candidate)], config, store=store)
     finally:
         if store is not None:
             store.close()

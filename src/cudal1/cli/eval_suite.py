@@ -2,19 +2,21 @@
 in parallel over all local GPUs (one timing lane per GPU), with a progress bar and a table.
 
 Results go to ``OUT/cudal1.sqlite`` (resumable: re-running skips what is recorded) and
-``OUT/results.jsonl`` (one line per candidate, input order)."""
+``OUT/results.jsonl`` (one line per candidate, input order); ``OUT/summary.json`` holds the summary
+(``--json`` prints it), with ``batch``: where the time went (build queue, builds, judging, idle lanes)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from collections import Counter
 from pathlib import Path
 
+from cudal1.figures import geomean
 from cudal1.jsonl import JsonlError, iter_jsonl
-from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
+from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, batch_line, batch_summary, config_from_args,
+                               plan_from_args, print_json, progress, table)
 from cudal1.types import Candidate, EvalResult, Task
 
 
@@ -27,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     add_judge_flags(p)
+    add_backend_flags(p)
     p.set_defaults(func=run)
 
 
@@ -51,11 +54,6 @@ def read_candidates(path: str, tasks: list[Task]) -> list[tuple[Task, Candidate]
     return pairs
 
 
-def geomean(values: list[float]) -> float | None:
-    vals = [v for v in values if v and v > 0]
-    return math.exp(sum(map(math.log, vals)) / len(vals)) if vals else None
-
-
 def summarize(results: list[EvalResult]) -> dict:
     speedups = [r.speedup for r in results if r.speedup is not None]
     return {
@@ -69,25 +67,32 @@ def summarize(results: list[EvalResult]) -> dict:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.harness import DevicePlan, evaluate_pairs
+    from cudal1.runs import judge_recorded
     from cudal1.store import RunStore
     from cudal1.tasks import load_tasks
+
+    from cudal1.config import write_run_config
 
     config = config_from_args(args)
     tasks = load_tasks(args.suite, args.source)
     pairs = read_candidates(args.candidates, tasks)
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
-    plan = DevicePlan.detect(config.device, gpus)
+    plan = plan_from_args(args, config.device, gpus)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_run_config(out, judge=config, eval_suite={"suite": args.suite, "source": args.source, "candidates": str(args.candidates),
+                                                    "device": plan.device, "lanes": list(plan.lanes), "backend": plan.backend})
     with RunStore(out / "cudal1.sqlite") as store, progress(len(pairs), "eval-suite", not args.json) as bar:
         run_id = store.start_run("eval-suite", config.to_dict())
-        results = evaluate_pairs(pairs, config, store=store, plan=plan, on_result=lambda r: bar.update(1))
+        stats: list = []
+        results = judge_recorded(pairs, config, store=store, plan=plan, on_result=lambda r: bar.update(1), on_stats=stats.append)
         store.finish_run(run_id, "done")
     with open(out / "results.jsonl", "w") as f:
         for (task, cand), r in zip(pairs, results):
             f.write(json.dumps(r.summary() | {"label": cand.label}, default=str) + "\n")
-    summary = summarize(results) | {"out": str(out), "device": plan.device, "lanes": len(plan.lanes)}
+    summary = summarize(results) | {"out": str(out), "device": plan.device, "lanes": len(plan.lanes),
+                                    "backend": plan.backend, "batch": batch_summary(stats)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     if args.json:
         print_json(summary)
         return 0
@@ -96,4 +101,5 @@ def run(args: argparse.Namespace) -> int:
     print(table(["task", "candidate", "status", "speedup", "ref ms", "cand ms", "flags"], rows))
     print(f"\n{summary['evaluated']} evaluated: " + ", ".join(f"{k} {v}" for k, v in summary["statuses"].items())
           + f"; geomean speedup of ok {summary['speedup_geomean'] and round(summary['speedup_geomean'], 3)}; results in {out}")
+    print(batch_line(summary["batch"]))
     return 0

@@ -14,7 +14,7 @@ import sys
 import traceback
 
 from cudal1 import __version__
-from cudal1.cli import baseline, eval as eval_cmd, eval_suite, optimize, verify
+from cudal1.cli import analyze, baseline, collect, compare, eval as eval_cmd, eval_suite, export, optimize, report, train, verify
 from cudal1.cli.common import UsageError
 
 
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cudal1 {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (optimize, eval_cmd, eval_suite, baseline, verify):
+    for module in (optimize, eval_cmd, eval_suite, baseline, verify, report, analyze, export, compare, collect, train):
         module.register(sub)
     return parser
 

@@ -2,16 +2,20 @@
 
 Round 0 judges the reference (1.00x); each round builds contrastive prompts from the task's
 measured pool, samples a policy, judges every candidate and records everything in
-``OUT/cudal1.sqlite``.  Writes ``OUT/best/<task>.py`` and ``OUT/summary.json`` and prints a
-table.  Re-running with the same ``--out`` resumes.  With no ``--policy`` and no endpoint
-(``--base-url`` or ``$CUDAL1_BASE_URL``), the builtin no-LLM policy is used."""
+``OUT/cudal1.sqlite``.  Writes ``OUT/best/<task>.py``, ``OUT/summary.json`` and the resolved
+configuration ``OUT/config.yaml`` (judge, search, policy; no API key) and prints a table.
+Re-running with the same ``--out`` resumes.  With no ``--policy`` and no endpoint (``--base-url``
+or ``$CUDAL1_BASE_URL``), the builtin no-LLM policy is used.  Search settings: the
+``SearchConfig`` defaults, then ``--search-config YAML``, then the flags given."""
 
 from __future__ import annotations
 
 import argparse
 import os
 
-from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
+from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, config_from_args, plan_from_args, print_json,
+                               progress, table)
+from cudal1.prompts.select import STRATEGIES
 
 POLICIES = ("builtin", "openai", "hf", "replay")
 
@@ -24,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--policy", choices=POLICIES, default=None, help="default: openai if an endpoint is configured, else builtin")
     g.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)")
     g.add_argument("--model", default=None, help="model name at the endpoint")
-    g.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
+    g.add_argument("--api-key-env", default=None, metavar="VAR",
+                   help=f"environment variable holding the API key (default {_policy_default('api_key_env')})")
     g.add_argument("--temperature", type=float, default=None, help="sampling temperature")
     g.add_argument("--max-tokens", type=int, default=None, help="completion token limit")
     g.add_argument("--concurrency", type=int, default=None, help="parallel requests to the endpoint")
@@ -35,20 +40,52 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "see the README's builtin-policy table)")
     g.add_argument("--review", action="store_true",
                    help="ask the same LLM for a second opinion on accepted candidates (flag reviewer_suspects; never a verdict)")
-    s = p.add_argument_group("search")
-    s.add_argument("--rounds", type=int, default=3, help="rounds after the reference round (default 3)")
-    s.add_argument("--samples", type=int, default=4, help="candidates per task per round (default 4)")
-    s.add_argument("--exemplars", type=int, default=2, help="measured exemplars per prompt (default 2)")
-    s.add_argument("--strategy", choices=["contrastive", "random", "best"], default="contrastive", help="exemplar selection")
-    s.add_argument("--tau", type=float, default=1.0, help="softmax temperature over speedup buckets")
-    s.add_argument("--no-feedback", action="store_true", help="do not show failed candidates' errors")
-    s.add_argument("--budget-minutes", type=float, default=None, help="wall-clock budget")
-    s.add_argument("--max-evaluations", type=int, default=None, help="budget of judged candidates")
-    s.add_argument("--search-seed", dest="search_seed", type=int, default=0, help="search seed (exemplar sampling)")
+    s = p.add_argument_group("search", "flags override --search-config, which overrides the defaults shown")
+    s.add_argument("--search-config", default=None, metavar="YAML",
+                   help="search settings file: SearchConfig fields (rounds, samples, ...); unknown keys are errors")
+    s.add_argument("--rounds", type=int, default=None, help=_help("rounds", "rounds after the reference round"))
+    s.add_argument("--samples", type=int, default=None, help=_help("samples", "candidates per task per round"))
+    s.add_argument("--exemplars", type=int, default=None, help=_help("exemplars", "measured exemplars per prompt"))
+    s.add_argument("--strategy", choices=list(STRATEGIES), default=None,
+                   help=_help("strategy", "exemplar selection"))
+    s.add_argument("--tau", type=float, default=None, help=_help("temperature", "softmax temperature over speedup buckets"))
+    s.add_argument("--no-feedback", dest="feedback", action="store_const", const=False, default=None,
+                   help="do not show failed candidates' errors")
+    s.add_argument("--budget-minutes", type=float, default=None, help=_help("budget_minutes", "wall-clock budget"))
+    s.add_argument("--max-evaluations", type=int, default=None, help=_help("max_evaluations", "budget of judged candidates"))
+    s.add_argument("--search-seed", dest="search_seed", type=int, default=None,
+                   help=_help("seed", "search seed (exemplar sampling)"))
     p.add_argument("--out", default="runs/optimize", metavar="DIR", help="output directory (resumable)")
     p.add_argument("--json", action="store_true", help="print summary.json's content as the last stdout line")
+    p.add_argument("--report-to", choices=["tensorboard", "wandb", "mlflow"], default=None,
+                   help="also log live metrics to this experiment tracker (off by default; needs its package)")
     add_judge_flags(p)
+    add_backend_flags(p)
     p.set_defaults(func=run)
+
+
+def _policy_default(field: str) -> object:
+    from cudal1.policy.base import PolicyConfig
+
+    return PolicyConfig.__dataclass_fields__[field].default
+
+
+def _help(field: str, text: str) -> str:
+    """``text`` with the default read from SearchConfig (the one place defaults are stated)."""
+    from cudal1.search.loop import SearchConfig
+
+    default = SearchConfig.__dataclass_fields__[field].default
+    return f"{text} (default {'none' if default is None else default})"
+
+
+def search_config(args: argparse.Namespace):
+    """SearchConfig: the defaults, then ``--search-config``, then the flags that were given."""
+    from cudal1.search import SearchConfig
+
+    base = SearchConfig.from_yaml(args.search_config) if args.search_config else SearchConfig()
+    return base.replace(rounds=args.rounds, samples=args.samples, exemplars=args.exemplars, strategy=args.strategy,
+                        temperature=args.tau, feedback=args.feedback, budget_minutes=args.budget_minutes,
+                        max_evaluations=args.max_evaluations, seed=args.search_seed)
 
 
 def choose_policy(args: argparse.Namespace) -> str:
@@ -98,19 +135,21 @@ def hardware_name(plan) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.harness import DevicePlan
-    from cudal1.search import SearchConfig, optimize
+    from cudal1.search import optimize
     from cudal1.tasks import load_tasks
 
     judge = config_from_args(args)
+    search = search_config(args)  # a ConfigError is a one-line usage error (cli.main)
     tasks = load_tasks(args.target, args.source)
-    try:
-        search = SearchConfig(rounds=args.rounds, samples=args.samples, exemplars=args.exemplars, strategy=args.strategy,
-                              temperature=args.tau, feedback=not args.no_feedback, budget_minutes=args.budget_minutes,
-                              max_evaluations=args.max_evaluations, seed=args.search_seed)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    plan = DevicePlan.detect(judge.device)
+    plan = plan_from_args(args, judge.device)
+    tracker = None
+    if args.report_to:
+        from cudal1.report.trackers import TrackerUnavailable, make_tracker
+
+        try:
+            tracker = make_tracker(args.report_to, args.out, {"judge": judge.to_dict(), "target": args.target}, tasks)
+        except TrackerUnavailable as exc:
+            raise UsageError(str(exc)) from None
     policy = make_policy(choose_policy(args), args, plan.device)
     reviewer = None
     if args.review:
@@ -120,12 +159,15 @@ def run(args: argparse.Namespace) -> int:
 
         reviewer = LLMReviewer(policy)
     total = len(tasks) * (1 + search.rounds * search.samples)
+    summary = None
     try:
         with progress(total, "optimize", not args.json) as bar:
             summary = optimize(tasks, policy, search, judge, args.out, hardware=hardware_name(plan), plan=plan,
-                               on_result=lambda r: bar.update(1), reviewer=reviewer)
+                               on_result=lambda r: (bar.update(1), tracker and tracker(r)), reviewer=reviewer)
     finally:
         policy.close()
+        if tracker is not None:
+            tracker.close(summary)
     if args.json:
         print_json(summary)
         return 0

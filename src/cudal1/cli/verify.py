@@ -2,7 +2,8 @@
 
 Re-judges every record with the full judge (reference = the record's ``ref_code``), compares
 measured with claimed speedup and classifies each record.  Writes ``OUT/verify_report.json``,
-keeps a resumable run store ``OUT/cudal1.sqlite`` and prints a summary table."""
+keeps a resumable run store ``OUT/cudal1.sqlite`` and prints a summary table.  ``cudal1 report OUT``
+renders the run (with the audit classes) as HTML, Markdown or JSON."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import argparse
 import json
 from pathlib import Path
 
-from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
+from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, batch_line, batch_summary, config_from_args,
+                               plan_from_args, print_json, progress, table)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,34 +25,39 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices (default: all)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on the last line")
     add_judge_flags(p)
+    add_backend_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.audit import AuditError, audit_rows, candidates_of, read_records, summarize
-    from cudal1.harness import DevicePlan, evaluate_pairs
+    from cudal1.report.verify import VerifyError, candidates_of, read_records, verify_report
+    from cudal1.runs import judge_recorded
     from cudal1.store import RunStore
     from cudal1.tasks import load_tasks
+
+    from cudal1.config import write_run_config
 
     config = config_from_args(args)
     tasks = load_tasks(args.suite, args.source) if args.suite else None
     try:
         records = read_records(args.file, tasks)
-    except AuditError as exc:
+    except VerifyError as exc:
         raise UsageError(str(exc)) from None
     todo = candidates_of(records)
-    plan = DevicePlan.detect(config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
+    plan = plan_from_args(args, config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    write_run_config(out, judge=config, verify={"file": str(args.file), "suite": args.suite, "slack": args.slack,
+                                                "device": plan.device, "lanes": list(plan.lanes), "backend": plan.backend})
     with RunStore(out / "cudal1.sqlite") as store, progress(len(todo), "verify", not args.json) as bar:
         run_id = store.start_run("verify", config.to_dict() | {"file": str(args.file)})
-        results = evaluate_pairs([(t, c) for _, t, c in todo], config, store=store, plan=plan, on_result=lambda r: bar.update(1))
+        stats: list = []
+        results = judge_recorded([(t, c) for _, t, c in todo], config, store=store, plan=plan, on_result=lambda r: bar.update(1),
+                                 on_stats=stats.append)
         store.finish_run(run_id, "done")
-    rows = audit_rows(records, {i: r for (i, _, _), r in zip(todo, results)}, args.slack)
-    summary = summarize(rows)
-    env = next((r.environment for r in results), None)
-    report = {"summary": summary, "records": rows, "environment": env.__dict__ if env else None,
-              "config": config.to_dict(), "file": str(args.file)}
+    report = verify_report(records, {i: r for (i, _, _), r in zip(todo, results)}, args.slack, config.to_dict(), str(args.file))
+    report["summary"]["batch"] = batch_summary(stats)  # where the time went (see docs/harness.md)
+    summary, rows = report["summary"], report["records"]
     (out / "verify_report.json").write_text(json.dumps(report, indent=1, default=str))
     if args.json:
         print_json(summary)
@@ -59,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
                 [(r["task"], r["class"], r["claimed"], r["measured"], r["status"], ",".join(r["flags"])) for r in rows]))
     print()
     print(table(["class", "count"], sorted(summary["classes"].items())))
-    c, m = summary["claimed"], summary["measured"]
-    print(f"\nclaimed  mean {c['mean'] and round(c['mean'], 3)}  median {c['median'] and round(c['median'], 3)}  geomean {c['geomean'] and round(c['geomean'], 3)}")
-    print(f"measured mean {m['mean'] and round(m['mean'], 3)}  median {m['median'] and round(m['median'], 3)}  geomean {m['geomean'] and round(m['geomean'], 3)}")
+    print()
+    print(table(["speedups", "mean", "median", "geomean"],
+                [(k, summary[k]["mean"], summary[k]["median"], summary[k]["geomean"]) for k in ("claimed", "measured")]))
+    print(batch_line(summary["batch"]))
     print(f"report: {out / 'verify_report.json'}")
     return 0

@@ -2,7 +2,7 @@
 
 Front door: :func:`evaluate` (one task, many candidates) and :func:`evaluate_pairs` (many tasks);
 :func:`measure_baselines` for eager / ``torch.compile`` / CUDA-graph baselines.  The harness knows
-nothing of prompts, policies or RL.
+nothing of prompts, policies, RL or run stores (resume and recording are :mod:`cudal1.runs`).
 
 What in-process isolation cannot prevent (stated honestly): the candidate and the reference run
 in the same worker process, so candidate code can in principle read the worker's memory — the
@@ -13,7 +13,9 @@ impossible.  Native code can do anything the process can.  Run untrusted candida
 you can afford to lose, under an OS sandbox if they may be hostile.
 """
 
-from cudal1.harness.api import DevicePlan, HarnessError, Job, evaluate, evaluate_pairs, measure_baselines, run_jobs
+from cudal1.harness.api import (DevicePlan, HarnessError, Job, evaluate, evaluate_pairs, measure_baselines, run_jobs,
+                                time_baselines)
 from cudal1.harness.baselines import MODES as BASELINE_MODES
 
-__all__ = ["BASELINE_MODES", "DevicePlan", "HarnessError", "Job", "evaluate", "evaluate_pairs", "measure_baselines", "run_jobs"]
+__all__ = ["BASELINE_MODES", "DevicePlan", "HarnessError", "Job", "evaluate", "evaluate_pairs", "measure_baselines", "run_jobs",
+           "time_baselines"]

@@ -12,11 +12,11 @@ that fails the parent's re-checks (``sandbox.verdict_problem``) is ``rejected`` 
 from __future__ import annotations
 
 import signal
-from typing import Any
-
 from cudal1.config import EvalConfig
 from cudal1.harness.sandbox import JobOutcome
+from cudal1.harness.spec import TimingStage
 from cudal1.harness.stats import bootstrap_speedup_ci, charge, speedup
+from cudal1.harness.faults import is_cuda_fault
 from cudal1.types import Correctness, Environment, EvalResult, Status, Timing
 
 _ENV_FIELDS = set(Environment.__dataclass_fields__)
@@ -39,10 +39,10 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
     r.stderr_tail = outcome.log_tail[-4000:]
     r.config_hash = config.hash()
     r.build_s = r.phase_s.get("build", 0.0)  # extensions built inside ModelNew.__init__
-    if outcome.built:
-        r.build_s += float(outcome.built.get("build_s", 0.0))
-        r.compile_log = str(outcome.built.get("compile_log", ""))
-    degenerate = outcome.task.get("degenerate")
+    if outcome.built is not None:
+        r.build_s += outcome.built.build_s or 0.0
+        r.compile_log = outcome.built.compile_log
+    degenerate = outcome.task.degenerate
     try:
         return _assemble(outcome, config, r)
     finally:
@@ -58,22 +58,22 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
         return r
     if outcome.result is None:
         return _no_verdict(outcome, r)
-    data = outcome.result
-    r.phase = str(data.get("phase") or outcome.phase)
-    r.status = Status(data["status"])
-    r.message = str(data.get("message", ""))
-    r.flags = list(dict.fromkeys(data.get("flags", [])))
-    if data.get("compile_log"):
-        r.compile_log = str(data["compile_log"])
-    if "build_s" in data:
-        r.build_s = float(data["build_s"]) + r.phase_s.get("build", 0.0)
-    if data.get("traceback"):
-        r.message = f"{r.message}\n{data['traceback']}".strip()
-    r.kernels = [str(k) for k in data.get("kernels") or []]
-    corr = data.get("correctness")
+    v = outcome.result
+    r.phase = v.phase or outcome.phase
+    r.status = Status(v.status)
+    r.message = v.message
+    r.flags = list(dict.fromkeys(v.flags))
+    if v.build.compile_log:
+        r.compile_log = v.build.compile_log
+    if v.build.build_s is not None:
+        r.build_s = v.build.build_s + r.phase_s.get("build", 0.0)
+    if v.traceback:
+        r.message = f"{r.message}\n{v.traceback}".strip()
+    r.kernels = list(v.kernels or [])
+    corr = v.correctness
     if corr:
         r.correctness = Correctness(**{k: v for k, v in corr.items() if k in Correctness.__dataclass_fields__})
-    _timings(data, config, r)
+    _timings(v.timing, config, r)
     return r
 
 
@@ -92,18 +92,20 @@ def _no_verdict(outcome: JobOutcome, r: EvalResult) -> EvalResult:
     else:
         r.flags = ["no_verdict"]
         r.message = f"worker exited (code {code}) without a verdict{where}"
-    if any(sign in outcome.log_tail for sign in ("illegal memory access", "invalid address space", "misaligned address", "unspecified launch failure")):
+    if is_cuda_fault(outcome.log_tail):
         r.flags.append("illegal_memory_access")
     if tail:
         r.message += ": " + " | ".join(tail)[-1000:]
     return r
 
 
-def _timings(data: dict[str, Any], config: EvalConfig, r: EvalResult) -> None:
-    ref, cand = data.get("ref_samples"), data.get("cand_samples")
-    raw = data.get("raw")
-    if raw:  # recompute the charge here from the raw clocks: the parent's numbers are authoritative
-        charged = charge(raw["ref_stream"], raw["ref_device"], raw["cand_stream"], raw["cand_device"], data.get("calibration") or [])
+def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
+    if t is None:
+        return
+    ref, cand = t.ref_samples, t.cand_samples
+    if t.raw:  # recompute the charge here from the raw clocks: the parent's numbers are authoritative
+        raw = t.raw
+        charged = charge(raw["ref_stream"], raw["ref_device"], raw["cand_stream"], raw["cand_device"], t.calibration or [])
         ref, cand = charged.ref_ms, charged.cand_ms
         if charged.side_stream and r.status is Status.OK:
             r.status = Status.REJECTED
@@ -112,7 +114,7 @@ def _timings(data: dict[str, Any], config: EvalConfig, r: EvalResult) -> None:
             r.flags.append("side_stream")
     if not ref or not cand:
         return
-    clock = str(data.get("clock", "cuda_event"))
+    clock = t.clock or "cuda_event"
     r.reference = Timing.from_samples(ref, clock, keep=config.keep_samples)
     r.candidate = Timing.from_samples(cand, clock, keep=config.keep_samples)
     if clock == "cpu_monotonic" and "cpu_timing" not in r.flags:

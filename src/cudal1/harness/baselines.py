@@ -2,7 +2,10 @@
 
 Each mode is timed with the same timer and protocol as candidates (the worker's ``baseline``
 mode), so a baseline speedup is directly comparable with a candidate speedup.  Registry:
-``MODES``; an unknown mode is an error.
+``MODES``; an unknown mode is an error.  Mode names are the shared vocabulary of
+:mod:`cudal1.compile_modes` (the builtin policy's exec passes use the same names, the same
+``torch.compile`` modes and the same :class:`~cudal1.cuda_graph.CudaGraphReplay`); the names
+used before it (``compile``, ``compile-ro``, ``max-autotune``) are accepted and resolved.
 """
 
 from __future__ import annotations
@@ -11,67 +14,57 @@ from typing import Any
 
 import torch
 
+from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH, CUDA_GRAPH_DESCRIPTION, EAGER, canonical
+from cudal1.cuda_graph import CudaGraphReplay
+
 MODES: dict[str, str] = {
-    "eager": "the reference as written",
-    "compile": "torch.compile, mode default",
-    "compile-ro": "torch.compile, mode reduce-overhead (CUDA graphs)",
-    "max-autotune": "torch.compile, mode max-autotune",
-    "cudagraph": "the reference's forward captured once in a CUDA graph and replayed",
+    EAGER: "the reference as written",
+    **{name: m.description for name, m in COMPILE_MODES.items()},
+    CUDA_GRAPH: f"the reference's forward: {CUDA_GRAPH_DESCRIPTION}, replayed",
 }
-_COMPILE_MODES = {"compile": "default", "compile-ro": "reduce-overhead", "max-autotune": "max-autotune"}
 
 
 def check_modes(modes: list[str], device: str) -> list[str]:
-    """Validate mode names (fail loudly); drop ``cudagraph`` on CPU."""
-    unknown = [m for m in modes if m not in MODES]
+    """Mode names resolved to the vocabulary (fail loudly on an unknown one); modes that need
+    CUDA (``cudagraph``, ``compile-reduce-overhead``) are dropped on CPU."""
+    resolved = [(m, canonical_mode(m)) for m in modes]
+    unknown = [m for m, r in resolved if r is None]
     if unknown:
         raise ValueError(f"unknown baseline mode(s): {', '.join(unknown)}; known: {', '.join(MODES)}")
-    return [m for m in modes if not (m == "cudagraph" and device == "cpu")]
+    return [r for _, r in resolved if not (device == "cpu" and _cuda_only(r))]  # type: ignore[arg-type]
 
 
-class CudaGraphReplay(torch.nn.Module):
-    """Replays one captured forward; inputs are copied into static buffers on every call.
+def canonical_mode(mode: str) -> str | None:
+    """``mode`` as named in ``MODES`` (old baseline names resolved), or None when unknown."""
+    try:
+        return canonical(mode, tuple(MODES))
+    except ValueError:
+        return None
 
-    The returned tensors are the graph's static outputs (overwritten by the next call), the
-    usual aliasing contract of CUDA-graph replay.
-    """
+
+def _cuda_only(mode: str) -> bool:
+    return mode == CUDA_GRAPH or (mode in COMPILE_MODES and COMPILE_MODES[mode].cuda_only)
+
+
+class GraphedModel(torch.nn.Module):
+    """``model`` behind :class:`CudaGraphReplay` without output copies: replay alone is timed, and
+    the returned tensors are the graph's static outputs (overwritten by the next call)."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.static_in: list[Any] = []
-        self.static_out: Any = None
-
-    def _capture(self, args: tuple) -> None:
-        self.static_in = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                self.model(*self.static_in)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.static_out = self.model(*self.static_in)
+        self.replay = CudaGraphReplay(model, clone_outputs=False)
 
     def forward(self, *args: Any) -> Any:
-        if self.graph is None:
-            self._capture(args)
-        for dst, src in zip(self.static_in, args):
-            if isinstance(dst, torch.Tensor):
-                dst.copy_(src)
-        self.graph.replay()
-        return self.static_out
+        return self.replay(*args)
 
 
 def wrap_baseline(mode: str, model: torch.nn.Module, device: torch.device) -> Any:
-    if mode == "eager":
+    mode = canonical(mode, tuple(MODES))
+    if mode == EAGER:
         return model
-    if mode in _COMPILE_MODES:
-        return torch.compile(model, mode=_COMPILE_MODES[mode])
-    if mode == "cudagraph":
-        if device.type != "cuda":
-            raise ValueError("cudagraph baseline needs CUDA")
-        return CudaGraphReplay(model)
-    raise ValueError(f"unknown baseline mode {mode!r}")
+    if mode in COMPILE_MODES:
+        return torch.compile(model, mode=COMPILE_MODES[mode].torch_mode)  # None: torch's default mode
+    if device.type != "cuda":
+        raise ValueError("cudagraph baseline needs CUDA")
+    return GraphedModel(model)

@@ -1,8 +1,11 @@
 """Output checks run inside the worker: structure, plain-tensor type, NaN/Inf positions, values.
 
-Contract: ``compare(ref, out, tolerances)`` returns a :class:`Mismatch` or ``None``; errors are
-computed in float64 (``|out - ref|`` against ``atol + rtol * |ref|`` elementwise, per-dtype
-(atol, rtol) from the tolerance table) and NaN/Inf positions must match exactly.  Integer and
+Contract: ``compare(ref, out, tolerances, device_type, exact=None)`` returns a :class:`Mismatch`
+or ``None`` and the errors it saw.  With ``exact`` (the reference's float64 outputs) every
+floating output the exact rule can judge is judged by it (:mod:`cudal1.harness.numerics`); the
+others, and every output when ``exact`` is None, by the fixed table: errors computed in float64
+(``|out - ref|`` against ``atol + rtol * |ref|`` elementwise, per-dtype (atol, rtol)).  NaN/Inf
+positions must match the fp32 reference's exactly.  Integer and
 bool outputs must match exactly.  Only plain ``torch.Tensor`` objects (not subclasses, not
 meta/fake tensors) count as outputs; anything else is a ``lazy_output``.
 
@@ -16,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from cudal1.harness.numerics import LeafCheck, exact_applies, leaf_check, within_limits
 
 # Captured before candidate code runs (see module docstring).
 _Tensor = torch.Tensor
@@ -42,7 +47,9 @@ class Errors:
     max_abs: float = 0.0
     max_rel: float = 0.0
     max_ref: float = 0.0  # largest finite |ref| (with max_abs: the parent's tolerance re-check)
-    by_dtype: dict[str, list[float]] = field(default_factory=dict)  # dtype -> [max_abs, max_ref]
+    by_dtype: dict[str, list[float]] = field(default_factory=dict)  # dtype -> [max_abs, max_ref] (fixed rule)
+    exact: list[LeafCheck] = field(default_factory=list)  # outputs judged by the exact rule
+    fixed: dict[str, str] = field(default_factory=dict)  # output path -> why the fixed rule judged it
 
 
 def leaves(obj: Any, path: str = "out") -> list[tuple[str, Any]]:
@@ -113,10 +120,15 @@ def _value_errors(ref: Any, out: Any, atol: float, rtol: float) -> tuple[Errors,
     return errors, n_bad, first
 
 
-def compare(ref: Any, out: Any, tolerances: dict[str, tuple[float, float]], device_type: str) -> tuple[Mismatch | None, Errors]:
-    """Check ``out`` against ``ref``.  Returns (mismatch or None, worst errors seen)."""
+def compare(ref: Any, out: Any, tolerances: dict[str, tuple[float, float]], device_type: str,
+            exact: Any = None, limits: dict[str, tuple[float, float]] | None = None) -> tuple[Mismatch | None, Errors]:
+    """Check ``out`` against ``ref`` (and ``exact``, the float64 answer, when given).  ``limits``
+    (output path -> relative limits from the correctness trials, see ``LeafCheck.limits``) judges
+    those outputs against ``ref`` alone: the re-check of timed outputs.  Returns (mismatch or
+    None, errors seen)."""
     worst = Errors()
     ref_leaves, out_leaves = leaves(ref), leaves(out)
+    exact_leaves = dict(leaves(exact)) if exact is not None else {}
     for path, o in out_leaves:
         if isinstance(o, _Tensor) or hasattr(o, "__torch_function__"):
             problem = plain_tensor_problem(o, device_type)
@@ -125,13 +137,15 @@ def compare(ref: Any, out: Any, tolerances: dict[str, tuple[float, float]], devi
     if [p for p, _ in ref_leaves] != [p for p, _ in out_leaves]:
         return Mismatch("shape_mismatch", f"output structure differs: {len(out_leaves)} leaves, want {len(ref_leaves)}"), worst
     for (path, r), (_, o) in zip(ref_leaves, out_leaves):
-        mismatch = _compare_leaf(path, r, o, tolerances, worst)
+        mismatch = _compare_leaf(path, r, o, tolerances, worst, exact_leaves.get(path), exact is not None,
+                                 (limits or {}).get(path))
         if mismatch:
             return mismatch, worst
     return None, worst
 
 
-def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, float]], worst: Errors) -> Mismatch | None:
+def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, float]], worst: Errors,
+                  e: Any = None, with_exact: bool = False, limit: tuple[float, float] | None = None) -> Mismatch | None:
     if not isinstance(r, _Tensor):
         if isinstance(o, _Tensor) or type(o) is not type(r):
             return Mismatch("shape_mismatch", f"{path}: got {type(o).__name__}, want {type(r).__name__}")
@@ -155,6 +169,22 @@ def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, 
     if not _equal(_isnan(o), _isnan(r)):
         n = int((_isnan(o) != _isnan(r)).sum().item())
         return Mismatch("nan_mismatch", f"{path}: NaN positions differ at {n} elements")
+    if limit is not None and not with_exact:
+        inf_r, inf_o = _isinf(r), _isinf(o)
+        if bool(((inf_r != inf_o) | (inf_r & (o != r))).any().item()):
+            return Mismatch("nan_mismatch", f"{path}: Inf positions differ")
+        problem = within_limits(path, r, o, limit)
+        return Mismatch("value_mismatch", problem) if problem else None
+    if with_exact:
+        why = exact_applies(r, e)
+        if not why:
+            inf_r, inf_o = _isinf(r), _isinf(o)
+            if bool((inf_r | inf_o).any().item()):  # an Inf must be the same Inf (finite ones: below)
+                differ = (inf_r != inf_o) | (inf_r & (o != r))
+                if bool(differ.any().item()):
+                    return Mismatch("nan_mismatch", f"{path}: Inf positions differ at {int(differ.sum().item())} elements")
+            return _exact_leaf(path, e, r, o, tolerances, worst)
+        worst.fixed[path] = why
     dtype = str(r.dtype).replace("torch.", "")
     atol, rtol = tolerances.get(dtype, (1e-4, 1e-4))
     errors, n_bad, first = _value_errors(r, o, atol, rtol)
@@ -169,6 +199,26 @@ def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, 
             f"(max abs {errors.max_abs:.3g}, max rel {errors.max_rel:.3g}); {first}",
             errors.max_abs,
             errors.max_rel,
+        )
+    return None
+
+
+def _exact_leaf(path: str, e: Any, r: Any, o: Any, table: dict[str, tuple[float, float]], worst: Errors) -> Mismatch | None:
+    check = leaf_check(path, e, r, o)
+    worst.exact.append(check)
+    d = check.summary(table)
+    scale = check.exact_l2 or 1.0
+    worst.max_abs = max(worst.max_abs, check.cand_inf)
+    worst.max_rel = max(worst.max_rel, check.cand_l2 / scale)
+    if check.ratio(table) > 1.0:
+        b2, binf = check.bounds(table)
+        return Mismatch(
+            "value_mismatch",
+            f"{path}: error against the float64 answer exceeds the bound: normwise {d['cand_err']:.3g} "
+            f"(bound {d['bound']:.3g}; the fp32 reference's own {d['ref_err']:.3g}), worst element "
+            f"{check.cand_inf:.3g} (bound {binf:.3g}; reference's own {check.ref_inf:.3g})",
+            check.cand_inf,
+            check.cand_l2 / scale,
         )
     return None
 

@@ -12,7 +12,7 @@ Checked after the candidate is imported, after it is constructed and after every
   (a Python signal handler receives the interrupted frame without any audited call).
 
 These checks run *after* the fact; what must be stopped before it happens (obtaining frames,
-walking ``gc``, signing a message) is the audit hook's job (:mod:`cudal1.harness.audit_guard`).
+walking ``gc``, signing a message) is the audit hook's job (:mod:`cudal1.harness.signing_hook`).
 
 Limits: identity checks catch rebinding, not in-place mutation of a function's ``__code__``
 of pure-Python helpers we do not list, nor anything native code does.
@@ -21,7 +21,6 @@ of pure-Python helpers we do not list, nor anything native code does.
 from __future__ import annotations
 
 import importlib
-import json
 import sys
 import time
 from typing import Any
@@ -84,11 +83,18 @@ _JUDGE: list[tuple[str, str]] = [
     ("cudal1.harness.compare", n) for n in ("compare", "_compare_leaf", "_value_errors", "tensors_equal",
                                             "plain_tensor_problem", "output_problem", "leaves")
 ] + [
+    ("cudal1.harness.numerics", n) for n in ("leaf_check", "within_limits", "exact_applies", "to_float64")
+] + [
+    ("cudal1.harness.numerics.LeafCheck", n) for n in ("bounds", "ratio", "limits", "summary", "record")
+] + [
+    ("cudal1.harness.numerics.ExactReference", "__call__"), ("cudal1.harness.numerics.ExactAnswers", "prepare"),
+    ("cudal1.harness.measure", "stale"), ("cudal1.harness.measure", "record_rule"),
     ("cudal1.harness.stats", "charge"), ("cudal1.harness.timer.CudaTimer", "time_call"),
     ("cudal1.harness.timer.CpuTimer", "time_call"), ("cudal1.harness.runtime_guard.RuntimeGuard", "violation"),
 ] + [
     ("cudal1.harness.worker.Worker", n) for n in ("correctness", "timing", "recheck", "settle", "check_math",
                                                    "make_inputs", "run_model", "finish", "send", "tolerances",
+                                                   "exact_reference",
                                                    "verify_extraordinary", "memory_floor_ms", "sync", "poison")
 ]
 # Namespaces whose every callable is snapshotted (a rebinding of, say, torch.diag would make the
@@ -158,8 +164,8 @@ class RuntimeGuard:
         otherwise switch a check off or change the config the protocol reads)."""
         self.worker = worker
         self.worker_threads = worker.threads
-        self.worker_job = _freeze(worker.job)
-        self.worker_methods = {k for k, v in vars(type(worker)).items() if callable(v)}
+        self.worker_job = worker.spec.fingerprint()
+        self.worker_methods = {k for cls in type(worker).__mro__[:-1] for k, v in vars(cls).items() if callable(v)}
 
     def watch_reference(self, ref_module: Any, ref_model: Any) -> None:
         """Guard the reference too: its module's ``Model``/``get_inputs`` and the model's
@@ -198,7 +204,7 @@ class RuntimeGuard:
                 return "tampering", f"the worker's {sorted(shadowed)[0]} was shadowed on the instance"
             if self.worker.threads is not self.worker_threads:
                 return "tampering", "the worker's thread inventory was replaced"
-            if _freeze(self.worker.job) != self.worker_job:
+            if self.worker.spec.fingerprint() != self.worker_job:
                 return "tampering", "the judge's job (config, tolerances, seeds) was modified"
         found = _candidate_signal_handler(self.signals)
         if found:
@@ -253,10 +259,6 @@ def _candidate_signal_handler(before: dict[int, Any]) -> str:
         if not module.startswith(("torch", "triton", "multiprocessing", "concurrent", "asyncio", "cudal1.harness")):
             return f"a Python signal handler was installed for signal {sig} ({module or type(now).__name__})"
     return ""
-
-
-def _freeze(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, default=repr)
 
 
 def settle_s() -> float:

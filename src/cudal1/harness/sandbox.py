@@ -6,7 +6,7 @@ nothing from the parent), runs in its own process group, and is killed with SIGK
 process it started, e.g. a hung ``nvcc``) when a phase overruns.  Messages are read raw by a
 reader thread and verified by :class:`~cudal1.harness.channel.Receiver`; a forged, malformed or
 replayed message ends the job with ``tampering``, and so does a ``tamper`` report from the
-worker's audit hook (:mod:`cudal1.harness.audit_guard`: candidate code reached for frames, ``gc``
+worker's audit hook (:mod:`cudal1.harness.signing_hook`: candidate code reached for frames, ``gc``
 or the channel).  The parent also re-checks what it can of an ``ok`` verdict with its own copy
 of the job (:func:`verdict_problem`): the protocol's phases all announced, in order; every
 correctness trial run and passed; the reported errors within *its* tolerance table.
@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
+from cudal1.harness.numerics import LeafCheck
+from cudal1.harness.spec import BuildStage, TaskFindings, WorkerSpec, WorkerVerdict
 
 _EXIT_GRACE_S = 15.0
 _POLL_S = 0.05
@@ -75,12 +77,12 @@ def get_context() -> Any:
 
 @dataclass
 class JobOutcome:
-    """What a worker child did.  ``result`` is the data of its signed ``result`` message."""
+    """What a worker child did.  ``result`` is its signed ``result`` message, typed."""
 
-    result: dict[str, Any] | None = None
+    result: WorkerVerdict | None = None
     env: dict[str, Any] = field(default_factory=dict)
-    built: dict[str, Any] = field(default_factory=dict)
-    task: dict[str, Any] = field(default_factory=dict)  # task-level findings (degenerate)
+    built: BuildStage | None = None  # the worker's ``built`` message (import finished)
+    task: TaskFindings = field(default_factory=TaskFindings)  # task-level findings (degenerate, float64 answers)
     phase: str = "start"
     timed_out: bool = False
     limit_s: float = 0.0
@@ -165,22 +167,22 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _job_target(job: dict[str, Any], conn: Any, key_holder: list) -> None:
+def _job_target(spec: WorkerSpec, conn: Any, key_holder: list) -> None:
     _die_with_parent()
     os.setsid()  # own process group, so a kill reaches builds it started too
     _close_inherited_fds(conn.fileno())
     _forget_inherited_helpers()
     from cudal1.harness.worker import worker_entry
 
-    worker_entry(job, conn, key_holder)  # empties key_holder: the key ends up in the audit hook only
+    worker_entry(spec, conn, key_holder)  # empties key_holder: the key ends up in the audit hook only
 
 
-def run_job(job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
+def run_job(spec: WorkerSpec, limits: dict[str, float]) -> JobOutcome:
     """Run one worker job; ``limits`` maps phase name → seconds (``setup``, ``import``, ...)."""
     ctx = get_context()
     key = secrets.token_bytes(32)
     recv_conn, send_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_job_target, args=(job, send_conn, [key]), daemon=False)
+    proc = ctx.Process(target=_job_target, args=(spec, send_conn, [key]), daemon=False)
     outcome = JobOutcome()
     t0 = time.monotonic()
     _no_main.active = True
@@ -192,19 +194,19 @@ def run_job(job: dict[str, Any], limits: dict[str, float]) -> JobOutcome:
     messages: queue.Queue[bytes | None] = queue.Queue()
     threading.Thread(target=_reader, args=(recv_conn, messages), daemon=True).start()
     try:
-        _monitor(proc, messages, Receiver(key), limits, outcome, t0, job)
+        _monitor(proc, messages, Receiver(key), limits, outcome, t0, spec)
     finally:
         _kill_group(proc)
         proc.join(timeout=5)
         recv_conn.close()
         outcome.exitcode = proc.exitcode
         outcome.wall_s = time.monotonic() - t0
-        outcome.log_tail = _tail(job.get("log_path", ""))
+        outcome.log_tail = _tail(spec.log_path)
     return outcome
 
 
 def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receiver, limits: dict[str, float],
-             outcome: JobOutcome, t0: float, job: dict[str, Any] | None = None) -> None:
+             outcome: JobOutcome, t0: float, spec: WorkerSpec | None = None) -> None:
     outcome.phase = "setup"
     phases = ["setup"]
     outcome.limit_s = limits["setup"]
@@ -238,9 +240,10 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
         elif msg.kind == "env":
             outcome.env = msg.data
         elif msg.kind == "built":
-            outcome.built = msg.data
-        elif msg.kind == "task":
-            outcome.task = msg.data
+            outcome.built = BuildStage(build_s=float(msg.data.get("build_s") or 0.0),
+                                       compile_log=str(msg.data.get("compile_log") or ""))
+        elif msg.kind == "task" and outcome.phase == "reference":  # sent before candidate code runs
+            outcome.task = TaskFindings.from_message(msg.data)
         elif msg.kind == "tamper":
             outcome.tamper = f"the worker's audit guard stopped the candidate: {msg.data.get('reason', '')}"
             outcome.result = None
@@ -252,12 +255,16 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
                 return
             now = time.monotonic()
             outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
-            problem = verdict_problem(job, phases, msg.data) if job is not None else ""
+            problem = verdict_problem(spec, phases, msg.data) if spec is not None else ""
             if problem:
                 outcome.tamper = f"the verdict does not hold up: {problem}"
                 outcome.result = None
                 return
-            outcome.result = msg.data
+            try:
+                outcome.result = WorkerVerdict.from_message(msg.data)
+            except (KeyError, TypeError, ValueError) as exc:
+                outcome.tamper = f"verdict channel: malformed verdict ({type(exc).__name__}: {exc})"
+                return
             deadline = time.monotonic() + _EXIT_GRACE_S  # let it exit; a later message is tampering
 
 
@@ -266,26 +273,33 @@ _PROTOCOL = {"build": ["setup", "import"],
              "baseline": ["setup", "reference", "import", "construct", "correctness", "timing"]}
 
 
-def verdict_problem(job: dict[str, Any], phases: list[str], data: dict[str, Any]) -> str:
+def verdict_problem(spec: WorkerSpec, phases: list[str], data: dict[str, Any]) -> str:
     """Why an ``ok`` verdict cannot be right, judged with the parent's own copy of the job
     ('' when it holds up).  Only a worker whose judge state was tampered with can trip these:
     they are re-checks, not the primary decision."""
     if data.get("status") != "ok":
         return ""
-    want = _PROTOCOL.get(str(job.get("mode")), [])
+    want = _PROTOCOL.get(spec.mode, [])
     it = iter(phases)
     if not all(any(p == w for p in it) for w in want):
         return f"phases {phases} do not contain the protocol's {want} in order"
-    if job.get("mode") == "build":
+    if spec.mode == "build":
         return ""
     corr = data.get("correctness") or {}
-    trials = int((job.get("config") or {}).get("correctness_trials", 1))
+    trials = spec.config.correctness_trials
     if not (int(corr.get("passed") or 0) == int(corr.get("trials") or 0) >= trials):
         return f"{corr.get('passed')} of {corr.get('trials')} correctness trials passed, {trials} required"
     raw = data.get("raw") or {}
     if not raw.get("cand_stream") or len(raw.get("cand_stream", [])) != len(raw.get("ref_stream", [])):
         return "no timed calls reported"
-    tolerances = job.get("tolerances") or {}
+    tolerances = spec.tolerances
+    for dtype, record in (corr.get("exact_checks") or {}).items():
+        if "@exact" not in tolerances:
+            return "the worker judged with the exact rule, which this job's table does not hold"
+        check = LeafCheck.from_record(dtype, record)
+        if check.ratio(tolerances) > 1 + 1e-9:
+            return (f"a {dtype} error of {check.cand_l2:.3g} (normwise, worst element {check.cand_inf:.3g}) "
+                    f"exceeds the exact rule's bound {check.bounds(tolerances)}")
     for dtype, (max_abs, max_ref) in (corr.get("by_dtype") or {}).items():
         atol, rtol = tolerances.get(dtype, (1e-4, 1e-4))
         bound = (float(atol) + float(rtol) * float(max_ref)) * (1 + 1e-9)

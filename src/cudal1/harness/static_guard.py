@@ -145,7 +145,7 @@ def check_introspection(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]
 def check_frames(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
     """Frame, traceback and closure walking (``exc.__traceback__.tb_frame.f_back.f_locals``),
     thread-frame and signal-handler access, ``ctypes.pythonapi``.  A computed ``getattr`` name
-    gets past this check; the worker's audit hook (audit_guard) is the runtime layer."""
+    gets past this check; the worker's audit hook (signing_hook) is the runtime layer."""
     out = []
     for node in ast.walk(tree):
         attr = None

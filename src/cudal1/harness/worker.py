@@ -1,19 +1,23 @@
-"""The worker: runs one reference/candidate pair inside a killable child process.
+"""The worker's protocol: runs one reference/candidate pair inside a killable child process.
 
-Contract: ``worker_entry(job, conn, key_holder)`` is the child's only entry point.  It installs
-the audit hook (:mod:`cudal1.harness.audit_guard`: the only holder of the channel key) before
+Contract: ``worker_entry(spec, conn, key_holder)`` is the child's only entry point; ``spec`` is the
+typed :class:`~cudal1.harness.spec.WorkerSpec`.  It installs
+the audit hook (:mod:`cudal1.harness.signing_hook`: the only holder of the channel key) before
 any task code runs, announces each phase (``setup``, ``import``, ``construct``, ``correctness``,
 ``timing``) on the signed channel, sends its environment, and ends with exactly one ``result``
 message, then leaves with ``os._exit`` so that no candidate ``atexit`` hook runs.  Messages go
 through :meth:`Worker.send` (an audit event the hook signs only for the judge's own call
 chain); no object on the worker's stack holds the key or the tolerance table.  Everything the
-child prints goes to ``job['log_path']``.  The parent enforces the per-phase deadlines and turns
+child prints goes to ``spec.log_path``.  The parent enforces the per-phase deadlines and turns
 a missing verdict (crash, signal, ``os._exit``) into a result; this module never decides about
 time limits.
 
-After every candidate call (and after import and construction) the thread inventory looks for
-work the call did not wait for (:meth:`Worker.settle`): outside the timed region, a few
-microseconds when there is nothing to find.
+This module owns the protocol (phases, messages, imports, construction, the task probe); the
+measurements (correctness trials, timing, re-checks, settle checks) are the
+:class:`~cudal1.harness.measure.Measurement` mixin.  After every candidate call (and after import
+and construction) the thread inventory looks for work the call did not wait for
+(:meth:`Worker.settle`): outside the timed region, a few microseconds when there is nothing to
+find.
 
 Modes: ``eval`` (the full protocol), ``build`` (import the candidate with no GPU visible, so
 ``load_inline`` fills the build cache ahead of GPU timing), ``baseline`` (the reference against a
@@ -26,8 +30,6 @@ import faulthandler
 import importlib.util
 import json
 import os
-import random
-import statistics
 import sys
 import time
 import traceback
@@ -35,35 +37,18 @@ from typing import Any
 
 import torch
 
-from cudal1.harness import audit_guard
-from cudal1.harness import compare as cmp
+from cudal1.harness import signing_hook
 from cudal1.harness.degenerate import degenerate_reason, fingerprint
+from cudal1.harness.faults import is_cuda_fault
 from cudal1.harness.kernels import custom_kernels
-from cudal1.harness.memory import L2Flusher, poison_free_blocks
-from cudal1.harness.runtime_guard import RuntimeGuard, _sleep, settle_s
-from cudal1.harness.stats import charge
-from cudal1.harness.timer import make_timer
+from cudal1.harness.numerics import ExactAnswers, ExactReference
+from cudal1.harness.runtime_guard import RuntimeGuard
+from cudal1.harness.measure import Measurement, Verdict, clone_tree, scrub
+from cudal1.harness.spec import WorkerSpec
 
 _perf = time.perf_counter
-_THREAD_GRACE_S = 0.1  # a thread seen right after a call gets this long to finish (its writes are watched)
 _audit = sys.audit  # captured before candidate code runs
 _dumps = json.dumps
-
-
-class Verdict(Exception):
-    """Ends the protocol early with a status (a ``Status`` value) and flags."""
-
-    def __init__(self, status: str, message: str, *flags: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.message, self.flags, self.extra = status, message, list(flags), extra
-
-
-def clone_tree(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(clone_tree(x) for x in obj)
-    return obj
 
 
 def load_module(path: str, name: str) -> Any:
@@ -77,39 +62,35 @@ def load_module(path: str, name: str) -> Any:
     return module
 
 
-# Sticky CUDA faults: after one of these the worker's CUDA context is unusable.
-_CUDA_FAULTS = ("illegal memory access", "illegal instruction", "misaligned address", "invalid address space",
-                "unspecified launch failure", "cudaErrorLaunchFailure", "device-side assert triggered")
-# ("device-side assert triggered", not "device-side assert": torch appends "Compile with
-# `TORCH_USE_CUDA_DSA` to enable device-side assertions" to *every* CUDA error message.)
-
-
 def classify_runtime(exc: BaseException, phase: str) -> Verdict:
     """Map an exception raised from construction on to a ``runtime_error`` verdict."""
     text = f"{type(exc).__name__}: {exc}"
     flags = []
     if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
         flags.append("oom")
-    if any(sign in text for sign in _CUDA_FAULTS):
+    if is_cuda_fault(text):
         flags.append("illegal_memory_access")
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
     return Verdict("runtime_error", f"{phase}: {text[:2000]}", *flags, traceback=tb[-4000:])
 
 
-class Worker:
-    def __init__(self, job: dict[str, Any], threads: Any = None) -> None:
-        self.job = job
-        self.cfg = job["config"]
-        self.threads = threads or (lambda: [])  # audit_guard's thread inventory
+class Worker(Measurement):
+    def __init__(self, spec: WorkerSpec, threads: Any = None) -> None:
+        self.spec = spec
+        self.cfg = spec.config
+        self.threads = threads or (lambda: [])  # signing_hook's thread inventory
         self.device = torch.device("cpu")
-        self.input_seed = int(job["input_seed"])
-        self.log_path = job["log_path"]
+        self.input_seed = spec.input_seed
+        self.log_path = spec.log_path
         self.guard: RuntimeGuard | None = None
         self.current_phase = ""
         self.extra_flags: list[str] = []  # informational flags gathered along the protocol
         self.resume_phase = ""
         self.degenerate: str | None = None
         self.ref_mod: Any = None
+        self.exact: ExactReference | None = None  # the float64 reference (exact rule), built before candidate code runs
+        self.recheck_limits: dict[str, tuple[float, float]] = {}  # output path -> limits for timed re-checks
+        self.answers = ExactAnswers()  # float64 answers of the correctness inputs (shared across candidates)
 
     # ---- protocol -----------------------------------------------------------------------
     def run(self) -> None:
@@ -119,17 +100,18 @@ class Worker:
             self.phase(phase)
             self.setup()
             ref_mod = self.ref_mod = self.load_reference()
-            if self.job["mode"] != "build":
+            if self.spec.mode != "build":
                 phase = "reference"
                 self.phase(phase)
                 with torch.no_grad():
                     ref_model = self.construct_reference(ref_mod)
+                    self.exact = self.exact_reference(ref_model)
                     self.probe_task(ref_mod, ref_model)
                 self.guard.watch_reference(ref_mod, ref_model)
             phase = "import"
             self.phase(phase)
             model_new = self.import_candidate()
-            if self.job["mode"] == "build":
+            if self.spec.mode == "build":
                 raise Verdict("ok", "built")
             phase = "construct"
             self.phase(phase)
@@ -137,7 +119,7 @@ class Worker:
             phase = "correctness"
             self.phase(phase)
             with torch.no_grad():
-                estimate, correctness = self.correctness(ref_model, cand_model, self.input_seed, int(self.cfg["correctness_trials"]))
+                estimate, correctness = self.correctness(ref_model, cand_model, self.input_seed, self.cfg.correctness_trials)
                 result["correctness"] = correctness
                 kernels = self.kernel_names(cand_model)
                 if kernels is not None:
@@ -146,11 +128,11 @@ class Worker:
                         self.extra_flags.append("no_custom_kernel")
                 phase = "timing"
                 self.phase(phase)
-                result.update(self.timing(ref_model, cand_model, estimate, float(self.cfg["recheck_fraction"])))
+                result.update(self.timing(ref_model, cand_model, estimate, self.cfg.recheck_fraction))
                 result.update(self.verify_extraordinary(ref_model, cand_model, estimate, result))
             result["correctness"]["rechecked"] = result.pop("rechecked", 0)
             flags = ["side_stream"] if result.get("side_stream") else []
-            from cudal1.harness.build_memo import failed_builds
+            from cudal1.harness.build import failed_builds
 
             if failed_builds:  # it built nothing, yet ran: PyTorch fallback behind try/except
                 self.extra_flags.append("pytorch_fallback")
@@ -183,24 +165,24 @@ class Worker:
 
     def send(self, kind: str, **data: Any) -> None:
         """One message on the verdict channel: the audit hook signs it if this call came down
-        the judge's own protocol chain (see audit_guard)."""
+        the judge's own protocol chain (see signing_hook)."""
         _audit("cudal1.channel", kind, _dumps(data, default=str))
 
     # ---- phases -------------------------------------------------------------------------
     def setup(self) -> None:
-        want = self.job["device"]
+        want = self.spec.device
         if want == "cuda":
             if not torch.cuda.is_available():
                 raise Verdict("runtime_error", "CUDA requested but no GPU is visible to the worker")
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
-        if self.cfg.get("math_mode", "strict") == "strict":
+        if self.cfg.math_mode == "strict":
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
-        from cudal1.harness import build_memo
+        from cudal1.harness import build
 
-        build_memo.install(self.building)
+        build.install_memo(self.building)
         self.guard = RuntimeGuard()
         self.guard.watch_worker(self)
         from cudal1.harness.envinfo import collect_environment
@@ -209,17 +191,17 @@ class Worker:
 
     def load_reference(self) -> Any:
         try:
-            return load_module(self.job["reference_path"], self.job["reference_module"])
+            return load_module(self.spec.reference_path, self.spec.reference_module)
         except BaseException as exc:  # noqa: BLE001
             raise Verdict("runtime_error", f"reference failed to import: {type(exc).__name__}: {exc}", "reference_error") from None
 
     def import_candidate(self) -> Any:
-        if self.job["mode"] == "baseline":
+        if self.spec.mode == "baseline":
             return None
         start = os.path.getsize(self.log_path)
         t0 = _perf()
         try:
-            path, name = self.job["candidate_path"], self.job["candidate_module"]
+            path, name = self.spec.candidate_path, self.spec.candidate_module
             spec = importlib.util.spec_from_file_location(name, path)
             if spec is None or spec.loader is None:
                 raise ImportError(f"cannot import {path}")
@@ -247,7 +229,7 @@ class Worker:
 
     def construct_reference(self, ref_mod: Any, seed: int | None = None) -> Any:
         try:
-            torch.manual_seed(int(self.cfg["seed"]) if seed is None else seed)
+            torch.manual_seed(self.cfg.seed if seed is None else seed)
             return ref_mod.Model(*self.init_inputs(ref_mod)).to(self.device)
         except BaseException as exc:  # noqa: BLE001
             raise Verdict("runtime_error", f"reference failed to construct: {type(exc).__name__}: {exc}", "reference_error") from None
@@ -264,7 +246,7 @@ class Worker:
             other = None
             params = [p for p in ref_model.parameters() if p.is_floating_point()]
             if params:
-                other_model = self.construct_reference(ref_mod, int(self.cfg["seed"]) + 1)
+                other_model = self.construct_reference(ref_mod, self.cfg.seed + 1)
                 other_params = [p for p in other_model.parameters() if p.is_floating_point()]
                 # Only a model whose initialisation really differs can be init-independent.
                 if any(not torch.equal(a, b) for a, b in zip(params, other_params)):
@@ -276,103 +258,27 @@ class Worker:
             raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}", "reference_error") from None
         self.poison()
         self.degenerate = degenerate_reason(prints, other)
-        self.send("task", degenerate=self.degenerate)
+        if self.exact is not None:
+            cache = self.spec.exact_cache
+            trials = self.cfg.correctness_trials
+            self.answers.prepare(self.exact, [self.input_seed + i for i in range(trials)], self.make_inputs,
+                                 cache.path if cache else None, cache.digest if cache else None)
+            self.poison()
+        self.send("task", degenerate=self.degenerate, exact_digest=self.answers.digest, exact_source=self.answers.source)
 
     def construct_candidate(self, ref_mod: Any, model_new: Any) -> Any:
-        torch.manual_seed(int(self.cfg["seed"]))
-        if self.job["mode"] == "baseline":
+        torch.manual_seed(self.cfg.seed)
+        if self.spec.mode == "baseline":
             from cudal1.harness.baselines import wrap_baseline
 
             model = ref_mod.Model(*clone_tree(self.init_inputs(ref_mod))).to(self.device)
-            return wrap_baseline(self.job["baseline_mode"], model, self.device)
+            return wrap_baseline(self.spec.baseline_mode, model, self.device)
         cand_model = model_new(*clone_tree(self.init_inputs(ref_mod)))
         if isinstance(cand_model, torch.nn.Module):
             cand_model = cand_model.to(self.device)
         self.check_math("construct")
         self.settle("construct")
         return cand_model
-
-    def make_inputs(self, seed: int) -> list:
-        """Fresh inputs from the task's ``get_inputs`` under ``seed``, created on the device."""
-        torch.manual_seed(seed)
-        random.seed(seed)
-        with torch.device(self.device):
-            inputs = list(self.ref_mod.get_inputs())
-        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in inputs]
-
-    def run_model(self, model: Any, args: list) -> tuple[Any, float]:
-        self.sync()
-        t0 = _perf()
-        out = model(*args)
-        self.sync()
-        return out, (_perf() - t0) * 1e3
-
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-
-    def correctness(self, ref_model: Any, cand_model: Any, seed0: int, trials: int) -> tuple[dict, dict]:
-        """Fresh inputs per trial; the candidate runs first on even trials, second on odd ones."""
-        est: dict[str, list[float]] = {"ref": [], "cand": []}
-        corr = {"trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None, "detail": "",
-                "by_dtype": {}}
-        models = {"ref": ref_model, "cand": cand_model}
-        for i in range(trials):
-            corr["trials"] = i + 1
-            inputs = self.make_inputs(seed0 + i)
-            outs: dict[str, Any] = {}
-            for who in (("cand", "ref") if i % 2 == 0 else ("ref", "cand")):
-                args = clone_tree(inputs)
-                outs[who], ms = self.run_model(models[who], args)
-                est[who].append(ms)
-                if who == "cand":
-                    busy = self.threads()  # first thing after the call: a late writer may be quick
-                    problem = cmp.output_problem(outs[who], self.device.type)
-                    early = clone_tree(outs[who]) if busy and not problem else None  # before the slower checks
-                    self.check_math(f"correctness trial {i}")
-                    if not cmp.tensors_equal(args, inputs):
-                        raise Verdict("rejected", f"trial {i}: the candidate modified its inputs", "input_mutation", correctness=corr)
-                    if problem:
-                        raise Verdict("rejected", f"trial {i}: {problem}", "lazy_output", correctness=corr)
-                    self.settle(f"trial {i}", outs[who], full=i < 2, busy=busy, snapshot=early, correctness=corr)
-                    del early
-                del args
-                self.poison()
-            mismatch, errors = cmp.compare(outs["ref"], outs["cand"], self.tolerances(), self.device.type)
-            corr["max_abs_error"] = max(corr["max_abs_error"], errors.max_abs)
-            corr["max_rel_error"] = max(corr["max_rel_error"], errors.max_rel)
-            for dtype, (max_abs, max_ref) in errors.by_dtype.items():
-                seen = corr["by_dtype"].setdefault(dtype, [0.0, 0.0])
-                seen[0], seen[1] = max(seen[0], max_abs), max(seen[1], max_ref)
-            if mismatch is not None:
-                corr.update(failing_trial=i, detail=mismatch.detail)
-                status = "rejected" if mismatch.flag == "lazy_output" else "incorrect"
-                raise Verdict(status, f"trial {i}: {mismatch.detail}", mismatch.flag, correctness=corr)
-            corr["passed"] = i + 1
-            scrub(outs["ref"])
-            del outs, inputs
-            self.poison()
-        return est, corr
-
-    def kernel_names(self, cand_model: Any) -> list[str] | None:
-        """CUDA kernels launched by one profiled candidate forward (None off CUDA or when the
-        profiler is unavailable)."""
-        if self.device.type != "cuda" or self.job["mode"] == "baseline":
-            return None
-        from torch.profiler import ProfilerActivity, profile
-
-        inputs = self.make_inputs(self.input_seed + 80_000)
-        try:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                out = cand_model(*inputs)
-                self.sync()
-                busy = self.threads()
-            events = prof.events()
-        except Exception:  # noqa: BLE001 - informational only
-            return None
-        self.settle("profiled call", out, busy=busy)
-        cuda = torch.autograd.DeviceType.CUDA
-        return sorted({e.name for e in events if getattr(e, "device_type", None) == cuda})[:200]
 
     def tolerances(self) -> dict[str, tuple[float, float]]:
         """The tolerance table, fresh from the audit hook on every use: no object on the
@@ -383,175 +289,6 @@ class Worker:
             raise RuntimeError("the audit guard is not installed: no tolerance table")
         return table
 
-    def settle(self, where: str, out: Any = None, full: bool = False, busy: list | None = None, snapshot: Any = None,
-               **extra: Any) -> None:
-        """Nothing may still be working for the call after it returned: no thread running
-        candidate code (or a C callable handed to a thread/pool, or a pending Timer) and, for
-        ``full`` settle checks (the first two correctness trials) or when such a thread is
-        seen, an output that stays the same for ``settle_s()`` (a background thread or an
-        unjoined stream still writing it).  Honest code pays one inventory (microseconds);
-        only a suspicious thread costs a wait, up to ``_THREAD_GRACE_S`` for it to finish (a
-        generous grace does not weaken the check: the output is snapshotted first, so a thread
-        that writes it during the grace is caught by the comparison).  ``busy``/``snapshot``: an
-        inventory and a copy of the output taken right after the call returned (before slower
-        checks)."""
-        if busy is None:
-            busy = self.threads()
-        if not busy and not full:
-            return
-        if snapshot is None and out is not None:
-            snapshot = clone_tree(out)
-        deadline = _perf() + max(settle_s(), _THREAD_GRACE_S)
-        if full:
-            _sleep(settle_s())
-            busy = self.threads()
-        while busy and _perf() < deadline:
-            _sleep(0.0005)
-            busy = self.threads()
-        self.sync()
-        if snapshot is not None and not cmp.tensors_equal(out, snapshot):
-            raise Verdict("rejected", f"{where}: the output changed after forward returned", "side_stream", **extra)
-        if busy:
-            what = "; ".join(desc for _, desc in busy[:3])
-            raise Verdict("rejected", f"{where}: a thread was still working for the candidate "
-                                      f"{max(settle_s(), _THREAD_GRACE_S) * 1e3:.0f} ms after it returned ({what})",
-                                      "side_stream", **extra)
-
-    def verify_extraordinary(self, ref_model: Any, cand_model: Any, est: dict, timed: dict) -> dict[str, Any]:
-        """Speedups above ``strict_speedup`` or times below the memory floor get a stricter
-        second pass (more correctness trials, every timed output re-checked); its samples
-        replace the first pass's.  A time that stays below half the floor is rejected."""
-        ref_ms = statistics.median(timed["ref_samples"])
-        cand_ms = statistics.median(timed["cand_samples"])
-        floor_ms = self.memory_floor_ms(ref_model)
-        impossible = floor_ms is not None and cand_ms < 0.5 * floor_ms
-        if not impossible and ref_ms / max(cand_ms, 1e-9) <= float(self.cfg.get("strict_speedup", 10.0)):
-            return {"floor_ms": floor_ms}
-        self.phase("verify")
-        _, corr = self.correctness(ref_model, cand_model, self.input_seed + 50_000, max(20, int(self.cfg["correctness_trials"])))
-        self.phase("verify_timing")
-        strict = self.timing(ref_model, cand_model, est, 1.0, seed_offset=60_000, max_trials=30)
-        cand_ms = statistics.median(strict["cand_samples"])
-        if floor_ms is not None and cand_ms < 0.5 * floor_ms:
-            raise Verdict("rejected", f"candidate time {cand_ms:.4g} ms is below half the memory floor {floor_ms:.4g} ms", "impossible_time")
-        self.extra_flags.append("strict_verified")
-        strict["floor_ms"] = floor_ms
-        strict["rechecked"] = timed.get("rechecked", 0) + strict.get("rechecked", 0) + corr["passed"]
-        return strict
-
-    def memory_floor_ms(self, ref_model: Any) -> float | None:
-        """Time to read every input and write every output once at measured copy bandwidth."""
-        if self.device.type != "cuda":
-            return None
-        inputs = self.make_inputs(self.input_seed + 70_000)
-        out = ref_model(*clone_tree(inputs))
-        nbytes = sum(x.numel() * x.element_size() for _, x in cmp.leaves((inputs, out)) if isinstance(x, torch.Tensor))
-        buf = torch.empty(256 * 2**20, dtype=torch.uint8, device=self.device)
-        dst = torch.empty_like(buf)
-        dst.copy_(buf)
-        self.sync()
-        t0 = _perf()
-        for _ in range(5):
-            dst.copy_(buf)
-        self.sync()
-        bandwidth = 5 * 2 * buf.numel() / (_perf() - t0)  # bytes/s, read + write
-        del buf, dst
-        return nbytes / bandwidth * 1e3
-
-    def timing(self, ref_model: Any, cand_model: Any, est: dict, recheck_fraction: float, seed_offset: int = 20_000,
-               max_trials: int | None = None) -> dict[str, Any]:
-        """Interleaved, randomized-order timing on fresh inputs with sampled re-checks."""
-        timer = make_timer(self.device)
-        timer.calibrate()
-        flush = L2Flusher(self.device)
-        rng = random.Random(self.input_seed ^ 0x5EED)
-        models = {"ref": ref_model, "cand": cand_model}
-        t_gen = self.time_input_generation()
-        for w in range(int(self.cfg["warmup_calls"])):
-            for who in ("ref", "cand"):
-                out, _ = self.run_model(models[who], self.make_inputs(self.input_seed + 10_000 + w))
-                if who == "cand":
-                    self.settle(f"warm-up call {w}", out)
-                del out
-        per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 2e-4
-        n = int(min(self.cfg["timing_trials"], max(self.cfg["min_timing_trials"], self.cfg["timing_budget_s"] / per_pair_s)))
-        n = min(n, max_trials or n)
-        n_re = max(2, round(recheck_fraction * n))
-        recheck = set(rng.sample(range(n), min(n, n_re))) | {n - 1}
-        raw: dict[str, list[float]] = {"ref_stream": [], "ref_device": [], "cand_stream": [], "cand_device": []}
-        seed0 = self.input_seed + seed_offset
-        for t in range(n):
-            for who in rng.sample(["ref", "cand"], 2):
-                inputs = self.make_inputs(seed0 + 2 * t + (who == "cand"))
-                keep = who == "cand" and t in recheck
-                pristine = clone_tree(inputs) if keep else None
-                flush()
-                stream_ms, device_ms, out = timer.time_call(models[who], tuple(inputs))
-                if who == "cand":
-                    self.settle(f"timed call {t}", out)  # after the clocks stopped
-                raw[f"{who}_stream"].append(stream_ms)
-                raw[f"{who}_device"].append(device_ms)
-                if keep:
-                    self.recheck(t, ref_model, out, inputs, pristine)
-                del out, inputs, pristine
-            self.check_math(f"timed call {t}")
-        self.address_reuse_probe(ref_model, cand_model, seed0 + 2 * n + 1)
-        charged = charge(raw["ref_stream"], raw["ref_device"], raw["cand_stream"], raw["cand_device"], timer.calibration)
-        return {"ref_samples": charged.ref_ms, "cand_samples": charged.cand_ms, "clock": timer.clock,
-                "side_stream": charged.side_stream, "rechecked": len(recheck), "raw": raw,
-                "calibration": timer.calibration}
-
-    def recheck(self, t: int, ref_model: Any, out: Any, used_inputs: list, pristine: list) -> None:
-        """A timed output must match the reference on that call's own fresh inputs."""
-        where = "address-reuse probe" if t < 0 else f"timed call {t}"
-        if not cmp.tensors_equal(used_inputs, pristine):
-            raise Verdict("rejected", f"{where}: the candidate modified its inputs", "input_mutation")
-        ref_out, _ = self.run_model(ref_model, clone_tree(pristine))
-        mismatch, _ = cmp.compare(ref_out, out, self.tolerances(), self.device.type)
-        if mismatch is not None:
-            flag = "lazy_output" if mismatch.flag == "lazy_output" else "cached_result"
-            raise Verdict("rejected", f"{where} (re-check): {mismatch.detail}", flag)
-
-    def address_reuse_probe(self, ref_model: Any, cand_model: Any, seed: int) -> None:
-        """Untimed: call the candidate twice on the *same* input tensors with new values written
-        into them in between.  A result cache keyed on input addresses (or CUDA graphs replayed
-        without copying the inputs) returns the first call's output and is caught on every run,
-        not only when the allocator happens to hand out a repeated address."""
-        inputs = self.make_inputs(seed)
-        out, _ = self.run_model(cand_model, inputs)
-        self.settle("address-reuse probe", out)
-        del out
-        fresh = self.make_inputs(seed + 1)
-        try:
-            with torch.no_grad():
-                for dst, src in zip(inputs, fresh):
-                    if isinstance(dst, torch.Tensor):
-                        dst.copy_(src)
-        except RuntimeError:
-            return  # inputs that cannot be written in place (e.g. expanded views): no probe
-        del fresh
-        pristine = clone_tree(inputs)
-        out, _ = self.run_model(cand_model, inputs)
-        self.settle("address-reuse probe", out)
-        self.recheck(-1, ref_model, out, inputs, pristine)
-
-    def time_input_generation(self) -> float:
-        t0 = _perf()
-        self.make_inputs(self.input_seed + 30_000)
-        self.sync()
-        return _perf() - t0
-
-    # ---- guards -------------------------------------------------------------------------
-    def check_math(self, where: str) -> None:
-        """Run the runtime guards (see runtime_guard); a violation ends the protocol."""
-        found = self.guard.violation() if self.guard else None
-        if found:
-            raise Verdict("rejected", f"after {where}: {found[1]}", found[0])
-
-    def poison(self) -> None:
-        if self.cfg.get("poison_freed_memory", True):
-            poison_free_blocks(self.device)
-
     def read_log(self, start: int) -> str:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -560,22 +297,12 @@ class Worker:
             return f.read().decode("utf-8", "replace")
 
 
-def scrub(obj: Any) -> None:
-    """Overwrite a reference output in place before it is freed (NaN for floats)."""
-    for _, leaf in cmp.leaves(obj):
-        if isinstance(leaf, torch.Tensor) and leaf.numel():
-            try:
-                leaf.fill_(float("nan") if leaf.is_floating_point() else 0)
-            except RuntimeError:
-                pass
-
-
-def arm_stall_dump(cfg: dict[str, Any], phase: str) -> None:
+def arm_stall_dump(cfg: Any, phase: str) -> None:
     """A phase that stalls leaves every thread's stack in the log (the verdict's stderr_tail)
     shortly before the parent's deadline for that phase kills it, so a timeout says where it
     hung; re-armed at each phase, so a long but moving run dumps nothing."""
     key = {"setup": "setup_timeout_s", "import": "build_timeout_s", "build": "build_timeout_s"}.get(phase, "timeout_s")
-    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(cfg.get(key, 120.0))), repeat=True)
+    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(getattr(cfg, key))), repeat=True)
 
 
 def _redirect_output(log_path: str) -> None:
@@ -588,25 +315,25 @@ def _redirect_output(log_path: str) -> None:
     os.close(null)
 
 
-def worker_entry(job: dict[str, Any], conn: Any, key_holder: list) -> None:
+def worker_entry(spec: WorkerSpec, conn: Any, key_holder: list) -> None:
     """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``.
     ``key_holder`` is a one-element list: the key leaves it for the audit hook's closure, so
     that no frame on the worker's stack (nor ``current_process()._args``) keeps it."""
-    for name, value in job.get("env", {}).items():
+    for name, value in spec.env.items():
         os.environ[name] = value
-    _redirect_output(job["log_path"])
-    arm_stall_dump(job["config"], "setup")
-    audit_guard.clear_process_args()
+    _redirect_output(spec.log_path)
+    arm_stall_dump(spec.config, "setup")
+    signing_hook.clear_process_args()
     fd = os.dup(conn.fileno())
     conn.close()
-    threads = audit_guard.install(
-        key_holder.pop(), fd, candidate_path=job.get("candidate_path"), bottom=sys._getframe(),
+    threads = signing_hook.install(
+        key_holder.pop(), fd, candidate_path=spec.candidate_path, bottom=sys._getframe(),
         send=Worker.send, chain=[Worker.phase, Worker.finish, Worker.setup, Worker.import_candidate, Worker.probe_task,
                                  Worker.verify_extraordinary, Worker.run],
         building=Worker.building, register=Worker.import_candidate, tolerances_fn=Worker.tolerances,
-        profiled=Worker.kernel_names, tolerances=job["tolerances"])
+        profiled=Worker.kernel_names, tolerances=spec.tolerances)
     try:
-        Worker(job, threads).run()
+        Worker(spec, threads).run()
     except BaseException as exc:  # noqa: BLE001 - the channel itself failed
         print(f"cudal1 worker: internal failure: {exc!r}", file=sys.stderr)
     finally:

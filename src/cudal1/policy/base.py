@@ -9,6 +9,13 @@ Contract (every implementation):
 - ``generate`` may be called from several threads at once (the search loop optimizes the tasks of
   a suite concurrently); implementations bound their own resource use across calls.
 - ``close()`` releases clients, threads and models; it is idempotent.
+- Two kinds of answer.  LLM policies return text; the search loop parses the code out of it
+  (:func:`cudal1.prompts.parse_response`).  Policies that write the code themselves (``builtin``)
+  return a :class:`Proposal`, whose ``code`` the loop takes as is: no markdown, no parsing.
+- The search loop sends :class:`PoolPrompt` objects: the prompt plus the task's reference source
+  and its verified pool (:class:`PoolEntry`, slowest first, the reference anchor marked by
+  ``reference``), for policies that build on earlier candidates.  LLM policies read only the
+  messages.
 - Constructors *do* raise on bad configuration (missing extra, unknown option, missing file,
   no API key for a hosted endpoint): a misconfigured run must fail before it spends anything.
 
@@ -23,8 +30,51 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cudal1.config import ConfigError
+from cudal1.config import ConfigError, from_mapping
 from cudal1.types import Completion, Prompt
+
+
+@dataclass
+class Proposal(Completion):
+    """A completion whose candidate code the policy wrote itself (no LLM): ``code`` is the whole
+    candidate module and is judged as is.  ``text`` is only a readable account of how it was made
+    (recorded as the response and its analysis); nothing is parsed out of it.  A failure is still
+    ``Completion(text="", error=...)`` (:func:`error_completion`)."""
+
+    code: str = ""
+
+
+@dataclass(frozen=True)
+class PoolEntry:
+    """One verified (``ok``) candidate of a task, as the search loop shows it to a policy."""
+
+    code: str  # the candidate module
+    speedup: float  # measured speedup over the reference (the anchor's own is about 1.0)
+    reference: bool = False  # the task's reference judged as itself: the 1.00x anchor of the pool
+
+
+@dataclass(frozen=True)
+class PoolPrompt(Prompt):
+    """A :class:`~cudal1.types.Prompt` with what a code-writing policy builds on."""
+
+    pool: tuple[PoolEntry, ...] = ()  # the task's verified candidates, slowest first (best last)
+
+    @classmethod
+    def of(cls, prompt: Prompt, **fields: Any) -> "PoolPrompt":
+        """``prompt`` (its messages and provenance unchanged) with ``fields`` (``pool``,
+        ``task_source``, ...) set."""
+        base = {f.name: getattr(prompt, f.name) for f in dataclasses.fields(Prompt)}
+        return cls(**(base | fields))
+
+    def above_reference(self) -> list[PoolEntry]:
+        """Entries measured faster than the reference anchor, best first (the whole pool, best
+        first, when the anchor is not in it)."""
+        out: list[PoolEntry] = []
+        for entry in reversed(self.pool):
+            if entry.reference:
+                break
+            out.append(entry)
+        return out
 
 
 @runtime_checkable
@@ -92,11 +142,7 @@ class PolicyConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PolicyConfig":
         """Build from a mapping; unknown keys are errors."""
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown policy option(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-        return cls(**data)
+        return from_mapping(cls, data, "policy option")
 
     def replace(self, **changes: Any) -> "PolicyConfig":
         """A copy with ``changes`` applied (``None`` values are ignored, as for CLI flags)."""
@@ -116,6 +162,25 @@ def resolve_config(config: PolicyConfig | None, options: dict[str, Any]) -> Poli
     return (config or PolicyConfig()).replace(**options)
 
 
+def policy_settings(policy: Any) -> dict[str, Any]:
+    """What a run saves about ``policy`` (``OUT/config.yaml``): its ``name``; its own
+    ``settings()`` when it has that method (builtin: device and passes); else the fields of its
+    :class:`PolicyConfig` (``policy.config``) with the model it actually uses.  Never an API key:
+    ``api_key`` is left out (``api_key_env`` is only the variable's name)."""
+    out: dict[str, Any] = {"name": getattr(policy, "name", type(policy).__name__)}
+    settings = getattr(policy, "settings", None)
+    config = getattr(policy, "config", None)
+    if callable(settings):
+        out.update(settings())
+    elif isinstance(config, PolicyConfig):
+        out.update({k: v for k, v in config.to_dict().items() if k != "api_key"})
+        model = getattr(policy, "model", None)
+        if isinstance(model, str) and model:
+            out["model"] = model  # the resolved one ("" in the config = the server's first model)
+    out.pop("api_key", None)
+    return out
+
+
 def require_extra(module: str, extra: str, what: str) -> None:
     """Raise one clear ImportError when an optional dependency of ``extra`` is missing."""
     if importlib.util.find_spec(module) is None:
@@ -128,7 +193,8 @@ def error_completion(policy: str, error: str, model: str = "", **meta: Any) -> C
 
 
 def wrap_code(code: str) -> str:
-    """``code`` as a response the parser accepts: fenced as Python unless it already has a fence."""
+    """``code`` as a response the parser accepts: fenced as Python unless it already has a fence
+    (for policies whose records may hold either code or a full LLM response, e.g. ``replay``)."""
     if "```" in code:
         return code
     return f"```python\n{code.rstrip()}\n```\n"

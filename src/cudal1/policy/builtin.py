@@ -1,25 +1,29 @@
 """The builtin policy: no LLM, proposes verified-rewrite candidates as readable source.
 
-Contract: ``BuiltinPolicy.generate(prompts, n)`` returns, for each prompt, ``n`` completions whose
-text has the same sections an LLM would write (analysis, design, one code block), so the judge
-and the search loop treat them like any other candidate.  Each completion applies one named pass
-from ``PASSES`` (a registry; unknown names fail loudly) to a *base*: the best candidate so far when
-it was itself built by this policy (passes compose across rounds: e.g. ``algebraic`` then
-``compile-default`` on top), else the reference.  A pass may decline a task (pattern absent, not
-a CUDA device, not a convolution model); once every applicable (base, pass) pair was proposed the
-completion is an error ``"builtin: no pass left"``.  What was proposed is read back from the
-candidates' header comments, so a resumed run does not repeat itself.
+Contract: ``BuiltinPolicy.generate(prompts, n)`` returns, for each prompt, ``n``
+:class:`~cudal1.policy.base.Proposal` objects: ``code`` is the candidate module (judged like any
+other candidate, nothing parsed), ``text`` a short account of the passes and what they rewrote.
+Prompts are :class:`~cudal1.policy.base.PoolPrompt` objects (the search loop's): the reference
+source and the verified pool, with the reference anchor marked.  Each proposal applies one named
+pass from ``PASSES`` (a registry; unknown names fail loudly) to a *base*: a pool candidate ranked
+above the reference anchor that was itself built by this policy (passes compose across rounds:
+e.g. ``algebraic`` then ``compile-default`` on top), else the reference.  A pass may decline a
+task (pattern absent, not a CUDA device, not a convolution model); once every applicable (base,
+pass) pair was proposed the completion is an error ``"builtin: no pass left"``.  What was
+proposed is read back from the pool candidates' header comments, so a resumed run does not
+repeat itself.
 
 Generated modules are plain Python a person could keep: the reference source unchanged, then one
 ``ModelNew`` class per pass (each subclassing the previous stage), with a header comment naming the
 passes; they import nothing from cudal1.
 
 Pass kinds: ``graph`` passes rewrite the traced reference (torch.fx, in a child process; see
-:mod:`cudal1.policy.rewrite`) and only apply to the reference itself (``algebraic``; and
+:mod:`cudal1.rewrite`) and only apply to the reference itself (``algebraic``; and
 ``triton-fusion``, the same rewrites plus generated Triton kernels for elementwise chains, a
 separate candidate so the judge decides whether the kernels beat the eager chain); ``layout`` passes
 (channels_last, scoped cuDNN autotuning) may stack under one ``exec`` pass (torch.compile modes,
-CUDA-graph capture), which always comes last.
+CUDA-graph capture), which always comes last.  Exec pass names, their torch.compile modes and the
+CUDA-graph wrapper are :mod:`cudal1.compile_modes`'s, shared with the judge's baselines.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH, CUDA_GRAPH_DESCRIPTION, CompileMode, cuda_graph_source
+from cudal1.policy.base import PoolPrompt, Proposal
 from cudal1.types import Completion, Prompt
 
 _MARK = "# cudal1-builtin pass: "
@@ -47,12 +53,12 @@ class Pass:
     render: Callable[[str, str], str | None]  # (task source, base class name) -> ModelNew class source, None = declines
 
 
-# ---- exec passes ----------------------------------------------------------------------------------
+# ---- exec passes (names, torch.compile modes and the CUDA-graph wrapper: cudal1.compile_modes) -----
 
-def _compile_class(mode: str | None) -> Callable[[str, str], str]:
+def _compile_class(mode: CompileMode) -> Callable[[str, str], str]:
     def render(_source: str, base: str) -> str:
-        mode_arg = f', mode="{mode}"' if mode else ""
-        label = mode or "default"
+        mode_arg = f', mode="{mode.torch_mode}"' if mode.torch_mode else ""
+        label = mode.torch_mode or "default"
         return textwrap.dedent(f'''
             class ModelNew({base}):
                 """The {base} forward compiled by torch.compile (mode {label}); same parameters."""
@@ -68,48 +74,22 @@ def _compile_class(mode: str | None) -> Callable[[str, str], str]:
 
 
 def _cudagraph_class(_source: str, base: str) -> str:
-    return textwrap.dedent(f'''
+    wrapper = cuda_graph_source()  # the judge's cudagraph baseline runs the same class
+    return wrapper + "\n" + textwrap.dedent(f'''
         class ModelNew({base}):
-            """The {base} forward captured once in a CUDA graph and replayed.
+            """The {base} forward captured in a CUDA graph and replayed (CudaGraphReplay above).
 
             Inputs are copied into static buffers on every call; outputs are cloned, so a caller
-            never sees them change on the next call.  Falls back to eager for non-CUDA inputs
-            or when shapes change (the graph is recaptured for the new shapes).
+            never sees them change on the next call.  Falls back to eager for non-CUDA inputs;
+            new input shapes are captured anew.
             """
 
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, **kwargs)
-                self._graph = None
-                self._key = None
-
-            def _capture(self, args):
-                self._static_in = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    for _ in range(3):
-                        super().forward(*self._static_in)
-                torch.cuda.current_stream().wait_stream(side)
-                self._graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(self._graph):
-                    self._static_out = super().forward(*self._static_in)
+                self._replay = CudaGraphReplay(super().forward)
 
             def forward(self, *args):
-                tensors = [a for a in args if isinstance(a, torch.Tensor)]
-                if not tensors or not all(t.is_cuda for t in tensors):
-                    return super().forward(*args)
-                key = tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a for a in args)
-                if self._graph is None or key != self._key:
-                    self._capture(args)
-                    self._key = key
-                for dst, src in zip(self._static_in, args):
-                    if isinstance(dst, torch.Tensor):
-                        dst.copy_(src)
-                self._graph.replay()
-                out = self._static_out
-                if isinstance(out, torch.Tensor):
-                    return out.clone()
-                return type(out)(o.clone() if isinstance(o, torch.Tensor) else o for o in out)
+                return self._replay(*args)
         ''')
 
 
@@ -174,7 +154,7 @@ class _GraphRewrites:
         self._cache: dict[str, object] = {}
 
     def get(self, source: str, fuse: bool = False) -> object:
-        from cudal1.policy.rewrite import ALGEBRAIC_PASSES, rewrite_task
+        from cudal1.rewrite import ALGEBRAIC_PASSES, rewrite_task
 
         key = hashlib.sha256(source.encode()).hexdigest() + (":fuse" if fuse else "")
         with self._lock:
@@ -219,25 +199,29 @@ def algebraic_detail(source: str, fuse: bool = False) -> str:
     return outcome.error  # type: ignore[attr-defined]
 
 
+def _exec_pass(name: str) -> Pass:
+    if name == CUDA_GRAPH:
+        return Pass(CUDA_GRAPH, CUDA_GRAPH_DESCRIPTION, "exec", True, _cudagraph_class)
+    mode = COMPILE_MODES[name]
+    return Pass(name, mode.description, "exec", mode.cuda_only, _compile_class(mode))
+
+
 PASSES: dict[str, Pass] = {
     p.name: p
     for p in (
         Pass("algebraic", "torch.fx algebraic rewrites (diag broadcast, matrix-chain order, linear folding, "
              "reductions through linear maps, fused attention, redundant-op removal)", "graph", False, _algebraic_class),
-        Pass("compile-default", "torch.compile, default mode (Inductor fusion)", "exec", False, _compile_class(None)),
+        _exec_pass("compile-default"),
         Pass("triton-fusion", "the algebraic rewrites, then elementwise chains fused into generated Triton kernels",
              "graph", True, _triton_fusion_class),
         Pass("channels-last", "convolution weights and inputs in channels_last memory format", "layout", True,
              _channels_last_class),
-        Pass("cudagraph", "whole-forward CUDA-graph capture with static buffers", "exec", True, _cudagraph_class),
+        _exec_pass(CUDA_GRAPH),
         Pass("cudnn-autotune", "scoped cuDNN autotuning (benchmark mode for this forward only)", "layout", True,
              _cudnn_autotune_class),
-        Pass("compile-max-autotune-no-cudagraphs", "torch.compile, max-autotune without CUDA graphs", "exec", False,
-             _compile_class("max-autotune-no-cudagraphs")),
-        Pass("compile-reduce-overhead", "torch.compile, reduce-overhead (CUDA graphs)", "exec", True,
-             _compile_class("reduce-overhead")),
-        Pass("compile-max-autotune", "torch.compile, max-autotune (autotuned Triton/GEMM templates, CUDA graphs)",
-             "exec", False, _compile_class("max-autotune")),
+        _exec_pass("compile-max-autotune-no-cudagraphs"),
+        _exec_pass("compile-reduce-overhead"),
+        _exec_pass("compile-max-autotune"),
     )
 }
 
@@ -289,10 +273,15 @@ class BuiltinPolicy:
         unknown = [n for n in names if n not in PASSES]
         if unknown:
             raise ValueError(f"unknown builtin pass(es) {', '.join(unknown)}; known: {', '.join(PASSES)}")
+        self.device = device
         self.passes = [n for n in names if device == "cuda" or not PASSES[n].cuda_only]
         self.workers = max(1, workers or (os.cpu_count() or 2) // 2)  # tracing children at once
         self._proposed: dict[str, set[tuple[str, ...]]] = {}
         self._lock = threading.Lock()
+
+    def settings(self) -> dict[str, object]:
+        """What a run saves about this policy: the device and the passes it may propose, in order."""
+        return {"device": self.device, "passes": list(self.passes)}
 
     def generate(self, prompts: list[Prompt], n: int = 1) -> list[list[Completion]]:
         sources = list({p.task_source: None for p in prompts if p.task_source})
@@ -303,24 +292,22 @@ class BuiltinPolicy:
         return [[self._next(prompt) for _ in range(n)] for prompt in prompts]
 
     @staticmethod
-    def _bases(prompt: Prompt) -> list[str | None]:
+    def _pool(prompt: Prompt) -> PoolPrompt:
+        return prompt if isinstance(prompt, PoolPrompt) else PoolPrompt.of(prompt)
+
+    @staticmethod
+    def _bases(prompt: PoolPrompt) -> list[str | None]:
         """Builtin candidates that beat the reference anchor, best first, then the reference."""
-        bases: list[str | None] = []
-        for code in reversed(prompt.exemplar_codes):  # exemplar codes come best last
-            if not passes_in(code):
-                if code.rstrip().endswith("ModelNew = Model"):
-                    break  # the reference anchor: what follows is slower than the reference
-                continue
-            bases.append(code)
-        return bases + [None]
+        return [e.code for e in prompt.above_reference() if passes_in(e.code)] + [None]
 
     def _next(self, prompt: Prompt) -> Completion:
         if not prompt.task_source:
             return Completion(text="", policy=self.name, error="builtin: the prompt carries no task source")
+        prompt = self._pool(prompt)
         with self._lock:
             tried = self._proposed.setdefault(prompt.task_hash, set())
-            for code in prompt.exemplar_codes:  # resume: chains already in the pool count as tried
-                tried.add(tuple(passes_in(code)))
+            for entry in prompt.pool:  # resume: chains already in the pool count as tried
+                tried.add(tuple(passes_in(entry.code)))
             for base in self._bases(prompt):
                 chain = tuple(passes_in(base)) if base else ()
                 for name in self.passes:
@@ -330,19 +317,18 @@ class BuiltinPolicy:
                     if code is None:
                         continue
                     tried.add(chain + (name,))
-                    return Completion(text=self._response(prompt.task_source, list(chain) + [name], code),
-                                      policy=self.name, model="builtin", meta={"passes": list(chain) + [name]})
+                    return Proposal(text=self._account(prompt.task_source, list(chain) + [name]), code=code,
+                                    policy=self.name, model="builtin", meta={"passes": list(chain) + [name]})
         return Completion(text="", policy=self.name, error="builtin: no pass left for this task")
 
     @staticmethod
-    def _response(task_source: str, chain: list[str], code: str) -> str:
+    def _account(task_source: str, chain: list[str]) -> str:
+        """What the candidate does, for the record (the run store's response and analysis)."""
         lines = [f"- `{name}`: {PASSES[name].description}." for name in chain]
         if "algebraic" in chain or "triton-fusion" in chain:
             lines.append(f"- rewrites: {algebraic_detail(task_source, 'triton-fusion' in chain)}")
-        return ("## Performance Analysis\nBuiltin passes, applied in order:\n" + "\n".join(lines) + "\n\n"
-                "## Algorithm Design\nThe same function as the reference; each pass changes how it is computed "
-                "or executed, never what.\n\n"
-                f"## Code Implementation\n```python\n{code}```\n")
+        return ("Builtin passes, applied in order:\n" + "\n".join(lines) + "\n"
+                "The same function as the reference; each pass changes how it is computed or executed, never what.\n")
 
     def close(self) -> None:
         return None

@@ -9,7 +9,12 @@ finished rounds are not re-sampled, recorded evaluations are not re-run, and can
 but not judged when the run died are judged first.  Only ``ok``
 candidates of non-degenerate tasks become exemplars or "best"; failed ones are shown to the
 policy as feedback when ``feedback`` is on.  Stops at ``rounds``, ``max_evaluations`` or the
-wall-clock budget (checked between rounds; a round in flight finishes).
+wall-clock budget (checked between rounds; a round in flight finishes).  The resolved
+configuration (judge, search, policy) is saved as ``OUT/config.yaml`` next to ``summary.json``.
+
+Policies answer with text the loop parses (LLMs) or with a :class:`~cudal1.policy.base.Proposal`
+whose code is taken as is (builtin); every prompt is a :class:`~cudal1.policy.base.PoolPrompt`
+carrying the task's verified pool with the reference anchor marked.
 """
 
 from __future__ import annotations
@@ -17,43 +22,95 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from cudal1.config import EvalConfig
+from cudal1.figures import geomean
+from cudal1.config import ConfigError, EvalConfig, from_mapping, read_yaml_mapping
+from cudal1.policy.base import PoolEntry, PoolPrompt, Proposal, policy_settings
 from cudal1.store import RunStore
-from cudal1.types import Candidate, EvalResult, Exemplar, Prompt, Status, Task
+from cudal1.types import Candidate, Completion, EvalResult, Exemplar, Status, Task
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """How the optimizer searches (CLI flags override)."""
+    """How the optimizer searches.  Field comments are the help text; the defaults here are the
+    only statement of them (the CLI's flags default to "not given" and override these).  Loads
+    from YAML with strict keys (:meth:`from_yaml`); the resolved values are saved with every run
+    (``OUT/config.yaml``)."""
 
     rounds: int = 3  # rounds after the reference round
     samples: int = 4  # candidates requested per task per round
-    exemplars: int = 2  # exemplars shown per prompt
+    exemplars: int = 2  # measured exemplars shown per prompt
     strategy: str = "contrastive"  # exemplar selection: contrastive | random | best
-    temperature: float = 1.0  # softmax temperature over speedup buckets
+    temperature: float = 1.0  # softmax temperature over speedup buckets (log units)
     feedback: bool = True  # show a failed candidate's error to the policy
-    budget_minutes: float | None = None  # wall-clock budget for the whole run
-    max_evaluations: int | None = None  # budget of judged candidates (reference included)
-    template: str = "contrastive_v1"
-    seed: int = 0
+    budget_minutes: float | None = None  # wall-clock budget for the whole run; None = no limit
+    max_evaluations: int | None = None  # budget of judged candidates (reference included); None = no limit
+    template: str = "contrastive_v1"  # prompt template (cudal1/prompts/templates)
+    seed: int = 0  # seed of exemplar sampling
 
     def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # 1 (YAML) and 1.0 (CLI) alike
+            value = getattr(self, f.name)
+            if f.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
+                object.__setattr__(self, f.name, float(value))
         if self.rounds < 0 or self.samples < 1 or self.exemplars < 0:
-            raise ValueError("rounds >= 0, samples >= 1 and exemplars >= 0 are required")
+            raise ConfigError("rounds >= 0, samples >= 1 and exemplars >= 0 are required")
+        from cudal1.prompts.build import available_templates
+        from cudal1.prompts.select import STRATEGIES
+
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"unknown exemplar strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
+        if self.template not in available_templates():  # before any judging, not at the first prompt
+            raise ConfigError(f"unknown prompt template {self.template!r}; known: {', '.join(available_templates())}")
+        if not self.temperature > 0:
+            raise ConfigError("temperature must be > 0")
+        if self.budget_minutes is not None and not self.budget_minutes > 0:
+            raise ConfigError("budget_minutes must be positive")
+        if self.max_evaluations is not None and self.max_evaluations < 1:
+            raise ConfigError("max_evaluations must be at least 1")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SearchConfig":
+        """Build from a mapping; unknown keys are errors."""
+        return from_mapping(cls, data, "search config")
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "SearchConfig":
+        """A YAML mapping of fields (an empty file gives the defaults); unknown keys are errors."""
+        return cls.from_dict(read_yaml_mapping(path))
+
+    def replace(self, **changes: Any) -> "SearchConfig":
+        """A copy with ``changes`` applied; ``None`` means "not given" and changes nothing (so
+        ``budget_minutes``/``max_evaluations`` cannot be reset to no limit this way)."""
+        return SearchConfig.from_dict(self.to_dict() | {k: v for k, v in changes.items() if v is not None})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 def reference_candidate(task: Task) -> Candidate:
     """Round 0: the reference itself as a candidate (the 1.00x anchor of the pool)."""
     return Candidate(f"{task.source.rstrip()}\n\n\nModelNew = Model\n", task_hash=task.hash, label="reference")
+
+
+def read_completion(comp: Completion) -> tuple[str | None, str, str]:
+    """(candidate code or None, analysis, why there is no code) of one completion: a
+    :class:`~cudal1.policy.base.Proposal` carries its code; LLM text is parsed."""
+    if comp.error:
+        return None, "", comp.error
+    if isinstance(comp, Proposal):
+        return (comp.code or None), comp.text, "" if comp.code else "proposal without code"
+    from cudal1.prompts import parse_response
+
+    parsed = parse_response(comp.text)
+    return parsed.code, parsed.analysis, parsed.problem
 
 
 def _feedback(result: EvalResult, limit: int = 1500) -> str:
@@ -110,15 +167,18 @@ class Search:
 
     # ---- rounds -------------------------------------------------------------------------
     def judge_pairs(self, pairs: list[tuple[Task, Candidate]], review: bool = True) -> list[EvalResult]:
-        from cudal1.harness import evaluate_pairs
+        from cudal1.runs import judge_recorded
 
-        return evaluate_pairs(pairs, self.judge, store=self.store, plan=self.plan, on_result=self.on_result,
+        return judge_recorded(pairs, self.judge, store=self.store, plan=self.plan, on_result=self.on_result,
                               reviewer=self.reviewer if review else None)
 
-    def prompts_for(self, task: Task, round_: int) -> list[Prompt]:
+    def prompts_for(self, task: Task, round_: int) -> list[PoolPrompt]:
         from cudal1.prompts import build_prompt, failed_feedback, select_exemplars
 
         ok, failed = self.pool(task)
+        anchor = reference_candidate(task).hash
+        pool = tuple(PoolEntry(e.code, e.speedup, e.candidate_hash == anchor)  # type: ignore[arg-type]
+                     for e in sorted(ok, key=lambda e: e.speedup or 0.0))
         rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
         prompts = []
         for _ in range(self.cfg.samples):
@@ -126,29 +186,25 @@ class Search:
             if self.cfg.feedback and failed:
                 shown = list(failed_feedback(failed, 1, rng)) + list(shown)
             prompt = build_prompt(task, shown, self.hardware, feedback=self.cfg.feedback, template=self.cfg.template)
-            codes = tuple(e.code for e in sorted(ok, key=lambda e: e.speedup or 0.0))
-            prompts.append(dataclasses.replace(prompt, task_source=task.source, exemplar_codes=codes))
+            prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=pool))
         return prompts
 
     def run_round(self, round_: int, active: list[Task]) -> int:
         """Sample and judge one round for ``active`` tasks; returns candidates judged."""
-        from cudal1.prompts import parse_response
-
         prompts = [(t, p) for t in active for p in self.prompts_for(t, round_)]
         completions = self.policy.generate([p for _, p in prompts], 1)
         pairs: list[tuple[Task, Candidate]] = []
         for (task, prompt), batch in zip(prompts, completions):
             for comp in batch:
-                parsed = parse_response(comp.text) if not comp.error else None
+                code, analysis, problem = read_completion(comp)
                 cand = None
-                if parsed is not None and parsed.code is not None:
-                    cand = Candidate(parsed.code, task_hash=task.hash, label=f"{comp.policy}:r{round_}")
+                if code is not None:
+                    cand = Candidate(code, task_hash=task.hash, label=f"{comp.policy}:r{round_}")
                     self.store.add_candidate(cand, task.hash, {"round": round_, "policy": comp.policy, "model": comp.model,
                                                                "meta": comp.meta})
                     pairs.append((task, cand))
-                problem = comp.error or (parsed.problem if parsed else "")
                 self.store.record_response(task.hash, round_, comp.policy, dataclasses.asdict(prompt), comp.text,
-                                           parsed.analysis if parsed else "", cand.hash if cand else None,
+                                           analysis, cand.hash if cand else None,
                                            problem=problem if cand is None else "", error=comp.error, usage=comp.usage)
         if pairs:
             self.judge_pairs(pairs)
@@ -177,8 +233,7 @@ def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalCo
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     s = Search(tasks, policy, search, judge, out, hardware, plan, on_result, reviewer)
-    run_id = s.store.start_run("optimize", {"search": dataclasses.asdict(search), "judge": judge.to_dict(),
-                                            "policy": getattr(policy, "name", str(policy))})
+    run_id = s.store.start_run("optimize", write_config(out, search, judge, policy))
     status, stop = "done", ""
     try:
         for t in tasks:
@@ -206,6 +261,14 @@ def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalCo
     return summary
 
 
+def write_config(out: Path, search: SearchConfig, judge: EvalConfig, policy: Any) -> dict[str, Any]:
+    """``OUT/config.yaml``: the fully resolved configuration of this run (judge, search, policy;
+    never an API key), next to ``summary.json``; returned as saved.  A resumed run rewrites it."""
+    from cudal1.config import write_run_config
+
+    return write_run_config(out, judge=judge, search=search, policy=policy_settings(policy))
+
+
 def write_outputs(s: Search, stop: str) -> dict[str, Any]:
     """``best/<task>.py`` for each task with a verified candidate, and ``summary.json``."""
     best_dir = s.out / "best"
@@ -227,11 +290,8 @@ def write_outputs(s: Search, stop: str) -> dict[str, Any]:
                      "best_path": str(path) if path else None, "evaluated": len(pairs), "statuses": statuses,
                      "degenerate": Search.degenerate(pairs)})
     summary = {"tasks": rows, "environment": environment, "stopped_by": stop or "rounds",
-               "geomean_best_speedup": _geomean([r["best_speedup"] for r in rows])}
+               "geomean_best_speedup": geomean([r["best_speedup"] for r in rows])}
     (s.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
 
 
-def _geomean(values: list[float | None]) -> float | None:
-    vals = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in vals) / len(vals)) if vals else None

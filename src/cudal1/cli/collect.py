@@ -1,0 +1,122 @@
+"""``cudal1 collect``: verified training data (CUDA-L1 stage 0).
+
+From teachers: ``--suite S --teacher URL=MODEL [--teacher ...] --attempts N --per-task K --out
+DATA.jsonl`` samples each OpenAI-compatible endpoint N times per task, judges every program and
+keeps at most K verified ones per task (``ok``, not on a degenerate task), fastest first.
+From a published set: ``--from FILE`` (CUDA-L1 release JSONL, or ``task``/``code`` lines with
+``--suite``) re-judges every record here and keeps only what verifies.  ``--smoke`` starts a
+scripted local teacher (answers with good, broken and cheating code) on the bundled task.
+
+Output: one JSON object per line — ``messages`` (system, user, assistant) plus provenance
+(``source``, ``task``, ``status``, ``speedup``, ``config_hash``, ``environment`` ...) — loadable with
+``datasets.load_dataset("json", data_files=...)``.  Resumable: the run store ``DATA.sqlite`` next to
+the output remembers every answer and verdict."""
+
+from __future__ import annotations
+
+import argparse
+
+from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("collect", help="verified training data from teachers or a published set", description=__doc__,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", default=None, help="tasks: a .py, a directory, a JSONL or kernelbench:level1/1-20")
+    p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
+    p.add_argument("--teacher", action="append", default=[], metavar="URL=MODEL",
+                   help="an OpenAI-compatible endpoint and its model (repeatable)")
+    p.add_argument("--from", dest="from_file", default=None, metavar="FILE", help="re-judge a published kernel set instead")
+    p.add_argument("--attempts", type=int, default=None, help="answers asked per task per teacher (default 20; --smoke: one pass over its script)")
+    p.add_argument("--per-task", type=int, default=2, help="verified programs kept per task, fastest first (default 2; 0 = all)")
+    p.add_argument("--out", default="runs/collect/data.jsonl", metavar="DATA.jsonl", help="output JSONL (store: DATA.sqlite)")
+    p.add_argument("--smoke", action="store_true", help="scripted local teacher on the bundled task (CPU)")
+    p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)")
+    t = p.add_argument_group("teacher sampling")
+    t.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.7)")
+    t.add_argument("--max-tokens", type=int, default=None, help="completion token limit")
+    t.add_argument("--concurrency", type=int, default=None, help="requests in flight per teacher")
+    t.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    add_judge_flags(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cudal1.harness import DevicePlan
+    from cudal1.train.collect import CollectError, collect_file, collect_teachers, parse_teacher
+
+    if args.smoke:
+        from cudal1.train.smoke import smoke_judge_config
+
+        config = smoke_judge_config(args.device or "cpu") if not (args.config or args.preset) else config_from_args(args)
+    else:
+        config = config_from_args(args)
+    plan = DevicePlan.detect(config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
+    hardware = _hardware(plan)
+    try:
+        with progress(0, "collect", not args.json) as bar:
+            if args.smoke:
+                summary = _smoke(args, config, plan, hardware, bar)
+            elif args.from_file:
+                tasks = _tasks(args) if args.suite else None
+                summary = collect_file(args.from_file, tasks, args.per_task, args.out, config, plan=plan, hardware=hardware,
+                                       on_result=lambda r: bar.update(1))
+            else:
+                if not args.suite or not args.teacher:
+                    raise UsageError("collect needs --suite and at least one --teacher URL=MODEL (or --from FILE, or --smoke)")
+                _require_openai()
+                teachers = [parse_teacher(t) for t in args.teacher]
+                summary = collect_teachers(_tasks(args), teachers, args.attempts or 20, args.per_task, args.out, config, plan=plan,
+                                           hardware=hardware, policy_options=_policy_options(args),
+                                           on_result=lambda r: bar.update(1))
+    except CollectError as exc:
+        raise UsageError(str(exc)) from None
+    if args.json:
+        print_json(summary)
+    else:
+        print(table(["outcome", "count"], sorted(summary["judged"].items())))
+        print(f"\nkept {summary['kept']} verified program(s) for {summary['tasks_with_data']} task(s): {summary['out']} "
+              f"(run store {summary['store']})")
+    return 0
+
+
+def _tasks(args: argparse.Namespace):
+    from cudal1.tasks import load_tasks
+
+    return load_tasks(args.suite, args.source)
+
+
+def _require_openai() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("openai") is None:
+        raise UsageError('collect from teachers needs the openai package: pip install "cudal1[llm]"')
+
+
+def _policy_options(args: argparse.Namespace) -> dict:
+    opts = {"temperature": args.temperature, "max_tokens": args.max_tokens, "concurrency": args.concurrency,
+            "api_key_env": args.api_key_env, "max_retries": 2}
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def _smoke(args: argparse.Namespace, config, plan, hardware: str, bar) -> dict:
+    from cudal1.train.collect import Teacher, collect_teachers
+    from cudal1.train.smoke import ScriptedTeacher, smoke_task, teacher_script
+
+    _require_openai()
+    attempts = args.attempts or len(teacher_script())  # by default one pass over the script: every kind of answer
+    with ScriptedTeacher() as teacher:
+        summary = collect_teachers([smoke_task()], [Teacher(teacher.url, teacher.state.model)], attempts, args.per_task,
+                                   args.out, config, plan=plan, hardware=hardware,
+                                   policy_options=_policy_options(args) | {"temperature": 0.0},
+                                   on_result=lambda r: bar.update(1))
+    return summary
+
+
+def _hardware(plan) -> str:
+    if plan.device != "cuda":
+        return "CPU"
+    from cudal1.harness.envinfo import gpu_inventory
+
+    return ", ".join(sorted({g.name for g in gpu_inventory() if g.index in plan.lanes})) or "CUDA GPU"

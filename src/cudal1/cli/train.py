@@ -1,0 +1,189 @@
+"""``cudal1 train sft|ssl|grpo``: CUDA-L1's training stages on TRL (``pip install "cudal1[train]"``).
+
+* ``sft  --data DATA.jsonl --model NAME_OR_PATH [--lora] --out DIR`` — TRL SFTTrainer, loss on
+  assistant turns only;
+* ``ssl  --model DIR --suite S --rounds R --samples K --out DIR`` — generate, judge, keep the
+  successes, fine-tune, per round;
+* ``grpo --model DIR --suite S --out DIR [--config FILE]`` — TRL GRPOTrainer, contrastive prompts
+  from the run store, the judge as the reward.
+
+Every stage writes ``OUT/metrics.jsonl``, ``OUT/config.yaml`` and checkpoints with
+``config.json``; the final model in ``OUT`` (``OUT/model`` for ssl) plugs into ``cudal1 optimize
+--policy hf --model-path``.  ``--smoke`` runs the stage on this CPU with a tiny model built on the
+spot and a bundled task (no other argument needed).  ``--resume`` continues from the last
+checkpoint.  Multi-GPU: ``accelerate launch --config_file CONFIG -m cudal1.cli.main train ...``
+(configs in ``cudal1/train/configs/``)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from cudal1.cli.common import UsageError, print_json, table
+from cudal1.config import EvalConfig
+
+STAGES = ("sft", "ssl", "grpo")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a kernel-writing model: sft, ssl or grpo (needs cudal1[train])",
+                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    stages = p.add_subparsers(dest="stage", metavar="STAGE")
+    for stage, help_ in (("sft", "supervised fine-tuning on verified data (TRL SFTTrainer)"),
+                         ("ssl", "self-supervised rounds: generate, judge, keep successes, fine-tune"),
+                         ("grpo", "contrastive GRPO with the judge as the reward (TRL GRPOTrainer)")):
+        s = stages.add_parser(stage, help=help_, description=help_)
+        _common(s, stage)
+        s.set_defaults(func=run, stage=stage)
+    p.set_defaults(func=_no_stage)
+
+
+def _no_stage(args: argparse.Namespace) -> int:
+    raise UsageError("train needs a stage: sft, ssl or grpo")
+
+
+def _common(p: argparse.ArgumentParser, stage: str) -> None:
+    p.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny model built on the spot, bundled task")
+    p.add_argument("--model", default=None, metavar="NAME_OR_DIR", help="model to train (hub name or local directory)")
+    if stage == "sft":
+        p.add_argument("--data", default=None, metavar="DATA.jsonl", help="chat-format records (what cudal1 collect writes)")
+        p.add_argument("--lora", action="store_true", default=None, help="train LoRA adapters (merged into the saved model)")
+    else:
+        p.add_argument("--suite", default=None, help="tasks: a .py, a directory, a JSONL or kernelbench:level1/1-20")
+        p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
+    if stage == "ssl":
+        p.add_argument("--rounds", type=int, default=None, help="rounds (default from the config)")
+        p.add_argument("--samples", type=int, default=None, help="programs per task per round")
+    p.add_argument("--out", default=f"runs/train-{stage}", metavar="DIR", help="output directory")
+    p.add_argument("--config", default=None, metavar="FILE_OR_PRESET",
+                   help=f"{stage} config: a YAML file or a packaged preset (smoke, default{', lora' if stage == 'sft' else ''})")
+    p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (overrides the config)")
+    p.add_argument("--learning-rate", type=float, default=None, help="peak learning rate (overrides the config)")
+    p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
+    p.add_argument("--report-to", default="none", metavar="NAME", help="none, tensorboard, wandb or mlflow (comma-separated)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
+    if stage != "sft":
+        g = p.add_argument_group("judge")
+        g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="where candidates run (default auto)")
+        g.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)")
+        g.add_argument("--judge-preset", default=None, help="judge preset: default, fast, thorough, kernelbench-v0 (default fast)")
+        g.add_argument("--judge-config", default=None, metavar="YAML", help="judge config file (unknown keys are errors)")
+        g.add_argument("--trials", type=int, default=None, metavar="N", help="correctness trials per candidate")
+        g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="hard limit per judge phase")
+
+
+def judge_config(args: argparse.Namespace) -> EvalConfig:
+    if args.judge_config and args.judge_preset:
+        raise UsageError("give --judge-config or --judge-preset, not both")
+    if args.smoke:
+        from cudal1.train.smoke import smoke_judge_config
+
+        config = smoke_judge_config(args.device or "cpu")
+    elif args.judge_config:
+        config = EvalConfig.from_yaml(args.judge_config)
+    else:
+        config = EvalConfig.preset(args.judge_preset or "fast")
+    return config.replace(device=args.device, correctness_trials=args.trials, timeout_s=args.timeout)
+
+
+def stage_config(args: argparse.Namespace) -> Any:
+    from cudal1.train.config import load_config
+
+    overrides: dict[str, Any] = {"learning_rate": args.learning_rate, "max_steps": args.max_steps}
+    if args.stage == "sft":
+        overrides["lora"] = args.lora
+    if args.stage == "ssl":
+        overrides = {"rounds": args.rounds, "samples": args.samples, "sft.learning_rate": args.learning_rate,
+                     "sft.max_steps": args.max_steps}
+    source = args.config or ("smoke" if args.smoke else "default")
+    return load_config(args.stage, source, overrides)
+
+
+def _hardware(plan) -> str:
+    if plan.device != "cuda":
+        return "CPU"
+    from cudal1.harness.envinfo import gpu_inventory
+
+    return ", ".join(sorted({g.name for g in gpu_inventory() if g.index in plan.lanes})) or "CUDA GPU"
+
+
+def _need(args: argparse.Namespace, *names: str) -> None:
+    missing = [f"--{n.replace('_', '-')}" for n in names if not getattr(args, n, None)]
+    if missing:
+        raise UsageError(f"train {args.stage} needs {' and '.join(missing)} (or --smoke)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from cudal1.train import MissingExtra, require_train
+    from cudal1.train.common import report_to as check_report_to
+    from cudal1.train.config import to_dict
+    from cudal1.train.metrics import write_config
+
+    try:
+        require_train(f"cudal1 train {args.stage}")
+        report = check_report_to(args.report_to)
+    except (MissingExtra, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    cfg = stage_config(args)
+    out = Path(args.out)
+    judge = judge_config(args) if args.stage != "sft" else None
+    resolved = {"stage": args.stage, "smoke": args.smoke, args.stage: to_dict(cfg),
+                "judge": judge.to_dict() if judge else None,
+                "args": {k: v for k, v in vars(args).items() if k != "func" and not callable(v)}}
+    write_config(out, resolved)
+    try:
+        summary = _dispatch(args, cfg, judge, out, report)
+    except (FileNotFoundError, ValueError) as exc:
+        raise UsageError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    if args.json:
+        print_json(summary)
+    else:
+        _print(args.stage, summary)
+    return 0
+
+
+def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out: Path, report: Any) -> dict[str, Any]:
+    from cudal1.train import smoke_stages
+
+    if args.stage == "sft":
+        if args.smoke:
+            return smoke_stages.smoke_sft(out, config=cfg, resume=args.resume, report_to=report)
+        _need(args, "data", "model")
+        from cudal1.train.sft import run_sft
+
+        return run_sft(args.model, args.data, cfg, out, resume=args.resume, report_to=report)
+    assert judge is not None
+    if args.smoke:
+        fn = smoke_stages.smoke_grpo if args.stage == "grpo" else smoke_stages.smoke_ssl
+        return fn(out, config=cfg, resume=args.resume, report_to=report)
+    _need(args, "model", "suite")
+    from cudal1.harness import DevicePlan
+    from cudal1.tasks import load_tasks
+
+    tasks = load_tasks(args.suite, args.source)
+    plan = DevicePlan.detect(judge.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
+    if args.stage == "grpo":
+        from cudal1.train.grpo import run_grpo
+
+        return run_grpo(args.model, tasks, cfg, judge, out, plan=plan, hardware=_hardware(plan), resume=args.resume,
+                        report_to=report)
+    from cudal1.train.ssl import run_ssl
+
+    return run_ssl(args.model, tasks, cfg, judge, out, plan=plan, hardware=_hardware(plan), resume=args.resume,
+                   report_to=report)
+
+
+def _print(stage: str, summary: dict[str, Any]) -> None:
+    if stage == "grpo":
+        rows = [(i + 1, r, s) for i, (r, s) in enumerate(zip(summary["reward_mean"], summary["success_rate"]))]
+        print(table(["step", "reward_mean", "success_rate"], rows))
+        print(f"\nbest speedups: {summary['best_speedup']}; verdicts: {summary['judged']}")
+    elif stage == "ssl":
+        print(table(["round", "success_rate", "kept", "loss"],
+                    [(r["round"], r["success_rate"], r["kept"], r["loss"]) for r in summary["rounds"]]))
+    else:
+        print(f"{summary['examples']} examples, {summary['steps']} steps, loss {summary['loss_first']} -> {summary['loss_last']}")
+    print(f"model: {summary.get('model') if stage == 'ssl' else summary['out']}; metrics: {summary['out']}/metrics.jsonl")
+
+

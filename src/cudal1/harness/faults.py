@@ -1,0 +1,34 @@
+"""Sticky CUDA faults: after one of these the worker's CUDA context is unusable, and the verdict
+carries the ``illegal_memory_access`` flag.  One list for the worker (exception text) and the
+parent (log tail of a worker that died).
+
+The same fault surfaces under different names across drivers and CUDA versions: an
+out-of-bounds access on an H200 with CUDA 13 can arrive as ``cudaErrorInvalidAddressSpace``
+("operation not supported on global/shared address space") instead of
+``cudaErrorIllegalAddress``.  Only "device-side assert triggered" counts, never "device-side
+assert": torch appends "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions" to
+*every* CUDA error message.
+"""
+
+from __future__ import annotations
+
+CUDA_FAULT_SIGNS = (
+    "illegal memory access",
+    "cudaErrorIllegalAddress",
+    "illegal instruction",
+    "cudaErrorIllegalInstruction",
+    "misaligned address",
+    "cudaErrorMisalignedAddress",
+    "invalid address space",
+    "global/shared address space",
+    "cudaErrorInvalidAddressSpace",
+    "invalid program counter",
+    "unspecified launch failure",
+    "cudaErrorLaunchFailure",
+    "device-side assert triggered",
+)
+
+
+def is_cuda_fault(text: str) -> bool:
+    """Whether ``text`` (an exception message or a log tail) reports a sticky CUDA fault."""
+    return any(sign in text for sign in CUDA_FAULT_SIGNS)

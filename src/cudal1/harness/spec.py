@@ -1,0 +1,124 @@
+"""What the parent hands one worker child, and what the worker hands back: typed, not dicts.
+
+Contract: :class:`WorkerSpec` is the whole job (frozen; pickled to the forkserver child).  Its
+``config`` is the resolved :class:`~cudal1.config.EvalConfig`, so defaults are stated once, in
+the config, never restated by a reader.  :class:`WorkerVerdict` is the worker's signed
+``result`` message parsed into stages (build, correctness, timing); unknown keys in a message
+are ignored, missing ones take the defaults below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from cudal1.config import EvalConfig
+
+MODES = ("eval", "build", "baseline")
+
+
+@dataclass(frozen=True)
+class ExactCacheSpec:
+    """Where the float64 answers of the task's correctness inputs live in this batch."""
+
+    path: str
+    digest: str | None = None  # what the file must hash to (sent by an earlier worker); None: compute
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    mode: str  # eval (the full protocol) | build (import only, no GPU) | baseline (reference vs wrapped copy)
+    device: str  # cpu | cuda (the worker sees one GPU, index 0)
+    config: EvalConfig
+    tolerances: dict[str, tuple[float, float]]  # the correctness table (handed to the audit hook, then unused)
+    input_seed: int  # secret per-batch seed of every input the worker draws
+    reference_path: str
+    reference_module: str
+    log_path: str  # everything the child prints goes here
+    env: dict[str, str] = field(default_factory=dict)  # set in the child before anything else
+    candidate_path: str | None = None
+    candidate_module: str | None = None
+    baseline_mode: str | None = None
+    exact_cache: ExactCacheSpec | None = None
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {self.mode!r}")
+
+    def fingerprint(self) -> str:
+        """A canonical text of the whole spec (the runtime guard compares it before and after
+        candidate calls)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=repr)
+
+
+@dataclass
+class BuildStage:
+    build_s: float | None = None  # seconds the import (and any extension build) took
+    compile_log: str = ""
+    build_error: bool = False  # a compiler error (not an import-time exception of other kinds)
+
+
+@dataclass
+class TimingStage:
+    ref_samples: list[float] = field(default_factory=list)  # ms, after side-stream charging
+    cand_samples: list[float] = field(default_factory=list)
+    clock: str = ""  # cuda_event | cpu_monotonic
+    side_stream: bool = False
+    raw: dict[str, list[float]] = field(default_factory=dict)  # per-clock samples before charging
+    calibration: Any = None  # the timer's calibration (see timer.make_timer)
+    floor_ms: float | None = None  # memory floor (CUDA only)
+
+
+@dataclass
+class TaskFindings:
+    """The worker's ``task`` message: what it learned about the task before any candidate code
+    ran (the parent accepts it only in the reference phase)."""
+
+    degenerate: str | None = None  # why the reference output is degenerate (None when it is not)
+    exact_digest: str = ""  # SHA-256 of the float64-answer file this worker wrote ('' when none)
+    exact_source: str = "none"  # none | cache | computed | per-candidate (too large to keep)
+
+    @classmethod
+    def from_message(cls, data: dict[str, Any]) -> "TaskFindings":
+        return cls(degenerate=data.get("degenerate") or None, exact_digest=str(data.get("exact_digest") or ""),
+                   exact_source=str(data.get("exact_source") or "none"))
+
+
+@dataclass
+class WorkerVerdict:
+    """The worker's ``result`` message."""
+
+    status: str
+    message: str = ""
+    flags: list[str] = field(default_factory=list)
+    phase: str = ""  # the protocol phase it ended in ("done" after timing)
+    build: BuildStage = field(default_factory=BuildStage)
+    correctness: dict[str, Any] = field(default_factory=dict)  # the correctness block (see worker.Worker.correctness)
+    timing: TimingStage | None = None  # None unless timing ran
+    kernels: list[str] | None = None  # CUDA kernels of one profiled call (CUDA only)
+    traceback: str = ""
+
+    @classmethod
+    def from_message(cls, data: dict[str, Any]) -> "WorkerVerdict":
+        build = BuildStage(
+            build_s=float(data["build_s"]) if data.get("build_s") is not None else None,
+            compile_log=str(data.get("compile_log") or ""),
+            build_error=bool(data.get("build_error")),
+        )
+        timing = None
+        if "ref_samples" in data or "raw" in data:
+            timing = TimingStage(**{f.name: data[f.name] for f in dataclasses.fields(TimingStage) if f.name in data})
+        kernels = data.get("kernels")
+        return cls(
+            status=str(data["status"]),
+            message=str(data.get("message") or ""),
+            flags=[str(f) for f in data.get("flags") or []],
+            phase=str(data.get("phase") or ""),
+            build=build,
+            correctness=dict(data.get("correctness") or {}),
+            timing=timing,
+            kernels=[str(k) for k in kernels] if kernels is not None else None,
+            traceback=str(data.get("traceback") or ""),
+        )

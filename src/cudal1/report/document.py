@@ -1,0 +1,187 @@
+"""The report document: one JSON-serialisable dict built from :class:`~cudal1.report.load.RunData`.
+
+Contract (``cudal1 report --format json`` prints it; the HTML and Markdown renderers read it):
+
+* ``summary``: ``tasks`` (attempted, degenerate ones excluded), ``ok`` (tasks with a verified
+  candidate), ``mean``, ``median``, ``geomean``, ``max``, ``p25``, ``p75`` of the per-task best
+  speedup over eager and ``fast_p`` keyed "0", "1.0", "1.2", "1.5", "2.0" (see
+  :mod:`cudal1.report.metrics`), plus ``n``, ``faster``, ``degenerate``, ``candidates``,
+  ``statuses`` and ``flags`` (counts over all judged candidates) and ``conventions``;
+* ``levels``: the same figures per level (``level1`` ..., ``other`` for tasks without one), with
+  the level's ``candidates``, ``statuses`` and ``flags`` (degenerate tasks left out);
+* ``baselines``: per measured baseline mode (``compile-default``, ``compile-reduce-overhead``,
+  ``compile-max-autotune``, ``compile-max-autotune-no-cudagraphs``, ``cudagraph``; the older names
+  ``compile``, ``compile-ro``, ``max-autotune`` are read as these), the best speedup over that
+  baseline (ratio to the baseline's own speedup over eager), and ``baseline_over_eager``; a
+  builtin run's verified ``compile-default`` candidate counts as the baseline
+  ``compile-default-candidate``;
+* ``tasks``: one entry per task with ``task``, ``level``, ``best_speedup``, ``best_candidate``
+  (candidate hash), ``statuses``, ``techniques`` (labels of the best candidate), and more;
+* ``techniques``: label → ``candidates`` (judged ones carrying it), ``verified``, ``tasks`` (tasks
+  with a verified candidate carrying it), ``median_speedup`` (over those verified candidates);
+* ``environment``: where the numbers were measured (the most common one; ``environments``
+  lists all), ``rounds`` (search progress), ``degenerate`` and ``rejected`` (reported apart),
+  ``conventions`` (the other convention's summary, for comparison with published figures) and,
+  for a verify run, ``audit`` (its classes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import statistics
+from collections import Counter
+from typing import Any
+
+from cudal1.report.load import CandidateRecord, RunData, TaskRecord
+from cudal1.report.metrics import CONVENTIONS, TaskOutcome, aggregate, conventions, geomean, level_key, verdict_counts
+from cudal1.report.techniques import TECHNIQUES, analyze
+from cudal1.types import Status
+
+COMPILE_CANDIDATE = "compile-default-candidate"
+# baseline names recorded before the shared execution-mode vocabulary (cudal1.compile_modes)
+OLD_BASELINE_NAMES = {"compile": "compile-default", "compile-ro": "compile-reduce-overhead",
+                      "max-autotune": "compile-max-autotune"}
+
+
+def _ok(c: CandidateRecord) -> bool:
+    return c.result is not None and c.result.status is Status.OK and c.result.speedup is not None
+
+
+def degenerate(rec: TaskRecord) -> bool:
+    results = [c.result for c in rec.candidates if c.result] + ([rec.reference] if rec.reference else [])
+    return any("degenerate_task" in r.flags for r in results)
+
+
+def best_candidate(rec: TaskRecord) -> CandidateRecord | None:
+    """The verified candidate with the highest speedup (earliest on ties); None on degenerate tasks."""
+    ok = [c for c in rec.candidates if _ok(c)]
+    if degenerate(rec) or not ok:
+        return None
+    return max(ok, key=lambda c: c.result.speedup)  # max keeps the first of equal values
+
+
+def baseline_speedups(rec: TaskRecord) -> dict[str, float]:
+    """Measured baselines' speedups over eager (``eager`` itself left out; old mode names read
+    as their current ones)."""
+    out = {OLD_BASELINE_NAMES.get(m, m): r.speedup for m, r in rec.baselines.items()
+           if m != "eager" and r.status is Status.OK and r.speedup and r.speedup > 0}
+    compiled = [c for c in rec.candidates if _ok(c) and c.passes == ["compile-default"]]
+    if compiled:
+        out[COMPILE_CANDIDATE] = compiled[0].result.speedup
+    return out
+
+
+def outcome(rec: TaskRecord) -> TaskOutcome:
+    best = best_candidate(rec)
+    return TaskOutcome(rec.task.task_id, rec.task.level, best.result.speedup if best else None, degenerate(rec),
+                       baseline_speedups(rec))
+
+
+def label_candidates(data: RunData) -> dict[str, list[str]]:
+    """Technique labels of every candidate (by hash), against its task's reference."""
+    labels: dict[str, list[str]] = {}
+    for rec in data.tasks:
+        for c in rec.candidates:
+            if c.hash not in labels:
+                labels[c.hash] = analyze(c.source, rec.task.source, c.analysis).techniques
+    return labels
+
+
+def technique_table(data: RunData, labels: dict[str, list[str]]) -> dict[str, dict[str, Any]]:
+    table: dict[str, dict[str, Any]] = {}
+    for tech in TECHNIQUES:
+        judged = [(rec, c) for rec in data.tasks if not degenerate(rec) for c in rec.candidates
+                  if c.result is not None and tech in labels.get(c.hash, [])]
+        if not judged:
+            continue
+        ok = [(rec, c) for rec, c in judged if _ok(c)]
+        speedups = [c.result.speedup for _, c in ok]
+        table[tech] = {"candidates": len(judged), "verified": len(ok), "tasks": len({rec.task.hash for rec, _ in ok}),
+                       "median_speedup": statistics.median(speedups) if speedups else None}
+    return table
+
+
+def rounds(data: RunData) -> list[dict[str, Any]]:
+    """Search progress: per round, the candidates judged and the geomean over tasks of the best
+    verified speedup so far (1.0 for a task with none yet: the reference)."""
+    live = [rec for rec in data.tasks if not degenerate(rec)]
+    seen = sorted({c.round or 0 for rec in live for c in rec.candidates if c.result})
+    out = []
+    if seen and seen[0] > 0 and any(rec.reference for rec in live):  # round 0: the references, 1.0x
+        out.append({"round": 0, "candidates": 0, "ok": 0, "tasks_with_ok": 0, "geomean_best_so_far": 1.0})
+    for r in seen:
+        bests = []
+        for rec in live:
+            ok = [c.result.speedup for c in rec.candidates if _ok(c) and (c.round or 0) <= r]
+            bests.append(max(ok) if ok else None)
+        this = [c for rec in live for c in rec.candidates if c.result and (c.round or 0) == r]
+        out.append({"round": r, "candidates": len(this), "ok": sum(1 for c in this if _ok(c)),
+                    "tasks_with_ok": sum(1 for b in bests if b is not None),
+                    "geomean_best_so_far": geomean([b if b and b > 1.0 else 1.0 for b in bests])})
+    return out
+
+
+def environment(data: RunData) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    envs = Counter()
+    for rec in data.tasks:
+        for c in rec.candidates:
+            if c.result is not None:
+                envs[json.dumps(dataclasses.asdict(c.result.environment), sort_keys=True)] += 1
+    listed = [json.loads(e) for e, _ in envs.most_common()]
+    return (listed[0] if listed else None), listed
+
+
+def task_row(rec: TaskRecord, labels: dict[str, list[str]]) -> dict[str, Any]:
+    best = best_candidate(rec)
+    judged = [c for c in rec.candidates if c.result is not None]
+    counts = verdict_counts([c.result for c in judged])
+    return {"task": rec.task.task_id, "level": rec.task.level, "name": rec.task.name,
+            "best_speedup": best.result.speedup if best else None,
+            "best_candidate": best.hash if best else None,
+            "best_ci": list(best.result.speedup_ci) if best and best.result.speedup_ci else None,
+            "statuses": counts["statuses"], "flags": counts["flags"],
+            "techniques": labels.get(best.hash, []) if best else [],
+            "candidates": len(judged), "pending": len(rec.candidates) - len(judged),
+            "verified": sum(1 for c in judged if _ok(c)), "degenerate": degenerate(rec),
+            "baselines": baseline_speedups(rec),
+            "reference_ms": best.result.reference_ms if best else (rec.reference.reference_ms if rec.reference else None),
+            "best_ms": best.result.candidate_ms if best else None}
+
+
+def build_report(data: RunData, conv: str = "measured", labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """The report document of ``data`` under the named aggregation conventions."""
+    chosen = conventions(conv)
+    labels = label_candidates(data) if labels is None else labels
+    outcomes = [outcome(rec) for rec in data.tasks]
+    agg = aggregate(outcomes, chosen)
+    judged = [c.result for rec in data.tasks for c in rec.candidates if c.result is not None]
+    counts = verdict_counts(judged)
+    env, envs = environment(data)
+    rejected = [{"task": rec.task.task_id, "candidate": c.hash, "flags": c.result.flags,
+                 "message": (c.result.message.splitlines() or [""])[0][:300]}
+                for rec in data.tasks for c in rec.candidates if c.result is not None and c.result.status is Status.REJECTED]
+    others = {name: aggregate(outcomes, c)["summary"] for name, c in CONVENTIONS.items() if name != chosen.name}
+    by_level: dict[str, list] = {}
+    for rec in data.tasks:
+        if not degenerate(rec):
+            by_level.setdefault(level_key(rec.task.level), []).extend(c.result for c in rec.candidates if c.result)
+    doc = {
+        "summary": agg["summary"] | {"candidates": len(judged), "conventions": chosen.name, **counts},
+        "levels": {k: v | {"candidates": len(by_level.get(k, [])), **verdict_counts(by_level.get(k, []))}
+                   for k, v in agg["levels"].items()},
+        "baselines": agg["baselines"],
+        "tasks": [task_row(rec, labels) for rec in data.tasks],
+        "techniques": technique_table(data, labels),
+        "environment": env,
+        "environments": envs,
+        "rounds": rounds(data),
+        "degenerate": agg["degenerate"],
+        "rejected": rejected,
+        "conventions": others,
+        "runs": [{k: r[k] for k in ("store", "kind", "status")} for r in data.runs],
+        "sources": data.paths,
+    }
+    if data.audit is not None:
+        doc["audit"] = {"summary": data.audit.get("summary"), "file": data.audit.get("file")}
+    return doc

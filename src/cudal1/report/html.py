@@ -1,0 +1,103 @@
+"""The self-contained HTML report: one file, inline CSS and SVG, no script, nothing fetched.
+
+Contract: :func:`render_html` turns a report document (:mod:`cudal1.report.document`) and the
+runs it came from into one HTML page: summary cards and tables (overall, per level, against each
+baseline), the plots of :mod:`cudal1.report.plots`, status and flag breakdown with degenerate tasks
+and rejected candidates apart, the technique table, and per task the best candidate beside the
+reference with a unified diff and the model's analysis, then the environment.  The page links to
+nothing outside itself (no ``src``/``href`` to a network address, no web fonts).  Needs the
+``report`` extra (jinja2, matplotlib).
+"""
+
+from __future__ import annotations
+
+import difflib
+import time
+from pathlib import Path
+from typing import Any
+
+from cudal1 import __version__
+from cudal1.report import plots
+from cudal1.report.load import RunData
+from cudal1.report.markdown import STAT_KEYS, fmt
+from cudal1.report.metrics import FAST_P, fast_p_key
+
+TEMPLATES = Path(__file__).parent / "templates"
+MAX_DIFF_LINES = 400
+
+
+def require_html() -> None:
+    """ImportError naming the extra when jinja2 or matplotlib is missing."""
+    import importlib.util
+
+    missing = [m for m in ("jinja2", "matplotlib") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ImportError(f'the HTML report needs {" and ".join(missing)}: pip install "cudal1[report]"')
+
+
+def _diff(reference: str, best: str) -> list[tuple[str, str]]:
+    lines = list(difflib.unified_diff(reference.splitlines(), best.splitlines(), "reference", "best", lineterm="", n=2))
+    out = []
+    for line in lines[2:MAX_DIFF_LINES]:  # the two file-name lines say nothing here
+        kind = "hunk" if line.startswith("@@") else "add" if line.startswith("+") else "del" if line.startswith("-") else "ctx"
+        out.append((kind, line))
+    if len(lines) > MAX_DIFF_LINES:
+        out.append(("hunk", f"... {len(lines) - MAX_DIFF_LINES} more diff lines"))
+    return out
+
+
+def task_details(doc: dict[str, Any], data: RunData) -> dict[str, dict[str, Any]]:
+    """Per task id: reference and best sources, their diff, the model's analysis."""
+    by_id = {rec.task.task_id: rec for rec in data.tasks}
+    out = {}
+    for t in doc["tasks"]:
+        rec = by_id[t["task"]]
+        best = next((c for c in rec.candidates if c.hash == t["best_candidate"]), None)
+        out[t["task"]] = {"reference": rec.task.source, "best": best.source if best else None,
+                          "label": best.label if best else "", "analysis": best.analysis if best else "",
+                          "diff": _diff(rec.task.source, best.source) if best else []}
+    return out
+
+
+def _row(s: dict[str, Any]):
+    from markupsafe import Markup
+
+    cells = [fmt(s["tasks"]), fmt(s["ok"]), *[fmt(s[k]) for k in STAT_KEYS],
+             *[fmt(s["fast_p"][fast_p_key(p)], pct=True) for p in FAST_P]]
+    return Markup("".join(f"<td>{Markup.escape(c)}</td>" for c in cells))
+
+
+def _env_line(env: dict[str, Any] | None) -> str:
+    if not env:
+        return "environment unknown"
+    parts = [env.get("gpu_name") or env.get("device"), env.get("torch") and f"torch {env['torch']}",
+             env.get("cuda") and f"CUDA {env['cuda']}", env.get("driver") and f"driver {env['driver']}"]
+    return " · ".join(p for p in parts if p)
+
+
+_CONV_NOTES = {
+    "measured": "Conventions 'measured': each task's best verified speedup as measured; tasks without one are left out of the statistics.",
+    "cuda-l1": "Conventions 'cuda-l1': a task counts its best speedup only above 1.01×, every other task counts 1.0× (the reference is kept).",
+}
+
+
+def render_html(doc: dict[str, Any], data: RunData) -> str:
+    require_html()
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=False)
+    s = doc["summary"]
+    figures = {"distribution": plots.distribution(plots.per_level(doc["tasks"])),
+               "baselines": plots.baselines(doc["tasks"]),
+               "progress": plots.progress(doc["rounds"]) if len(doc["rounds"]) > 1 else "",
+               "verdicts": plots.verdicts(s["statuses"], s["flags"])}
+    return env.get_template("report.html.j2").render(
+        title=", ".join(doc.get("sources", [])), s=s, levels=doc["levels"], baselines=doc["baselines"],
+        others=doc.get("conventions") or {}, tasks=doc["tasks"], techniques=doc["techniques"],
+        rejected=doc.get("rejected", []), degenerate=doc.get("degenerate", []), audit=doc.get("audit"),
+        env=doc.get("environment"), environments=doc.get("environments", []), runs=doc.get("runs", []),
+        details=task_details(doc, data), plots=figures, fast_keys=[fast_p_key(p) for p in FAST_P],
+        row=_row, f=fmt, pct=lambda x: fmt(x, pct=True), ci=lambda c: f"{c[0]:.3g}–{c[1]:.3g}" if c else "-",
+        env_line=_env_line(doc.get("environment")), conv_note=_CONV_NOTES.get(s["conventions"], ""),
+        version=__version__, generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))

@@ -1,0 +1,90 @@
+"""Markdown rendering of a report document (terminals, CI logs, pull requests).
+
+``md_table`` is the one Markdown table helper of the package (the builtin benchmark's report and
+``cudal1 compare --format md`` use it too); ``fmt`` formats figures the same way everywhere.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from cudal1.report.metrics import FAST_P, fast_p_key
+
+STAT_KEYS = ("mean", "median", "geomean", "max", "p25", "p75")
+
+
+def fmt(x: Any, pct: bool = False, digits: int = 3) -> str:
+    """'-' for None; percentages without decimals; floats to ``digits`` significant digits."""
+    if x is None:
+        return "-"
+    if pct:
+        return f"{100 * x:.0f}%"
+    if isinstance(x, float):
+        if abs(x) >= 100:
+            return f"{x:.0f}"
+        if abs(x) >= 1e-3:  # trailing zeros kept: 1.005 reads "1.00", not "1"
+            return f"{x:#.{digits}g}".rstrip(".")
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A GitHub-flavoured Markdown table; cells pass through :func:`fmt` unless already strings
+    (``|`` inside cells is escaped)."""
+    def cell(c: Any) -> str:
+        return (c if isinstance(c, str) else fmt(c)).replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def figure_headers() -> list[str]:
+    return ["tasks", "ok", *STAT_KEYS, *[f"fast_{fast_p_key(p)}" for p in FAST_P]]
+
+
+def figure_cells(s: dict[str, Any]) -> list[str]:
+    return [fmt(s["tasks"]), fmt(s["ok"]), *[fmt(s[k]) for k in STAT_KEYS],
+            *[fmt(s["fast_p"][fast_p_key(p)], pct=True) for p in FAST_P]]
+
+
+def render_markdown(doc: dict[str, Any]) -> str:
+    s = doc["summary"]
+    env = doc.get("environment") or {}
+    out = [f"# cudal1 report: {', '.join(doc.get('sources', []))}", "",
+           f"Conventions: `{s['conventions']}`. Degenerate tasks ({s['degenerate']}) are left out of every figure; "
+           f"{s['candidates']} candidates judged; rejected: {s['statuses'].get('rejected', 0)}.", "",
+           "## Summary", "", md_table(["group", *figure_headers()],
+                                      [["all", *figure_cells(s)]] + [[k, *figure_cells(v)] for k, v in doc["levels"].items()])]
+    for name, other in (doc.get("conventions") or {}).items():
+        out += ["", f"Under the `{name}` conventions: " + ", ".join(f"{k} {fmt(other[k])}" for k in ("n", *STAT_KEYS))]
+    if doc["baselines"]:
+        out += ["", "## Against baselines", "", md_table(
+            ["baseline", "tasks", "ok", "geomean", "median", "fast_1.0", "baseline geomean over eager"],
+            [[m, fmt(b["tasks"]), fmt(b["ok"]), fmt(b["geomean"]), fmt(b["median"]), fmt(b["fast_p"]["1.0"], pct=True),
+              fmt(b["baseline_over_eager"]["geomean"])] for m, b in doc["baselines"].items()])]
+    out += ["", "## Verdicts", "", "statuses: " + (", ".join(f"{k} {v}" for k, v in s["statuses"].items()) or "none"),
+            "", "flags: " + (", ".join(f"{k} {v}" for k, v in s["flags"].items()) or "none")]
+    if doc["techniques"]:
+        out += ["", "## Techniques", "", md_table(["technique", "candidates", "verified", "tasks", "median speedup"],
+                                                  [[t, v["candidates"], v["verified"], v["tasks"], v["median_speedup"]]
+                                                   for t, v in doc["techniques"].items()])]
+    if len(doc.get("rounds") or []) > 1:
+        out += ["", "## Search progress", "", md_table(["round", "candidates", "ok", "tasks with ok", "geomean best so far"],
+                                                       [[r["round"], r["candidates"], r["ok"], r["tasks_with_ok"], r["geomean_best_so_far"]]
+                                                        for r in doc["rounds"]])]
+    out += ["", "## Tasks", "", md_table(
+        ["task", "best x", "judged", "verdicts", "techniques of the best"],
+        [[t["task"], "degenerate" if t["degenerate"] else fmt(t["best_speedup"]), t["candidates"],
+          ", ".join(f"{k} {v}" for k, v in t["statuses"].items()), ", ".join(t["techniques"]) or "-"] for t in doc["tasks"]])]
+    if doc.get("rejected"):
+        out += ["", "## Rejected candidates", "", md_table(["task", "candidate", "flags", "message"],
+                                                           [[r["task"], r["candidate"][:12], ",".join(r["flags"]), r["message"][:120]]
+                                                            for r in doc["rejected"]])]
+    if doc.get("audit"):
+        classes = (doc["audit"].get("summary") or {}).get("classes", {})
+        out += ["", "## Audit classes", "", ", ".join(f"{k} {v}" for k, v in classes.items()) or "none"]
+    out += ["", "## Environment", "", ", ".join(f"{k} {v}" for k, v in env.items() if v) or "unknown"]
+    if len(doc.get("environments") or []) > 1:
+        out.append(f"(and {len(doc['environments']) - 1} other environment(s) in these runs)")
+    return "\n".join(out) + "\n"

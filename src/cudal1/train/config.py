@@ -1,0 +1,230 @@
+"""Training configuration: frozen dataclasses, YAML presets, strict keys (no torch, no TRL).
+
+Contract: :func:`load_config` builds a config from a packaged preset (``configs/<kind>-<name>.yaml``,
+e.g. ``grpo-smoke``) or a YAML file, then applies overrides (CLI flags; ``None`` = not given).
+Unknown keys, at any nesting level, raise :class:`~cudal1.config.ConfigError`; so do bad values.
+The resolved config is written to ``OUT/config.yaml`` by every stage (:func:`to_dict`), together
+with the judge's :class:`~cudal1.config.EvalConfig`.
+
+What each stage reads:
+
+* :class:`SFTConfig` — ``cudal1 train sft`` and every fine-tuning round of ``train ssl``;
+* :class:`SSLConfig` — ``cudal1 train ssl`` (rounds of generate → judge → keep successes → SFT);
+* :class:`GRPOConfig` — ``cudal1 train grpo`` (TRL's GRPOTrainer; reward shaping in ``reward``).
+
+Field comments are the help text.  Names mirror TRL/transformers where one exists, so a reader
+can map them one to one (``group_size`` → ``num_generations``, ``beta`` → ``beta`` ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from cudal1.config import ConfigError
+from cudal1.train.reward import RewardConfig
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    """LoRA adapters through peft (used when ``lora`` is on)."""
+
+    r: int = 16  # adapter rank
+    alpha: int = 32  # scaling numerator (lora_alpha)
+    dropout: float = 0.05  # dropout on the adapter input
+    target_modules: str = "all-linear"  # peft target_modules: "all-linear" or comma-separated module names
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """Supervised fine-tuning with TRL's SFTTrainer (loss on assistant turns only)."""
+
+    learning_rate: float = 1e-5  # peak learning rate (cosine schedule after warmup)
+    epochs: float = 2.0  # passes over the data
+    max_steps: int = -1  # >0: stop after this many optimizer steps (overrides epochs)
+    batch_size: int = 1  # sequences per device per step
+    gradient_accumulation_steps: int = 8  # steps accumulated per optimizer update
+    max_length: int = 8192  # tokens per sequence (longer ones are truncated)
+    warmup_ratio: float = 0.03  # share of steps spent warming the learning rate up
+    weight_decay: float = 0.0
+    lora: bool = False  # train LoRA adapters instead of all weights
+    lora_config: LoraConfig = field(default_factory=LoraConfig)
+    bf16: bool = True  # bfloat16 mixed precision (ignored on CPU)
+    gradient_checkpointing: bool = True  # trade compute for memory on long sequences
+    logging_steps: int = 1  # write metrics every N optimizer steps
+    save_steps: int = 200  # checkpoint every N optimizer steps
+    save_total_limit: int = 3  # keep at most this many checkpoints
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "learning_rate", "batch_size", "gradient_accumulation_steps", "max_length", "logging_steps",
+                  "save_steps")
+        if self.epochs <= 0 and self.max_steps <= 0:
+            raise ConfigError("sft: give epochs > 0 or max_steps > 0")
+
+
+@dataclass(frozen=True)
+class SSLConfig:
+    """Self-supervised rounds (CUDA-L1 stage 2): generate, judge, keep the successes, fine-tune."""
+
+    rounds: int = 3  # generate → judge → fine-tune cycles
+    samples: int = 8  # programs generated per task per round
+    temperature: float = 1.0  # sampling temperature
+    top_p: float = 0.95
+    max_new_tokens: int = 4096  # completion token limit
+    batch_size: int = 8  # prompts per generation batch (transformers backend)
+    max_keep_per_task: int = 0  # successes kept per task per round (0: all; duplicates always dropped)
+    backend: str = "auto"  # auto (vLLM when installed, else transformers) | vllm | transformers
+    sft: SFTConfig = field(default_factory=SFTConfig)  # the fine-tuning of each round
+
+    def __post_init__(self) -> None:
+        _positive(self, "rounds", "samples", "max_new_tokens", "batch_size")
+        if self.backend not in ("auto", "vllm", "transformers"):
+            raise ConfigError(f"ssl backend must be auto, vllm or transformers, not {self.backend!r}")
+
+
+@dataclass(frozen=True)
+class GRPOConfig:
+    """Contrastive GRPO (CUDA-L1 stage 3) with TRL's GRPOTrainer and the judge as the reward."""
+
+    group_size: int = 8  # completions per prompt (TRL num_generations); advantages are group-relative
+    prompts_per_step: int = 4  # distinct prompts per optimizer step (all devices together)
+    max_steps: int = 500  # optimizer steps
+    learning_rate: float = 1e-6  # peak learning rate
+    beta: float = 0.04  # KL coefficient against the reference model (0: no reference model is loaded)
+    epsilon: float = 0.2  # PPO-style clipping of the probability ratio
+    num_iterations: int = 1  # optimisation passes per generated batch (TRL mu)
+    loss_type: str = "dapo"  # TRL loss aggregation: grpo | dr_grpo | dapo | bnpo ...
+    scale_rewards: str = "group"  # TRL advantage scaling: group | batch | none
+    temperature: float = 1.0  # sampling temperature of the rollouts
+    top_p: float = 1.0
+    max_completion_length: int = 4096  # tokens per rollout
+    gradient_accumulation_steps: int = 1
+    exemplars: int = 2  # measured exemplars per contrastive prompt (drawn from the run store)
+    strategy: str = "contrastive"  # exemplar selection: contrastive | random | best
+    tau: float = 1.0  # softmax temperature over speedup buckets
+    feedback: bool = False  # also show one failed attempt with the judge's message
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    use_vllm: bool = False  # generate with vLLM (TRL colocate or server mode)
+    vllm_mode: str = "colocate"  # colocate | server (start `trl vllm-serve --model M` first)
+    vllm_gpu_memory_utilization: float = 0.3  # colocate: share of each GPU vLLM may take
+    lora: bool = False  # train LoRA adapters instead of all weights
+    lora_config: LoraConfig = field(default_factory=LoraConfig)
+    bf16: bool = True  # bfloat16 (ignored on CPU)
+    gradient_checkpointing: bool = True
+    logging_steps: int = 1
+    save_steps: int = 50
+    save_total_limit: int = 3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _positive(self, "group_size", "prompts_per_step", "max_steps", "learning_rate", "max_completion_length",
+                  "gradient_accumulation_steps", "num_iterations", "logging_steps", "save_steps")
+        if self.group_size < 2:
+            raise ConfigError("grpo: group_size must be at least 2 (advantages are relative to the group)")
+        if self.beta < 0:
+            raise ConfigError("grpo: beta must be >= 0")
+        if self.strategy not in ("contrastive", "random", "best"):
+            raise ConfigError(f"grpo: unknown exemplar strategy {self.strategy!r}")
+        if self.vllm_mode not in ("colocate", "server"):
+            raise ConfigError(f"grpo: vllm_mode must be colocate or server, not {self.vllm_mode!r}")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ConfigError(f"grpo: scale_rewards must be group, batch or none, not {self.scale_rewards!r}")
+
+
+KINDS: dict[str, type] = {"sft": SFTConfig, "ssl": SSLConfig, "grpo": GRPOConfig}
+
+
+def _positive(obj: Any, *names: str) -> None:
+    for name in names:
+        if not getattr(obj, name) > 0:
+            raise ConfigError(f"{type(obj).__name__}.{name} must be positive")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, globals(), {c.__name__: c for c in (LoraConfig, SFTConfig, RewardConfig)})
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """``cls`` from a mapping; nested dataclass fields from nested mappings; unknown keys are errors."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown {where or cls.__name__} key(s): {', '.join(unknown)}; known: {', '.join(fields)}")
+    hints = _hints(cls)
+    values = {}
+    for key, value in data.items():
+        kind = hints.get(key)
+        if dataclasses.is_dataclass(kind):
+            base = dataclasses.asdict(kind())
+            value = from_dict(kind, base | (value or {}), f"{where + '.' if where else ''}{key}")
+        elif kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        values[key] = value
+    try:
+        return cls(**values)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where or cls.__name__}: {exc}") from None
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def presets(kind: str) -> list[str]:
+    """Names of the packaged presets for ``kind`` (``sft``, ``ssl``, ``grpo``)."""
+    root = resources.files("cudal1.train") / "configs"
+    prefix = f"{kind}-"
+    return sorted(e.name[len(prefix):-5] for e in root.iterdir() if e.name.startswith(prefix) and e.name.endswith(".yaml"))
+
+
+def _read_yaml(text: str, where: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"cannot parse {where}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping")
+    return data
+
+
+def load_config(kind: str, source: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Any:
+    """The ``kind`` config from ``source`` — a YAML path, or a preset name such as ``smoke`` or
+    ``default`` — with ``overrides`` (``None`` values ignored; dotted keys reach nested fields,
+    e.g. ``{"reward.clip": 2.0}``)."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown config kind {kind!r}; known: {', '.join(KINDS)}")
+    cls = KINDS[kind]
+    data: dict[str, Any] = {}
+    if source is not None and str(source):
+        path = Path(source)
+        if path.suffix in (".yaml", ".yml") or path.exists():
+            try:
+                data = _read_yaml(path.read_text(), str(path))
+            except OSError as exc:
+                raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
+        else:
+            ref = resources.files("cudal1.train") / "configs" / f"{kind}-{source}.yaml"
+            if not ref.is_file():
+                raise ConfigError(f"unknown {kind} preset {str(source)!r}; known: {', '.join(presets(kind))}")
+            data = _read_yaml(ref.read_text(), f"preset {kind}-{source}")
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = key.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return from_dict(cls, data, kind)

@@ -1,0 +1,212 @@
+"""Stage 3: contrastive GRPO with TRL's ``GRPOTrainer`` and the judge as the reward.
+
+Contract: :func:`run_grpo` trains ``model`` (a local directory or hub name; TRL loads it by path,
+and with β > 0 loads the frozen reference model from the same path) on ``tasks``:
+
+* round 0 judges each task's reference (``ModelNew = Model``, the 1.00x anchor of the pool);
+* prompts are contrastive and built when sampled, from the run store
+  (:class:`~cudal1.train.contrast.ContrastivePrompts`); each rollout is parsed, judged
+  (:class:`~cudal1.train.judging.RolloutJudge`: cached by candidate hash, recorded in
+  ``OUT/cudal1.sqlite``) and becomes part of the pool future prompts draw exemplars from;
+* rewards are shaped by :func:`cudal1.train.reward.shape_rewards` (running statistics over
+  successes, clipped at ±k; fixed negatives per failure; ``rejected`` lowest);
+* ``OUT/metrics.jsonl`` gets one line per logged step: ``step``, ``loss``, ``reward_mean``,
+  ``reward_std``, ``kl``, ``success_rate`` (share of rollouts ``ok`` with a usable speedup),
+  ``judged`` (rollouts per outcome kind), ``evaluated`` (fresh judge runs), ``speedup_mean`` and
+  ``speedup_max`` (of this step's successes).
+
+``resume`` continues from the last ``OUT/checkpoint-N`` (TRL/transformers restore model,
+optimizer, scheduler and RNG); the reward's running statistics are rebuilt from the rollouts the
+store recorded, so normalisation continues where it was.
+
+Not covered: judging is synchronous (generation waits for the verdicts of its batch); one
+process judges its own rollouts (in multi-GPU runs every rank calls the judge on its share, and
+the judge spreads those over the GPUs it is given).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import statistics
+from pathlib import Path
+from typing import Any, Callable
+
+from cudal1.config import EvalConfig
+from cudal1.train import require_train
+from cudal1.train.common import cuda_or_cpu_kwargs, last_checkpoint, peft_config, save_final, world_size
+from cudal1.train.config import GRPOConfig
+from cudal1.train.contrast import ContrastivePrompts
+from cudal1.train.judging import RolloutJudge, reference_candidate
+from cudal1.train.metrics import metrics_callback, read_metrics
+from cudal1.train.reward import RewardConfig, RunningStats, outcome_of, shape_rewards
+from cudal1.types import EvalResult, Task
+
+log = logging.getLogger(__name__)
+
+POLICY = "grpo"
+
+
+class JudgeReward:
+    """TRL reward function: completions → judge → shaped rewards (a plain callable)."""
+
+    __name__ = "judge"  # TRL names the reward's metrics after it
+
+    def __init__(self, judge: RolloutJudge, contrast: ContrastivePrompts, cfg: RewardConfig, stats: RunningStats) -> None:
+        self.judge, self.contrast, self.cfg, self.stats = judge, contrast, cfg, stats
+        self._speedups: list[float] = []
+        self._rollouts = 0
+        self._successes = 0
+        self._evaluated_at_drain = 0
+
+    def __call__(self, prompts: list, completions: list, task: list[str], trainer_state: Any = None, **_: Any) -> list[float]:
+        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        tasks = [self.contrast.tasks[t] for t in task]
+        issued = [self.contrast.lookup(t, p) for t, p in zip(task, prompts)]
+        step = int(getattr(trainer_state, "global_step", 0) or 0) + 1
+        verdicts = self.judge.judge(list(zip(tasks, texts)), round_=step, prompts=issued, label=f"{POLICY}:s{step}")
+        outcomes = [o for _, o in verdicts]
+        rewards = shape_rewards(outcomes, self.stats, self.cfg)
+        self._rollouts += len(outcomes)
+        self._successes += sum(o.success for o in outcomes)
+        self._speedups.extend(o.speedup for o in outcomes if o.success)  # type: ignore[misc]
+        return rewards
+
+    def metrics(self) -> dict[str, Any]:
+        """Metrics since the previous call (merged into metrics.jsonl by the metrics callback)."""
+        out = {
+            "success_rate": self._successes / self._rollouts if self._rollouts else None,
+            "judged": self.judge.drain_counts(),
+            "evaluated": self.judge.evaluated - self._evaluated_at_drain,
+            "speedup_mean": statistics.fmean(self._speedups) if self._speedups else None,
+            "speedup_max": max(self._speedups) if self._speedups else None,
+        }
+        self._speedups, self._rollouts, self._successes = [], 0, 0
+        self._evaluated_at_drain = self.judge.evaluated
+        return out
+
+
+def restore_stats(judge: RolloutJudge, stats: RunningStats, cfg: RewardConfig) -> int:
+    """Replay the recorded GRPO rollouts' successes into ``stats`` (resume).  Returns how many."""
+    pushed = 0
+    for row in judge.store.responses():
+        if row["policy"] != POLICY or not row["candidate_hash"]:
+            continue
+        res = judge.store.get_evaluation(row["task_hash"], row["candidate_hash"], judge.config_hash)
+        outcome = outcome_of(res) if res is not None else None
+        if outcome is not None and outcome.success:
+            stats.push([math.log(outcome.speedup) if cfg.log_speedup else outcome.speedup])  # type: ignore[arg-type]
+            pushed += 1
+    return pushed
+
+
+def per_device_batch(cfg: GRPOConfig, processes: int) -> int:
+    """Completions per device per micro-step so that one optimizer step sees
+    ``group_size * prompts_per_step`` completions over all processes."""
+    total = cfg.group_size * cfg.prompts_per_step
+    div = processes * cfg.gradient_accumulation_steps
+    if total % div:
+        raise ValueError(f"group_size x prompts_per_step ({total}) must be divisible by processes x "
+                         f"gradient_accumulation_steps ({processes} x {cfg.gradient_accumulation_steps})")
+    return total // div
+
+
+def grpo_arguments(cfg: GRPOConfig, out: str | Path, report_to: Any = "none", processes: int = 1):
+    import trl
+
+    args: dict[str, Any] = dict(
+        output_dir=str(out), num_generations=cfg.group_size, per_device_train_batch_size=per_device_batch(cfg, processes),
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate, lr_scheduler_type="constant", beta=cfg.beta, epsilon=cfg.epsilon,
+        num_iterations=cfg.num_iterations, loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
+        temperature=cfg.temperature, top_p=cfg.top_p, max_completion_length=cfg.max_completion_length,
+        use_vllm=cfg.use_vllm, logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=report_to, remove_unused_columns=False,
+        disable_tqdm=True, log_completions=False,
+    )
+    if cfg.use_vllm:
+        args.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
+    args.update(cuda_or_cpu_kwargs(trl.GRPOConfig, cfg.bf16, cfg.gradient_checkpointing))
+    return trl.GRPOConfig(**args)
+
+
+def judge_references(judge: RolloutJudge, tasks: list[Task]) -> list[EvalResult]:
+    """Round 0: each task's reference as a candidate (the 1.00x exemplar)."""
+    from cudal1.runs import judge_recorded
+
+    return judge_recorded([(t, reference_candidate(t)) for t in tasks], judge.config, store=judge.store, plan=judge.plan,
+                          on_result=judge.on_result)
+
+
+def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: str | Path, *,
+             plan: Any = None, hardware: str = "CPU", resume: bool = False, report_to: Any = "none",
+             on_result: Callable[[EvalResult], None] | None = None) -> dict[str, Any]:
+    """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring).  Returns a summary."""
+    require_train("cudal1 train grpo")
+    from cudal1.store import RunStore
+
+    if not tasks:
+        raise ValueError("grpo needs at least one task")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    store = RunStore(out / "cudal1.sqlite")
+    try:
+        return _train(model, tasks, cfg, judge_config, out, store, plan=plan, hardware=hardware, resume=resume,
+                      report_to=report_to, on_result=on_result)
+    finally:
+        store.close()
+
+
+def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: Path, store, *, plan: Any,
+           hardware: str, resume: bool, report_to: Any, on_result: Callable[[EvalResult], None] | None) -> dict[str, Any]:
+    import trl
+    from transformers import AutoTokenizer
+
+    run_id = store.start_run("train-grpo", {"model": str(model), "grpo": _asdict(cfg), "judge": judge_config.to_dict()})
+    status = "interrupted"
+    try:
+        judge = RolloutJudge(store, judge_config, plan=plan, policy=POLICY, on_result=on_result)
+        judge_references(judge, tasks)
+        contrast = ContrastivePrompts(judge, tasks, exemplars=cfg.exemplars, strategy=cfg.strategy, tau=cfg.tau,
+                                      feedback=cfg.feedback, hardware=hardware, seed=cfg.seed)
+        stats = RunningStats(cfg.reward.window)
+        checkpoint = last_checkpoint(out) if resume else None
+        if resume and checkpoint is None:
+            log.warning("--resume: no checkpoint in %s; starting from the beginning", out)
+        if checkpoint is not None:
+            log.info("resuming from %s (%d recorded successes restore the reward statistics)", checkpoint,
+                     restore_stats(judge, stats, cfg.reward))
+        reward = JudgeReward(judge, contrast, cfg.reward, stats)
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        tokenizer.padding_side = "left"
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        trainer = trl.GRPOTrainer(
+            model=str(model), reward_funcs=[reward], args=grpo_arguments(cfg, out, report_to, world_size()),
+            train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16), processing_class=tokenizer,
+            peft_config=peft_config(cfg.lora, cfg.lora_config), callbacks=[metrics_callback(out, "grpo", reward.metrics)],
+        )
+        result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        save_final(trainer, out, tokenizer)
+        status = "done"
+    finally:
+        store.finish_run(run_id, status)
+    return summarize(out, store, tasks, judge_config) | {"steps": int(result.global_step),
+                                                         "resumed_from": str(checkpoint) if checkpoint else None}
+
+
+def summarize(out: Path, store, tasks: list[Task], judge_config: EvalConfig) -> dict[str, Any]:
+    rows = [m for m in read_metrics(out) if m.get("stage") == "grpo"]
+    best = {}
+    for t in tasks:
+        res = store.best(t.hash)
+        best[t.task_id] = res.speedup if res is not None and res.config_hash == judge_config.hash() else None
+    return {"out": str(out), "reward_mean": [r.get("reward_mean") for r in rows],
+            "success_rate": [r.get("success_rate") for r in rows], "best_speedup": best,
+            "judged": store.counts()}
+
+
+def _asdict(cfg: GRPOConfig) -> dict[str, Any]:
+    import dataclasses
+
+    return dataclasses.asdict(cfg)

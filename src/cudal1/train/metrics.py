@@ -1,0 +1,84 @@
+"""Run records of every training stage: ``OUT/metrics.jsonl`` and ``OUT/config.yaml``.
+
+Contract: :func:`metrics_callback` returns a ``transformers.TrainerCallback`` that appends one
+JSON object per logged step to ``OUT/metrics.jsonl`` with the stable keys ``step`` and ``loss``
+(plus, for GRPO, ``reward_mean``, ``reward_std``, ``kl``, ``success_rate`` and ``judged`` — the
+counts per outcome kind since the previous line — supplied by ``extra``), followed by
+``stage``, ``lr`` and the trainer's raw log under ``trl``.  The file is appended to, never
+rewritten: a resumed run continues it (lines logged after the checkpoint it resumes from appear
+twice, with the same ``step``; readers keep the last).  :func:`write_config` writes the resolved
+configuration as YAML.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+# TRL/transformers log key -> our key
+RENAMES = {"loss": "loss", "reward": "reward_mean", "reward_std": "reward_std", "kl": "kl", "learning_rate": "lr"}
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def metrics_record(logs: dict[str, Any], step: int, stage: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One metrics.jsonl line from a trainer log (pure; see the module docstring)."""
+    rec: dict[str, Any] = {"step": int(step), "stage": stage, "loss": _clean(logs.get("loss"))}
+    for src, dst in RENAMES.items():
+        if src in logs and dst not in rec:
+            rec[dst] = _clean(logs[src])
+    rec.update(extra or {})
+    rec["time"] = time.time()
+    rec["trl"] = {k: _clean(v) for k, v in logs.items() if isinstance(v, (int, float, str))}
+    return rec
+
+
+def metrics_callback(out: str | Path, stage: str, extra: Callable[[], dict[str, Any]] | None = None):
+    """A TrainerCallback writing ``out/metrics.jsonl`` (needs ``transformers``)."""
+    from transformers import TrainerCallback
+
+    path = Path(out) / "metrics.jsonl"
+
+    class MetricsWriter(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D401 - transformers hook
+            logs = logs or {}
+            if not state.is_world_process_zero or "train_runtime" in logs or not ("loss" in logs or "reward" in logs):
+                return
+            rec = metrics_record(logs, state.global_step, stage, extra() if extra else None)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(json.dumps(rec, default=str) + "\n")
+
+    return MetricsWriter()
+
+
+def read_metrics(out: str | Path) -> list[dict[str, Any]]:
+    """metrics.jsonl as a list (later lines win for a repeated step)."""
+    path = Path(out) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    by_step: dict[tuple[str, int], dict[str, Any]] = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            by_step[(rec.get("stage", ""), rec["step"])] = rec
+    return list(by_step.values())
+
+
+def write_config(out: str | Path, config: dict[str, Any]) -> Path:
+    """Write the resolved configuration to ``out/config.yaml`` (with the cudal1 version)."""
+    from cudal1 import __version__
+
+    path = Path(out) / "config.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({"cudal1": __version__} | config, sort_keys=False, default_flow_style=False))
+    return path

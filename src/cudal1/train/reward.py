@@ -1,0 +1,145 @@
+"""Reward shaping for GRPO: a judge verdict → one float.  Pure functions, no torch, no judge.
+
+Contract (CUDA-L1, section 3.3, with our choices where the paper leaves room):
+
+* A **success** (``ok``, task not flagged ``degenerate_task``, finite positive speedup) is
+  rewarded by its speedup normalised with running statistics, ``(s - mean) / std``, clipped to
+  ``[-clip, +clip]`` (CUDA-L1: ``clip = k = 1.5``).  The statistics are over the last ``window``
+  successes (all tasks together), *including the batch being scored* (so the first batch is
+  normalised by itself); ``std`` is floored at ``min_std`` so a batch of near-identical timings
+  does not turn noise into ±k.  With ``log_speedup`` the statistics are of ``ln s`` instead (a
+  2x→4x step then weighs like 1x→2x).
+* A **failure** gets a fixed negative per cause: ``format`` (no usable code in the response),
+  ``compile_error``, ``runtime_error``, ``timeout``, ``incorrect``, and the lowest of all,
+  ``rejected`` (cheating: a guard fired).  Defaults put every failure below ``-clip``, so any
+  verified program outranks any failing one — otherwise a slow-but-correct answer could score
+  below a crash and the policy would learn that crashing is the safer bet.
+* A success on a **degenerate task** (the reference output is constant or ignores its inputs:
+  no speedup on it means anything) gets ``degenerate`` (default 0) and is not added to the
+  statistics.
+
+Not covered: per-task statistics (the window is shared by all tasks, as in the paper), and
+timing noise (``speedup_ci`` is not consulted).  Validation (:meth:`RewardConfig.__post_init__`)
+guarantees ``rejected`` is strictly the lowest reward any outcome can get.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Iterable
+
+# Outcome kinds besides the Status values: a response with no usable code.
+FORMAT = "format"
+FAILURE_KINDS = (FORMAT, "compile_error", "runtime_error", "timeout", "incorrect", "rejected")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How verdicts become rewards (see the module docstring).  Field comments are the help text."""
+
+    clip: float = 1.5  # k: normalised speedups are clipped to [-k, +k] (CUDA-L1: 1.5)
+    window: int = 1024  # running statistics over the last N successes (all tasks)
+    min_std: float = 0.1  # floor on the running std (in speedup units, or log units with log_speedup)
+    log_speedup: bool = False  # normalise ln(speedup) instead of speedup
+    format: float = -2.0  # no usable code block in the response
+    compile_error: float = -1.9  # the candidate does not import/build
+    runtime_error: float = -1.8  # it crashes (or runs out of memory) while running
+    timeout: float = -1.8  # it exceeds a phase's time limit
+    incorrect: float = -1.6  # wrong outputs on fresh inputs
+    rejected: float = -3.0  # cheating caught by a guard: must be the lowest reward
+    degenerate: float = 0.0  # ok on a task whose output ignores its inputs (speedup means nothing)
+
+    def __post_init__(self) -> None:
+        if not self.clip > 0:
+            raise ValueError("reward clip must be positive")
+        if self.window < 1:
+            raise ValueError("reward window must be at least 1")
+        if not self.min_std > 0:
+            raise ValueError("reward min_std must be positive")
+        others = [getattr(self, k) for k in FAILURE_KINDS if k != "rejected"] + [self.degenerate, -self.clip]
+        if not all(math.isfinite(v) for v in others + [self.rejected]):
+            raise ValueError("rewards must be finite")
+        if not self.rejected < min(others):
+            raise ValueError(f"reward for rejected ({self.rejected}) must be below every other reward "
+                             f"(lowest other: {min(others)}, including -clip)")
+
+    def failure(self, kind: str) -> float:
+        """The fixed reward of a failure ``kind`` (one of :data:`FAILURE_KINDS`)."""
+        if kind not in FAILURE_KINDS:
+            raise KeyError(f"unknown failure kind {kind!r}; known: {', '.join(FAILURE_KINDS)}")
+        return float(getattr(self, kind))
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the reward needs from one rollout's verdict."""
+
+    kind: str  # "ok", or one of FAILURE_KINDS
+    speedup: float | None = None  # measured speedup (ok only)
+    degenerate: bool = False  # the task was flagged degenerate_task
+
+    @property
+    def success(self) -> bool:
+        """Counts as a verified program with a usable speedup (enters the statistics)."""
+        s = self.speedup
+        return self.kind == "ok" and not self.degenerate and s is not None and math.isfinite(s) and s > 0
+
+
+def outcome_of(result) -> Outcome:
+    """The :class:`Outcome` of an :class:`~cudal1.types.EvalResult` (``None``: a format failure)."""
+    if result is None:
+        return Outcome(FORMAT)
+    kind = result.status.value
+    return Outcome(kind, result.speedup if kind == "ok" else None, "degenerate_task" in (result.flags or []))
+
+
+class RunningStats:
+    """Mean and standard deviation over the last ``window`` values pushed (population std)."""
+
+    def __init__(self, window: int) -> None:
+        self.values: deque[float] = deque(maxlen=window)
+
+    def push(self, values: Iterable[float]) -> None:
+        self.values.extend(float(v) for v in values)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values) if self.values else 0.0
+
+    @property
+    def std(self) -> float:
+        n = len(self.values)
+        if n < 2:
+            return 0.0
+        m = self.mean
+        return math.sqrt(sum((v - m) ** 2 for v in self.values) / n)
+
+
+def _value(speedup: float, cfg: RewardConfig) -> float:
+    return math.log(speedup) if cfg.log_speedup else speedup
+
+
+def normalized(speedup: float, stats: RunningStats, cfg: RewardConfig) -> float:
+    """``clip((value(s) - mean) / max(std, min_std), -k, k)`` against ``stats`` as they are."""
+    z = (_value(speedup, cfg) - stats.mean) / max(stats.std, cfg.min_std)
+    return max(-cfg.clip, min(cfg.clip, z))
+
+
+def shape_rewards(outcomes: list[Outcome], stats: RunningStats, cfg: RewardConfig) -> list[float]:
+    """Rewards for one batch, in order.  Pushes the batch's successes into ``stats`` first, then
+    normalises each success against the updated statistics (see the module docstring)."""
+    stats.push(_value(o.speedup, cfg) for o in outcomes if o.success)  # type: ignore[arg-type]
+    rewards = []
+    for o in outcomes:
+        if o.success:
+            rewards.append(normalized(o.speedup, stats, cfg))  # type: ignore[arg-type]
+        elif o.kind == "ok":
+            rewards.append(cfg.degenerate)
+        else:
+            rewards.append(cfg.failure(o.kind))
+    return rewards

@@ -1,0 +1,109 @@
+"""``--smoke``: every stage end to end on a CPU in minutes, with no other argument and no download.
+
+Each function builds what it needs under ``out`` — a tiny two-layer Qwen2 model from a config with
+a BPE tokenizer trained on the spot (:mod:`.tiny`), the bundled ``diag_scale`` task and its
+programs (:mod:`.smoke`) — and runs the real stage: TRL's trainers and the judge's subprocesses.
+
+* ``sft``: fine-tunes the tiny model on the bundled verified programs in the chat format
+  ``collect`` writes.
+* ``grpo``: *primes* the tiny model (a short SFT on real contrastive prompts answered with every
+  bundled program: fast, slow, wrong, crashing, cheating — so it starts out producing all of them),
+  then runs GRPO with the judge as the reward.  The policy learns to prefer the verified fast
+  programs, so ``reward_mean`` rises over the run (the learning test checks it).
+* ``ssl``: primes the same way, then runs self-supervised rounds (generate, judge, keep the
+  successes, fine-tune); the success rate per round is logged.
+
+The primed model is built once per ``out`` (``out/prime/primed``) and reused by ``--resume``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from cudal1.train.config import SFTConfig, load_config
+from cudal1.train.smoke import VARIANTS, priming_records, smoke_judge_config, smoke_task
+
+log = logging.getLogger(__name__)
+
+PRIME_EXAMPLES = 128
+PRIME = SFTConfig(learning_rate=3e-3, epochs=1.0, max_steps=80, batch_size=8, gradient_accumulation_steps=1,
+                  max_length=4096, warmup_ratio=0.0, bf16=False, gradient_checkpointing=False, logging_steps=10,
+                  save_steps=10_000, seed=0)
+
+
+def tiny_base(out: Path, records: list[dict[str, Any]]) -> Path:
+    """The untrained tiny model, its tokenizer trained on ``records``' texts (built once)."""
+    from cudal1.train.smoke import fixed_strings
+    from cudal1.train.tiny import build_tiny_model
+
+    if (out / "config.json").is_file():
+        return out
+    return build_tiny_model(out, [m["content"] for r in records for m in r["messages"]], hidden=128,
+                            fixed=fixed_strings(records))
+
+
+def primed_model(out: Path) -> Path:
+    """The tiny model after a short SFT on every bundled program (built once under ``out``)."""
+    from cudal1.train.sft import run_sft
+
+    primed = out / "primed"
+    if (primed / "config.json").is_file() and (primed / "tokenizer_config.json").is_file():
+        return primed
+    records = priming_records(smoke_task(), PRIME_EXAMPLES)
+    base = tiny_base(out / "base", records)
+    run_sft(str(base), records, PRIME, primed, stage="prime")
+    return primed
+
+
+def smoke_grpo(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
+               on_result=None) -> dict[str, Any]:
+    from cudal1.train.grpo import run_grpo
+
+    out = Path(out)
+    cfg = config or load_config("grpo", "smoke")
+    model = primed_model(out / "prime")
+    return run_grpo(str(model), [smoke_task()], cfg, smoke_judge_config(), out, resume=resume, report_to=report_to,
+                    on_result=on_result) | {"base_model": str(model)}
+
+
+def verified_records() -> list[dict[str, Any]]:
+    """Chat records answering the smoke task with each bundled verified program (what collect keeps)."""
+    from cudal1.prompts import build_prompt
+
+    from cudal1.train.smoke import answer
+
+    prompt = build_prompt(smoke_task(), [], "CPU")
+    return [{"messages": prompt.messages() + [{"role": "assistant", "content": answer(code)}], "variant": name}
+            for name, code in VARIANTS.items()]
+
+
+def smoke_sft(out: str | Path, *, config: Any = None, lora: bool | None = None, resume: bool = False,
+              report_to: Any = "none") -> dict[str, Any]:
+    import dataclasses
+
+    from cudal1.train.sft import run_sft
+
+    out = Path(out)
+    cfg = config or load_config("sft", "smoke")
+    if lora is not None:
+        cfg = dataclasses.replace(cfg, lora=lora)
+    records = verified_records()
+    data = out / "data.jsonl"
+    out.mkdir(parents=True, exist_ok=True)
+    data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    base = tiny_base(out / "base", records)
+    return run_sft(str(base), str(data), cfg, out, resume=resume, report_to=report_to) | {"data": str(data)}
+
+
+def smoke_ssl(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
+              on_result=None) -> dict[str, Any]:
+    from cudal1.train.ssl import run_ssl
+
+    out = Path(out)
+    cfg = config or load_config("ssl", "smoke")
+    model = primed_model(out / "prime")
+    return run_ssl(str(model), [smoke_task()], cfg, smoke_judge_config(), out, resume=resume, report_to=report_to,
+                   on_result=on_result) | {"base_model": str(model)}

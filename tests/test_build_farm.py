@@ -1,0 +1,255 @@
+"""The build farm (CPU tier, no compiler run): budget sizing, the build-directory file lock
+across processes, one build per distinct source (within a batch and across processes), stale
+torch batons, and the build targets and MAX_JOBS a worker is handed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cudal1.config import EvalConfig
+from cudal1.harness import build
+from cudal1.harness.envinfo import Gpu
+from cudal1.harness.farm import BuildBudget, BuildFarm
+from cudal1.harness.scheduler import DevicePlan, Evaluator, Job
+from cudal1.types import Candidate, Task
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+TASK = Task(name="t", source="import torch\nclass Model(torch.nn.Module):\n    pass\n")
+
+
+def cand(tag: str) -> Candidate:
+    return Candidate(f"from torch.utils.cpp_extension import load_inline  # {tag}\n", task_hash=TASK.hash, label=tag)
+
+
+@dataclass
+class FakeOutcome:
+    wall_s: float = 1.0
+    built: object = None
+    timed_out: bool = False
+
+
+# ---- budget ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("requested,lanes,cores,mem,workers,max_jobs", [
+    (0, 1, 16, 128.0, 7, 2),   # 15 cores for builds, 2 compile units per load_inline build
+    (0, 2, 16, 128.0, 7, 2),
+    (4, 1, 16, 128.0, 4, 3),   # the compiler gets what the builds leave
+    (16, 1, 16, 128.0, 16, 1),
+    (1, 1, 16, 128.0, 1, 15),
+    (0, 1, 16, 8.0, 2, 2),     # memory: 4 compilers of 2 GiB
+    (0, 1, 2, None, 1, 1),     # this box
+])
+def test_budget_adds_up_to_the_machine(requested, lanes, cores, mem, workers, max_jobs):
+    b = BuildBudget.detect(requested, lanes, cores=cores, memory_gib=mem)
+    assert (b.workers, b.max_jobs) == (workers, max_jobs)
+    if requested <= cores - lanes:
+        assert b.workers * b.max_jobs <= max(1, cores - lanes)
+
+
+def test_budget_is_not_bounded_by_lanes():
+    one = BuildBudget.detect(0, 1, cores=32, memory_gib=256.0)
+    assert one.workers > 1  # one GPU still gets many concurrent builds
+
+
+# ---- build targets and compiler parallelism handed to workers ---------------------------------
+
+def test_arch_list_names_each_present_capability_once(monkeypatch):
+    from cudal1.harness import scheduler
+
+    inventory = [Gpu(0, "H200", "570", "9.0"), Gpu(1, "H200", "570", "9.0"), Gpu(2, "A100", "570", "8.0")]
+    monkeypatch.setattr(scheduler, "gpu_inventory", lambda: inventory)
+    assert DevicePlan.detect("cuda").arch_list == "8.0;9.0"
+    assert DevicePlan.detect("cuda", [0, 1]).arch_list == "9.0"  # only the GPUs judged on
+    assert "PTX" not in DevicePlan.detect("auto").arch_list
+
+
+def test_prebuild_spec_targets_the_plan_and_the_budget(tmp_path):
+    plan = DevicePlan("cuda", (0,), "9.0", "570")
+    ev = Evaluator(EvalConfig(device="cpu", cache_dir=str(tmp_path)), plan, max_jobs=3)
+    spec = ev._worker_job(Job(TASK, cand("a")), tmp_path, "cpu", None, "build")
+    assert spec.env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    assert spec.env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU in a pre-build: torch would target every arch
+    assert spec.env["MAX_JOBS"] == "3"
+    assert spec.env["TORCH_EXTENSIONS_DIR"] == str(ev.build_dir(Job(TASK, cand("a"))))
+
+
+# ---- the file lock ---------------------------------------------------------------------------------
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from cudal1.harness import build
+    with build.locked(Path(sys.argv[1])):
+        print("locked", flush=True)
+        time.sleep(60)
+""")
+
+
+def test_file_lock_excludes_another_process_and_dies_with_it(tmp_path):
+    env = os.environ | {"PYTHONPATH": str(SRC)}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        acquired = threading.Event()
+
+        def take() -> None:
+            with build.locked(tmp_path):
+                acquired.set()
+
+        t = threading.Thread(target=take, daemon=True)
+        t.start()
+        assert not acquired.wait(1.0), "the lock was taken while another process held it"
+        holder.send_signal(signal.SIGKILL)  # the kernel drops the dead holder's lock
+        assert acquired.wait(10.0), "the lock of a killed holder was not released"
+    finally:
+        holder.kill()
+        holder.wait()
+    with build.locked(tmp_path) as waited:
+        assert waited < 1.0
+
+
+TWO_RUNS = textwrap.dedent("""
+    import sys, threading, time
+    from pathlib import Path
+    from cudal1.harness import build
+    from cudal1.harness.farm import BuildBudget, BuildFarm
+
+    class Out:
+        wall_s, built, timed_out = 1.0, None, False
+
+    bdir = Path(sys.argv[1])
+    def prebuild(job):
+        lib = bdir / "ext.so"
+        if lib.exists():
+            return Out(), True
+        time.sleep(1.5)  # a compiler
+        with open(bdir.parent / "builds.log", "a") as f:
+            f.write(sys.argv[2] + "\\n")
+        lib.write_text("x")
+        return Out(), False
+
+    farm = BuildFarm(prebuild, lambda job: bdir, BuildBudget(1, 1, 1, None), threading.Condition())
+    print(sys.argv[2], farm.submit("job").future.result()[1], flush=True)
+    farm.shutdown()
+""")
+
+
+def test_two_processes_sharing_the_cache_build_a_source_once(tmp_path):
+    bdir = tmp_path / "builds" / "key"
+    env = os.environ | {"PYTHONPATH": str(SRC)}
+    procs = [subprocess.Popen([sys.executable, "-c", TWO_RUNS, str(bdir), name], stdout=subprocess.PIPE, text=True, env=env)
+             for name in ("a", "b")]
+    outs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert all(p.returncode == 0 for p in procs)
+    assert len((tmp_path / "builds" / "builds.log").read_text().split()) == 1, "both runs compiled the source"
+    assert sorted(o[1] for o in outs) == ["False", "True"]  # one built it, the other found it
+
+
+# ---- one build per distinct source within a batch ---------------------------------------------------
+
+def test_identical_sources_are_built_once(tmp_path):
+    calls: list[str] = []
+    ready = threading.Condition()
+
+    def prebuild(job: Job):
+        calls.append(job.candidate.label)
+        time.sleep(0.3)
+        return FakeOutcome(wall_s=2.0), False
+
+    ev = Evaluator(EvalConfig(device="cpu", cache_dir=str(tmp_path)), DevicePlan("cpu", (None,), ""))
+    farm = BuildFarm(prebuild, ev.build_dir, BuildBudget(4, 1, 4, None), ready)
+    same = [cand("x"), cand("x"), Candidate(cand("x").source, task_hash="other", label="x-other-task")]
+    tickets = [farm.submit(Job(TASK, c)) for c in same] + [farm.submit(Job(TASK, cand("y")))]
+    for t in tickets:
+        t.result() if t.leader is not None else t.future.result()
+    farm.shutdown()
+    assert sorted(calls) == ["x", "y"]
+    leader, followers = tickets[0], tickets[1:3]
+    assert all(f.leader is leader for f in followers)
+    outcome, cached = followers[0].result()
+    assert cached and outcome.wall_s == 0.0  # the leader paid for it
+    assert leader.result() == (FakeOutcome(wall_s=2.0), False)
+
+
+def test_stale_batons_are_cleared(tmp_path):
+    old, fresh = tmp_path / "ext_old" / "lock", tmp_path / "ext_new" / "lock"
+    for f in (old, fresh):
+        f.parent.mkdir()
+        f.write_text("")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert build.clear_stale_batons(tmp_path, older_than_s=3600) == [old]
+    assert fresh.exists() and not old.exists()
+    assert build.clear_stale_batons(tmp_path, since=time.time() - 60) == [fresh]
+
+
+def test_a_timed_out_build_leaves_no_baton(tmp_path):
+    bdir = tmp_path / "b"
+
+    def prebuild(job):
+        (bdir / "ext").mkdir(parents=True)
+        (bdir / "ext" / "lock").write_text("")  # what torch's FileBaton leaves when nvcc is SIGKILLed
+        return FakeOutcome(timed_out=True), False
+
+    farm = BuildFarm(prebuild, lambda job: bdir, BuildBudget(1, 1, 1, None), threading.Condition())
+    farm.submit("job").future.result()
+    farm.shutdown()
+    assert not (bdir / "ext" / "lock").exists()
+
+
+# ---- lazily built extensions are pre-built too -------------------------------------------------------
+
+def test_builds_lazily_tells_module_level_from_init_builds():
+    assert not build.builds_lazily("from torch.utils.cpp_extension import load_inline\next = load_inline(name='a')\n")
+    assert build.builds_lazily("class ModelNew:\n    def __init__(self):\n        self.ext = load_inline(name='a')\n")
+    assert build.builds_lazily("import torch.utils.cpp_extension as c\ndef _get():\n    return c.load(name='a', sources=[])\n")
+    assert not build.builds_lazily("def broken(:\n")
+    assert not build.builds_lazily("import triton.language as tl\ndef k(p):\n    return tl.load(p) + torch.load('w')\n")
+    src = "class ModelNew:\n    def __init__(self):\n        load_inline(name='a')\n"
+    assert build.prebuild_source(src, "ref_mod").startswith(src) and "ref_mod" in build.prebuild_source(src, "ref_mod")
+    assert build.prebuild_source("x = load_inline(name='a')\n", "ref_mod") == "x = load_inline(name='a')\n"
+
+
+LAZY = '''
+import torch
+import torch.nn as nn
+
+MARK = %(mark)r
+
+
+def load_inline(**kwargs):  # stands in for torch's: records that the pre-build reached the build call
+    with open(MARK, "w") as f:
+        f.write(",".join(sorted(kwargs)))
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        load_inline(name="lazy_ext", cpp_sources="")
+        self.big = nn.Parameter(torch.empty(1 << 32))  # 16 GiB: only affordable on the meta device
+
+    def forward(self, A, B):
+        return A.unsqueeze(1) * B
+'''
+
+
+def test_prebuild_constructs_candidates_that_build_in_init(tmp_path, cpu_judge_config):
+    from cudal1.tasks import load_task_file
+
+    task = load_task_file(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "diag_matmul.py")
+    mark = tmp_path / "built"
+    cand = Candidate(LAZY % {"mark": str(mark)}, task_hash=task.hash, label="lazy")
+    ev = Evaluator(cpu_judge_config(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
+    outcome, cached = ev.prebuild(Job(task, cand))
+    assert outcome.result is not None and outcome.result.status == "ok", outcome.log_tail[-2000:]
+    assert mark.read_text() == "cpp_sources,name"  # __init__ ran in the pre-build, up to its build call
+    assert not cached

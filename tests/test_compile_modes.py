@@ -1,0 +1,99 @@
+"""compile_modes + cuda_graph: one vocabulary and one CUDA-graph wrapper for the judge's baselines
+and the builtin policy's exec passes (CPU: names, generated source, eager fallback)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+
+import pytest
+import torch
+
+from cudal1.compile_modes import ALIASES, COMPILE_MODES, CUDA_GRAPH, EAGER, canonical, cuda_graph_source
+from cudal1.cuda_graph import CudaGraphReplay
+from cudal1.harness import baselines
+from cudal1.policy.builtin import PASSES, render_candidate
+
+TASK = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)), x.sum()
+
+
+def get_inputs():
+    return [torch.randn(4, 8)]
+
+
+def get_init_inputs():
+    return [8]
+"""
+
+
+def test_baselines_and_builtin_exec_passes_share_the_names():
+    exec_passes = {n for n, p in PASSES.items() if p.kind == "exec"}
+    assert exec_passes == set(COMPILE_MODES) | {CUDA_GRAPH}
+    assert list(baselines.MODES) == [EAGER, *COMPILE_MODES, CUDA_GRAPH]
+    for name, mode in COMPILE_MODES.items():
+        assert PASSES[name].description == mode.description and PASSES[name].cuda_only == mode.cuda_only
+
+
+@pytest.mark.parametrize("name", list(COMPILE_MODES))
+def test_compile_candidates_use_the_vocabularys_torch_mode(name):
+    tree = ast.parse(render_candidate(TASK, name))
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.compile"]
+    (call,) = calls
+    modes = [k.value.value for k in call.keywords if k.arg == "mode"]
+    assert modes == ([COMPILE_MODES[name].torch_mode] if COMPILE_MODES[name].torch_mode else [])
+
+
+def test_old_baseline_names_resolve_and_unknown_names_fail():
+    assert {old: canonical(old) for old in ALIASES} == {
+        "compile": "compile-default", "compile-ro": "compile-reduce-overhead", "max-autotune": "compile-max-autotune"}
+    assert canonical("cudagraph") == CUDA_GRAPH
+    with pytest.raises(ValueError, match="warp"):
+        canonical("warp")
+    assert baselines.check_modes(["eager", "compile", "compile-ro", "cudagraph"], "cpu") == ["eager", "compile-default"]
+    assert baselines.check_modes(["compile-ro", "cudagraph"], "cuda") == ["compile-reduce-overhead", "cudagraph"]
+    with pytest.raises(ValueError, match="warp"):
+        baselines.check_modes(["eager", "warp"], "cpu")
+
+
+def test_the_cudagraph_pass_embeds_the_one_wrapper():
+    source = cuda_graph_source()
+    assert source == inspect.getsource(CudaGraphReplay)
+    code = render_candidate(TASK, "cudagraph")
+    assert source in code
+    assert sum(isinstance(n, ast.ClassDef) and n.name == "CudaGraphReplay" for n in ast.walk(ast.parse(code))) == 1
+    model = baselines.GraphedModel(torch.nn.Linear(2, 2))
+    assert isinstance(model.replay, CudaGraphReplay) and model.replay.clone_outputs is False
+
+
+def test_generated_cudagraph_candidate_falls_back_to_eager_off_cuda():
+    ns: dict = {}
+    exec(compile(render_candidate(TASK, "cudagraph"), "cand", "exec"), ns)
+    torch.manual_seed(0)
+    ref = ns["Model"](8)
+    torch.manual_seed(0)
+    new = ns["ModelNew"](8)
+    x = torch.randn(4, 8)
+    for got, want in zip(new(x), ref(x)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert new._replay.graph is None  # CPU inputs never capture
+
+
+def test_wrapper_clones_outputs_unless_told_not_to():
+    calls = []
+
+    def fn(x):
+        calls.append(x)
+        return x * 2
+
+    assert torch.equal(CudaGraphReplay(fn)(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1
+    assert CudaGraphReplay(fn, clone_outputs=False)("not a tensor") == "not a tensornot a tensor"  # no tensors: eager

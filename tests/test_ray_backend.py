@@ -1,0 +1,125 @@
+"""The Ray backend (CPU tier): a local Ray cluster started inside the test (loopback only) judges
+small CPU tasks with the same statuses and result shape as the local backend; a timing actor
+killed mid-run is replaced, its jobs run again, and the run store loses nothing.  Without Ray,
+the core imports and ``--backend ray`` is a one-line error naming the extra."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudal1.harness import DevicePlan, Job, run_jobs
+from cudal1.tasks import load_task_file
+from cudal1.types import Candidate, Status
+
+REPO = Path(__file__).resolve().parents[1]
+FIX = REPO / "tests" / "fixtures" / "cpu"
+TASKS = REPO / "examples" / "tasks"
+
+
+def test_core_imports_and_cli_explains_without_ray(tmp_path):
+    cands = tmp_path / "c.jsonl"
+    cands.write_text(json.dumps({"task": "diag_matmul", "code": (FIX / "wrong.py").read_text()}) + "\n")
+    code = ("import sys; sys.modules['ray'] = None\n"
+            "import cudal1.harness, cudal1.harness.ray_backend, cudal1.runs\n"
+            "from cudal1.cli.main import main\n"
+            f"sys.exit(main(['eval-suite', '--candidates', {str(cands)!r}, '--suite', {str(TASKS / 'diag_matmul.py')!r}, "
+            f"'--out', {str(tmp_path / 'out')!r}, '--device', 'cpu', '--backend', 'ray']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=os.environ | {"PYTHONPATH": str(REPO / "src")})
+    assert proc.returncode == 2, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "pip install 'cudal1[distributed]'" in lines[0], proc.stderr
+
+
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from cudal1.harness import ray_backend
+
+    if ray.is_initialized():
+        pytest.skip("a Ray session is already running in this process")
+    ray_backend.connect(None, num_cpus=2)
+    assert all(n["NodeManagerAddress"] == "127.0.0.1" for n in ray.nodes()), "the test cluster must be loopback-only"
+    yield ray_backend
+    ray.shutdown()
+    ray_backend._pools.clear()
+
+
+@pytest.fixture(scope="module")
+def judge_config(cpu_judge_config, tmp_path_factory):
+    return cpu_judge_config(tmp_path_factory.mktemp("cache"), timeout_s=30.0)
+
+
+def pairs_of(spec: list[tuple[str, Path]]) -> list[tuple]:
+    tasks = {name: load_task_file(TASKS / f"{name}.py") for name in {t for t, _ in spec}}
+    return [(tasks[t], Candidate(path.read_text(), task_hash=tasks[t].hash, label=path.stem)) for t, path in spec]
+
+
+def test_ray_backend_judges_like_the_local_backend(cluster, judge_config):
+    pairs = pairs_of([("diag_matmul", FIX / "honest_einsum.py"), ("diag_matmul", FIX / "mutates_input.py"),
+                      ("diag_matmul", FIX / "no_modelnew.py"), ("diag_matmul", FIX / "tamper_perf_counter.py"),
+                      ("linear_relu", REPO / "examples" / "candidates" / "linear_relu_addmm.py")])
+    # two identical candidates that go through the pre-build (an import that builds nothing): one build task
+    task = pairs[0][0]
+    builds = (FIX / "honest_expand.py").read_text() + "\nfrom torch.utils.cpp_extension import load_inline  # noqa\n"
+    pairs += [(task, Candidate(builds, task_hash=task.hash, label=f"prebuilt{i}")) for i in range(2)]
+    jobs = [Job(t, c) for t, c in pairs]
+    plan = cluster.cluster_plan("cpu")
+    assert (plan.backend, plan.device, plan.lanes) == ("ray", "cpu", (None,))
+    local_stats, ray_stats = [], []
+    local = run_jobs(jobs, judge_config, plan=DevicePlan.detect("cpu"), on_stats=local_stats.append)
+    remote = run_jobs(jobs, judge_config, plan=plan, on_stats=ray_stats.append)
+    assert [r.status for r in remote] == [r.status for r in local]
+    assert [r.status for r in remote] == [Status.OK, Status.REJECTED, Status.COMPILE_ERROR, Status.REJECTED, Status.OK,
+                                          Status.OK, Status.OK]
+    assert "build_cached" in remote[-1].flags and "build_cached" in local[-1].flags  # the second shared the first's build
+    for a, b in zip(local, remote):
+        assert type(a) is type(b) and set(a.to_dict()) == set(b.to_dict())
+        assert (a.task_hash, a.candidate_hash, a.config_hash, a.phase) == (b.task_hash, b.candidate_hash, b.config_hash, b.phase)
+        assert set(a.flags) - {"high_variance", "strict_verified"} == set(b.flags) - {"high_variance", "strict_verified"}
+    s = ray_stats[0]
+    assert s.backend == "ray" and s.jobs == 7 and s.retries == 0
+    for stats in (s, local_stats[0]):
+        assert [j.build for j in stats.per_job] == ["none"] * 5 + ["built", "shared"]
+        assert stats.builds == 1 and stats.build_s > 0
+    assert s.judge_s == pytest.approx(s.lane_busy_s) and s.judge_s <= s.wall_s * 1.05
+
+
+def test_a_killed_actor_loses_no_recorded_result(cluster, judge_config, tmp_path):
+    from cudal1.runs import judge_recorded
+    from cudal1.store import RunStore
+
+    spec = [("diag_matmul", FIX / "mutates_input.py"), ("diag_matmul", FIX / "wrong.py"),
+            ("diag_matmul", FIX / "honest_expand.py"), ("diag_matmul", FIX / "wrong_shape.py"),
+            ("linear_relu", REPO / "examples" / "candidates" / "linear_relu_addmm.py")]
+    pairs = pairs_of(spec)
+    plan = cluster.cluster_plan("cpu")
+    before = cluster.actor_pids(None, "cpu")
+    killed: list[int] = []
+
+    def kill_once(res) -> None:
+        if not killed:  # the actor holds the next job(s) by now
+            killed.append(before[0])
+            os.kill(before[0], signal.SIGKILL)
+
+    stats = []
+    with RunStore(tmp_path / "store.sqlite") as store:
+        results = judge_recorded(pairs, judge_config, store=store, plan=plan, on_result=kill_once, on_stats=stats.append)
+        recorded = [store.get_evaluation(t.hash, c.hash, judge_config.hash()) for t, c in pairs]
+    assert killed
+    want = [Status.REJECTED, Status.INCORRECT, Status.OK, Status.INCORRECT, Status.OK]
+    assert [r.status for r in results] == want, [(r.status, r.message[:200]) for r in results]
+    assert all(r is not None for r in recorded), "a verdict was lost"
+    assert [r.status for r in recorded] == want
+    s = stats[0]
+    assert s.retries >= 1 and max(j.attempts for j in s.per_job) >= 2
+    assert cluster.actor_pids(None, "cpu") != before  # a fresh actor took the slot

@@ -1,0 +1,207 @@
+"""Unit tier: ``cudal1 report`` / ``export`` / ``compare`` over a synthetic run store (nothing
+judged): the JSON and Markdown contracts, the self-contained HTML page, bad input."""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from cudal1.cli.main import main as cli_main
+from report_data import ENV, make_run
+
+FAST_KEYS = ["0", "1.0", "1.2", "1.5", "2.0"]
+
+
+@pytest.fixture
+def run(tmp_path: Path) -> Path:
+    return make_run(tmp_path / "run")
+
+
+def _last_json(out: str) -> dict:
+    return json.loads([line for line in out.splitlines() if line.strip()][-1])
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith("cudal1: error: ")
+    return err[0]
+
+
+def test_json_contract(run, capsys):
+    assert cli_main(["report", str(run), "--format", "json"]) == 0
+    doc = _last_json(capsys.readouterr().out)
+    assert {"summary", "levels", "baselines", "tasks", "techniques", "environment"} <= set(doc)
+    s = doc["summary"]
+    for key in ("tasks", "ok", "mean", "median", "geomean", "max", "p25", "p75", "fast_p"):
+        assert key in s
+    assert list(s["fast_p"]) == FAST_KEYS
+    # hand-computed (see test_report_data): bests 2.0, none, 1.005, 1.5; level2/2 degenerate apart
+    assert (s["tasks"], s["ok"], s["degenerate"]) == (4, 3, 1)
+    assert s["geomean"] == pytest.approx((2.0 * 1.005 * 1.5) ** (1 / 3))
+    assert s["max"] == 2.0 and s["p25"] == pytest.approx(1.2525) and s["p75"] == pytest.approx(1.75)
+    assert s["fast_p"] == pytest.approx({"0": 0.75, "1.0": 0.75, "1.2": 0.5, "1.5": 0.25, "2.0": 0.0})
+    assert s["statuses"] == {"ok": 5, "compile_error": 1, "incorrect": 1, "timeout": 1, "rejected": 1}  # anchors left out
+    assert s["flags"]["side_stream"] == 1 and s["flags"]["degenerate_task"] == 1
+    assert set(doc["levels"]) == {"level1", "level2", "other"} and doc["levels"]["level1"]["tasks"] == 2
+    assert doc["levels"]["level1"]["statuses"] == {"ok": 2, "compile_error": 1, "incorrect": 1, "timeout": 1}
+    assert doc["levels"]["level2"]["statuses"] == {"ok": 1, "rejected": 1}  # level2/2 (degenerate) apart
+    comp = doc["baselines"]["compile-default"]  # recorded under the old name "compile"
+    assert comp["tasks"] == 2 and comp["geomean"] == pytest.approx(((2.0 / 1.6) * (1.005 / 0.9)) ** 0.5)
+    tasks = {t["task"]: t for t in doc["tasks"]}
+    assert list(tasks) == ["level1/1", "level1/2", "level2/1", "level2/2", "mytask"]
+    for t in doc["tasks"]:
+        assert {"task", "level", "best_speedup", "best_candidate", "statuses", "techniques"} <= set(t)
+    assert tasks["level1/1"]["best_speedup"] == 2.0 and len(tasks["level1/1"]["best_candidate"]) == 64
+    assert tasks["level1/2"]["best_speedup"] is None and tasks["level1/2"]["best_candidate"] is None
+    assert tasks["level2/2"]["degenerate"] and tasks["level2/2"]["best_speedup"] is None
+    assert tasks["level1/1"]["statuses"] == {"ok": 2, "compile_error": 1}
+    assert "algebraic_shortcut" in tasks["level1/1"]["techniques"]  # diag(A) @ B became a broadcast
+    tech = doc["techniques"]["torch_compile"]
+    assert set(tech) == {"candidates", "verified", "tasks", "median_speedup"}
+    assert tech["verified"] == 1 and tech["median_speedup"] == pytest.approx(0.8)
+    assert doc["environment"]["gpu_name"] == ENV.gpu_name
+    assert doc["rejected"] == [{"task": "level2/1", "candidate": doc["rejected"][0]["candidate"], "flags": ["side_stream"],
+                                "message": "candidate work escaped the calling stream"}]
+    assert doc["degenerate"] == ["level2/2"]
+    assert [r["round"] for r in doc["rounds"]] == [0, 1, 2]
+    assert doc["rounds"][1]["geomean_best_so_far"] == pytest.approx((1.0 * 1.0 * 1.005 * 1.5) ** 0.25)  # 0.8 and none -> 1.0
+    assert doc["conventions"]["cuda-l1"]["n"] == 4
+
+
+def test_json_cuda_l1_conventions(run, capsys):
+    assert cli_main(["report", str(run), "--format", "json", "--conventions", "cuda-l1"]) == 0
+    s = _last_json(capsys.readouterr().out)["summary"]
+    assert s["conventions"] == "cuda-l1" and s["mean"] == pytest.approx((2.0 + 1.0 + 1.0 + 1.5) / 4)
+
+
+def test_markdown(run, capsys):
+    assert cli_main(["report", str(run), "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert md.startswith("# cudal1 report")
+    assert "| group | tasks | ok | mean | median | geomean | max | p25 | p75 | fast_0 | fast_1.0 |" in md
+    assert re.search(r"\| all \| 4 \| 3 \| 1\.50 \| 1\.50 \| 1\.44 \| 2\.00 \| 1\.25 \| 1\.75 \| 75% \| 75% \| 50% \| 25% \| 0% \|", md), md
+    assert "## Rejected candidates" in md and "side_stream" in md
+    assert "NVIDIA H200" in md
+
+
+def test_html_is_self_contained(run, tmp_path, capsys):
+    out = tmp_path / "r.html"
+    assert cli_main(["report", str(run), "--out", str(out)]) == 0
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and page.count("<svg") >= 4
+    for pattern in (r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", r"<script", r"<link", r"@import", r"url\(\s*['\"]?https?:"):
+        assert not re.search(pattern, page, re.I), pattern
+    for text in ("Summary", "Against baselines", "Techniques", "level1/1", "side_stream", "NVIDIA H200",
+                 "Diff (reference → best)", "We fuse the ops", "degenerate"):
+        assert text in page, text
+    # the per-task diff shows the rewrite
+    assert re.search(r'class="del">-\s+return torch\.diag\(A\) @ B', page)
+    assert re.search(r'class="add">\+\s+return A\.unsqueeze\(1\) \* B', page)
+
+
+def test_bad_input_one_line_exit_2(tmp_path, capsys):
+    assert cli_main(["report", str(tmp_path / "missing")]) == 2
+    assert "no run at" in _one_line_error(capsys)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    from cudal1.store import RunStore
+
+    RunStore(empty / "cudal1.sqlite").close()
+    assert cli_main(["report", str(empty), "--format", "json"]) == 2
+    assert "holds no judged candidate" in _one_line_error(capsys)
+    junk = tmp_path / "junk.sqlite"
+    junk.write_bytes(b"this is not a database" * 100)
+    assert cli_main(["report", str(junk), "--format", "md"]) == 2
+    assert "cannot read run store" in _one_line_error(capsys)
+    other = tmp_path / "other.sqlite"
+    sqlite3.connect(other).execute("CREATE TABLE x (a)").connection.close()
+    assert cli_main(["report", str(other), "--format", "json"]) == 2
+    _one_line_error(capsys)
+    assert cli_main(["export", str(tmp_path / "missing"), "--out", str(tmp_path / "x.jsonl")]) == 2
+    _one_line_error(capsys)
+    assert cli_main(["compare", str(tmp_path / "missing"), str(junk)]) == 2
+    _one_line_error(capsys)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("{not json\n")
+    assert cli_main(["compare", str(bad), str(bad)]) == 2
+    assert "not JSON" in _one_line_error(capsys)
+    assert not (tmp_path / "missing").exists()  # reporting never creates a store
+
+
+def test_export_cuda_l1_records(run, tmp_path, capsys):
+    out = tmp_path / "export.jsonl"
+    assert cli_main(["export", str(run), "--format", "cuda-l1", "--out", str(out), "--json"]) == 0
+    assert _last_json(capsys.readouterr().out) == {"records": 5, "with_code": 3, "out": str(out)}
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    by = {(r["level_id"], r["task_id"]): r for r in recs}
+    first = by[(1, 1)]
+    assert {"level_id", "task_id", "ref_code", "custom_code", "score_default"} <= set(first)
+    assert first["score_default"] == 2.0 and first["score_torch_compile_default"] == pytest.approx(2.0 / 1.6)
+    assert "A.unsqueeze(1) * B" in first["custom_code"] and "torch.diag" in first["ref_code"]
+    assert by[(1, 2)]["custom_code"] is None and "score_default" not in by[(1, 2)]
+    assert by[(2, 2)]["custom_code"] is None  # degenerate: nothing to publish
+    mine = by[(None, "mytask")]
+    assert mine["task_name"] == "mytask" and mine["score_default"] == 1.5
+    # what cudal1 verify reads back: the same tasks (same source, same hash), code and claims
+    from cudal1.report.load import load_runs
+    from cudal1.report.verify import read_records
+
+    back = read_records(out)
+    assert [r.key for r in back] == ["level1/1", "level1/2", "level2/1", "level2/2", "mytask"]
+    assert [r.task.hash for r in back] == [t.task.hash for t in load_runs([run]).tasks]
+    assert back[0].claimed == 2.0 and back[0].claims["torch_compile_default"] == pytest.approx(1.25)
+    assert back[1].code is None and back[4].task.level is None and back[4].task.task_id == "mytask"
+
+
+def test_compare_run_with_its_export_and_release(run, tmp_path, capsys):
+    exported = tmp_path / "export.jsonl"
+    assert cli_main(["export", str(run), "--out", str(exported)]) == 0
+    capsys.readouterr()
+    assert cli_main(["compare", str(run), str(exported), "--json"]) == 0
+    doc = _last_json(capsys.readouterr().out)
+    assert doc["common"]["tasks"] == 4 and doc["common"]["ties"] == 4  # the export carries the run's own figures
+    assert doc["a"]["kind"] == "run" and doc["b"]["kind"] == "release"
+    # a "published" file claiming more on one task and less on another
+    recs = [json.loads(line) for line in exported.read_text().splitlines()]
+    for r in recs:
+        if r["task_id"] == 1 and r["level_id"] == 1:
+            r["score_default"] = 3.0
+        if r["task_id"] == "mytask":
+            r["score_default"] = 1.2
+    published = tmp_path / "published.jsonl"
+    published.write_text("".join(json.dumps(r) + "\n" for r in recs))
+    assert cli_main(["compare", str(run), str(published), "--json"]) == 0
+    doc = _last_json(capsys.readouterr().out)
+    rows = {r["task"]: r for r in doc["tasks"]}
+    assert rows["level1/1"]["b_over_a"] == pytest.approx(1.5) and rows["mytask"]["b_over_a"] == pytest.approx(0.8)
+    assert (doc["common"]["b_wins"], doc["common"]["b_losses"], doc["common"]["ties"]) == (1, 1, 2)
+    assert cli_main(["compare", str(run), str(published)]) == 0
+    text = capsys.readouterr().out
+    assert "level1/1" in text and "B faster on 1" in text
+    assert cli_main(["compare", str(run), str(published), "--format", "md"]) == 0
+    assert "| task | A x | B x | B / A |" in capsys.readouterr().out
+
+
+def test_compare_verify_report(tmp_path, capsys):
+    report = tmp_path / "verify_report.json"
+    report.write_text(json.dumps({"records": [
+        {"task": "level1/1", "level": 1, "class": "verified", "status": "ok", "measured": 2.0},
+        {"task": "level1/2", "level": 1, "class": "incorrect", "status": "incorrect", "measured": None},
+        {"task": "level1/3", "level": 1, "class": "degenerate_task", "status": "ok", "measured": 9.0}]}))
+    assert cli_main(["compare", str(report), str(report), "--json"]) == 0
+    doc = _last_json(capsys.readouterr().out)
+    assert doc["a"]["tasks"] == 2 and doc["a"]["ok"] == 1 and doc["common"]["ties"] == 2
+
+
+def test_number_format():
+    from cudal1.report.markdown import fmt, md_table
+
+    assert [fmt(x) for x in (123.4, 99.96, 1.005, 2.0, 0.955, 0.0001, 3, None)] == \
+        ["123", "100", "1.00", "2.00", "0.955", "0.0001", "3", "-"]
+    assert fmt(0.75, pct=True) == "75%" and fmt(None, pct=True) == "-"
+    assert md_table(["a", "b"], [[1.5, "x|y"]]) == "| a | b |\n|---|---|\n| 1.50 | x\\|y |"

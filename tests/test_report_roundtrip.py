@@ -1,0 +1,134 @@
+"""CPU tier: a real run end to end through the report layer.  ``optimize`` (builtin policy, CPU
+judge) on a user's own task → ``export --format cuda-l1`` → ``verify`` re-judges the exported
+file → ``report`` of the verify run (with its audit classes) → ``compare`` of the export with the
+verify report.  Also ``optimize --report-to`` without the tracker installed, and the tracker
+callback's figures."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cudal1.cli.main import main as cli_main
+from cudal1.report.trackers import TrackerLogger, TrackerUnavailable, check_tracker
+from cudal1.types import EvalResult, Status
+
+REPO = Path(__file__).resolve().parents[1]
+TASK = REPO / "examples" / "tasks" / "diag_matmul.py"
+SMALL_CONFIG = """\
+device: cpu
+correctness_trials: 2
+timing_trials: 20
+min_timing_trials: 5
+timing_budget_s: 0.5
+bootstrap_samples: 200
+timeout_s: 120.0
+"""
+
+
+def cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CUDAL1_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
+    env.pop("CUDAL1_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "cudal1.cli.main", *map(str, args)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=600)
+
+
+def last_json(out: str) -> dict:
+    return json.loads([line for line in out.splitlines() if line.strip()][-1])
+
+
+def test_optimize_export_verify_report_compare(tmp_path: Path):
+    config = tmp_path / "small.yaml"
+    config.write_text(SMALL_CONFIG)
+    run = tmp_path / "run"
+    done = cli(["optimize", TASK, "--rounds", "1", "--samples", "1", "--passes", "algebraic", "--config", config,
+                "--out", run, "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert last_json(done.stdout)["tasks"][0]["best_speedup"] > 1.0
+
+    exported = tmp_path / "best.jsonl"
+    done = cli(["export", run, "--format", "cuda-l1", "--out", exported], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [record] = [json.loads(line) for line in exported.read_text().splitlines()]
+    assert record["level_id"] is None and record["task_id"] == "diag_matmul" and record["ref_code"] == TASK.read_text()
+    assert "unsqueeze" in record["custom_code"] and record["score_default"] > 1.0
+
+    verified = tmp_path / "verify"
+    done = cli(["verify", exported, "--config", config, "--out", verified, "--slack", "0.2", "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert last_json(done.stdout)["classes"] == {"verified": 1}
+    audit = json.loads((verified / "verify_report.json").read_text())
+    assert audit["records"][0]["task"] == "diag_matmul" and audit["records"][0]["measured"] > 1.0
+
+    done = cli(["report", verified, "--format", "json"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = last_json(done.stdout)
+    assert doc["summary"]["tasks"] == 1 and doc["summary"]["ok"] == 1
+    assert doc["tasks"][0]["task"] == "diag_matmul" and doc["audit"]["summary"]["classes"] == {"verified": 1}
+    assert "algebraic_shortcut" in doc["tasks"][0]["techniques"]
+
+    done = cli(["compare", exported, verified / "verify_report.json", "--json"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    cmp = last_json(done.stdout)
+    assert cmp["common"]["tasks"] == 1 and cmp["tasks"][0]["a"] == record["score_default"]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed here")
+def test_report_to_missing_tracker_is_one_line_exit_2(tmp_path, capsys):
+    rc = cli_main(["optimize", str(TASK), "--report-to", "wandb", "--device", "cpu", "--out", str(tmp_path / "o")])
+    assert rc == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["cudal1: error: --report-to wandb needs the wandb package: pip install wandb"]
+    assert not (tmp_path / "o" / "cudal1.sqlite").exists()  # nothing judged
+    with pytest.raises(TrackerUnavailable, match="unknown tracker"):
+        check_tracker("neptune")
+
+
+def test_tracker_logger_figures():
+    class Recorder:
+        def __init__(self):
+            self.logged, self.closed = [], False
+
+        def log(self, metrics, step):
+            self.logged.append((step, metrics))
+
+        def close(self):
+            self.closed = True
+
+    rec = Recorder()
+    logger = TrackerLogger(rec, anchors={"ref-a"})
+    logger(EvalResult(Status.OK, task_hash="a", candidate_hash="ref-a", speedup=1.3))  # the reference round
+    logger(EvalResult(Status.OK, task_hash="a", speedup=4.0))
+    logger(EvalResult(Status.INCORRECT, task_hash="b"))
+    logger(EvalResult(Status.OK, task_hash="b", speedup=0.5))  # slower than the reference: counts 1.0
+    logger(EvalResult(Status.OK, task_hash="c", speedup=9.0, flags=["degenerate_task"]))  # never a best
+    logger.close({"geomean_best_speedup": 2.0})
+    assert [s for s, _ in rec.logged] == [1, 2, 3, 4, 5, 5]
+    assert rec.logged[0][1]["ok"] == 0 and "speedup" not in rec.logged[0][1]  # not a candidate
+    step4 = rec.logged[3][1]
+    assert step4["speedup"] == 0.5 and step4["ok"] == 2 and step4["judged"] == 4
+    assert step4["geomean_best_so_far"] == pytest.approx(2.0)  # sqrt(4 * 1)
+    step5 = rec.logged[4][1]
+    assert step5["tasks_with_ok"] == 2 and step5["geomean_best_so_far"] == pytest.approx(4.0 ** (1 / 3))
+    assert rec.logged[-1] == (5, {"geomean_best_speedup": 2.0}) and rec.closed
+
+
+def test_tracker_failure_never_stops_the_search():
+    class Broken:
+        def log(self, metrics, step):
+            raise RuntimeError("tracker down")
+
+        def close(self):
+            raise RuntimeError("still down")
+
+    logger = TrackerLogger(Broken())
+    logger(EvalResult(Status.OK, task_hash="a", speedup=2.0))
+    logger(EvalResult(Status.OK, task_hash="a", speedup=3.0))
+    logger.close(None)
+    assert logger.judged == 2 and logger.best == {"a": 3.0}

@@ -1,0 +1,196 @@
+"""The local scheduler (CPU tier): lanes take ready work first and never wait on a build that has
+not started, builds start at once (bounded by the build budget, not by lanes), batch stats add
+up; with a stand-in Evaluator (no worker processes), then once through the real judge and the
+``eval-suite`` summary."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from cudal1.config import EvalConfig
+from cudal1.harness import scheduler
+from cudal1.harness.scheduler import DevicePlan, Job, run_jobs
+from cudal1.types import Candidate, EvalResult, Status, Task
+
+REPO = Path(__file__).resolve().parents[1]
+TASK = Task(name="t", source="import torch\nclass Model(torch.nn.Module):\n    pass\n")
+BUILD_S, JUDGE_S = 0.6, 0.15
+REAL_EVALUATOR = scheduler.Evaluator
+
+
+def job(tag: str, builds: bool) -> Job:
+    head = "from torch.utils.cpp_extension import load_inline\n" if builds else "import torch\n"
+    return Job(TASK, Candidate(head + f"# {tag}\n", task_hash=TASK.hash, label=tag))
+
+
+@dataclass
+class Outcome:
+    wall_s: float = BUILD_S
+    built: object = None
+    timed_out: bool = False
+
+
+class FakeEvaluator:
+    """Stands in for scheduler.Evaluator: builds sleep, judging sleeps, both are logged."""
+
+    log: list[tuple[str, str, float]] = []  # (event, label, time)
+    lock = threading.Lock()
+
+    def __init__(self, config: EvalConfig, plan: DevicePlan, *, max_jobs: int | None = None, input_seed=None) -> None:
+        self.real = REAL_EVALUATOR(config, plan, max_jobs=max_jobs)
+
+    def build_dir(self, j: Job) -> Path:
+        return self.real.build_dir(j)
+
+    def note(self, event: str, label: str) -> None:
+        with self.lock:
+            self.log.append((event, label, time.monotonic()))
+
+    def prebuild(self, j: Job):
+        self.note("build_start", j.label)
+        time.sleep(BUILD_S)
+        self.note("build_end", j.label)
+        return Outcome(), False
+
+    def evaluate_job(self, j: Job, gpu, prebuilt) -> EvalResult:
+        self.note("judge_start", j.label)
+        time.sleep(JUDGE_S)
+        return EvalResult(status=Status.OK, task_name=j.task.name, task_hash=j.task.hash, candidate_hash=j.candidate.hash)
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    FakeEvaluator.log = []
+    monkeypatch.setattr(scheduler, "Evaluator", FakeEvaluator)
+    return FakeEvaluator
+
+
+def config(tmp_path: Path, workers: int) -> EvalConfig:
+    return EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=workers)
+
+
+def times(log, event):
+    return {label: t for e, label, t in log if e == event}
+
+
+def test_lane_takes_ready_work_first_and_never_waits_on_a_queued_build(fake, tmp_path):
+    jobs = [job("b1", True), job("b2", True), job("b3", True), job("p1", False), job("p2", False)]
+    stats = []
+    results = run_jobs(jobs, config(tmp_path, 1), plan=DevicePlan("cpu", (None,), ""), on_stats=stats.append)
+    assert [r.candidate_hash for r in results] == [j.candidate.hash for j in jobs]  # job order kept
+    order = [label for e, label, _ in fake.log if e == "judge_start"]
+    assert order[:2] == ["p1", "p2"], order  # ready work first, although submitted last
+    built, judged = times(fake.log, "build_end"), times(fake.log, "judge_start")
+    for label in ("b1", "b2", "b3"):
+        assert judged[label] >= built[label], f"{label} judged before its build finished"
+    starts = times(fake.log, "build_start")
+    assert starts["b1"] < starts["b2"] < starts["b3"]  # one build process (build_workers=1): in order
+    s = stats[0]
+    assert s.max_concurrent_builds == 1
+    assert s.per_job[1].build_queue_s >= BUILD_S * 0.9  # b2 waited for b1
+    assert s.lane_startup_s < 0.1  # the lane started on ready work at once
+
+
+def test_builds_start_at_once_up_to_the_budget_not_the_lanes(fake, tmp_path):
+    jobs = [job(f"b{i}", True) for i in range(4)]
+    stats = []
+    run_jobs(jobs, config(tmp_path, 4), plan=DevicePlan("cpu", (None,), ""), on_stats=stats.append)
+    starts = sorted(times(fake.log, "build_start").values())
+    assert starts[-1] - starts[0] < BUILD_S / 2, "builds were serialised behind the single lane"
+    assert stats[0].max_concurrent_builds == 4
+
+
+def test_identical_sources_share_a_build_in_a_batch(fake, tmp_path):
+    jobs = [job("same", True), job("same", True), job("other", True)]
+    stats = []
+    run_jobs(jobs, config(tmp_path, 2), plan=DevicePlan("cpu", (None,), ""), on_stats=stats.append)
+    assert sorted(label for e, label, _ in fake.log if e == "build_start") == ["other", "same"]
+    assert [j.build for j in stats[0].per_job] == ["built", "shared", "built"]
+    assert (stats[0].builds, stats[0].builds_shared) == (2, 1)
+
+
+def test_batch_stats_add_up(fake, tmp_path):
+    jobs = [job(f"b{i}", True) for i in range(3)] + [job(f"p{i}", False) for i in range(3)]
+    stats = []
+    run_jobs(jobs, config(tmp_path, 1), plan=DevicePlan("cuda", (0, 1), "9.0"), on_stats=stats.append)
+    s = stats[0]
+    assert s.jobs == 6 and len(s.lanes) == 2 and sum(x.jobs for x in s.lanes) == 6
+    for lane in s.lanes:
+        assert lane.startup_s + lane.busy_s + lane.idle_s == pytest.approx(lane.wall_s, abs=1e-6)
+        assert lane.wall_s <= s.wall_s + 1e-6
+    assert s.judge_s == pytest.approx(sum(x.busy_s for x in s.lanes), abs=1e-6) == pytest.approx(s.lane_busy_s)
+    assert s.judge_s == pytest.approx(6 * JUDGE_S, rel=0.5)
+    assert s.build_s == pytest.approx(3 * BUILD_S, rel=0.5)
+    assert s.builds == 3 and s.builds_shared == 0 and s.build_workers == 1
+    assert s.lane_idle_s > 0  # three plain jobs over two lanes, then waiting on serial builds
+    assert 0 < s.idle_share < 1
+    assert {j.lane for j in s.per_job} == {0, 1}
+    d = s.to_dict(detail=True)
+    assert json.loads(json.dumps(d))["jobs"] == 6 and len(d["per_job"]) == 6
+    merged = s.merge(s)
+    assert (merged.jobs, merged.batches) == (12, 2) and merged.judge_s == pytest.approx(2 * s.judge_s)
+
+
+def test_a_lane_failure_surfaces(fake, tmp_path, monkeypatch):
+    def boom(self, j, gpu, prebuilt):
+        raise RuntimeError("judge bug")
+
+    monkeypatch.setattr(FakeEvaluator, "evaluate_job", boom)
+    with pytest.raises(RuntimeError, match="judge bug"):
+        run_jobs([job("b", True), job("p", False)], config(tmp_path, 1), plan=DevicePlan("cpu", (None,), ""))
+
+
+def test_unknown_backend_is_an_error():
+    with pytest.raises(scheduler.HarnessError, match="unknown backend"):
+        DevicePlan("cpu", (None,), "").with_backend("dask")
+
+
+# ---- the real judge, through the CLI ---------------------------------------------------------------
+
+def test_eval_suite_summary_reports_where_time_went(tmp_path, capsys):
+    from cudal1.cli.main import main
+
+    cands = tmp_path / "c.jsonl"
+    code = (REPO / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
+    cands.write_text(json.dumps({"task": "diag_matmul", "code": code}) + "\n"
+                     + json.dumps({"task": "diag_matmul", "code": (REPO / "tests/fixtures/cpu/mutates_input.py").read_text()}) + "\n")
+    out = tmp_path / "out"
+    rc = main(["eval-suite", "--candidates", str(cands), "--suite", str(REPO / "examples" / "tasks" / "diag_matmul.py"),
+               "--out", str(out), "--device", "cpu", "--trials", "3", "--timing-trials", "10", "--json"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    saved = json.loads((out / "summary.json").read_text())
+    assert printed == saved
+    for key in ("evaluated", "statuses", "speedup_geomean", "fast_1", "out", "device", "lanes"):  # unchanged fields
+        assert key in saved
+    assert saved["statuses"] == {"ok": 1, "rejected": 1}
+    batch = saved["batch"]
+    assert saved["backend"] == "local" and batch["backend"] == "local" and batch["jobs"] == 2
+    assert batch["judge_s"] > 0 and batch["judge_s"] <= batch["wall_s"] + 1e-3
+
+
+def test_verify_report_carries_batch_stats(tmp_path, capsys):
+    from cudal1.cli.main import main
+
+    records = tmp_path / "r.jsonl"
+    records.write_text(json.dumps({"task": "diag_matmul", "code": (REPO / "tests/fixtures/cpu/wrong.py").read_text()}) + "\n")
+    out = tmp_path / "v"
+    rc = main(["verify", str(records), "--suite", str(REPO / "examples" / "tasks"), "--out", str(out), "--device", "cpu",
+               "--trials", "3", "--json"])
+    assert rc == 0
+    printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    report = json.loads((out / "verify_report.json").read_text())
+    assert printed["batch"] == report["summary"]["batch"]
+    assert report["summary"]["batch"]["jobs"] == 1 and "classes" in report["summary"]
+    assert main(["verify", str(records), "--suite", str(REPO / "examples" / "tasks"), "--out", str(out), "--device", "cpu",
+                 "--trials", "3", "--json"]) == 0  # resumed: nothing judged, no batch
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["batch"] is None

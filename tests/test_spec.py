@@ -1,0 +1,59 @@
+"""harness.spec: the typed job a worker receives and the typed verdict it returns."""
+
+from __future__ import annotations
+
+import pytest
+
+from cudal1.config import TOLERANCES, EvalConfig
+from cudal1.harness.spec import TaskFindings, WorkerSpec, WorkerVerdict
+
+
+def _spec(**changes) -> WorkerSpec:
+    base = dict(mode="eval", device="cpu", config=EvalConfig(), tolerances=TOLERANCES["exact"], input_seed=7,
+                reference_path="r.py", reference_module="r", log_path="w.log")
+    base.update(changes)
+    return WorkerSpec(**base)
+
+
+def test_spec_is_frozen_and_validates_its_mode():
+    spec = _spec()
+    with pytest.raises(Exception):
+        spec.mode = "build"  # type: ignore[misc]
+    with pytest.raises(ValueError, match="mode"):
+        _spec(mode="timing")
+
+
+def test_fingerprint_sees_any_change_even_inside_the_config():
+    a, b = _spec(), _spec(config=EvalConfig(correctness_trials=6))
+    assert a.fingerprint() == _spec().fingerprint() and a.fingerprint() != b.fingerprint()
+    spec = _spec()
+    before = spec.fingerprint()
+    spec.tolerances["float32"] = (1.0, 1.0)  # the dict inside is what a tamperer would reach for
+    try:
+        assert spec.fingerprint() != before
+    finally:
+        spec.tolerances["float32"] = TOLERANCES["strict"]["float32"]
+
+
+def test_verdict_from_message_by_stage():
+    v = WorkerVerdict.from_message({
+        "status": "ok", "flags": ["cpu_timing"], "phase": "done", "build_s": 1.5, "compile_log": "log",
+        "correctness": {"trials": 3, "passed": 3, "rule": "exact"},
+        "ref_samples": [1.0], "cand_samples": [0.5], "clock": "cpu_monotonic", "raw": {"ref_stream": [1.0]},
+        "kernels": ["k"], "unknown_key": 1,
+    })
+    assert v.status == "ok" and v.build.build_s == 1.5 and v.build.compile_log == "log"
+    assert v.timing is not None and v.timing.cand_samples == [0.5] and v.timing.clock == "cpu_monotonic"
+    assert v.correctness["rule"] == "exact" and v.kernels == ["k"]
+
+
+def test_verdict_without_timing_and_a_malformed_one():
+    v = WorkerVerdict.from_message({"status": "compile_error", "build_error": True})
+    assert v.timing is None and v.build.build_error and v.kernels is None
+    with pytest.raises(KeyError):
+        WorkerVerdict.from_message({"message": "no status"})
+
+
+def test_task_findings():
+    t = TaskFindings.from_message({"degenerate": None, "exact_digest": "abc", "exact_source": "computed"})
+    assert t.degenerate is None and t.exact_digest == "abc" and t.exact_source == "computed"
