@@ -82,6 +82,12 @@ class Candidate:
         return content_hash("candidate", self.source)
 
 
+def reference_candidate(task: Task) -> Candidate:
+    """The reference itself as a candidate: the 1.00x anchor of a task's pool (search round 0,
+    GRPO's anchor, the report's baseline).  One definition, so every app gets the same hash."""
+    return Candidate(f"{task.source.rstrip()}\n\n\nModelNew = Model\n", task_hash=task.hash, label="reference")
+
+
 @dataclass
 class Correctness:
     """What the correctness phase saw.  Errors are over all trials checked so far."""

@@ -34,7 +34,7 @@ from cudal1.config import EvalConfig
 from cudal1.policy.builtin import passes_in
 from cudal1.report.markdown import fmt as _fmt, md_table
 from cudal1.report.metrics import fast_p, geomean
-from cudal1.search import reference_candidate
+from cudal1.types import reference_candidate
 from cudal1.store import RunStore
 from cudal1.types import Status
 

@@ -109,7 +109,7 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 def _anchor_hash(task: Task) -> str:
-    from cudal1.search import reference_candidate
+    from cudal1.types import reference_candidate
 
     return reference_candidate(task).hash
 

@@ -140,7 +140,7 @@ class TrackerLogger:
 def make_tracker(name: str, out: str | Path, config: dict[str, Any], tasks: list[Any] = ()) -> TrackerLogger:
     """A logger for tracker ``name`` writing under ``out`` (TrackerUnavailable when not installed);
     ``tasks``: the run's tasks, whose reference-round verdicts are not candidates."""
-    from cudal1.search import reference_candidate
+    from cudal1.types import reference_candidate
 
     check_tracker(name)
     out = Path(out)

@@ -32,7 +32,7 @@ from cudal1.figures import geomean
 from cudal1.config import ConfigError, EvalConfig, from_mapping, read_yaml_mapping
 from cudal1.policy.base import PoolEntry, PoolPrompt, Proposal, policy_settings
 from cudal1.store import RunStore
-from cudal1.types import Candidate, Completion, EvalResult, Exemplar, Status, Task
+from cudal1.types import Candidate, Completion, EvalResult, Exemplar, Status, Task, reference_candidate
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +94,6 @@ class SearchConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-
-def reference_candidate(task: Task) -> Candidate:
-    """Round 0: the reference itself as a candidate (the 1.00x anchor of the pool)."""
-    return Candidate(f"{task.source.rstrip()}\n\n\nModelNew = Model\n", task_hash=task.hash, label="reference")
 
 
 def read_completion(comp: Completion) -> tuple[str | None, str, str]:

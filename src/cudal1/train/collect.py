@@ -190,11 +190,9 @@ def collect_teachers(tasks: list[Task], teachers: list[Teacher], attempts: int, 
 
 def _release_reader():
     """(read_records, its error type): the reader of published sets that ``cudal1 verify`` uses."""
-    try:
-        from cudal1.report.verify import VerifyError, read_records
-    except ImportError:  # before the report package existed
-        from cudal1.audit import AuditError as VerifyError, read_records  # type: ignore[no-redef]
-    return read_records, VerifyError
+    from cudal1.releases import ReleaseError, read_records
+
+    return read_records, ReleaseError
 
 
 def collect_file(path: str | Path, tasks: list[Task] | None, per_task: int, out: str | Path, judge_config: EvalConfig, *,

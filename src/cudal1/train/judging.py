@@ -24,7 +24,7 @@ from typing import Any, Callable
 from cudal1.config import EvalConfig
 from cudal1.store import RunStore
 from cudal1.train.reward import FORMAT, Outcome, outcome_of
-from cudal1.types import Candidate, EvalResult, Exemplar, Prompt, Status, Task
+from cudal1.types import Candidate, EvalResult, Exemplar, Prompt, Status, Task, reference_candidate
 
 
 def _feedback(result: EvalResult, limit: int = 1500) -> str:
@@ -99,11 +99,6 @@ class RolloutJudge:
         failed = [Exemplar(c.source, None, r.status.value, _feedback(r), c.hash) for c, r in pairs
                   if r.status is not Status.OK]
         return ok, failed
-
-
-def reference_candidate(task: Task) -> Candidate:
-    """The reference itself as a candidate: the 1.00x anchor of a task's pool."""
-    return Candidate(f"{task.source.rstrip()}\n\n\nModelNew = Model\n", task_hash=task.hash, label="reference")
 
 
 __all__ = ["FORMAT", "RolloutJudge", "reference_candidate"]

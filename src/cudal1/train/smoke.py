@@ -240,7 +240,7 @@ def priming_records(task: Task, count: int, *, seed: int = 0, hardware: str = "C
     from cudal1.prompts import build_prompt
     from cudal1.types import Exemplar
 
-    from cudal1.train.judging import reference_candidate
+    from cudal1.types import reference_candidate
 
     rng = random.Random(seed)
     answers = answers or {**VARIANTS, **FAILURES, "mutates_input": CHEATS["mutates_input"]}
@@ -269,7 +269,7 @@ def fixed_strings(records: list[dict[str, Any]]) -> list[str]:
     from cudal1.train.tiny import common_lines
 
     by_role = lambda role: [m["content"] for r in records for m in r["messages"] if m["role"] == role]  # noqa: E731
-    from cudal1.train.judging import reference_candidate
+    from cudal1.types import reference_candidate
 
     programs = [reference_candidate(smoke_task()).source, *VARIANTS.values(), *FAILURES.values(), *CHEATS.values()]
     code_lines = sorted({line for code in programs for line in code.splitlines(keepends=True) if line.strip()})
