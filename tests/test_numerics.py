@@ -355,3 +355,11 @@ def test_large_answer_sets_are_computed_per_candidate(tmp_path, monkeypatch):
     answers.prepare(ExactReference(torch.nn.Linear(16, 4), torch.device("cpu")), [1, 2],
                     lambda s: [torch.randn(8, 16)], str(tmp_path / "a.pt"), None)
     assert answers.source == "per-candidate" and answers.answers == {} and not (tmp_path / "a.pt").exists()
+
+
+def test_a_nan_error_never_passes_the_bound():
+    c = LeafCheck("out", "float32", n=4, exact_l2=1.0, ref_l2=0.0, cand_l2=math.nan, exact_inf=1.0, ref_inf=0.0, cand_inf=0.0)
+    assert c.ratio(EXACT) == math.inf
+    zero_floor = dict(EXACT, **{"@floor:float32": (0.0, 0.0)})
+    exact_zero = LeafCheck("out", "float32", n=4, exact_l2=0.0, ref_l2=0.0, cand_l2=0.0, exact_inf=0.0, ref_inf=0.0, cand_inf=0.0)
+    assert exact_zero.ratio(zero_floor) == 0.0

@@ -91,8 +91,9 @@ class LeafCheck:
     def ratio(self, table: dict[str, tuple[float, float]]) -> float:
         """max(cand_l2 / bound_l2, cand_inf / bound_inf): above 1 fails."""
         b2, binf = self.bounds(table)
-        return max(self.cand_l2 / b2 if b2 > 0 else math.inf * (self.cand_l2 > 0),
-                   self.cand_inf / binf if binf > 0 else math.inf * (self.cand_inf > 0))
+        ratios = [self.cand_l2 / b2 if b2 > 0 else (math.inf if self.cand_l2 > 0 else 0.0),
+                  self.cand_inf / binf if binf > 0 else (math.inf if self.cand_inf > 0 else 0.0)]
+        return math.inf if any(math.isnan(r) for r in ratios) else max(ratios)  # NaN never passes
 
     def summary(self, table: dict[str, tuple[float, float]]) -> dict[str, Any]:
         """The correctness block's numbers: normwise relative errors and bound."""
