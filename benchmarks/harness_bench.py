@@ -45,7 +45,8 @@ from pathlib import Path
 from typing import Any
 
 # Worker children re-import this file as ``__mp_main__``: keep module level free of heavy imports
-# and side effects (everything below runs only from main()).
+# and side effects (everything below runs only from main()).  cudal1.figures is light (math only).
+from cudal1.figures import table  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
@@ -489,12 +490,6 @@ def figure_rows(fig: dict[str, Any]) -> list[list[str]]:
         share = None if run["model_share_of_wall"] is None else 100 * run["model_share_of_wall"]
         rows.append([f"run {i} verdicts", counts, f"model calls {fmt(share, ' %')} of wall"])
     return rows
-
-
-def table(headers: list[str], rows: list[list[str]]) -> str:
-    from cudal1.figures import table as text_table
-
-    return text_table(headers, rows)
 
 
 # ---- main ---------------------------------------------------------------------------------------

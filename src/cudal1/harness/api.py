@@ -24,17 +24,18 @@ def evaluate(task: Task, candidates: list[Candidate], config: EvalConfig | None 
     return evaluate_pairs([(task, c) for c in candidates], config or EvalConfig())
 
 
+def _each(on_result: Callable[[EvalResult], None] | None) -> Callable[[int, EvalResult], None] | None:
+    """``run_jobs``' (job index, result) callback for a caller's (result) one."""
+    return None if on_result is None else (lambda _, res: on_result(res))
+
+
 def evaluate_pairs(pairs: list[tuple[Task, Candidate]], config: EvalConfig, *, plan: DevicePlan | None = None,
                    on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
     """Judge (task, candidate) pairs, possibly of many tasks; results in input order.
     ``on_result`` is called (from a lane thread) as each verdict arrives."""
-    def record(_: int, res: EvalResult) -> None:
-        if on_result is not None:
-            on_result(res)
-
     if not pairs:
         return []
-    return run_jobs([Job(task, cand) for task, cand in pairs], config, plan=plan, on_result=record)
+    return run_jobs([Job(task, cand) for task, cand in pairs], config, plan=plan, on_result=_each(on_result))
 
 
 def environment_key(plan: DevicePlan) -> str:
@@ -59,14 +60,9 @@ def time_baselines(items: list[tuple[Task, str]], config: EvalConfig, *, plan: D
 
     plan = plan or DevicePlan.detect(config.device)
     check_modes(sorted({mode for _, mode in items}), plan.device)
-
-    def record(_: int, res: EvalResult) -> None:
-        if on_result is not None:
-            on_result(res)
-
     if not items:
         return []
-    return run_jobs([Job(task, None, mode) for task, mode in items], config, plan=plan, on_result=record)
+    return run_jobs([Job(task, None, mode) for task, mode in items], config, plan=plan, on_result=_each(on_result))
 
 
 def measure_baselines(tasks: list[Task], modes: list[str], config: EvalConfig, *, plan: DevicePlan | None = None,

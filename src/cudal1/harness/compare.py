@@ -170,20 +170,15 @@ def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, 
         n = int((_isnan(o) != _isnan(r)).sum().item())
         return Mismatch("nan_mismatch", f"{path}: NaN positions differ at {n} elements")
     if limit is not None and not with_exact:
-        inf_r, inf_o = _isinf(r), _isinf(o)
-        if bool(((inf_r != inf_o) | (inf_r & (o != r))).any().item()):
-            return Mismatch("nan_mismatch", f"{path}: Inf positions differ")
+        inf = _inf_mismatch(path, r, o)
+        if inf is not None:
+            return inf
         problem = within_limits(path, r, o, limit)
         return Mismatch("value_mismatch", problem) if problem else None
     if with_exact:
         why = exact_applies(r, e)
         if not why:
-            inf_r, inf_o = _isinf(r), _isinf(o)
-            if bool((inf_r | inf_o).any().item()):  # an Inf must be the same Inf (finite ones: below)
-                differ = (inf_r != inf_o) | (inf_r & (o != r))
-                if bool(differ.any().item()):
-                    return Mismatch("nan_mismatch", f"{path}: Inf positions differ at {int(differ.sum().item())} elements")
-            return _exact_leaf(path, e, r, o, tolerances, worst)
+            return _inf_mismatch(path, r, o) or _exact_leaf(path, e, r, o, tolerances, worst)
         worst.fixed[path] = why
     dtype = str(r.dtype).replace("torch.", "")
     atol, rtol = tolerances.get(dtype, (1e-4, 1e-4))
@@ -201,6 +196,16 @@ def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, 
             errors.max_rel,
         )
     return None
+
+
+def _inf_mismatch(path: str, r: Any, o: Any) -> Mismatch | None:
+    """An Inf must be the same Inf (the float64 and re-check paths compare finite values only)."""
+    inf_r, inf_o = _isinf(r), _isinf(o)
+    if not bool((inf_r | inf_o).any().item()):
+        return None
+    differ = (inf_r != inf_o) | (inf_r & (o != r))
+    n = int(differ.sum().item())
+    return Mismatch("nan_mismatch", f"{path}: Inf positions differ at {n} elements") if n else None
 
 
 def _exact_leaf(path: str, e: Any, r: Any, o: Any, table: dict[str, tuple[float, float]], worst: Errors) -> Mismatch | None:

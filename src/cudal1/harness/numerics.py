@@ -164,10 +164,9 @@ class ExactVerdict:
 RECHECK_SLACK = 2.0  # a re-checked output may be this many times the correctness trials' worst limit
 
 
-def within_limits(path: str, ref: Any, out: Any, limit: tuple[float, float]) -> str:
-    """'' when ``out`` is within ``RECHECK_SLACK`` times ``limit`` (see :meth:`LeafCheck.limits`)
-    of the fp32 reference ``ref``, else what is wrong (finite positions of ``ref`` only; the
-    NaN/Inf positions are compared before)."""
+def deviation(ref: Any, out: Any) -> tuple[float, float, float, float]:
+    """(|ref|_2, |out - ref|_2, max|ref|, max|out - ref|) over the positions where ``ref`` is
+    finite (chunked float64)."""
     r_all, o_all = ref.detach().reshape(-1), out.detach().reshape(-1)
     sums, maxes = [0.0, 0.0], [0.0, 0.0]  # |ref|, |out - ref|
     for start in range(0, r_all.numel(), _CHUNK):
@@ -180,11 +179,18 @@ def within_limits(path: str, ref: Any, out: Any, limit: tuple[float, float]) -> 
         for i, v in enumerate((r, d)):
             sums[i] += float((v * v).sum().item())
             maxes[i] = max(maxes[i], float(v.abs().max().item()))
-    l2, inf = math.sqrt(sums[1]), maxes[1]
+    return math.sqrt(sums[0]), math.sqrt(sums[1]), maxes[0], maxes[1]
+
+
+def within_limits(path: str, ref: Any, out: Any, limit: tuple[float, float]) -> str:
+    """'' when ``out`` is within ``RECHECK_SLACK`` times ``limit`` (see :meth:`LeafCheck.limits`)
+    of the fp32 reference ``ref``, else what is wrong (finite positions of ``ref`` only; the
+    NaN/Inf positions are compared before)."""
+    ref_l2, l2, ref_inf, inf = deviation(ref, out)
     # An infinite limit: the exact answer was all zero in the trials (a degenerate output), so there
     # is no scale to be relative to; that norm sets no limit.
-    b2 = RECHECK_SLACK * limit[0] * math.sqrt(sums[0]) if math.isfinite(limit[0]) else math.inf
-    binf = RECHECK_SLACK * limit[1] * maxes[0] if math.isfinite(limit[1]) else math.inf
+    b2 = RECHECK_SLACK * limit[0] * ref_l2 if math.isfinite(limit[0]) else math.inf
+    binf = RECHECK_SLACK * limit[1] * ref_inf if math.isfinite(limit[1]) else math.inf
     if l2 <= b2 and inf <= binf:
         return ""
     return (f"{path}: differs from the reference by {l2:.3g} normwise (limit {b2:.3g}), {inf:.3g} at the worst "
@@ -207,15 +213,20 @@ def exact_applies(ref_leaf: Any, exact_leaf: Any) -> str:
 
 # ---- the float64 reference ----------------------------------------------------------------
 
+def _map_tensors(obj: Any, fn: Any) -> Any:
+    """``fn`` applied to every tensor in nested lists/tuples/dicts; the rest unchanged."""
+    if isinstance(obj, _Tensor):
+        return fn(obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_map_tensors(x, fn) for x in obj)
+    if isinstance(obj, dict):
+        return {k: _map_tensors(v, fn) for k, v in obj.items()}
+    return obj
+
+
 def to_float64(obj: Any) -> Any:
     """Floating tensors (in nested lists/tuples/dicts) cast to float64; the rest unchanged."""
-    if isinstance(obj, _Tensor):
-        return obj.detach().to(_f64) if _is_floating(obj) else obj
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(to_float64(x) for x in obj)
-    if isinstance(obj, dict):
-        return {k: to_float64(v) for k, v in obj.items()}
-    return obj
+    return _map_tensors(obj, lambda t: t.detach().to(_f64) if _is_floating(t) else t)
 
 
 def float64_model(model: Any, device: torch.device) -> Any:
@@ -283,24 +294,10 @@ class ExactReference:
 CACHE_LIMIT_BYTES = 32 << 20
 
 
-def _to_cpu(obj: Any) -> Any:
-    if isinstance(obj, _Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(x) for x in obj)
-    if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
-    return obj
-
-
 def _nbytes(obj: Any) -> int:
-    if isinstance(obj, _Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(x) for x in obj)
-    if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
-    return 0
+    sizes: list[int] = []
+    _map_tensors(obj, lambda t: sizes.append(t.numel() * t.element_size()))
+    return sum(sizes)
 
 
 class ExactAnswers:
@@ -311,8 +308,9 @@ class ExactAnswers:
     the file's SHA-256 travels to the parent on the signed channel.  A later worker uses the file
     only when its bytes hash to the digest the *parent* hands it, so a candidate that rewrites
     the cache file cannot change another candidate's verdict (the worker then recomputes).
-    Answers are kept on the CPU; sets over ``CACHE_LIMIT_BYTES`` are not kept at all (``source``
-    ``per-candidate``): the correctness trials then run the float64 reference on the device."""
+    Answers are kept on the CPU; sets over ``CACHE_LIMIT_BYTES`` are not kept (``source``
+    ``per-candidate``; only the first answer, already computed, stays on the device): the other
+    correctness trials run the float64 reference on the device."""
 
     def __init__(self) -> None:
         self.answers: dict[int, Any] = {}
@@ -339,10 +337,10 @@ class ExactAnswers:
                 self.answers = {}
                 return
             if _nbytes(out) * len(seeds) > CACHE_LIMIT_BYTES:  # large: computed per trial, on the device
-                self.answers = {}
+                self.answers = {seed: out}  # the one already computed stays on the device for its trial
                 self.source = "per-candidate"
                 return
-            self.answers[seed] = _to_cpu(out)
+            self.answers[seed] = _map_tensors(out, lambda t: t.detach().cpu())
         self.source = "computed"
         if not path:
             return

@@ -154,10 +154,10 @@ class Evaluator:
         env = {"TORCH_CUDA_ARCH_LIST": self.plan.arch_list} if self.plan.arch_list else {}
         env["CUDA_VISIBLE_DEVICES"] = "" if gpu is None else str(gpu)
         tolerances = TOLERANCES[self.config.tolerance]
+        reference_module = f"cudal1_reference_{task.hash[:12]}"
         cand_path = cand_module = None
         if cand is not None:
             cand_path = workdir / f"cand_{cand.hash[:12]}.py"
-            reference_module = f"cudal1_reference_{task.hash[:12]}"
             cand_path.write_text(build.prebuild_source(cand.source, reference_module) if mode == "build" else cand.source)
             cand_module = f"cudal1_candidate_{cand.hash[:12]}"
             bdir = build.build_dir(self.cache_root, cand, self.plan.arch_list)
@@ -171,7 +171,7 @@ class Evaluator:
             tolerances=tolerances,
             input_seed=self.input_seed,
             reference_path=str(ref_path),
-            reference_module=f"cudal1_reference_{task.hash[:12]}",
+            reference_module=reference_module,
             log_path=str(workdir / "worker.log"),
             env=env,
             candidate_path=str(cand_path) if cand_path else None,
