@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cli_support import cli_env, last_json, run_cli, small_config
 
 from cudal1.cli.main import main as cli_main
 from cudal1.store import RunStore
@@ -30,24 +31,12 @@ ADDMM = CANDIDATES / "linear_relu_addmm.py"
 FIXTURES = REPO / "tests" / "fixtures" / "cpu"
 CONTRACT_KEYS = {"status", "correct", "speedup", "reference_ms", "candidate_ms", "flags", "message"}
 
-SMALL_CONFIG = """\
-device: cpu
-correctness_trials: 2
-timing_trials: 20
-min_timing_trials: 5
-timing_budget_s: 0.5
-bootstrap_samples: 200
-timeout_s: 60.0
-"""
+SMALL_CONFIG = small_config(timeout_s=60.0)
 
 
-@pytest.fixture
-def cli_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env["CUDAL1_CACHE_DIR"] = str(tmp_path / "cache")
-    env["PYTHONUNBUFFERED"] = "1"
-    env.pop("CUDAL1_DEBUG", None)
-    return env
+@pytest.fixture(name="cli_env")
+def _cli_env(tmp_path: Path) -> dict[str, str]:
+    return cli_env(tmp_path / "cache")
 
 
 @pytest.fixture
@@ -55,19 +44,6 @@ def config_file(tmp_path: Path) -> Path:
     path = tmp_path / "small.yaml"
     path.write_text(SMALL_CONFIG)
     return path
-
-
-def run_cli(args: list[str], env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cudal1.cli.main", *map(str, args)],
-        capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout,
-    )
-
-
-def last_json(stdout: str) -> dict:
-    lines = [line for line in stdout.splitlines() if line.strip()]
-    assert lines, "no output on stdout"
-    return json.loads(lines[-1])
 
 
 def explain(proc: subprocess.CompletedProcess) -> str:

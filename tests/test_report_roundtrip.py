@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from cli_support import cli_env, last_json, run_cli, small_config
 
 from cudal1.cli.main import main as cli_main
 from cudal1.report.trackers import TrackerLogger, TrackerUnavailable, check_tracker
@@ -21,26 +20,11 @@ from cudal1.types import EvalResult, Status
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = REPO / "examples" / "tasks" / "diag_matmul.py"
-SMALL_CONFIG = """\
-device: cpu
-correctness_trials: 2
-timing_trials: 20
-min_timing_trials: 5
-timing_budget_s: 0.5
-bootstrap_samples: 200
-timeout_s: 120.0
-"""
+SMALL_CONFIG = small_config(timeout_s=120.0)
 
 
-def cli(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, CUDAL1_CACHE_DIR=str(tmp_path / "cache"), PYTHONUNBUFFERED="1")
-    env.pop("CUDAL1_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "cudal1.cli.main", *map(str, args)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=600)
-
-
-def last_json(out: str) -> dict:
-    return json.loads([line for line in out.splitlines() if line.strip()][-1])
+def cli(args: list, tmp_path: Path) -> subprocess.CompletedProcess:
+    return run_cli(args, cli_env(tmp_path / "cache"), tmp_path, timeout=600)
 
 
 def test_optimize_export_verify_report_compare(tmp_path: Path):

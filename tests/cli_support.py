@@ -1,0 +1,34 @@
+"""What the CLI tests share (a helper module, not a test file): the small CPU judge config, a
+``cudal1`` subprocess runner, and reading the last JSON line of its stdout."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def small_config(timeout_s: float = 60.0) -> str:
+    """A fast CPU judge config for end-to-end CLI runs (YAML text)."""
+    return ("device: cpu\ncorrectness_trials: 2\ntiming_trials: 20\nmin_timing_trials: 5\ntiming_budget_s: 0.5\n"
+            f"bootstrap_samples: 200\ntimeout_s: {timeout_s}\n")
+
+
+def cli_env(cache_dir: Path) -> dict[str, str]:
+    """The environment of a CLI subprocess: its own cache, unbuffered output, no debug tracebacks."""
+    env = dict(os.environ, CUDAL1_CACHE_DIR=str(cache_dir), PYTHONUNBUFFERED="1")
+    env.pop("CUDAL1_DEBUG", None)
+    return env
+
+
+def run_cli(args: list, env: dict[str, str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cudal1.cli.main", *map(str, args)],
+                          capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
+
+
+def last_json(stdout: str) -> dict:
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    assert lines, "no output on stdout"
+    return json.loads(lines[-1])
