@@ -30,6 +30,7 @@ C++ ``load_inline`` candidate) so the script itself can be checked without a GPU
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -351,7 +352,9 @@ class Parent:
                     break
                 except json.JSONDecodeError:
                     continue
-        self.release = {"rc": rc, "records": records, "wall_s": wall, "summary": summary}
+        judged, lanes = _release_progress(self.out / "verify")
+        self.release = {"rc": rc, "records": records, "judged": judged, "lanes": lanes, "wall_s": wall, "summary": summary,
+                        "candidates_per_gpu_hour": 3600.0 * judged / wall / max(1, lanes) if wall else None}
         self.write()
 
     def write(self) -> None:
@@ -364,7 +367,7 @@ class Parent:
         for run in self.mixed:
             for p in run.get("passes", []):
                 b = p.get("batch") or {}
-                idle = b.get("idle_share")
+                idle = b.get("gpu_idle_share", b.get("idle_share"))
                 rows.append([f"mixed w={run['workers']}", p["name"] + ("" if p.get("complete") else " (killed)"),
                              f"{p['judged']}/{run.get('pairs', '?')}", f"{p['wall_s']:.1f}",
                              _f(p.get("candidates_per_gpu_hour") if p.get("batch") else None, 0),  # store: nothing judged
@@ -380,17 +383,36 @@ class Parent:
         if self.release is not None:
             r, s = self.release, self.release.get("summary") or {}
             b = s.get("batch") or {}
-            idle = b.get("idle_share")
+            idle = b.get("gpu_idle_share", b.get("idle_share"))
             classes = " ".join(f"{k}={v}" for k, v in sorted((s.get("classes") or {}).items()))
-            rows.append(["release verify", f"rc={r['rc']}", str(r["records"]), f"{r['wall_s']:.1f}",
-                         _f(3600.0 * r["records"] / r["wall_s"], 0) if r["wall_s"] else "-",
+            rows.append([f"release verify ({r.get('lanes', '?')} GPU)", f"rc={r['rc']}", f"{r.get('judged', '?')}/{r['records']}",
+                         f"{r['wall_s']:.1f}", _f(r.get("candidates_per_gpu_hour"), 0),
                          "-" if idle is None else f"{100 * idle:.0f}%", _f(b.get("lane_startup_s"), 1), str(b.get("builds", "-")),
                          _f(b.get("build_queue_s"), 0), _f(b.get("build_s"), 0), _f(b.get("judge_s"), 0), classes])
-        head = ["run", "pass", "judged", "wall s", "cand/GPU-h", "idle", "startup s", "builds", "queue s", "build s", "judge s",
+        head = ["run", "pass", "judged", "wall s", "cand/GPU-h", "GPU idle", "startup s", "builds", "queue s", "build s", "judge s",
                 "verdicts"]
         from cudal1.figures import table
 
         return table(head, rows)
+
+
+def _release_progress(vdir: Path) -> tuple[int, int]:
+    """(records judged so far, timing lanes) of a verify run directory: its store and config.yaml,
+    so a run stopped by the deadline still reports what it finished."""
+    import sqlite3
+
+    judged = lanes = 0
+    db = vdir / "cudal1.sqlite"
+    if db.exists():
+        with contextlib.closing(sqlite3.connect(db)) as con:
+            judged = con.execute("SELECT COUNT(DISTINCT task_hash || candidate_hash) FROM evaluations").fetchone()[0]
+    try:
+        import yaml
+
+        lanes = len((yaml.safe_load((vdir / "config.yaml").read_text()) or {}).get("verify", {}).get("lanes") or [])
+    except (OSError, ValueError, AttributeError, ImportError):
+        pass
+    return judged, lanes
 
 
 def _f(x: Any, digits: int) -> str:

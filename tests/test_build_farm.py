@@ -253,3 +253,46 @@ def test_prebuild_constructs_candidates_that_build_in_init(tmp_path, cpu_judge_c
     assert outcome.result is not None and outcome.result.status == "ok", outcome.log_tail[-2000:]
     assert mark.read_text() == "cpp_sources,name"  # __init__ ran in the pre-build, up to its build call
     assert not cached
+
+
+FORWARD_BUILD = '''
+import torch
+import torch.nn as nn
+
+MARK = %(mark)r
+
+
+def load_inline(**kwargs):  # stands in for torch's: records that the pre-build reached the build call
+    with open(MARK, "a") as f:
+        f.write(kwargs["name"] + "\\n")
+
+
+if torch.cuda.is_available():  # module-level build behind the usual guard
+    load_inline(name="guarded_ext")
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = nn.Parameter(torch.ones(1 << 32))  # 16 GiB: affordable only without data
+        self.ext = None
+
+    def forward(self, A, B):
+        if not (torch.cuda.is_available() and A.is_cuda and self.scale.is_cuda):
+            return A.unsqueeze(1) * B
+        if self.ext is None:
+            self.ext = load_inline(name="forward_ext")  # first reached in forward, on CUDA inputs only
+        return A.unsqueeze(1) * B
+'''
+
+
+def test_prebuild_reaches_builds_behind_gpu_checks_in_forward(tmp_path, cpu_judge_config):
+    from cudal1.tasks import load_task_file
+
+    task = load_task_file(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "diag_matmul.py")
+    mark = tmp_path / "built"
+    cand = Candidate(FORWARD_BUILD % {"mark": str(mark)}, task_hash=task.hash, label="forward-build")
+    ev = Evaluator(cpu_judge_config(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
+    outcome, _ = ev.prebuild(Job(task, cand))
+    assert outcome.result is not None and outcome.result.status == "ok", outcome.log_tail[-2000:]
+    assert mark.read_text().split() == ["guarded_ext", "forward_ext"]

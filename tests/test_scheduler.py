@@ -194,3 +194,23 @@ def test_verify_report_carries_batch_stats(tmp_path, capsys):
     assert main(["verify", str(records), "--suite", str(REPO / "examples" / "tasks"), "--out", str(out), "--device", "cpu",
                  "--trials", "3", "--json"]) == 0  # resumed: nothing judged, no batch
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["batch"] is None
+
+
+def test_in_worker_builds_count_as_gpu_idle():
+    from types import SimpleNamespace
+
+    from cudal1.harness.batchstats import StatsRecorder
+
+    rec = StatsRecorder("local", [SimpleNamespace(label="a"), SimpleNamespace(label="b")], 2, 1)
+    rec.lane_start(0)
+    rec.lane_wait(0, 1.0)  # startup
+    rec.judged(0, 0, 10.0, worker_build_s=6.0)  # a build the pre-build did not reach, inside the worker
+    rec.lane_wait(0, 2.0)  # idle after the first job
+    rec.judged(0, 1, 4.0, worker_build_s=99.0)  # clipped to the job's own time
+    rec.lane_end(0, 17.0)
+    s = rec.finish()
+    assert s.lane_build_s == pytest.approx(10.0) and s.lane_busy_s == pytest.approx(14.0)
+    assert s.idle_share == pytest.approx(2.0 / 16.0)
+    assert s.gpu_idle_share == pytest.approx(12.0 / 16.0)
+    assert s.to_dict()["gpu_idle_share"] == pytest.approx(0.75)
+    assert s.merge(s).lane_build_s == pytest.approx(20.0)

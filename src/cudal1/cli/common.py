@@ -67,11 +67,13 @@ def batch_line(batch: dict[str, Any] | None) -> str:
     """One line for people: where the judging time went."""
     if not batch:
         return "time: nothing judged (all from the run store)"
-    idle = batch.get("idle_share")
+    idle, gpu_idle = batch.get("idle_share"), batch.get("gpu_idle_share")
     return (f"time ({batch['backend']}): {batch['wall_s']:.1f} s wall; {batch['builds']} builds "
             f"({batch['builds_shared']} shared, {batch['builds_cached']} cached; queue {batch['build_queue_s']:.1f} s, "
             f"build {batch['build_s']:.1f} s, {batch['build_workers']} x MAX_JOBS {batch['max_jobs']}); "
-            f"judging {batch['judge_s']:.1f} s; lanes idle {'-' if idle is None else f'{100 * idle:.0f}%'} after their first job")
+            f"judging {batch['judge_s']:.1f} s, of which in-worker imports/builds {batch.get('lane_build_s', 0.0):.1f} s; "
+            f"lanes idle {'-' if idle is None else f'{100 * idle:.0f}%'} after their first job, "
+            f"GPUs idle {'-' if gpu_idle is None else f'{100 * gpu_idle:.0f}%'} (in-worker builds counted as idle)")
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
@@ -105,8 +107,39 @@ def print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+class LogProgress:
+    """Progress for logs (stderr not a terminal): one line ``desc: done/total (elapsed)`` at most
+    every ``every_s`` seconds and at the end, so a long batch in a log file shows it is alive."""
+
+    def __init__(self, total: int, desc: str, every_s: float = 15.0) -> None:
+        import time
+
+        self.total, self.desc, self.every_s, self.n = total, desc, every_s, 0
+        self._clock = time.monotonic
+        self.t0 = self.last = self._clock()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = self._clock()
+        if now - self.last >= self.every_s or (self.total and self.n >= self.total):
+            self.last = now
+            print(f"{self.desc}: {self.n}/{self.total or '?'} ({now - self.t0:.0f} s)", file=sys.stderr, flush=True)
+
+    def __getattr__(self, name: str) -> Any:  # tqdm's other methods (set_postfix, total=...) are no-ops here
+        return lambda *a, **k: None
+
+    def __enter__(self) -> "LogProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
 def progress(total: int, desc: str, enabled: bool = True):
-    """A tqdm bar on stderr (disabled when not a terminal or for --json)."""
+    """A tqdm bar on stderr when it is a terminal (not for --json); periodic lines
+    (:class:`LogProgress`) when stderr is a log file, --json or not."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="job", file=sys.stderr, disable=not enabled or not sys.stderr.isatty() or None)
+    if not sys.stderr.isatty():
+        return LogProgress(total, desc)
+    return tqdm(total=total, desc=desc, unit="job", file=sys.stderr, disable=not enabled or None)

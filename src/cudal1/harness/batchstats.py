@@ -6,9 +6,12 @@ Contract: :class:`BatchStats` is what :func:`cudal1.harness.scheduler.run_jobs` 
 add up by construction: per lane ``startup_s + busy_s + idle_s == wall_s`` of that lane, and the
 jobs' ``judge_s`` sum to the lanes' ``busy_s``.  ``idle_share`` is the share of lane time spent
 waiting for work *after* each lane's first job (the issue's "GPU idle once the first builds
-finish"); the wait before a lane's first job is ``startup_s``.  Not covered: what happens inside a
-GPU worker (its phases are in each ``EvalResult.phase_s``), and time a lane spends on the CPU side
-of a job (static guard, assembly), which counts as busy.
+finish"); the wait before a lane's first job is ``startup_s``.  A lane is busy, but its GPU is
+not, while a worker imports its candidate or builds an extension the pre-build did not reach:
+``lane_build_s`` sums those phases (``EvalResult.phase_s`` ``import`` + ``build``) and
+``gpu_idle_share`` counts them as idle.  Not covered: the rest of what happens inside a GPU worker
+(its other phases are in each ``EvalResult.phase_s``), and time a lane spends on the CPU side of a
+job (static guard, assembly), which counts as busy.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ class JobTimes:
     build_s: float = 0.0  # build process start -> end (lock waits included)
     lock_wait_s: float = 0.0  # waiting on another process's build of the same source (flock)
     judge_s: float = 0.0  # the lane's time on this job (worker start to verdict, assembly included)
+    worker_build_s: float = 0.0  # of judge_s: the worker's import + in-worker build phases (GPU unused)
     attempts: int = 1  # > 1 when a Ray actor died and the job was run again
 
 
@@ -60,6 +64,7 @@ class BatchStats:
     lane_startup_s: float = 0.0
     lane_idle_s: float = 0.0
     lane_busy_s: float = 0.0
+    lane_build_s: float = 0.0  # of lane_busy_s: candidate imports and builds inside GPU workers
     retries: int = 0  # jobs run again after their actor died (Ray)
     batches: int = 1
     lanes: list[LaneTimes] = field(default_factory=list)
@@ -72,6 +77,12 @@ class BatchStats:
         return self.lane_idle_s / after_first if after_first > 0 else None
 
     @property
+    def gpu_idle_share(self) -> float | None:
+        """Like :attr:`idle_share`, with the lanes' in-worker imports and builds counted as idle."""
+        after_first = self.lane_busy_s + self.lane_idle_s
+        return (self.lane_idle_s + self.lane_build_s) / after_first if after_first > 0 else None
+
+    @property
     def mean_concurrent_builds(self) -> float | None:
         return self.build_s / self.wall_s if self.wall_s > 0 and self.builds else None
 
@@ -79,7 +90,8 @@ class BatchStats:
         """Totals of two batches (lanes and per-job lists are concatenated)."""
         out = BatchStats(backend=self.backend if self.backend == other.backend else f"{self.backend}+{other.backend}")
         for name in ("jobs", "wall_s", "builds", "builds_shared", "builds_cached", "build_queue_s", "build_s",
-                     "lock_wait_s", "judge_s", "lane_startup_s", "lane_idle_s", "lane_busy_s", "retries", "batches"):
+                     "lock_wait_s", "judge_s", "lane_startup_s", "lane_idle_s", "lane_busy_s", "lane_build_s", "retries",
+                     "batches"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("build_workers", "max_jobs", "max_concurrent_builds"):
             setattr(out, name, max(getattr(self, name), getattr(other, name)))
@@ -91,8 +103,9 @@ class BatchStats:
         """Totals (and, with ``detail``, per lane and per job) as JSON-ready values."""
         data = {k: v for k, v in asdict(self).items() if k not in ("lanes", "per_job")}
         data = {k: round(v, 3) if isinstance(v, float) else v for k, v in data.items()}
-        share, mean = self.idle_share, self.mean_concurrent_builds
+        share, mean, gpu_share = self.idle_share, self.mean_concurrent_builds, self.gpu_idle_share
         data["idle_share"] = None if share is None else round(share, 4)
+        data["gpu_idle_share"] = None if gpu_share is None else round(gpu_share, 4)
         data["mean_concurrent_builds"] = None if mean is None else round(mean, 3)
         if detail:
             data["lanes"] = [asdict(x) for x in self.lanes]
@@ -139,13 +152,15 @@ class StatsRecorder:
             else:
                 lt.startup_s += seconds
 
-    def judged(self, lane: Any, index: int, seconds: float, attempts: int = 1) -> None:
+    def judged(self, lane: Any, index: int, seconds: float, attempts: int = 1, worker_build_s: float = 0.0) -> None:
+        """``worker_build_s``: of ``seconds``, the worker's import and in-worker build phases."""
         with self.lock:
             lt = self._lanes[lane]
             lt.jobs += 1
             lt.busy_s += seconds
             j = self.jobs[index]
             j.lane, j.judge_s, j.attempts = lane, seconds, attempts
+            j.worker_build_s = min(max(0.0, worker_build_s), seconds)
 
     def lane_end(self, lane: Any, wall_s: float) -> None:
         """``wall_s``: the lane's own clock, of which its waits and jobs are contiguous segments."""
@@ -168,4 +183,5 @@ class StatsRecorder:
         s.lane_startup_s = sum(x.startup_s for x in s.lanes)
         s.lane_idle_s = sum(x.idle_s for x in s.lanes)
         s.lane_busy_s = sum(x.busy_s for x in s.lanes)
+        s.lane_build_s = sum(j.worker_build_s for j in self.jobs)
         return s

@@ -7,12 +7,15 @@ different candidates never share a directory.  ``TORCH_EXTENSIONS_DIR`` and
 ``TORCH_CUDA_ARCH_LIST`` are set identically for the CPU pre-build and the GPU worker, so the
 GPU worker finds the pre-built library and ninja has nothing to do.
 
-Pre-building imports the candidate in a sandboxed CPU child with no GPU visible; a source that
-builds lazily (inside ``ModelNew.__init__`` or a helper) is imported with a tail that constructs
-``ModelNew`` on the ``meta`` device (:func:`prebuild_source`).  Extensions first built in
-``forward`` and Triton kernels (compiled at first launch) are not pre-built; they are built in the
-GPU worker, under its deadlines.  The parent holds :func:`locked` on the build directory around a
-pre-build, so processes sharing the cache build a source once.
+Pre-building imports the candidate in a sandboxed CPU child with no GPU visible, in which
+``torch.cuda.is_available()`` is made true (:func:`pretend_gpu`) so GPU-guarded builds happen; a
+source that builds lazily (inside ``ModelNew.__init__``, a helper, or ``forward``) is imported
+with a tail that constructs ``ModelNew`` and calls it on data-free fake CUDA tensors
+(:func:`prebuild_source`).  Builds the tail cannot reach and Triton kernels (compiled at first
+launch) are built in the GPU worker, under its deadlines.  Pre-build and GPU worker both start in
+the candidate's own directory ``<build dir>/cwd``, so a relative ``build_directory=`` is shared.
+The parent holds :func:`locked` on the build directory around a pre-build, so processes sharing
+the cache build a source once.
 
 Failed builds are memoised too (inside the worker, :func:`install_memo`): an identical candidate
 must never be built twice, failures included.  A candidate whose ``load_inline`` fails inside
@@ -86,33 +89,85 @@ def _is_extension_build(fn: Any, owners: set[str]) -> bool:
 _CONSTRUCT_TAIL = """
 
 # ---- appended by the judge for the CPU pre-build only (never in a timed run) ----
-def _cudal1_prebuild_construct():
+def _cudal1_prebuild_reach_builds():
     import sys as _sys
     import torch as _torch
     _ref = _sys.modules.get(%(ref)r)
     try:
         _init = list(_ref.get_init_inputs()) if _ref is not None else []
-        with _torch.device("meta"):  # parameters cost nothing; load_inline still compiles for real
-            ModelNew(*_init)
+    except BaseException:
+        _init = []
+    try:  # builds in __init__ and in forward: data-free tensors that claim to live on the GPU
+        import torch._subclasses.fake_tensor as _fake_tensor
+        from torch._subclasses.fake_tensor import FakeTensorMode as _Fake
+
+        # torch <= 2.12 warms a real CUDA context for every fake CUDA tensor when is_available()
+        # says yes (it does here: pretend_gpu); there is no GPU to warm.
+        _fake_tensor.init_gpu_context = lambda device: None
+
+        class _NoDevice(_Fake):
+            @property
+            def avoid_device_init(self):  # no GPU here, whatever torch.cuda.is_available says
+                return True
+
+        def _on_gpu(t):
+            if isinstance(t, _torch.Tensor):
+                return _torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cuda")
+            return t
+
+        with _NoDevice(allow_non_fake_inputs=True):
+            _model = ModelNew(*[_on_gpu(x) for x in _init])
+            for _m in _model.modules():
+                for _n, _p in list(_m._parameters.items()):
+                    if _p is not None:
+                        _m._parameters[_n] = _torch.nn.Parameter(_on_gpu(_p), requires_grad=_p.requires_grad)
+                for _n, _b in list(_m._buffers.items()):
+                    if _b is not None:
+                        _m._buffers[_n] = _on_gpu(_b)
+            _args = [_on_gpu(x) for x in _ref.get_inputs()]
+            with _torch.no_grad():
+                _model(*_args)
+        return
     except BaseException:  # after the build (or its cached failure), nothing here matters
+        pass
+    try:  # fake tensors unavailable or construction refused them: parameters on the meta device
+        with _torch.device("meta"):
+            ModelNew(*_init)
+    except BaseException:
         pass
 
 
-_cudal1_prebuild_construct()
-del _cudal1_prebuild_construct
+_cudal1_prebuild_reach_builds()
+del _cudal1_prebuild_reach_builds
 """
 
 
 def prebuild_source(source: str, reference_module: str) -> str:
     """The candidate as the CPU pre-build imports it: when it builds lazily
-    (:func:`builds_lazily`), followed by a construction of ``ModelNew`` with the task's init
-    inputs on the ``meta`` device, so extensions built in ``__init__`` (or helpers it calls) land
-    in the build cache before a GPU lane needs them.  Builds first reached in ``forward`` are still
-    left to the GPU worker.  Exceptions of the construction are ignored (a failed build is
-    remembered by :func:`install_memo` and replayed in the GPU worker, which gives the verdict)."""
+    (:func:`builds_lazily`), followed by a tail that constructs ``ModelNew`` and calls it once on
+    data-free fake tensors that report a CUDA device (``FakeTensorMode``; parameters and buffers
+    moved to the fake device), so extensions built in ``__init__``, in helpers, or first reached in
+    ``forward`` behind ``x.is_cuda`` checks land in the build cache before a GPU lane needs them.
+    Where fake tensors fail before the build, ``ModelNew`` is constructed on the ``meta`` device.
+    The pre-build child also reports a GPU to ``torch.cuda.is_available`` (:func:`pretend_gpu`).
+    Exceptions of the tail are ignored (a failed build is remembered by :func:`install_memo` and
+    replayed in the GPU worker, which gives the verdict).  Not reached: builds behind checks the
+    fakes do not satisfy (device properties, values of the data)."""
     if not builds_lazily(source):
         return source
     return source + _CONSTRUCT_TAIL % {"ref": reference_module}
+
+
+def pretend_gpu() -> None:
+    """In the CPU pre-build child (no GPU visible): make ``torch.cuda.is_available()`` true and
+    ``device_count()`` at least 1, so candidate code takes its GPU path (``if
+    torch.cuda.is_available(): ext = load_inline(...)``) and builds there instead of in a timing
+    lane.  Never called in a GPU worker."""
+    import torch
+
+    torch.cuda.is_available = lambda: True
+    real_count = torch.cuda.device_count
+    torch.cuda.device_count = lambda: max(1, real_count())
 
 
 @functools.lru_cache(maxsize=1)

@@ -255,7 +255,7 @@ class _RayBatch:
         self.built_on: dict[int, str] = {}  # job -> node of its build
         self.attempts = [0] * len(jobs)
         self.retries = 0
-        self.lane_jobs: dict[int, list[tuple[int, float, int]]] = {s.index: [] for s in pool_.slots}
+        self.lane_jobs: dict[int, list[tuple[int, float, int, float]]] = {s.index: [] for s in pool_.slots}
         self.first_dispatch: dict[int, float] = {}
 
     # builds ---------------------------------------------------------------------------------------
@@ -348,7 +348,8 @@ class _RayBatch:
             self._lost(i, slot, handle, exc)
             return
         self.results[i] = result
-        self.lane_jobs[slot.index].append((i, judge_s, self.attempts[i]))
+        in_worker = result.phase_s.get("import", 0.0) + result.phase_s.get("build", 0.0)
+        self.lane_jobs[slot.index].append((i, judge_s, self.attempts[i], in_worker))
         if self.on_result is not None:
             self.on_result(i, result)
 
@@ -385,8 +386,9 @@ class _RayBatch:
             self.rec.lane_start(lane)
             startup = min(wall, self.first_dispatch.get(lane, t0 + wall) - t0)
             self.rec.lane_wait(lane, startup)
-            for i, judge_s, attempts in done:
-                self.rec.judged(lane, i, judge_s, attempts)
-            self.rec.lane_wait(lane, max(0.0, wall - startup - sum(j for _, j, _ in done)))
-            self.rec.lane_end(lane, max(wall, startup + sum(j for _, j, _ in done)))
+            for i, judge_s, attempts, in_worker in done:
+                self.rec.judged(lane, i, judge_s, attempts, worker_build_s=in_worker)
+            busy = sum(j for _, j, _, _ in done)
+            self.rec.lane_wait(lane, max(0.0, wall - startup - busy))
+            self.rec.lane_end(lane, max(wall, startup + busy))
         return self.rec.finish(self.retries)

@@ -156,6 +156,7 @@ class Evaluator:
         tolerances = TOLERANCES[self.config.tolerance]
         reference_module = f"cudal1_reference_{task.hash[:12]}"
         cand_path = cand_module = None
+        cwd = workdir  # never the user's directory: candidates write relative paths ('cuda_extensions/')
         if cand is not None:
             cand_path = workdir / f"cand_{cand.hash[:12]}.py"
             cand_path.write_text(build.prebuild_source(cand.source, reference_module) if mode == "build" else cand.source)
@@ -164,6 +165,10 @@ class Evaluator:
             bdir.mkdir(parents=True, exist_ok=True)
             env["TORCH_EXTENSIONS_DIR"] = str(bdir)
             env["MAX_JOBS"] = str(self.max_jobs)
+            # The candidate's own build directory, shared by its pre-build and every evaluation, so
+            # a relative ``build_directory=`` finds what the pre-build compiled.
+            cwd = bdir / "cwd"
+            cwd.mkdir(exist_ok=True)
         return WorkerSpec(
             mode=mode,
             device=device,
@@ -178,6 +183,7 @@ class Evaluator:
             candidate_module=cand_module,
             baseline_mode=job.baseline_mode,
             exact_cache=self.exact_cache(task, device) if mode != "build" and "@exact" in tolerances else None,
+            cwd=str(cwd),
         )
 
     def _run(self, job: Job, device: str, gpu: int | None, mode: str) -> JobOutcome:
@@ -335,7 +341,7 @@ class _LocalBatch:
                 if self.on_result is not None:
                     self.on_result(i, res)
                 now = time.monotonic()
-                rec.judged(gpu, i, now - mark)
+                rec.judged(gpu, i, now - mark, worker_build_s=res.phase_s.get("import", 0.0) + res.phase_s.get("build", 0.0))
                 mark = now
         except BaseException as exc:  # noqa: BLE001 - re-raised after the join
             self.failures.append(exc)

@@ -42,6 +42,7 @@ class WorkerSpec:
     candidate_module: str | None = None
     baseline_mode: str | None = None
     exact_cache: ExactCacheSpec | None = None
+    cwd: str | None = None  # the child's working directory: relative paths a candidate writes land there
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -182,6 +182,8 @@ class Worker(Measurement):
             torch.set_float32_matmul_precision("highest")
         from cudal1.harness import build
 
+        if self.spec.mode == "build":  # CPU child, no GPU: let candidate code take its GPU (building) path
+            build.pretend_gpu()
         build.install_memo(self.building)
         self.guard = RuntimeGuard()
         self.guard.watch_worker(self)
@@ -321,6 +323,9 @@ def worker_entry(spec: WorkerSpec, conn: Any, key_holder: list) -> None:
     that no frame on the worker's stack (nor ``current_process()._args``) keeps it."""
     for name, value in spec.env.items():
         os.environ[name] = value
+    if spec.cwd:
+        sys.path[:] = [os.path.abspath(p) for p in sys.path]  # relative entries ('', 'src') keep their meaning
+        os.chdir(spec.cwd)
     _redirect_output(spec.log_path)
     arm_stall_dump(spec.config, "setup")
     signing_hook.clear_process_args()

@@ -22,7 +22,9 @@ Contract (``cudal1 report --format json`` prints it; the HTML and Markdown rende
 * ``environment``: where the numbers were measured (the most common one; ``environments``
   lists all), ``rounds`` (search progress), ``degenerate`` and ``rejected`` (reported apart),
   ``conventions`` (the other convention's summary, for comparison with published figures) and,
-  for a verify run, ``audit`` (its classes).
+  for a verify run, ``audit``: ``summary`` and ``file`` as ``verify_report.json`` holds them,
+  ``slack`` (the report's own, else 0.8), ``per_level`` (level → class → records) and ``records``
+  (see :func:`audit_records`).
 """
 
 from __future__ import annotations
@@ -36,8 +38,10 @@ from typing import Any
 from cudal1.report.load import CandidateRecord, RunData, TaskRecord
 from cudal1.report.metrics import CONVENTIONS, TaskOutcome, aggregate, conventions, geomean, level_key, verdict_counts
 from cudal1.report.techniques import TECHNIQUES, analyze
+from cudal1.report.verify import CLASSES
 from cudal1.types import Status
 
+DEFAULT_SLACK = 0.8  # cudal1 verify --slack's default
 COMPILE_CANDIDATE = "compile-default-candidate"
 # baseline names recorded before the shared execution-mode vocabulary (cudal1.compile_modes)
 OLD_BASELINE_NAMES = {"compile": "compile-default", "compile-ro": "compile-reduce-overhead",
@@ -149,6 +153,49 @@ def task_row(rec: TaskRecord, labels: dict[str, list[str]]) -> dict[str, Any]:
             "best_ms": best.result.candidate_ms if best else None}
 
 
+def _record_order(row: dict[str, Any]) -> tuple:
+    """Level (none last), then the problem id after the ``/`` as a number, then the task id."""
+    level, task = row.get("level"), str(row.get("task"))
+    tail = task.rsplit("/", 1)[-1]
+    return (level is None, level or 0, not tail.isdigit(), int(tail) if tail.isdigit() else 0, task)
+
+
+def audit_records(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per verify record: ``task``, ``level``, ``class``, ``claimed``, ``measured``,
+    ``ratio`` (measured / claimed, None unless both are there and claimed > 0), ``status`` and
+    ``flags``; sorted by level, then problem id (numeric)."""
+    out = []
+    for r in sorted(rows, key=_record_order):
+        claimed, measured = r.get("claimed"), r.get("measured")
+        out.append({"task": r.get("task"), "level": r.get("level"), "class": r.get("class"),
+                    "claimed": claimed, "measured": measured,
+                    "ratio": measured / claimed if claimed and measured is not None and claimed > 0 else None,
+                    "status": r.get("status"), "flags": list(r.get("flags") or [])})
+    return out
+
+
+def audit_section(audit: dict[str, Any]) -> dict[str, Any]:
+    """``doc["audit"]`` of a ``verify_report.json`` (module docstring); class counts in
+    :data:`~cudal1.report.verify.CLASSES` order, unknown classes after them."""
+    summary = audit.get("summary") or {}
+    records = audit_records(audit.get("records") or [])
+    per_level = summary.get("per_level")
+    if per_level is None:  # an older or hand-written report: count the records
+        counted: dict[str, Counter] = {}
+        for r in records:
+            counted.setdefault(level_key(r["level"]), Counter())[r["class"]] += 1
+        per_level = {k: dict(v) for k, v in counted.items()}
+
+    def ordered(counts: dict[str, int]) -> dict[str, int]:
+        keys = [c for c in CLASSES if c in counts] + sorted(c for c in counts if c not in CLASSES)
+        return {c: counts[c] for c in keys}
+
+    slack = audit.get("slack", summary.get("slack", (audit.get("config") or {}).get("slack")))
+    return {"summary": audit.get("summary"), "file": audit.get("file"),
+            "slack": float(slack) if isinstance(slack, (int, float)) else DEFAULT_SLACK,
+            "per_level": {k: ordered(v) for k, v in per_level.items()}, "records": records}
+
+
 def build_report(data: RunData, conv: str = "measured", labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The report document of ``data`` under the named aggregation conventions."""
     chosen = conventions(conv)
@@ -183,5 +230,5 @@ def build_report(data: RunData, conv: str = "measured", labels: dict[str, list[s
         "sources": data.paths,
     }
     if data.audit is not None:
-        doc["audit"] = {"summary": data.audit.get("summary"), "file": data.audit.get("file")}
+        doc["audit"] = audit_section(data.audit)
     return doc

@@ -21,6 +21,7 @@ from cudal1.report import plots
 from cudal1.report.load import RunData
 from cudal1.report.markdown import STAT_KEYS, fmt
 from cudal1.report.metrics import FAST_P, fast_p_key
+from cudal1.report.verify import CLASSES
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_DIFF_LINES = 400
@@ -75,6 +76,16 @@ def _env_line(env: dict[str, Any] | None) -> str:
     return " · ".join(p for p in parts if p)
 
 
+def audit_levels(audit: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
+    """The audit's class counts as rows (class, {level: count, ..., "all": total over the levels}),
+    classes in :data:`~cudal1.report.verify.CLASSES` order, unknown ones after them."""
+    levels = audit["per_level"]
+    seen = {c for counts in levels.values() for c in counts}
+    order = [c for c in CLASSES if c in seen] + sorted(seen - set(CLASSES))
+    return [(c, {**{k: counts.get(c, 0) for k, counts in levels.items()},
+                 "all": sum(counts.get(c, 0) for counts in levels.values())}) for c in order]
+
+
 _CONV_NOTES = {
     "measured": "Conventions 'measured': each task's best verified speedup as measured; tasks without one are left out of the statistics.",
     "cuda-l1": "Conventions 'cuda-l1': a task counts its best speedup only above 1.01×, every other task counts 1.0× (the reference is kept).",
@@ -88,14 +99,17 @@ def render_html(doc: dict[str, Any], data: RunData) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=False)
     s = doc["summary"]
+    audit = doc.get("audit")
     figures = {"distribution": plots.distribution(plots.per_level(doc["tasks"])),
                "baselines": plots.baselines(doc["tasks"]),
                "progress": plots.progress(doc["rounds"]) if len(doc["rounds"]) > 1 else "",
-               "verdicts": plots.verdicts(s["statuses"], s["flags"])}
+               "verdicts": plots.verdicts(s["statuses"], s["flags"]),
+               "audit": plots.audit_scatter(audit["records"], audit["slack"]) if audit else ""}
     return env.get_template("report.html.j2").render(
         title=", ".join(doc.get("sources", [])), s=s, levels=doc["levels"], baselines=doc["baselines"],
         others=doc.get("conventions") or {}, tasks=doc["tasks"], techniques=doc["techniques"],
-        rejected=doc.get("rejected", []), degenerate=doc.get("degenerate", []), audit=doc.get("audit"),
+        rejected=doc.get("rejected", []), degenerate=doc.get("degenerate", []), audit=audit,
+        audit_levels=audit_levels(audit) if audit else [], class_colors=plots.CLASS_COLORS,
         env=doc.get("environment"), environments=doc.get("environments", []), runs=doc.get("runs", []),
         details=task_details(doc, data), plots=figures, fast_keys=[fast_p_key(p) for p in FAST_P],
         row=_row, f=fmt, pct=lambda x: fmt(x, pct=True), ci=lambda c: f"{c[0]:.3g}–{c[1]:.3g}" if c else "-",

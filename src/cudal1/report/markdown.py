@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from cudal1.report.metrics import FAST_P, fast_p_key
+from cudal1.report.verify import CLASSES
 
 STAT_KEYS = ("mean", "median", "geomean", "max", "p25", "p75")
 
@@ -48,6 +49,24 @@ def figure_cells(s: dict[str, Any]) -> list[str]:
             *[fmt(s["fast_p"][fast_p_key(p)], pct=True) for p in FAST_P]]
 
 
+def audit_markdown(audit: dict[str, Any]) -> list[str]:
+    """The audit of a verify run (``doc["audit"]``): class counts per level, then one row per
+    record (task | class | claimed | measured | ratio | flags)."""
+    levels = audit.get("per_level") or {}
+    seen = {c for counts in levels.values() for c in counts}
+    classes = [c for c in CLASSES if c in seen] + sorted(seen - set(CLASSES))
+    out = ["## Audit against published claims", "",
+           f"{len(audit.get('records') or [])} records of `{audit.get('file') or 'the release'}`; verified when "
+           f"measured >= {audit.get('slack', 0.8):g} x claimed; ratio = measured / claimed.", ""]
+    out.append(md_table(["class", *levels, "all"],
+                        [[c, *[counts.get(c, 0) for counts in levels.values()], sum(n.get(c, 0) for n in levels.values())]
+                         for c in classes]) if classes else "No class counts.")
+    out += ["", md_table(["task", "class", "claimed", "measured", "ratio", "flags"],
+                         [[r["task"], r["class"], r["claimed"], r["measured"], r["ratio"], ", ".join(r["flags"]) or "-"]
+                          for r in audit.get("records") or []])]
+    return out
+
+
 def render_markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
     env = doc.get("environment") or {}
@@ -82,8 +101,7 @@ def render_markdown(doc: dict[str, Any]) -> str:
                                                            [[r["task"], r["candidate"][:12], ",".join(r["flags"]), r["message"][:120]]
                                                             for r in doc["rejected"]])]
     if doc.get("audit"):
-        classes = (doc["audit"].get("summary") or {}).get("classes", {})
-        out += ["", "## Audit classes", "", ", ".join(f"{k} {v}" for k, v in classes.items()) or "none"]
+        out += ["", *audit_markdown(doc["audit"])]
     out += ["", "## Environment", "", ", ".join(f"{k} {v}" for k, v in env.items() if v) or "unknown"]
     if len(doc.get("environments") or []) > 1:
         out.append(f"(and {len(doc['environments']) - 1} other environment(s) in these runs)")

@@ -17,6 +17,9 @@ from cudal1.report.metrics import level_key
 
 _STATUS_COLORS = {"ok": "#2e7d32", "incorrect": "#ef6c00", "compile_error": "#6d4c41", "runtime_error": "#c62828",
                   "timeout": "#7b1fa2", "rejected": "#000000"}
+# verify's audit classes (cudal1.report.verify.CLASSES); other classes get grey
+CLASS_COLORS = {"verified": "#2e7d32", "slower_than_claimed": "#ef6c00", "degenerate_task": "#6a1b9a",
+                "incorrect": "#c62828", "failed": "#6d4c41", "rejected": "#000000", "missing_code": "#9e9e9e"}
 _PALETTE = ["#1565c0", "#ef6c00", "#2e7d32", "#c62828", "#6a1b9a", "#00838f", "#9e9d24", "#5d4037"]
 
 
@@ -156,6 +159,42 @@ def verdicts(statuses: dict[str, int], flags: dict[str, int]) -> str:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # counts
     fig.subplots_adjust(wspace=0.6)
     return _svg(fig, "verd")
+
+
+def audit_scatter(records: list[dict[str, Any]], slack: float) -> str:
+    """Claimed against measured speedup of the verify records holding both (log-log), coloured by
+    audit class, with the y = x line and the y = slack·x line (below it: ``slower_than_claimed``)."""
+    pts = [r for r in records if r["claimed"] and r["measured"] and r["claimed"] > 0 and r["measured"] > 0]
+    if not pts:
+        return ""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    fig = _figure(6.4, 5.2)
+    ax = fig.add_subplot()
+    present = {r["class"] for r in pts}
+    for cls in [c for c in CLASS_COLORS if c in present] + sorted(present - set(CLASS_COLORS)):
+        mine = [r for r in pts if r["class"] == cls]
+        ax.scatter([r["claimed"] for r in mine], [r["measured"] for r in mine], s=18, alpha=0.75, linewidths=0.4,
+                   edgecolors="white", color=CLASS_COLORS.get(cls, "#607d8b"), label=f"{cls} ({len(mine)})", zorder=3)
+    values = [v for r in pts for v in (r["claimed"], r["measured"])]
+    lo, hi = min(values + [1.0]) / 1.25, max(values + [1.0]) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="#555", lw=0.9, label="measured = claimed", zorder=2)
+    ax.plot([lo, hi], [slack * lo, slack * hi], color="#555", lw=0.9, ls="--", label=f"measured = {slack:g} × claimed", zorder=2)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
+    subs = (1.0, 2.0, 5.0) if hi / lo <= 300 else (1.0, 3.0)  # wide ranges: 1×, 3×, 10×, 30× ... stay apart
+    for axis in (ax.xaxis, ax.yaxis):
+        axis.set_major_locator(LogLocator(base=10, subs=subs))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}×"))
+        axis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("claimed speedup (log)")
+    ax.set_ylabel("measured speedup (log)")
+    ax.grid(which="major", alpha=0.25)
+    ax.legend(loc="upper left", fontsize=8, framealpha=0.9)
+    return _svg(fig, "audit")
 
 
 def per_level(tasks: list[dict[str, Any]]) -> dict[str, list[float]]:

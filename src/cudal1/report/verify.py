@@ -69,10 +69,10 @@ def audit_rows(records: list[Record], results: dict[int, EvalResult], slack: flo
 def verify_report(records: list[Record], results: dict[int, EvalResult], slack: float, config: dict[str, Any],
                   file: str) -> dict[str, Any]:
     """The document ``cudal1 verify`` writes to ``verify_report.json``: summary, one row per record,
-    the environment of the first verdict and the judge configuration."""
+    the ``slack`` the classes used, the environment of the first verdict and the judge configuration."""
     import dataclasses
 
     rows = audit_rows(records, results, slack)
     env = next(iter(results.values()), None)
-    return {"summary": summarize(rows), "records": rows,
+    return {"summary": summarize(rows), "records": rows, "slack": slack,
             "environment": dataclasses.asdict(env.environment) if env else None, "config": config, "file": file}
