@@ -296,3 +296,52 @@ def test_prebuild_reaches_builds_behind_gpu_checks_in_forward(tmp_path, cpu_judg
     outcome, _ = ev.prebuild(Job(task, cand))
     assert outcome.result is not None and outcome.result.status == "ok", outcome.log_tail[-2000:]
     assert mark.read_text().split() == ["guarded_ext", "forward_ext"]
+
+
+# ---- failed builds are remembered by what they compile -----------------------------------------
+
+def test_failed_build_memo_ignores_per_process_names_and_honours_build_directory(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "ext"))
+    monkeypatch.chdir(tmp_path)  # the worker's per-candidate directory
+    calls = []
+
+    def fake_load_inline(name, cpp_sources, cuda_sources=None, build_directory=None, **kw):
+        calls.append(name)
+        raise RuntimeError(f"Error building extension '{name}': nvcc said no")
+
+    built = []
+    load = build._memoize(fake_load_inline, built.append)
+    for pid in (101, 202):  # names made per process, other than this process's id
+        with pytest.raises(RuntimeError, match="Error building extension"):
+            load(f"ext_{pid}", "int f();", cuda_sources="__global__ void k() {}")
+    assert calls == ["ext_101"]  # the second one replayed the recorded failure
+    with pytest.raises(RuntimeError):
+        load(name=f"own_{os.getpid()}", cpp_sources="int h();")  # this process's id: a stable name
+    assert calls[-1] == "own_pid"
+    calls.remove("own_pid")
+    with pytest.raises(RuntimeError):
+        load("ext_303", "int f();", cuda_sources="__global__ void k2() {}")  # other sources: built
+    assert calls == ["ext_101", "ext_303"]
+    for _ in range(2):  # a relative build_directory: recorded there (the candidate's own directory)
+        with pytest.raises(RuntimeError):
+            load("ext_rel", "int g();", build_directory="cuda_extensions")
+    assert calls[-1] == "ext_rel" and calls.count("ext_rel") == 1
+    assert len(list((tmp_path / "cuda_extensions").glob(".cudal1_build_failed-*"))) == 1
+    assert built == [True, False] * 4  # building() told only around real builds
+
+
+def test_worker_runs_in_the_candidates_own_directory(tmp_path, cpu_judge_config):
+    from cudal1.tasks import load_task_file
+
+    task = load_task_file(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "diag_matmul.py")
+    src = (Path(__file__).resolve().parents[1] / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
+    cand = Candidate(src + "\nimport os as _os\nopen('written_by_candidate.txt', 'w').write(_os.getcwd())\n",
+                     task_hash=task.hash, label="cwd")
+    ev = Evaluator(cpu_judge_config(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
+    spec = ev._worker_job(Job(task, cand), tmp_path, "cpu", None, "eval")
+    assert Path(spec.cwd) == ev.build_dir(Job(task, cand)) / "cwd"
+    result = ev.evaluate_job(Job(task, cand), None, None)
+    assert result.status.value == "ok", result.message
+    written = Path(spec.cwd) / "written_by_candidate.txt"
+    assert written.read_text() == spec.cwd
+    assert not (Path.cwd() / "written_by_candidate.txt").exists()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 import traceback
 
 from cudal1 import __version__
@@ -45,6 +47,11 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (UsageError, ConfigError, TaskError, HarnessError, StoreError)
 
 
+def _interrupt(signum: int, _frame: object) -> None:
+    """SIGTERM as Ctrl-C: the batch stops, workers are stopped, every verdict recorded so far stays."""
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -52,6 +59,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
         return 2
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None  # a kill stops like Ctrl-C
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
@@ -65,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"cudal1: internal error: {type(exc).__name__}: {exc} (set CUDAL1_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Every stage writes ``OUT/metrics.jsonl``, ``OUT/config.yaml`` and checkpoints wi
 --policy hf --model-path``.  ``--smoke`` runs the stage on this CPU with a tiny model built on the
 spot and a bundled task (no other argument needed).  ``--resume`` continues from the last
 checkpoint.  Multi-GPU: ``accelerate launch --config_file CONFIG -m cudal1.cli.main train ...``
-(configs in ``cudal1/train/configs/``)."""
+(configs in ``cudal1/train/configs/``) or ``torchrun --nproc_per_node N -m cudal1.cli.main train ...``;
+rank 0 writes ``config.yaml`` and prints the summary (see ``cudal1.train.dist``)."""
 
 from __future__ import annotations
 
@@ -115,7 +116,7 @@ def _need(args: argparse.Namespace, *names: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.train import MissingExtra, require_train
+    from cudal1.train import MissingExtra, dist, require_train
     from cudal1.train.common import report_to as check_report_to
     from cudal1.train.config import to_dict
     from cudal1.train.metrics import write_config
@@ -128,14 +129,18 @@ def run(args: argparse.Namespace) -> int:
     cfg = stage_config(args)
     out = Path(args.out)
     judge = judge_config(args) if args.stage != "sft" else None
-    resolved = {"stage": args.stage, "smoke": args.smoke, args.stage: to_dict(cfg),
+    resolved = {"stage": args.stage, "smoke": args.smoke, "processes": dist.world_size(), args.stage: to_dict(cfg),
                 "judge": judge.to_dict() if judge else None,
                 "args": {k: v for k, v in vars(args).items() if k != "func" and not callable(v)}}
-    write_config(out, resolved)
+    if dist.is_main():  # under several processes: rank 0 writes and prints, every rank trains
+        write_config(out, resolved)
     try:
         summary = _dispatch(args, cfg, judge, out, report)
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+    dist.finish()
+    if not dist.is_main():
+        return 0
     if args.json:
         print_json(summary)
     else:

@@ -23,7 +23,10 @@ must never be built twice, failures included.  A candidate whose ``load_inline``
 evaluation.  The wrapped ``load_inline``/``load`` remember a failure in the build directory
 (already keyed by source and toolchain) and replay it as the same exception text; the failure
 is also recorded (``failed_builds``) so the verdict can carry ``pytorch_fallback`` when the
-candidate went on without its kernel.
+candidate went on without its kernel.  The record is keyed by what the call compiles, not by the
+extension's name, and lives in the call's own ``build_directory`` when it gives one.  A process id
+inside an extension's name (common: ``f"ext_{os.getpid()}"``) is replaced by ``pid``, so the GPU
+worker loads what the pre-build compiled instead of compiling it again under a new name.
 """
 
 from __future__ import annotations
@@ -249,19 +252,56 @@ def clear_stale_batons(path: Path, *, older_than_s: float | None = None, since: 
 
 _MARKER = ".cudal1_build_failed"
 failed_builds: list[str] = []
+_NOT_INPUTS = ("name", "verbose", "build_directory", "keep_intermediates")  # do not change what is compiled
 
 
-def _marker(name: str) -> Path | None:
-    root = os.environ.get("TORCH_EXTENSIONS_DIR")
-    return Path(root) / name / _MARKER if root and name else None
+def _build_inputs(args: tuple, kwargs: dict[str, Any]) -> str:
+    """A digest of what a ``load_inline``/``load`` call compiles: its sources (the contents of
+    source files for ``load``), flags and options, and the toolchain — not the extension's name,
+    so a name made per process (``f"ext_{os.getpid()}"``) still finds its recorded failure."""
+    parts: list[str] = [toolchain_id(), repr(args[1:])]
+    for key in sorted(k for k in kwargs if k not in _NOT_INPUTS):
+        parts.append(f"{key}={kwargs[key]!r}")
+    sources = kwargs.get("sources", args[1] if len(args) > 1 else None)
+    for src in [sources] if isinstance(sources, str) else sources if isinstance(sources, (list, tuple)) else []:
+        try:  # ``load``'s source files (``load_inline``'s source strings are no paths: skipped)
+            if len(str(src)) < 4096 and Path(str(src)).is_file():
+                parts.append(Path(str(src)).read_text(errors="replace"))
+        except (OSError, ValueError):
+            pass
+    return content_hash("build-inputs", *parts)[:24]
+
+
+def _marker(args: tuple, kwargs: dict[str, Any]) -> Path | None:
+    """Where a failed build of these inputs is recorded: the call's own ``build_directory`` (a
+    relative one lies in the candidate's directory, see the module docstring), else the
+    candidate's ``TORCH_EXTENSIONS_DIR``.  None when neither is known."""
+    root = kwargs.get("build_directory") or os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(root) / f"{_MARKER}-{_build_inputs(args, kwargs)}" if root else None
+
+
+def _stable_name(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """The call with this process's id in the extension name replaced by ``pid``: a name made per
+    process (``f"ext_{os.getpid()}"``) would be a new extension, built again, in every process,
+    the pre-build's work wasted.  The candidate uses the returned module, not its name."""
+    pid = str(os.getpid())
+    if isinstance(kwargs.get("name"), str) and pid in kwargs["name"]:
+        kwargs = {**kwargs, "name": kwargs["name"].replace(pid, "pid")}
+    elif args and isinstance(args[0], str) and pid in args[0]:
+        args = (args[0].replace(pid, "pid"), *args[1:])
+    return args, kwargs
 
 
 def _memoize(fn: Callable[..., Any], building: Callable[[bool], None]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _stable_name(args, kwargs)
         name = str(kwargs.get("name", args[0] if args else ""))
-        marker = _marker(name)
-        if kwargs.get("build_directory") is None and marker is not None and marker.is_file():
+        try:
+            marker = _marker(args, kwargs)
+        except Exception:  # noqa: BLE001 - unhashable oddities: no memo, the build itself decides
+            marker = None
+        if marker is not None and marker.is_file():
             failed_builds.append(name)
             raise RuntimeError(f"Error building extension '{name}' (cached failure): " + marker.read_text()[-8000:])
         building(True)  # a build inside ModelNew.__init__ runs under the build deadline
@@ -269,9 +309,12 @@ def _memoize(fn: Callable[..., Any], building: Callable[[bool], None]) -> Callab
             return fn(*args, **kwargs)
         except Exception as exc:
             failed_builds.append(name)
-            if kwargs.get("build_directory") is None and marker is not None and "Error building extension" in str(exc):
-                marker.parent.mkdir(parents=True, exist_ok=True)
-                marker.write_text(str(exc)[-20000:])
+            if marker is not None and "Error building extension" in str(exc):
+                try:
+                    marker.parent.mkdir(parents=True, exist_ok=True)
+                    marker.write_text(str(exc)[-20000:])
+                except OSError:
+                    pass
             raise
         finally:
             building(False)

@@ -158,17 +158,19 @@ class Evaluator:
         cand_path = cand_module = None
         cwd = workdir  # never the user's directory: candidates write relative paths ('cuda_extensions/')
         if cand is not None:
-            cand_path = workdir / f"cand_{cand.hash[:12]}.py"
-            cand_path.write_text(build.prebuild_source(cand.source, reference_module) if mode == "build" else cand.source)
             cand_module = f"cudal1_candidate_{cand.hash[:12]}"
             bdir = build.build_dir(self.cache_root, cand, self.plan.arch_list)
-            bdir.mkdir(parents=True, exist_ok=True)
+            # The candidate's own directory, shared by its pre-build and every evaluation: a relative
+            # ``build_directory=`` or one next to ``__file__`` finds what the pre-build compiled.
+            cwd = bdir / "cwd"
+            cwd.mkdir(parents=True, exist_ok=True)
+            cand_path = cwd / f"cand_{cand.hash[:12]}_{mode}.py"
+            text = build.prebuild_source(cand.source, reference_module) if mode == "build" else cand.source
+            staged = workdir / cand_path.name
+            staged.write_text(text)
+            os.replace(staged, cand_path)  # atomic: lanes judging the same source never see half a file
             env["TORCH_EXTENSIONS_DIR"] = str(bdir)
             env["MAX_JOBS"] = str(self.max_jobs)
-            # The candidate's own build directory, shared by its pre-build and every evaluation, so
-            # a relative ``build_directory=`` finds what the pre-build compiled.
-            cwd = bdir / "cwd"
-            cwd.mkdir(exist_ok=True)
         return WorkerSpec(
             mode=mode,
             device=device,

@@ -9,7 +9,6 @@ what ``--resume`` continues from.
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,9 @@ def has_cuda() -> bool:
 
 
 def world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    from cudal1.train.dist import world_size as ws
+
+    return ws()
 
 
 def peft_config(enabled: bool, lora) -> Any:
@@ -68,7 +69,11 @@ def last_checkpoint(out: str | Path) -> Path | None:
 
 
 def save_final(trainer, out: str | Path, tokenizer) -> Path:
-    """Save the trained model to ``out`` as a plain model directory (LoRA merged)."""
+    """Save the trained model to ``out`` as a plain model directory (LoRA merged).  Under several
+    processes rank 0 writes (``should_save``) and every rank waits until it has, so whatever loads
+    ``out`` next (the next stage, ssl's next round) finds it complete."""
+    from cudal1.train.dist import barrier
+
     out = Path(out)
     model = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else trainer.model
     if hasattr(model, "merge_and_unload"):  # a peft model: merge the adapters into the weights
@@ -76,6 +81,7 @@ def save_final(trainer, out: str | Path, tokenizer) -> Path:
     if trainer.args.should_save if hasattr(trainer.args, "should_save") else True:
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
+    barrier()
     return out
 
 

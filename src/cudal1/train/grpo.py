@@ -19,9 +19,17 @@ and with β > 0 loads the frozen reference model from the same path) on ``tasks`
 optimizer, scheduler and RNG); the reward's running statistics are rebuilt from the rollouts the
 store recorded, so normalisation continues where it was.
 
-Not covered: judging is synchronous (generation waits for the verdicts of its batch); one
-process judges its own rollouts (in multi-GPU runs every rank calls the judge on its share, and
-the judge spreads those over the GPUs it is given).
+Several processes (``torchrun``/``accelerate launch``): every rank runs the trainer and judges
+its own share of the rollouts (the judge spreads those over the GPUs it is given); TRL gathers the
+rewards.  Rank 0 opens the run store first (creating it, WAL mode) and judges the references; the
+others then open it and find those verdicts recorded.  All ranks write the one SQLite store
+concurrently: :class:`~cudal1.store.RunStore` uses WAL, ``BEGIN IMMEDIATE`` write transactions
+and a 30 s busy timeout, so writers queue instead of failing.  Rank 0 alone records the run
+(``start_run``/``finish_run``), writes ``metrics.jsonl`` and saves; the ``success_rate``,
+``judged``, ``evaluated`` and ``speedup_*`` keys of ``metrics.jsonl`` count rank 0's rollouts
+only (``reward_mean``/``reward_std`` are TRL's, over all ranks).
+
+Not covered: judging is synchronous (generation waits for the verdicts of its batch).
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cudal1.config import EvalConfig
-from cudal1.train import require_train
+from cudal1.train import dist, require_train
 from cudal1.train.common import cuda_or_cpu_kwargs, last_checkpoint, peft_config, save_final, world_size
 from cudal1.train.config import GRPOConfig
 from cudal1.train.contrast import ContrastivePrompts
@@ -148,8 +156,9 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
     if not tasks:
         raise ValueError("grpo needs at least one task")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    store = RunStore(out / "cudal1.sqlite")
+    with dist.main_first():  # rank 0 creates the store (schema, WAL) before the others open it
+        out.mkdir(parents=True, exist_ok=True)
+        store = RunStore(out / "cudal1.sqlite")
     try:
         return _train(model, tasks, cfg, judge_config, out, store, plan=plan, hardware=hardware, resume=resume,
                       report_to=report_to, on_result=on_result)
@@ -162,11 +171,14 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
     import trl
     from transformers import AutoTokenizer
 
-    run_id = store.start_run("train-grpo", {"model": str(model), "grpo": _asdict(cfg), "judge": judge_config.to_dict()})
+    main = dist.is_main()
+    run_id = store.start_run("train-grpo", {"model": str(model), "grpo": _asdict(cfg), "judge": judge_config.to_dict(),
+                                            "processes": dist.world_size()}) if main else None
     status = "interrupted"
     try:
         judge = RolloutJudge(store, judge_config, plan=plan, policy=POLICY, on_result=on_result)
-        judge_references(judge, tasks)
+        with dist.main_first():  # the other ranks then find the references' verdicts in the store
+            judge_references(judge, tasks)
         contrast = ContrastivePrompts(judge, tasks, exemplars=cfg.exemplars, strategy=cfg.strategy, tau=cfg.tau,
                                       feedback=cfg.feedback, hardware=hardware, seed=cfg.seed)
         stats = RunningStats(cfg.reward.window)
@@ -190,7 +202,8 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
         save_final(trainer, out, tokenizer)
         status = "done"
     finally:
-        store.finish_run(run_id, status)
+        if run_id is not None:
+            store.finish_run(run_id, status)
     return summarize(out, store, tasks, judge_config) | {"steps": int(result.global_step),
                                                          "resumed_from": str(checkpoint) if checkpoint else None}
 

@@ -6,7 +6,9 @@ user, assistant — what ``cudal1 collect`` writes) with the loss on assistant t
 (``assistant_only_loss``; TRL swaps in a training chat template with ``{% generation %}``
 markers for the model families it knows, and refuses templates it cannot mask).  Optional LoRA
 through peft.  Multi-GPU: launch the CLI with ``accelerate launch`` (configs in
-``cudal1/train/configs/``).  Writes ``OUT/metrics.jsonl``, checkpoints ``OUT/checkpoint-N`` and the
+``cudal1/train/configs/``) or ``torchrun``: every rank calls :func:`run_sft` (data-parallel; the
+data file is read by rank 0 first, then from the datasets cache by the others); rank 0 writes
+``metrics.jsonl`` and the final model, and every rank returns once it is saved.  Writes ``OUT/metrics.jsonl``, checkpoints ``OUT/checkpoint-N`` and the
 final model (LoRA merged) in ``OUT``; ``resume`` continues from the last checkpoint.
 
 Not covered: packing and padding-free batching (off: kernels are long and few), evaluation sets.
@@ -18,7 +20,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from cudal1.train import require_train
+from cudal1.train import dist, require_train
 from cudal1.train.common import cuda_or_cpu_kwargs, last_checkpoint, peft_config, save_final, warmup_kwargs
 from cudal1.train.config import SFTConfig
 from cudal1.train.metrics import metrics_callback, read_metrics
@@ -73,7 +75,8 @@ def run_sft(model: str, data: Any, cfg: SFTConfig, out: str | Path, *, resume: b
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    dataset = load_chat_data(data)
+    with dist.main_first():  # one rank builds the datasets cache entry for a JSONL file
+        dataset = load_chat_data(data)
     tokenizer = AutoTokenizer.from_pretrained(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -89,4 +92,4 @@ def run_sft(model: str, data: Any, cfg: SFTConfig, out: str | Path, *, resume: b
     losses = [m["loss"] for m in read_metrics(out) if m.get("stage") == stage and m.get("loss") is not None]
     return {"out": str(out), "examples": len(dataset), "steps": int(result.global_step),
             "loss_first": losses[0] if losses else None, "loss_last": losses[-1] if losses else None,
-            "resumed_from": str(checkpoint) if checkpoint else None}
+            "resumed_from": str(checkpoint) if checkpoint else None, "processes": int(trainer.args.world_size)}

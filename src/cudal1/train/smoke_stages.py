@@ -14,6 +14,11 @@ programs (:mod:`.smoke`) — and runs the real stage: TRL's trainers and the jud
   successes, fine-tune); the success rate per round is logged.
 
 The primed model is built once per ``out`` (``out/prime/primed``) and reused by ``--resume``.
+
+Several processes (``torchrun``/``accelerate launch``, see :mod:`.dist`): rank 0 alone builds
+the tiny model and tokenizer and writes ``data.jsonl``; the other ranks wait for it.  Priming
+and the stage's training are data-parallel over every rank (each rank trains on its share of
+each batch; rank 0 saves).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from cudal1.train import dist
 from cudal1.train.config import SFTConfig, load_config
 from cudal1.train.smoke import VARIANTS, priming_records, smoke_judge_config, smoke_task
 
@@ -35,14 +41,16 @@ PRIME = SFTConfig(learning_rate=3e-3, epochs=1.0, max_steps=80, batch_size=8, gr
 
 
 def tiny_base(out: Path, records: list[dict[str, Any]]) -> Path:
-    """The untrained tiny model, its tokenizer trained on ``records``' texts (built once)."""
+    """The untrained tiny model, its tokenizer trained on ``records``' texts (built once, by rank 0;
+    the other ranks wait for it)."""
     from cudal1.train.smoke import fixed_strings
     from cudal1.train.tiny import build_tiny_model
 
-    if (out / "config.json").is_file():
-        return out
-    return build_tiny_model(out, [m["content"] for r in records for m in r["messages"]], hidden=128,
-                            fixed=fixed_strings(records))
+    if dist.is_main() and not (out / "config.json").is_file():
+        build_tiny_model(out, [m["content"] for r in records for m in r["messages"]], hidden=128,
+                         fixed=fixed_strings(records))
+    dist.barrier()
+    return out
 
 
 def primed_model(out: Path) -> Path:
@@ -50,6 +58,7 @@ def primed_model(out: Path) -> Path:
     from cudal1.train.sft import run_sft
 
     primed = out / "primed"
+    dist.barrier()  # every rank decides alike below: priming is a data-parallel SFT of all ranks
     if (primed / "config.json").is_file() and (primed / "tokenizer_config.json").is_file():
         return primed
     records = priming_records(smoke_task(), PRIME_EXAMPLES)
@@ -92,9 +101,10 @@ def smoke_sft(out: str | Path, *, config: Any = None, lora: bool | None = None, 
         cfg = dataclasses.replace(cfg, lora=lora)
     records = verified_records()
     data = out / "data.jsonl"
-    out.mkdir(parents=True, exist_ok=True)
-    data.write_text("".join(json.dumps(r) + "\n" for r in records))
-    base = tiny_base(out / "base", records)
+    if dist.is_main():
+        out.mkdir(parents=True, exist_ok=True)
+        data.write_text("".join(json.dumps(r) + "\n" for r in records))
+    base = tiny_base(out / "base", records)  # waits for rank 0: data.jsonl is written too
     return run_sft(str(base), str(data), cfg, out, resume=resume, report_to=report_to) | {"data": str(data)}
 
 

@@ -17,6 +17,14 @@ model.  ``OUT/model`` links to the latest model (plain transformers directory). 
 rounds whose model is complete, and re-judging a recorded program costs nothing (the store).
 A round with no success keeps the model unchanged.
 
+Several processes (``torchrun``/``accelerate launch``): rank 0 alone generates, judges, opens the
+run store and writes ``data.jsonl``, ``summary.json``, ``metrics.jsonl`` and the ``model`` link;
+the other ranks wait at a barrier (``CUDAL1_DIST_TIMEOUT_S``, :mod:`.dist`) and then every rank
+fine-tunes on the round's data together (data-parallel :func:`~cudal1.train.sft.run_sft`).  This
+is the simplest correct split: generation and judging get no faster with more ranks (the judge
+still spreads its work over the GPUs of ``plan``), only the fine-tuning does.  Only rank 0's
+returned summary has ``success_rate``/``generated``/``judged`` (``None`` on the others).
+
 Not covered: the vLLM path is not exercised by the CPU tests (vLLM needs a GPU).
 """
 
@@ -30,7 +38,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cudal1.config import EvalConfig
-from cudal1.train import require_train
+from cudal1.train import dist, require_train
 from cudal1.train.config import SSLConfig
 from cudal1.train.judging import RolloutJudge
 from cudal1.types import EvalResult, Prompt, Task
@@ -61,7 +69,8 @@ def generate(model: str, prompts: list[Prompt], cfg: SSLConfig, seed: int) -> li
 def _generate_vllm(model: str, prompts: list[Prompt], cfg: SSLConfig, seed: int) -> list[list[str]]:
     from vllm import LLM, SamplingParams
 
-    llm = LLM(model=model, seed=seed, tensor_parallel_size=max(1, _gpus()))
+    # under several processes rank 0 generates alone, on its own GPU (the others hold theirs)
+    llm = LLM(model=model, seed=seed, tensor_parallel_size=1 if dist.distributed() else max(1, _gpus()))
     params = SamplingParams(n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
                             seed=seed)
     outputs = llm.chat([p.messages() for p in prompts], params, use_tqdm=False)
@@ -117,51 +126,68 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalCon
     from cudal1.train.sft import run_sft
 
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    store = RunStore(out / "cudal1.sqlite")
-    judge = RolloutJudge(store, judge_config, plan=plan, policy="ssl", on_result=on_result)
+    main = dist.is_main()
+    store = judge = None
+    if main:  # the only rank that generates, judges and writes the round's files
+        out.mkdir(parents=True, exist_ok=True)
+        store = RunStore(out / "cudal1.sqlite")
+        judge = RolloutJudge(store, judge_config, plan=plan, policy="ssl", on_result=on_result)
     prompts = [build_prompt(t, [], hardware) for t in tasks]
     rounds = []
     current = str(model)
+    dist.barrier()
     for r in range(1, cfg.rounds + 1):
         rdir = out / f"round{r}"
         done = rdir / "summary.json"
-        if resume and done.is_file():
+        if resume and done.is_file():  # every rank sees the same files: the previous round ended in a barrier
             rounds.append(json.loads(done.read_text()))
             current = rounds[-1]["model"]
             continue
-        texts = generate(current, prompts, cfg, seed=cfg.sft.seed + r)
-        items = [(t, text) for t, batch in zip(tasks, texts) for text in batch]
-        item_prompts = [p for p, batch in zip(prompts, texts) for _ in batch]
-        verdicts = judge.judge(items, round_=r, prompts=item_prompts, label=f"ssl:r{r}")
-        counts = dict(judge.drain_counts())
-        kept = keep_successes(items, verdicts, cfg.max_keep_per_task)
-        rdir.mkdir(parents=True, exist_ok=True)
-        by_task = {t.hash: p for t, p in zip(tasks, prompts)}
-        with open(rdir / "data.jsonl", "w") as f:
-            for task, text, res in kept:
-                f.write(json.dumps(chat_record(by_task[task.hash], text, task, res, f"ssl:round{r}:{Path(current).name}"),
-                                   default=str) + "\n")
-        success = sum(o.success or (o.kind == "ok" and not o.degenerate) for _, o in verdicts) / max(1, len(verdicts))
+        data = rdir / "data.jsonl"
+        if main:
+            items, verdicts, counts, kept = _generate_and_judge(current, tasks, prompts, cfg, judge, r)
+            rdir.mkdir(parents=True, exist_ok=True)
+            by_task = {t.hash: p for t, p in zip(tasks, prompts)}
+            with open(data, "w") as f:
+                for task, text, res in kept:
+                    f.write(json.dumps(chat_record(by_task[task.hash], text, task, res,
+                                                   f"ssl:round{r}:{Path(current).name}"), default=str) + "\n")
+        dist.barrier()  # the other ranks waited here for the round's data
+        n_kept = sum(1 for line in data.read_text().splitlines() if line.strip())
         loss = None
-        if kept:
-            sft = run_sft(current, str(rdir / "data.jsonl"), cfg.sft, rdir / "model", report_to=report_to,
-                          stage=f"ssl-round{r}")
+        if n_kept:  # every rank fine-tunes (data-parallel); rank 0 saves, run_sft returns once it has
+            sft = run_sft(current, str(data), cfg.sft, rdir / "model", report_to=report_to, stage=f"ssl-round{r}")
             current, loss = str(rdir / "model"), sft["loss_last"]
-        else:
+        elif main:
             log.warning("ssl round %d: no successes; the model is unchanged", r)
-        info = {"round": r, "model": current, "generated": len(items), "success_rate": success, "kept": len(kept),
-                "judged": counts, "loss": loss, "data": str(rdir / "data.jsonl")}
-        _append_metrics(out, {"step": r, "stage": "ssl", "loss": loss, "success_rate": success, "kept": len(kept),
-                              "judged": counts, "model": current})
-        done.write_text(json.dumps(info, indent=1))
+        info = {"round": r, "model": current, "generated": None, "success_rate": None, "kept": n_kept,
+                "judged": None, "loss": loss, "data": str(data)}
+        if main:
+            success = sum(o.success or (o.kind == "ok" and not o.degenerate) for _, o in verdicts) / max(1, len(verdicts))
+            info |= {"generated": len(items), "success_rate": success, "judged": counts}
+            _append_metrics(out, {"step": r, "stage": "ssl", "loss": loss, "success_rate": success, "kept": n_kept,
+                                  "judged": counts, "model": current})
+            done.write_text(json.dumps(info, indent=1))
+            log.info("ssl round %d: success rate %.2f, kept %d", r, success, n_kept)
         rounds.append(info)
-        log.info("ssl round %d: success rate %.2f, kept %d", r, success, len(kept))
-    _link_latest(out, current)
-    store.close()
-    read_metrics(out)  # validates the file
+        dist.barrier()  # summary.json is written before any rank looks at the next round
+    if main:
+        _link_latest(out, current)
+        store.close()
+        read_metrics(out)  # validates the file
     return {"out": str(out), "rounds": rounds, "model": current,
             "success_rate": [r["success_rate"] for r in rounds]}
+
+
+def _generate_and_judge(model: str, tasks: list[Task], prompts: list[Prompt], cfg: SSLConfig, judge: RolloutJudge,
+                        r: int) -> tuple[list, list, dict[str, int], list]:
+    """One round's samples from ``model``, their verdicts, the counts per outcome and the kept successes."""
+    texts = generate(model, prompts, cfg, seed=cfg.sft.seed + r)
+    items = [(t, text) for t, batch in zip(tasks, texts) for text in batch]
+    item_prompts = [p for p, batch in zip(prompts, texts) for _ in batch]
+    verdicts = judge.judge(items, round_=r, prompts=item_prompts, label=f"ssl:r{r}")
+    counts = dict(judge.drain_counts())
+    return items, verdicts, counts, keep_successes(items, verdicts, cfg.max_keep_per_task)
 
 
 def _append_metrics(out: Path, rec: dict[str, Any]) -> None:

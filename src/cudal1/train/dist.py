@@ -1,0 +1,85 @@
+"""Several processes (``torchrun`` / ``accelerate launch``): who does what, and waiting for it.
+
+Contract: the rank facts come from the environment the launchers set (``RANK``, ``WORLD_SIZE``,
+``LOCAL_RANK``); without them this is one process of rank 0 and every function here is a no-op
+(nothing is imported, nothing initialised).  :func:`barrier` uses ``torch.distributed`` when it
+is initialised and otherwise lets ``accelerate.PartialState`` initialise the process group
+(backend gloo on CPUs, NCCL on GPUs; the trainers then reuse that group, so its timeout replaces
+their ``ddp_timeout``) with a timeout of ``CUDAL1_DIST_TIMEOUT_S`` seconds (default 10800: ssl's
+rank 0 generates and judges a whole round while the others wait).  :func:`main_first` runs a
+block on rank 0, then on the others; :func:`finish` waits for every rank and tears the group down
+at the end of a command.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Iterator
+
+DEFAULT_TIMEOUT_S = 10800
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def is_main() -> bool:
+    """Rank 0 (or the only process)."""
+    return rank() == 0
+
+
+def distributed() -> bool:
+    return world_size() > 1
+
+
+def _group_ready() -> None:
+    """Make sure the process group exists (initialised through accelerate when it does not)."""
+    import torch.distributed as td
+
+    if td.is_available() and td.is_initialized():
+        return
+    from datetime import timedelta
+
+    from accelerate import PartialState
+
+    PartialState(timeout=timedelta(seconds=float(os.environ.get("CUDAL1_DIST_TIMEOUT_S", DEFAULT_TIMEOUT_S))))
+
+
+def barrier() -> None:
+    """Wait until every process reaches this point (no-op in a single process)."""
+    if not distributed():
+        return
+    import torch.distributed as td
+
+    _group_ready()
+    td.barrier()
+
+
+@contextmanager
+def main_first() -> Iterator[None]:
+    """Rank 0 runs the block first; the others run it after rank 0 has finished it."""
+    if not is_main():
+        barrier()
+    yield
+    if is_main():
+        barrier()
+
+
+def finish() -> None:
+    """End of a command: wait for every rank, then tear the process group down (no-op alone)."""
+    if not distributed():
+        return
+    import torch.distributed as td
+
+    if td.is_available() and td.is_initialized():
+        td.barrier()
+        td.destroy_process_group()

@@ -1,0 +1,68 @@
+"""A judging run stopped from outside (Ctrl-C, or SIGTERM from a scheduler or `timeout`) exits
+promptly with code 130 and one line, keeps every verdict recorded so far, and the same command
+resumes with the rest (the real CLI and judge subprocesses, on the CPU)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cli_support import cli_env, small_config
+
+REPO = Path(__file__).resolve().parents[1]
+N = 6
+
+
+def recorded(db: Path) -> int:
+    if not db.exists():
+        return 0
+    try:
+        with sqlite3.connect(db, timeout=5) as con:
+            return con.execute("SELECT COUNT(*) FROM evaluations").fetchone()[0]
+    except sqlite3.OperationalError:  # the schema is not there yet
+        return 0
+
+
+def _default_sigint() -> None:  # a child of a non-interactive shell may inherit SIGINT ignored
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
+    source = (REPO / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
+    cands = tmp_path / "cands.jsonl"
+    cands.write_text("".join(json.dumps({"task": "diag_matmul", "code": f"{source}\n# variant {i}\n", "label": f"v{i}"}) + "\n"
+                             for i in range(N)))
+    (tmp_path / "judge.yaml").write_text(small_config())
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "cudal1.cli.main", "eval-suite", "--candidates", str(cands), "--suite",
+           str(REPO / "examples" / "tasks" / "diag_matmul.py"), "--config", str(tmp_path / "judge.yaml"), "--out", str(out)]
+    env = cli_env(tmp_path / "cache")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+                            preexec_fn=_default_sigint)
+    deadline = time.monotonic() + 180
+    while recorded(out / "cudal1.sqlite") < 1 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert proc.poll() is None, "the run finished before it could be stopped"
+    proc.send_signal(sig)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    stopped_in = time.monotonic() - t0
+    assert proc.returncode == 130, err[-2000:]
+    assert "cudal1: interrupted (results recorded so far are kept)" in err
+    assert "Traceback" not in err
+    kept = recorded(out / "cudal1.sqlite")
+    assert 1 <= kept < N, f"{kept} verdicts kept"
+    assert stopped_in < 30, f"took {stopped_in:.1f} s to stop"
+    again = subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert recorded(out / "cudal1.sqlite") == N  # the kept verdicts were not judged again
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == N and {r["status"] for r in rows} == {"ok"}
