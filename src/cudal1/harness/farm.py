@@ -124,6 +124,11 @@ class BuildFarm:
         self.pool = ThreadPoolExecutor(max_workers=budget.workers, thread_name_prefix="cudal1-build")
         self.by_key: dict[Path, Ticket] = {}
         self.lock = threading.Lock()
+        self.stopped = False  # an interrupted batch: builds not yet started never start
+
+    def stop(self) -> None:
+        """Start no further build (running ones are the caller's to kill: ``sandbox.stop_all``)."""
+        self.stopped = True
 
     def submit(self, job: Any) -> Ticket:
         key = self.key(job)
@@ -140,6 +145,8 @@ class BuildFarm:
         if self.on_start is not None:
             self.on_start()
         try:
+            if self.stopped:
+                raise InterruptedError("the batch was interrupted before this build started")
             with build.locked(ticket.key) as waited:
                 ticket.lock_wait_s = waited
                 build.clear_stale_batons(ticket.key, older_than_s=self.stale_after_s)

@@ -103,6 +103,19 @@ def _reader(conn: Any, out: "queue.Queue[bytes | None]") -> None:
         out.put(None)
 
 
+_live_lock = threading.Lock()
+_live: set = set()  # worker processes this process is running now
+
+
+def stop_all() -> None:
+    """Kill every worker process this process is running (an interrupted batch): their jobs end
+    at once and give no verdict worth keeping; the caller must drop them."""
+    with _live_lock:
+        procs = list(_live)
+    for proc in procs:
+        _kill_group(proc)
+
+
 def _kill_group(proc: Any) -> None:
     pid = proc.pid
     if pid is None:
@@ -190,6 +203,8 @@ def run_job(spec: WorkerSpec, limits: dict[str, float]) -> JobOutcome:
         proc.start()
     finally:
         _no_main.active = False
+    with _live_lock:
+        _live.add(proc)
     send_conn.close()
     messages: queue.Queue[bytes | None] = queue.Queue()
     threading.Thread(target=_reader, args=(recv_conn, messages), daemon=True).start()
@@ -197,6 +212,8 @@ def run_job(spec: WorkerSpec, limits: dict[str, float]) -> JobOutcome:
         _monitor(proc, messages, Receiver(key), limits, outcome, t0, spec)
     finally:
         _kill_group(proc)
+        with _live_lock:
+            _live.discard(proc)
         proc.join(timeout=5)
         recv_conn.close()
         outcome.exitcode = proc.exitcode

@@ -285,14 +285,16 @@ class _LocalBatch:
         self.pending = list(range(len(jobs)))
         self.ready = threading.Condition()
         self.failures: list[BaseException] = []
+        self.stopping = False  # set when the batch is interrupted: lanes take nothing more, drop what runs
+        self.farm: Any = None
         self.tickets: dict[int, Any] = {}  # job -> farm.Ticket
 
     def run(self, on_stats: Callable[[BatchStats], None] | None) -> list[EvalResult]:
         from cudal1.harness.farm import BuildFarm
 
-        farm = BuildFarm(self.ev.prebuild, self.ev.build_dir, self.budget, self.ready,
-                         stale_after_s=self.config.build_timeout_s + 60.0,
-                         on_start=self.rec.build_started, on_done=lambda t: self.rec.build_finished())
+        farm = self.farm = BuildFarm(self.ev.prebuild, self.ev.build_dir, self.budget, self.ready,
+                                     stale_after_s=self.config.build_timeout_s + 60.0,
+                                     on_start=self.rec.build_started, on_done=lambda t: self.rec.build_finished())
         try:
             for i, job in enumerate(self.jobs):
                 if job.candidate is not None and build.needs_build(job.candidate):
@@ -300,8 +302,14 @@ class _LocalBatch:
             threads = [threading.Thread(target=self.lane, args=(g,), name=f"cudal1-lane-{g}") for g in self.plan.lanes]
             for t in threads:
                 t.start()
-            for t in threads:
-                t.join()
+            try:
+                for t in threads:
+                    t.join()
+            except BaseException:  # Ctrl-C / SIGTERM: stop the lanes, kill running workers, keep nothing half-done
+                self.stop()
+                for t in threads:
+                    t.join()
+                raise
         finally:
             farm.shutdown()
             self.ev.close()
@@ -315,12 +323,24 @@ class _LocalBatch:
             on_stats(self.rec.finish())
         return self.results  # type: ignore[return-value]
 
+    def stop(self) -> None:
+        """Interrupt the batch: no lane takes another job, the verdicts of jobs still running are
+        dropped (their workers and pre-builds are killed), recorded ones stay."""
+        from cudal1.harness import sandbox
+
+        with self.ready:
+            self.stopping = True
+            self.ready.notify_all()
+        if self.farm is not None:
+            self.farm.stop()
+        sandbox.stop_all()
+
     def take(self) -> int | None:
         """The first pending job that is ready (no build, or its build done); sleeps until a
         build finishes when none is; None when nothing is left (or a lane failed)."""
         with self.ready:
             while True:
-                if self.failures or not self.pending:
+                if self.failures or self.stopping or not self.pending:
                     return None
                 ready = next((i for i in self.pending if i not in self.tickets or self.tickets[i].done), None)
                 if ready is not None:
@@ -339,6 +359,8 @@ class _LocalBatch:
                 mark = now
                 ticket = self.tickets.get(i)
                 res = self.ev.evaluate_job(self.jobs[i], gpu, ticket.result() if ticket is not None else None)
+                if self.stopping:  # its worker was killed by the interrupt: not a verdict
+                    break
                 self.results[i] = res
                 if self.on_result is not None:
                     self.on_result(i, res)
