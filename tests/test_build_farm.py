@@ -13,6 +13,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -242,15 +243,22 @@ class ModelNew(nn.Module):
 '''
 
 
-def test_prebuild_constructs_candidates_that_build_in_init(tmp_path, cpu_judge_config):
+def _prebuild(tmp_path: Path, config_factory, template: str) -> tuple[Any, bool, Path]:
+    """Pre-build ``template`` (a candidate with a ``%(mark)r`` file its stand-in ``load_inline``
+    writes) for the bundled diag_matmul task: (outcome, was_cached, mark)."""
     from cudal1.tasks import load_task_file
 
     task = load_task_file(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "diag_matmul.py")
     mark = tmp_path / "built"
-    cand = Candidate(LAZY % {"mark": str(mark)}, task_hash=task.hash, label="lazy")
-    ev = Evaluator(cpu_judge_config(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
+    cand = Candidate(template % {"mark": str(mark)}, task_hash=task.hash, label="prebuild")
+    ev = Evaluator(config_factory(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
     outcome, cached = ev.prebuild(Job(task, cand))
     assert outcome.result is not None and outcome.result.status == "ok", outcome.log_tail[-2000:]
+    return outcome, cached, mark
+
+
+def test_prebuild_constructs_candidates_that_build_in_init(tmp_path, cpu_judge_config):
+    _, cached, mark = _prebuild(tmp_path, cpu_judge_config, LAZY)
     assert mark.read_text() == "cpp_sources,name"  # __init__ ran in the pre-build, up to its build call
     assert not cached
 
@@ -287,14 +295,7 @@ class ModelNew(nn.Module):
 
 
 def test_prebuild_reaches_builds_behind_gpu_checks_in_forward(tmp_path, cpu_judge_config):
-    from cudal1.tasks import load_task_file
-
-    task = load_task_file(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "diag_matmul.py")
-    mark = tmp_path / "built"
-    cand = Candidate(FORWARD_BUILD % {"mark": str(mark)}, task_hash=task.hash, label="forward-build")
-    ev = Evaluator(cpu_judge_config(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
-    outcome, _ = ev.prebuild(Job(task, cand))
-    assert outcome.result is not None and outcome.result.status == "ok", outcome.log_tail[-2000:]
+    _, _, mark = _prebuild(tmp_path, cpu_judge_config, FORWARD_BUILD)
     assert mark.read_text().split() == ["guarded_ext", "forward_ext"]
 
 

@@ -125,9 +125,6 @@ class LogProgress:
             self.last = now
             print(f"{self.desc}: {self.n}/{self.total or '?'} ({now - self.t0:.0f} s)", file=sys.stderr, flush=True)
 
-    def __getattr__(self, name: str) -> Any:  # tqdm's other methods (set_postfix, total=...) are no-ops here
-        return lambda *a, **k: None
-
     def __enter__(self) -> "LogProgress":
         return self
 

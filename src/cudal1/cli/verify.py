@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--suite", default=None, help="tasks for (task, code) records")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
     p.add_argument("--out", default="runs/verify", metavar="DIR", help="output directory")
-    p.add_argument("--slack", type=float, default=0.8, help="measured >= SLACK x claimed counts as verified (default 0.8)")
+    p.add_argument("--slack", type=float, default=None,
+                   help="measured >= SLACK x claimed counts as verified (default: cudal1.report.verify.DEFAULT_SLACK, 0.8)")
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices (default: all)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on the last line")
     add_judge_flags(p)
@@ -30,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.report.verify import VerifyError, candidates_of, read_records, verify_report
+    from cudal1.report.verify import DEFAULT_SLACK, VerifyError, candidates_of, read_records, verify_report
     from cudal1.runs import judge_recorded
     from cudal1.store import RunStore
     from cudal1.tasks import load_tasks
@@ -38,6 +39,8 @@ def run(args: argparse.Namespace) -> int:
     from cudal1.config import write_run_config
 
     config = config_from_args(args)
+    if args.slack is None:
+        args.slack = DEFAULT_SLACK
     tasks = load_tasks(args.suite, args.source) if args.suite else None
     try:
         records = read_records(args.file, tasks)

@@ -113,6 +113,12 @@ class BatchStats:
         return data
 
 
+def in_worker_build_s(result: Any) -> float:
+    """Seconds a GPU worker spent importing its candidate and building extensions itself (an
+    ``EvalResult``'s ``import`` + ``build`` phases): lane time in which its GPU did nothing."""
+    return result.phase_s.get("import", 0.0) + result.phase_s.get("build", 0.0)
+
+
 class StatsRecorder:
     """Thread-safe collector used by the schedulers while a batch runs."""
 

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cudal1.config import EvalConfig
-from cudal1.harness.batchstats import BatchStats, StatsRecorder
+from cudal1.harness.batchstats import BatchStats, StatsRecorder, in_worker_build_s
 from cudal1.harness.scheduler import DevicePlan, Evaluator, HarnessError, Job
 from cudal1.types import EvalResult, Status, content_hash
 
@@ -348,8 +348,7 @@ class _RayBatch:
             self._lost(i, slot, handle, exc)
             return
         self.results[i] = result
-        in_worker = result.phase_s.get("import", 0.0) + result.phase_s.get("build", 0.0)
-        self.lane_jobs[slot.index].append((i, judge_s, self.attempts[i], in_worker))
+        self.lane_jobs[slot.index].append((i, judge_s, self.attempts[i], in_worker_build_s(result)))
         if self.on_result is not None:
             self.on_result(i, result)
 

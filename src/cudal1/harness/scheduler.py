@@ -30,7 +30,7 @@ from typing import Any, Callable
 from cudal1.config import TOLERANCES, EvalConfig
 from cudal1.harness import build
 from cudal1.harness.assemble import assemble
-from cudal1.harness.batchstats import BatchStats, StatsRecorder
+from cudal1.harness.batchstats import BatchStats, StatsRecorder, in_worker_build_s
 from cudal1.harness.envinfo import Gpu, gpu_inventory
 from cudal1.harness.sandbox import JobOutcome, run_job
 from cudal1.harness.spec import ExactCacheSpec, WorkerSpec
@@ -365,7 +365,7 @@ class _LocalBatch:
                 if self.on_result is not None:
                     self.on_result(i, res)
                 now = time.monotonic()
-                rec.judged(gpu, i, now - mark, worker_build_s=res.phase_s.get("import", 0.0) + res.phase_s.get("build", 0.0))
+                rec.judged(gpu, i, now - mark, worker_build_s=in_worker_build_s(res))
                 mark = now
         except BaseException as exc:  # noqa: BLE001 - re-raised after the join
             self.failures.append(exc)

@@ -38,10 +38,9 @@ from typing import Any
 from cudal1.report.load import CandidateRecord, RunData, TaskRecord
 from cudal1.report.metrics import CONVENTIONS, TaskOutcome, aggregate, conventions, geomean, level_key, verdict_counts
 from cudal1.report.techniques import TECHNIQUES, analyze
-from cudal1.report.verify import CLASSES
+from cudal1.report.verify import CLASSES, DEFAULT_SLACK
 from cudal1.types import Status
 
-DEFAULT_SLACK = 0.8  # cudal1 verify --slack's default
 COMPILE_CANDIDATE = "compile-default-candidate"
 # baseline names recorded before the shared execution-mode vocabulary (cudal1.compile_modes)
 OLD_BASELINE_NAMES = {"compile": "compile-default", "compile-ro": "compile-reduce-overhead",
@@ -190,7 +189,7 @@ def audit_section(audit: dict[str, Any]) -> dict[str, Any]:
         keys = [c for c in CLASSES if c in counts] + sorted(c for c in counts if c not in CLASSES)
         return {c: counts[c] for c in keys}
 
-    slack = audit.get("slack", summary.get("slack", (audit.get("config") or {}).get("slack")))
+    slack = audit.get("slack")  # verify reports before session 5 did not record it: the default
     return {"summary": audit.get("summary"), "file": audit.get("file"),
             "slack": float(slack) if isinstance(slack, (int, float)) else DEFAULT_SLACK,
             "per_level": {k: ordered(v) for k, v in per_level.items()}, "records": records}

@@ -57,7 +57,7 @@ def audit_markdown(audit: dict[str, Any]) -> list[str]:
     classes = [c for c in CLASSES if c in seen] + sorted(seen - set(CLASSES))
     out = ["## Audit against published claims", "",
            f"{len(audit.get('records') or [])} records of `{audit.get('file') or 'the release'}`; verified when "
-           f"measured >= {audit.get('slack', 0.8):g} x claimed; ratio = measured / claimed.", ""]
+           f"measured >= {audit['slack']:g} x claimed; ratio = measured / claimed.", ""]
     out.append(md_table(["class", *levels, "all"],
                         [[c, *[counts.get(c, 0) for counts in levels.values()], sum(n.get(c, 0) for n in levels.values())]
                          for c in classes]) if classes else "No class counts.")

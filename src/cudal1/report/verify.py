@@ -17,10 +17,11 @@ from cudal1.releases import Record, candidates_of, read_records  # noqa: F401 - 
 from cudal1.report.metrics import describe
 from cudal1.types import EvalResult, Status
 
+DEFAULT_SLACK = 0.8  # measured >= DEFAULT_SLACK x claimed counts as verified (cudal1 verify --slack)
 CLASSES = ("verified", "slower_than_claimed", "incorrect", "failed", "rejected", "degenerate_task", "missing_code")
 
 
-def classify(record: Record, result: EvalResult | None, slack: float = 0.8) -> str:
+def classify(record: Record, result: EvalResult | None, slack: float = DEFAULT_SLACK) -> str:
     """The audit class of one record (``slack``: measured ≥ slack × claimed counts as verified)."""
     if record.code is None or result is None:
         return "missing_code"
@@ -51,7 +52,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def audit_rows(records: list[Record], results: dict[int, EvalResult], slack: float = 0.8) -> list[dict[str, Any]]:
+def audit_rows(records: list[Record], results: dict[int, EvalResult], slack: float = DEFAULT_SLACK) -> list[dict[str, Any]]:
     rows = []
     for i, rec in enumerate(records):
         res = results.get(i)

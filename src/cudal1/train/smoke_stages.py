@@ -67,15 +67,20 @@ def primed_model(out: Path) -> Path:
     return primed
 
 
+def _judged_stage(stage: str, run: Any, out: str | Path, config: Any, resume: bool, report_to: Any,
+                  on_result: Any) -> dict[str, Any]:
+    """``run`` (``run_grpo`` or ``run_ssl``) on the smoke task from the primed tiny model."""
+    out = Path(out)
+    model = primed_model(out / "prime")
+    return run(str(model), [smoke_task()], config or load_config(stage, "smoke"), smoke_judge_config(), out, resume=resume,
+               report_to=report_to, on_result=on_result) | {"base_model": str(model)}
+
+
 def smoke_grpo(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
                on_result=None) -> dict[str, Any]:
     from cudal1.train.grpo import run_grpo
 
-    out = Path(out)
-    cfg = config or load_config("grpo", "smoke")
-    model = primed_model(out / "prime")
-    return run_grpo(str(model), [smoke_task()], cfg, smoke_judge_config(), out, resume=resume, report_to=report_to,
-                    on_result=on_result) | {"base_model": str(model)}
+    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result)
 
 
 def verified_records() -> list[dict[str, Any]]:
@@ -112,8 +117,4 @@ def smoke_ssl(out: str | Path, *, config: Any = None, resume: bool = False, repo
               on_result=None) -> dict[str, Any]:
     from cudal1.train.ssl import run_ssl
 
-    out = Path(out)
-    cfg = config or load_config("ssl", "smoke")
-    model = primed_model(out / "prime")
-    return run_ssl(str(model), [smoke_task()], cfg, smoke_judge_config(), out, resume=resume, report_to=report_to,
-                   on_result=on_result) | {"base_model": str(model)}
+    return _judged_stage("ssl", run_ssl, out, config, resume, report_to, on_result)
