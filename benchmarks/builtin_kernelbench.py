@@ -75,6 +75,8 @@ def main() -> int:
     ap.add_argument("--out", default="runs/builtin_kb")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--preset", default="default", help="judge preset: default (strict fp32) | kernelbench-v0 | ...")
+    ap.add_argument("--workers-per-gpu", type=int, default=1,
+                    help="judge workers sharing each GPU (timing stays exclusive: EvalConfig.workers_per_gpu)")
     ap.add_argument("--report-only", action="store_true", help="recompute the report from OUT without judging")
     ap.add_argument("--confirm", action="store_true",
                     help="after the search, re-judge each task's winner and torch.compile candidate with fresh inputs")
@@ -92,7 +94,7 @@ def main() -> int:
     else:
         tasks, rules_of = select(args.selectors, args.subset)
         listed.write_text("".join(f"{t.task_id}\t{','.join(rules_of[t.task_id])}\n" for t in tasks))
-    judge = EvalConfig.preset(args.preset).replace(device=args.device)
+    judge = EvalConfig.preset(args.preset).replace(device=args.device, workers_per_gpu=args.workers_per_gpu)
     if not args.report_only:
         plan = DevicePlan.detect(args.device)
         passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None

@@ -182,7 +182,8 @@ class Child:
         a = self.args
         return EvalConfig.preset(a.preset).replace(
             device=a.device, tolerance=a.tolerance, timing_budget_s=a.timing_budget, timeout_s=a.timeout,
-            build_timeout_s=a.build_timeout, cache_dir=a.cache_dir, build_workers=a.workers)
+            build_timeout_s=a.build_timeout, cache_dir=a.cache_dir, build_workers=a.workers,
+            workers_per_gpu=a.workers_per_gpu)
 
     def plan(self) -> Any:
         from cudal1.harness import DevicePlan
@@ -319,7 +320,8 @@ class Parent:
             cmd = [sys.executable, __file__, "--child", "--set", str(set_path), "--child-json", str(child_json),
                    "--workers", str(n), "--device", a.device, "--preset", a.preset, "--tolerance", a.tolerance,
                    "--timing-budget", str(a.timing_budget), "--timeout", str(a.timeout), "--build-timeout", str(a.build_timeout),
-                   "--cache-dir", str(self.scratch / f"w{n}" / "cudal1"), "--second-pass", a.second_pass, "--backend", a.backend]
+                   "--cache-dir", str(self.scratch / f"w{n}" / "cudal1"), "--second-pass", a.second_pass, "--backend", a.backend,
+                   "--workers-per-gpu", str(a.workers_per_gpu)]
             if a.ray_address:
                 cmd += ["--ray-address", a.ray_address]
             t0 = time.monotonic()
@@ -340,6 +342,7 @@ class Parent:
         records = sum(1 for line in path.read_text().splitlines() if line.strip())
         cmd = [sys.executable, "-m", "cudal1.cli.main", "verify", str(path), "--device", a.device, "--out",
                str(self.out / "verify"), "--json", "--backend", a.backend] + (["--ray-address", a.ray_address] if a.ray_address else [])
+        cmd += ["--workers-per-gpu", str(a.workers_per_gpu)] if a.workers_per_gpu > 1 else []
         cmd += a.verify_args.split() if a.verify_args else []
         t0 = time.monotonic()
         rc = self.spawn(cmd, self.out / "release.log", fresh_env(self.scratch / "release"))
@@ -457,6 +460,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     j.add_argument("--preset", default="default")
     j.add_argument("--tolerance", default="kernelbench-v0")
     j.add_argument("--timing-budget", type=float, default=1.0, metavar="S")
+    j.add_argument("--workers-per-gpu", type=int, default=1, metavar="N",
+                   help="judge workers sharing each GPU (timing stays exclusive; EvalConfig.workers_per_gpu)")
     j.add_argument("--timeout", type=float, default=300.0, metavar="S")
     j.add_argument("--build-timeout", type=float, default=600.0, metavar="S")
     c = p.add_argument_group("internal (one child per build-process count)")

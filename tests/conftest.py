@@ -205,3 +205,54 @@ def cpu_judge_config():
         return EvalConfig(**(base | changes))
 
     return make
+
+
+@pytest.fixture
+def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_root: Path):
+    """``run(device, share)``: judge ``2 * share`` copies of the bundled diag_matmul candidate with
+    ``workers_per_gpu = share`` through the real judge, and check the GPU lease held: every job
+    ``ok``, no job's ``timing`` phase overlapping another job's GPU phases (worker clocks), and
+    workers that did run side by side.  Returns (results, batch stats)."""
+    from cudal1.config import EvalConfig
+    from cudal1.harness.batchstats import GPU_PHASES, StatsRecorder
+    from cudal1.harness.scheduler import DevicePlan, Job, run_jobs
+    from cudal1.tasks import load_task_file
+    from cudal1.types import Candidate, Status
+
+    timelines: list[list[tuple[str, float, float]]] = []
+    real = StatsRecorder.gpu_phases
+
+    def capture(self: Any, gpu: Any, timeline: list[tuple[str, float, float]]) -> None:
+        timelines.append(list(timeline))
+        real(self, gpu, timeline)
+
+    monkeypatch.setattr(StatsRecorder, "gpu_phases", capture)
+
+    def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
+        return a[0] < b[1] and b[0] < a[1]
+
+    def run(device: str, share: int) -> tuple[list[Any], Any]:
+        task = load_task_file(repo_root / "examples" / "tasks" / "diag_matmul.py")
+        code = (repo_root / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
+        jobs = [Job(task, Candidate(code + f"\n# variant {i}\n", task_hash=task.hash, label=f"v{i}")) for i in range(2 * share)]
+        cfg = EvalConfig(device=device, cache_dir=str(tmp_path / "cache"), correctness_trials=2, timing_trials=20,
+                         min_timing_trials=5, timing_budget_s=0.5, workers_per_gpu=share)
+        plan = DevicePlan.detect(device)
+        plan = DevicePlan(plan.device, plan.lanes[:1], plan.arch_list, plan.driver)  # one device, shared
+        stats: list[Any] = []
+        results = run_jobs(jobs, cfg, plan=plan, on_stats=stats.append)
+        assert [r.status for r in results] == [Status.OK] * len(jobs), [r.message for r in results]
+        assert len(timelines) == len(jobs)
+        timing = [[(a, b) for name, a, b in t if name == "timing"] for t in timelines]
+        busy = [[(a, b) for name, a, b in t if name in GPU_PHASES] for t in timelines]
+        for i, mine in enumerate(timing):
+            assert mine, timelines[i]
+            for j, other in enumerate(busy):
+                if j != i:
+                    assert not any(overlaps(x, y) for x in mine for y in other), (i, j, timelines[i], timelines[j])
+        spans = sorted((t[0][1], t[-1][2]) for t in timelines)
+        assert any(overlaps(spans[k], spans[k + 1]) for k in range(len(spans) - 1))  # side by side
+        assert stats[0].gpu_span_s > 0 and 0.0 <= stats[0].gpu_idle_share < 1.0
+        return results, stats[0]
+
+    return run

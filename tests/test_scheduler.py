@@ -214,3 +214,27 @@ def test_in_worker_builds_count_as_gpu_idle():
     assert s.gpu_idle_share == pytest.approx(12.0 / 16.0)
     assert s.to_dict()["gpu_idle_share"] == pytest.approx(0.75)
     assert s.merge(s).lane_build_s == pytest.approx(20.0)
+
+
+def test_gpu_idle_share_from_worker_timelines():
+    from types import SimpleNamespace
+
+    from cudal1.harness.batchstats import StatsRecorder, union_s
+
+    assert union_s([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == pytest.approx(4.0)
+    rec = StatsRecorder("local", [SimpleNamespace(label="a"), SimpleNamespace(label="b")], 2, 1)
+    # two workers sharing GPU 0: setup/import are idle, the GPU phases overlap in [4, 5]
+    rec.gpu_phases(0, [("setup", 0.0, 2.0), ("reference", 2.0, 5.0), ("import", 5.0, 6.0), ("timing", 6.0, 8.0)])
+    rec.gpu_phases(0, [("setup", 1.0, 4.0), ("correctness", 4.0, 6.0), ("lane", 6.0, 8.0), ("timing", 8.0, 10.0)])
+    s = rec.finish()
+    assert s.gpu_span_s == pytest.approx(10.0) and s.gpu_busy_s == pytest.approx(8.0)  # [2, 10]
+    assert s.gpu_idle_share == pytest.approx(0.2) and s.lease_wait_s == pytest.approx(2.0)
+    assert s.merge(s).gpu_idle_share == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize("share", [2, 3])
+def test_workers_sharing_a_device_never_time_alongside_gpu_work(shared_device_batch, share):
+    """The GPU lease, through the real judge on the CPU: several lanes share the device, and no
+    job's timing phase overlaps any other job's GPU phase, while their start-ups do overlap."""
+    results, stats = shared_device_batch("cpu", share)
+    assert len(stats.lanes) == share

@@ -102,6 +102,7 @@ class EvalConfig:
     build_timeout_s: float = 900.0  # hard limit for importing/building the candidate
     setup_timeout_s: float = 120.0  # hard limit for worker start-up (CUDA init, reference import)
     build_workers: int = 0  # parallel CPU build processes; 0 = min(8, cpu count)
+    workers_per_gpu: int = 1  # judge workers sharing one GPU; timing stays exclusive (the GPU lease)
     cache_dir: str = ""  # build cache root; "" = $CUDAL1_CACHE_DIR or ~/.cache/cudal1
     keep_samples: bool = True  # keep raw timing samples in results
 
@@ -120,6 +121,8 @@ class EvalConfig:
             raise ConfigError("correctness_trials must be between 1 and 100000")
         if self.timing_trials < 1 or self.min_timing_trials < 1:
             raise ConfigError("timing trial counts must be positive")
+        if not 1 <= self.workers_per_gpu <= 8:
+            raise ConfigError("workers_per_gpu must be between 1 and 8")
         for name in ("timeout_s", "build_timeout_s", "setup_timeout_s", "timing_budget_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
@@ -155,7 +158,7 @@ class EvalConfig:
         """Identity of the fields that change verdicts or numbers (not paths or worker counts)."""
         # Hard limits are left out: they decide nothing about a run that finishes in time, and a
         # resumed run with another --timeout must find what was recorded.
-        ignore = {"cache_dir", "build_workers", "keep_samples", "input_seed", "timeout_s", "build_timeout_s", "setup_timeout_s"}
+        ignore = {"cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s", "build_timeout_s", "setup_timeout_s"}
         data = {k: v for k, v in self.to_dict().items() if k not in ignore}
         return content_hash("config", json.dumps(data, sort_keys=True))[:16]
 

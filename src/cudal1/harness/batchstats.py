@@ -9,7 +9,11 @@ waiting for work *after* each lane's first job (the issue's "GPU idle once the f
 finish"); the wait before a lane's first job is ``startup_s``.  A lane is busy, but its GPU is
 not, while a worker imports its candidate or builds an extension the pre-build did not reach:
 ``lane_build_s`` sums those phases (``EvalResult.phase_s`` ``import`` + ``build``) and
-``gpu_idle_share`` counts them as idle.  Not covered: the rest of what happens inside a GPU worker
+``gpu_idle_share`` counts them as idle.  Where the workers' phase timelines are known (the local
+backend), ``gpu_idle_share`` is measured per GPU instead: the share of each GPU's span (its
+first job's start to its last job's end) in which no worker on it was in a GPU phase
+(:data:`GPU_PHASES`; worker start-up, imports, builds and waits for the GPU lease are idle), so
+it stays true when several workers share a GPU (``EvalConfig.workers_per_gpu``).  Not covered: the rest of what happens inside a GPU worker
 (its other phases are in each ``EvalResult.phase_s``), and time a lane spends on the CPU side of a
 job (static guard, assembly), which counts as busy.
 """
@@ -20,6 +24,20 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+GPU_PHASES = frozenset({"reference", "construct", "correctness", "timing", "verify", "verify_timing"})
+
+
+def union_s(intervals: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of ``(start, end)`` intervals."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end <= reach:
+            continue
+        total += end - max(start, reach)
+        reach = end
+    return total
 
 
 @dataclass
@@ -65,6 +83,9 @@ class BatchStats:
     lane_idle_s: float = 0.0
     lane_busy_s: float = 0.0
     lane_build_s: float = 0.0  # of lane_busy_s: candidate imports and builds inside GPU workers
+    lease_wait_s: float = 0.0  # of lane_busy_s: workers waiting for their GPU's lease (workers_per_gpu > 1)
+    gpu_span_s: float = 0.0  # per GPU, first job start -> last job end, summed (local backend)
+    gpu_busy_s: float = 0.0  # of gpu_span_s: some worker on the GPU in a GPU phase
     retries: int = 0  # jobs run again after their actor died (Ray)
     batches: int = 1
     lanes: list[LaneTimes] = field(default_factory=list)
@@ -78,7 +99,10 @@ class BatchStats:
 
     @property
     def gpu_idle_share(self) -> float | None:
-        """Like :attr:`idle_share`, with the lanes' in-worker imports and builds counted as idle."""
+        """Share of each GPU's span with no worker in a GPU phase (when timelines are known),
+        else like :attr:`idle_share` with the lanes' in-worker imports and builds counted as idle."""
+        if self.gpu_span_s > 0:
+            return max(0.0, 1.0 - self.gpu_busy_s / self.gpu_span_s)
         after_first = self.lane_busy_s + self.lane_idle_s
         return (self.lane_idle_s + self.lane_build_s) / after_first if after_first > 0 else None
 
@@ -91,7 +115,7 @@ class BatchStats:
         out = BatchStats(backend=self.backend if self.backend == other.backend else f"{self.backend}+{other.backend}")
         for name in ("jobs", "wall_s", "builds", "builds_shared", "builds_cached", "build_queue_s", "build_s",
                      "lock_wait_s", "judge_s", "lane_startup_s", "lane_idle_s", "lane_busy_s", "lane_build_s", "retries",
-                     "batches"):
+                     "batches", "lease_wait_s", "gpu_span_s", "gpu_busy_s"):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("build_workers", "max_jobs", "max_concurrent_builds"):
             setattr(out, name, max(getattr(self, name), getattr(other, name)))
@@ -129,6 +153,18 @@ class StatsRecorder:
         self.jobs = [JobTimes(i, job.label) for i, job in enumerate(jobs)]
         self._lanes: dict[Any, LaneTimes] = {}
         self._running_builds = 0
+        self._gpu_jobs: dict[Any, list[tuple[float, float]]] = {}  # gpu -> (worker start, verdict) per job
+        self._gpu_busy: dict[Any, list[tuple[float, float]]] = {}  # gpu -> intervals of GPU phases
+        self._lease_wait = 0.0
+
+    def gpu_phases(self, gpu: Any, timeline: list[tuple[str, float, float]]) -> None:
+        """One worker's phases ``(name, start, end)`` (``time.monotonic``) on ``gpu``."""
+        if not timeline:
+            return
+        with self.lock:
+            self._gpu_jobs.setdefault(gpu, []).append((timeline[0][1], timeline[-1][2]))
+            self._gpu_busy.setdefault(gpu, []).extend((a, b) for name, a, b in timeline if name in GPU_PHASES)
+            self._lease_wait += sum(b - a for name, a, b in timeline if name == "lane")
 
     # builds
     def build_started(self) -> None:
@@ -190,4 +226,7 @@ class StatsRecorder:
         s.lane_idle_s = sum(x.idle_s for x in s.lanes)
         s.lane_busy_s = sum(x.busy_s for x in s.lanes)
         s.lane_build_s = sum(j.worker_build_s for j in self.jobs)
+        s.lease_wait_s = self._lease_wait
+        s.gpu_span_s = sum(max(b for _, b in jobs) - min(a for a, _ in jobs) for jobs in self._gpu_jobs.values())
+        s.gpu_busy_s = sum(union_s(busy) for busy in self._gpu_busy.values())
         return s

@@ -91,6 +91,9 @@ class JobOutcome:
     log_tail: str = ""
     wall_s: float = 0.0
     phase_times: dict[str, float] = field(default_factory=dict)
+    # (phase, start, end) on the worker's own clock (time.time(), from its phase and result
+    # messages; the first start is the parent's at launch): orders phases across workers
+    timeline: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 def _reader(conn: Any, out: "queue.Queue[bytes | None]") -> None:
@@ -229,6 +232,7 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
     outcome.limit_s = limits["setup"]
     deadline = t0 + outcome.limit_s
     phase_start = t0
+    wall_start = time.time() - (time.monotonic() - t0)  # the timeline's clock (see JobOutcome.timeline)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
@@ -249,6 +253,9 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
         if msg.kind == "phase":
             now = time.monotonic()
             outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
+            wall_now = _stamp(msg.data, wall_start)
+            outcome.timeline.append((outcome.phase, wall_start, wall_now))
+            wall_start = wall_now
             phase_start = now
             outcome.phase = str(msg.data.get("name"))
             phases.append(outcome.phase)
@@ -272,6 +279,7 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
                 return
             now = time.monotonic()
             outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
+            outcome.timeline.append((outcome.phase, wall_start, _stamp(msg.data, wall_start)))
             problem = verdict_problem(spec, phases, msg.data) if spec is not None else ""
             if problem:
                 outcome.tamper = f"the verdict does not hold up: {problem}"
@@ -283,6 +291,14 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
                 outcome.tamper = f"verdict channel: malformed verdict ({type(exc).__name__}: {exc})"
                 return
             deadline = time.monotonic() + _EXIT_GRACE_S  # let it exit; a later message is tampering
+
+
+def _stamp(data: dict[str, Any], after: float) -> float:
+    """A message's ``t`` (the worker's ``time.time()``), never before ``after``."""
+    try:
+        return max(after, float(data.get("t") or after))
+    except (TypeError, ValueError):
+        return after
 
 
 _PROTOCOL = {"build": ["setup", "import"],

@@ -95,8 +95,29 @@ def _limits(config: EvalConfig) -> dict[str, float]:
         "verify": config.timeout_s,
         "verify_timing": config.timeout_s,
         "reference": config.timeout_s,
+        # waiting for the GPU lease: other workers' GPU phases (each under its own deadline)
+        "lane": 4 * config.timeout_s * max(1, config.workers_per_gpu - 1),
         "default": config.timeout_s,
     }
+
+
+def lease_path(plan: "DevicePlan", config: EvalConfig, gpu: int | None) -> str | None:
+    """The lock file of a lane's GPU lease (see ``Worker.lease``): one per physical GPU on this
+    machine, shared by every cudal1 process, so timing is exclusive across runs too; on the CPU
+    only when several workers share it (``workers_per_gpu`` > 1), per cache root."""
+    if plan.device == "cuda" and gpu is not None:
+        root = Path(tempfile.gettempdir()) / "cudal1-leases"
+        name = f"gpu{gpu}.lock"
+    elif config.workers_per_gpu > 1:
+        root, name = config.cache_root() / "leases", "cpu.lock"
+    else:
+        return None
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        os.chmod(root, 0o1777)  # other users' runs on this machine share the GPU's lease
+    except OSError:
+        pass
+    return str(root / name)
 
 
 class Evaluator:
@@ -114,6 +135,7 @@ class Evaluator:
         self.static_names = self._static_names(config.static_guards)
         self._exact_lock = threading.Lock()
         self._exact_digests: dict[Path, str] = {}  # float64-answer file -> digest a worker sent before candidate code ran
+        self.on_timeline: Callable[[int | None, list[tuple[str, float, float]]], None] | None = None  # (gpu, phases)
 
     def exact_cache(self, task: Task, device: str) -> ExactCacheSpec:
         """Where the float64 answers of ``task``'s correctness inputs live for this batch, and the
@@ -186,6 +208,7 @@ class Evaluator:
             baseline_mode=job.baseline_mode,
             exact_cache=self.exact_cache(task, device) if mode != "build" and "@exact" in tolerances else None,
             cwd=str(cwd),
+            gpu_lease=lease_path(self.plan, self.config, gpu) if mode != "build" else None,
         )
 
     def _run(self, job: Job, device: str, gpu: int | None, mode: str) -> JobOutcome:
@@ -195,6 +218,8 @@ class Evaluator:
             spec = self._worker_job(job, workdir, device, gpu, mode)
             outcome = run_job(spec, _limits(self.config))
             self._remember_exact(spec, outcome)
+            if mode != "build" and self.on_timeline is not None:
+                self.on_timeline(gpu, outcome.timeline)
             return outcome
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -278,9 +303,10 @@ class _LocalBatch:
         from cudal1.harness.farm import BuildBudget
 
         self.jobs, self.config, self.plan, self.on_result = jobs, config, plan, on_result
-        self.budget = BuildBudget.detect(config.build_workers, len(plan.lanes))
+        self.budget = BuildBudget.detect(config.build_workers, len(plan.lanes) * config.workers_per_gpu)
         self.ev = Evaluator(config, plan, max_jobs=self.budget.max_jobs)
         self.rec = StatsRecorder("local", jobs, self.budget.workers, self.budget.max_jobs)
+        self.ev.on_timeline = self.rec.gpu_phases
         self.results: list[EvalResult | None] = [None] * len(jobs)
         self.pending = list(range(len(jobs)))
         self.ready = threading.Condition()
@@ -299,7 +325,9 @@ class _LocalBatch:
             for i, job in enumerate(self.jobs):
                 if job.candidate is not None and build.needs_build(job.candidate):
                     self.tickets[i] = farm.submit(job)
-            threads = [threading.Thread(target=self.lane, args=(g,), name=f"cudal1-lane-{g}") for g in self.plan.lanes]
+            share = self.config.workers_per_gpu
+            lanes = [(g, g if share == 1 else f"{'cpu' if g is None else g}/{k}") for g in self.plan.lanes for k in range(share)]
+            threads = [threading.Thread(target=self.lane, args=lane, name=f"cudal1-lane-{lane[1]}") for lane in lanes]
             for t in threads:
                 t.start()
             try:
@@ -348,14 +376,16 @@ class _LocalBatch:
                     return ready
                 self.ready.wait(timeout=1.0)
 
-    def lane(self, gpu: int | None) -> None:
+    def lane(self, gpu: int | None, key: int | str | None) -> None:
+        """One timing lane: a thread judging one job at a time on ``gpu``; ``key`` names it in the
+        stats (the GPU, or ``GPU/k`` when ``workers_per_gpu`` lanes share it)."""
         rec = self.rec
-        rec.lane_start(gpu)
+        rec.lane_start(key)
         t0 = mark = time.monotonic()
         try:
             while (i := self.take()) is not None:
                 now = time.monotonic()
-                rec.lane_wait(gpu, now - mark)
+                rec.lane_wait(key, now - mark)
                 mark = now
                 ticket = self.tickets.get(i)
                 res = self.ev.evaluate_job(self.jobs[i], gpu, ticket.result() if ticket is not None else None)
@@ -365,7 +395,7 @@ class _LocalBatch:
                 if self.on_result is not None:
                     self.on_result(i, res)
                 now = time.monotonic()
-                rec.judged(gpu, i, now - mark, worker_build_s=in_worker_build_s(res))
+                rec.judged(key, i, now - mark, worker_build_s=in_worker_build_s(res))
                 mark = now
         except BaseException as exc:  # noqa: BLE001 - re-raised after the join
             self.failures.append(exc)
@@ -373,8 +403,8 @@ class _LocalBatch:
                 self.ready.notify_all()
         finally:
             end = time.monotonic()
-            rec.lane_wait(gpu, end - mark)
-            rec.lane_end(gpu, end - t0)
+            rec.lane_wait(key, end - mark)
+            rec.lane_end(key, end - t0)
 
     def _record_builds(self) -> None:
         for i, t in self.tickets.items():

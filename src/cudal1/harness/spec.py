@@ -43,6 +43,7 @@ class WorkerSpec:
     baseline_mode: str | None = None
     exact_cache: ExactCacheSpec | None = None
     cwd: str | None = None  # the child's working directory: relative paths a candidate writes land there
+    gpu_lease: str | None = None  # lock file of the GPU's lease (shared while using it, exclusive while timing); None: none
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:

@@ -27,6 +27,7 @@ wrapped copy of itself: ``torch.compile`` modes or CUDA-graph replay).
 from __future__ import annotations
 
 import faulthandler
+import fcntl
 import importlib.util
 import json
 import os
@@ -91,6 +92,9 @@ class Worker(Measurement):
         self.exact: ExactReference | None = None  # the float64 reference (exact rule), built before candidate code runs
         self.recheck_limits: dict[str, tuple[float, float]] = {}  # output path -> limits for timed re-checks
         self.answers = ExactAnswers()  # float64 answers of the correctness inputs (shared across candidates)
+        self.lease_fd: int | None = None  # the GPU lease file (spec.gpu_lease), opened before any task code
+        self.lease_held = "none"  # none | shared | exclusive
+        self.resume_lease = "none"  # what a build outside the import phase released
 
     # ---- protocol -----------------------------------------------------------------------
     def run(self) -> None:
@@ -102,19 +106,19 @@ class Worker(Measurement):
             ref_mod = self.ref_mod = self.load_reference()
             if self.spec.mode != "build":
                 phase = "reference"
-                self.phase(phase)
+                self.enter(phase, "shared")
                 with torch.no_grad():
                     ref_model = self.construct_reference(ref_mod)
                     self.exact = self.exact_reference(ref_model)
                     self.probe_task(ref_mod, ref_model)
                 self.guard.watch_reference(ref_mod, ref_model)
             phase = "import"
-            self.phase(phase)
+            self.enter(phase, "none")  # imports build on the CPU: the GPU's other workers may go on
             model_new = self.import_candidate()
             if self.spec.mode == "build":
                 raise Verdict("ok", "built")
             phase = "construct"
-            self.phase(phase)
+            self.enter(phase, "shared")
             cand_model = self.construct_candidate(ref_mod, model_new)
             phase = "correctness"
             self.phase(phase)
@@ -127,7 +131,7 @@ class Worker(Measurement):
                     if not custom_kernels(kernels):
                         self.extra_flags.append("no_custom_kernel")
                 phase = "timing"
-                self.phase(phase)
+                self.enter(phase, "exclusive")  # nothing else runs on this GPU while it is timed
                 result.update(self.timing(ref_model, cand_model, estimate, self.cfg.recheck_fraction))
                 result.update(self.verify_extraordinary(ref_model, cand_model, estimate, result))
             result["correctness"]["rechecked"] = result.pop("rechecked", 0)
@@ -156,12 +160,43 @@ class Worker(Measurement):
         if on and self.current_phase not in ("import", "build"):
             self.resume_phase = self.current_phase
             self.phase("build")
+            self.resume_lease = self.lease_held
+            self.lease("none")  # a build is CPU work: the GPU's other workers may go on
         elif not on and self.current_phase == "build" and self.resume_phase:
             self.phase(self.resume_phase)
             self.resume_phase = ""
+            self.lease(self.resume_lease)
+
+    def enter(self, name: str, lease: str) -> None:
+        """Hold the GPU lease as ``lease`` (waiting, if need be, as phase ``lane``), then start
+        phase ``name``: a phase that uses the GPU never begins before its lease is held."""
+        self.lease(lease, resume=False)
+        self.phase(name)
+
+    def lease(self, want: str, resume: bool = True) -> None:
+        """Hold this GPU's lease as ``want`` (none | shared | exclusive).  Several workers may
+        share one GPU (``EvalConfig.workers_per_gpu``): phases that use the GPU hold it shared,
+        timing holds it exclusively, so no other worker of this judge runs anything on the GPU
+        while a candidate is timed; imports and builds hold nothing.  Waiting is announced as
+        phase ``lane`` (its own deadline), then (``resume``) the interrupted phase starts afresh.  No lease
+        file: a no-op.  A ``flock``: released by the kernel when the process dies."""
+        if self.lease_fd is None or want == self.lease_held:
+            return
+        op = {"none": fcntl.LOCK_UN, "shared": fcntl.LOCK_SH, "exclusive": fcntl.LOCK_EX}[want]
+        try:
+            fcntl.flock(self.lease_fd, op | fcntl.LOCK_NB)
+        except BlockingIOError:
+            interrupted = self.current_phase
+            self.phase("lane")
+            fcntl.flock(self.lease_fd, op)
+            if resume:
+                self.phase(interrupted)
+        self.lease_held = want
 
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
-        self.send("result", status=status, message=message, flags=flags, **data)
+        # The lease is held until the process exits, after this message: its time stamp
+        # precedes the next holder's phases on any clock reading.
+        self.send("result", status=status, message=message, flags=flags, t=time.time(), **data)
 
     def send(self, kind: str, **data: Any) -> None:
         """One message on the verdict channel: the audit hook signs it if this call came down
@@ -170,6 +205,8 @@ class Worker(Measurement):
 
     # ---- phases -------------------------------------------------------------------------
     def setup(self) -> None:
+        if self.spec.gpu_lease and self.spec.mode != "build":
+            self.lease_fd = os.open(self.spec.gpu_lease, os.O_RDWR | os.O_CREAT, 0o666)
         want = self.spec.device
         if want == "cuda":
             if not torch.cuda.is_available():
@@ -334,7 +371,7 @@ def worker_entry(spec: WorkerSpec, conn: Any, key_holder: list) -> None:
     threads = signing_hook.install(
         key_holder.pop(), fd, candidate_path=spec.candidate_path, bottom=sys._getframe(),
         send=Worker.send, chain=[Worker.phase, Worker.finish, Worker.setup, Worker.import_candidate, Worker.probe_task,
-                                 Worker.verify_extraordinary, Worker.run],
+                                 Worker.verify_extraordinary, Worker.run, Worker.lease, Worker.enter],
         building=Worker.building, register=Worker.import_candidate, tolerances_fn=Worker.tolerances,
         profiled=Worker.kernel_names, tolerances=spec.tolerances)
     try:
