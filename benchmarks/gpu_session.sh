@@ -10,6 +10,16 @@
 #            the old fixed 1e-4 rule rejected it)
 #   builtin: the builtin policy over KernelBench (benchmarks/builtin_kernelbench.py $BUILTIN_ARGS;
 #            run dir $BUILTIN_DIR, resumable; its store and report are copied to $OUT/builtin)
+#   train : multi-GPU training (run on nvidia-h200-x2): (a) torchrun --nproc_per_node 2 GRPO smoke
+#           (NCCL), (b) accelerate launch (DDP config, 2 processes) SFT smoke, (c) benchmarks/train_gpu.py
+#           (GRPO whose rollouts include CUDA and Triton programs judged on the GPU).  trl, datasets,
+#           dill, multiprocess come from the carried wheels in .data/wheels.  Run dirs stay in
+#           $TRAIN_DIR; $OUT gets 3 logs and train_gpu.json.  ~5-6 min.  No DeepSpeed there: no ZeRO.
+#           TRAIN_PARTS picks parts (default "a b c").
+#   host_load: benchmarks/host_load.py: launch-bound release records timed quiet, under CPU load,
+#            and quiet again (~2.5 min on one GPU)
+#   release: the whole CUDA-L1 H100 release through verify, fresh caches, 2 workers per GPU
+#            (benchmarks/throughput.py --release; $RELEASE_ARGS adds flags; ~4-5 min on x2)
 # Several stages: bash benchmarks/gpu_session.sh "tests builtin"
 # Expects KernelBench/CUDA-L1 JSONL copies in .data/ (carried; see docs/benchmarks.md).
 # Full logs go to $OUT; a short table is printed last.
@@ -86,6 +96,64 @@ if has chain; then
   timeout 200 python3 -m cudal1.cli.main optimize examples/tasks/matmul_chain.py --policy builtin --device cuda --rounds 2 \
     --out "$OUT/chain" --json >"$OUT/chain.log" 2>&1
   summary+=("matmul chain optimize: rc=$? ($((SECONDS-t0)) s) $(tail -1 "$OUT/chain.log" | head -c 400)")
+fi
+if has host_load; then
+  t0=$SECONDS
+  timeout ${HOST_LOAD_TIMEOUT:-300} python3 benchmarks/host_load.py --file .data/h100.jsonl --out /tmp/cudal1_host_load \
+    ${HOST_LOAD_ARGS:-} >"$OUT/host_load.log" 2>&1
+  summary+=("host_load: rc=$? ($((SECONDS-t0)) s)")
+  cp /tmp/cudal1_host_load/host_load.json "$OUT/" 2>/dev/null
+  tail -10 "$OUT/host_load.log"
+fi
+if has release; then
+  t0=$SECONDS
+  timeout ${RELEASE_TIMEOUT:-420} python3 benchmarks/throughput.py --workers '' --release --release-file .data/h100.jsonl \
+    --workers-per-gpu 2 --deadline-s ${RELEASE_DEADLINE:-380} --out /tmp/cudal1_release ${RELEASE_ARGS:-} >"$OUT/release.log" 2>&1
+  summary+=("release: rc=$? ($((SECONDS-t0)) s)")
+  tar czf "$OUT/release.tgz" -C /tmp/cudal1_release --exclude='*.so' --exclude='cache*' --exclude='*.o' . 2>/dev/null
+  tail -20 "$OUT/release.log"
+fi
+if has train; then
+  # NVLink multicast stays off (device rules); set here too in case the environment lacks them.
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TOKENIZERS_PARALLELISM=false
+  tdir=${TRAIN_DIR:-/tmp/cudal1_train}
+  rm -rf "$tdir" && mkdir -p "$tdir" "$CUDAL1_CACHE_DIR"
+  if ! python3 -c "import trl, datasets" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$tdir/site" \
+      .data/wheels/*.whl >"$tdir/wheels.log" 2>&1 || { tail -5 "$tdir/wheels.log"; summary+=("train: wheel install failed"); }
+    export PYTHONPATH=$tdir/site:$PYTHONPATH
+  fi
+  python3 -c "import torch, trl, transformers, accelerate, peft; print('train env:', torch.__version__, 'trl', trl.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'peft', peft.__version__, 'gpus', torch.cuda.device_count())" 2>&1 | tail -1
+  parts=" ${TRAIN_PARTS:-a b c} "  # e.g. TRAIN_PARTS=c on one GPU while the GPU tier runs on the other
+  # (a) GRPO smoke under torchrun: both ranks train (NCCL), each judges its own rollouts
+  if [[ "$parts" == *" a "* ]]; then
+  t0=$SECONDS
+  timeout -k 15 ${TRAIN_DDP_TIMEOUT:-150} python3 -m torch.distributed.run --nproc_per_node 2 --master_addr 127.0.0.1 \
+    --master_port 29531 -m cudal1.cli.main train grpo --smoke --device cuda --max-steps ${TRAIN_DDP_STEPS:-8} \
+    --out "$tdir/grpo_ddp" --json >"$OUT/train_grpo_ddp.log" 2>&1
+  rc=$?
+  summary+=("train (a) torchrun grpo --smoke: rc=$rc ($((SECONDS-t0)) s) $(python3 benchmarks/train_gpu.py --summarize-log "$OUT/train_grpo_ddp.log" 2>&1 | tail -1)")
+  fi
+  # (b) SFT smoke under accelerate launch with the shipped DDP config, 2 processes
+  if [[ "$parts" == *" b "* ]]; then
+  t0=$SECONDS
+  timeout -k 15 ${TRAIN_ACCEL_TIMEOUT:-90} python3 -m accelerate.commands.launch --config_file src/cudal1/train/configs/accelerate-ddp.yaml \
+    --num_processes 2 --main_process_port 29532 -m cudal1.cli.main train sft --smoke --out "$tdir/sft_accel" --json \
+    >"$OUT/train_sft_accel.log" 2>&1
+  rc=$?
+  summary+=("train (b) accelerate launch sft --smoke: rc=$rc ($((SECONDS-t0)) s) $(python3 benchmarks/train_gpu.py --summarize-log "$OUT/train_sft_accel.log" 2>&1 | tail -1)")
+  fi
+  # (c) GRPO with CUDA/Triton/PyTorch rollouts judged on the GPU (one process)
+  if [[ "$parts" == *" c "* ]]; then
+  t0=$SECONDS
+  timeout -k 15 ${TRAIN_GPU_TIMEOUT:-280} python3 benchmarks/train_gpu.py --out "$tdir/train_gpu" --steps ${TRAIN_GPU_STEPS:-30} \
+    --deadline-s ${TRAIN_GPU_DEADLINE:-200} \
+    ${TRAIN_GPU_ARGS:-} >"$OUT/train_gpu.log" 2>&1
+  rc=$?
+  cp "$tdir/train_gpu/train_gpu.json" "$OUT/" 2>/dev/null
+  summary+=("train (c) train_gpu.py: rc=$rc ($((SECONDS-t0)) s) $(python3 benchmarks/train_gpu.py --summarize-json "$tdir/train_gpu/train_gpu.json" 2>&1 | tail -1)")
+  grep -E "^(warm-up|cuda_|triton_|GRPO rollouts)" "$OUT/train_gpu.log" | head -8
+  fi
 fi
 grep -E "passed|failed|PASSED|FAILED|ERROR" "$OUT/gpu_tests.log" 2>/dev/null | tail -40
 printf '%s\n' "${summary[@]}"

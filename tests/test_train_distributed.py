@@ -64,6 +64,9 @@ def test_sft_smoke_under_two_processes(tmp_path):
     summary = summaries[0]
     assert summary["processes"] == 2  # the trainer's own world size: one group of two ranks trained
     assert summary["steps"] == 12 and summary["examples"] == 6
+    # what ran where, gathered from both ranks (gpu_session.sh's train stage prints it)
+    assert summary["distributed"]["world_size"] == 2 and "gloo" in summary["distributed"]["backend"]
+    assert [r["rank"] for r in summary["distributed"]["ranks"]] == [0, 1]
 
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["stage"] == "sft" and config["processes"] == 2
@@ -97,6 +100,7 @@ def test_grpo_smoke_under_two_processes(tmp_path):
     summaries = _summaries(proc.stdout)
     assert len(summaries) == 1, proc.stdout[-4000:]
     assert summaries[0]["steps"] == 2 and len(summaries[0]["reward_mean"]) == 2
+    assert summaries[0]["distributed"]["world_size"] == 2 and summaries[0]["judge_device"] == "cpu"
 
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["processes"] == 2

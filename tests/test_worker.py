@@ -24,3 +24,101 @@ def test_invalid_address_space_is_an_illegal_memory_access():
     assert "illegal_memory_access" in classify_runtime(RuntimeError(text), "correctness").flags
     assert is_cuda_fault("torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
     assert not is_cuda_fault("CUDA error: out of memory. Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+
+
+class _LeaseProbe:
+    """A Worker's lease and phase methods on a real lock file, with phases recorded.  ``probe(name)``
+    runs when a phase is announced (before the worker goes on), so a test can look at the lock
+    at exactly that moment."""
+
+    def __init__(self, path, probe):
+        import os
+
+        from cudal1.harness.worker import Worker
+
+        self.worker = Worker.__new__(Worker)
+        self.worker.lease_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        self.worker.lease_held = "none"
+        self.worker.current_phase = ""
+        self.worker.resume_phase = ""
+        self.worker.resume_lease = "none"
+        self.phases: list[str] = []
+
+        def phase(name: str) -> None:
+            self.worker.current_phase = name
+            self.phases.append(name)
+            probe(name)
+
+        self.worker.phase = phase
+
+
+def _try_lock(path, op) -> bool:
+    """Whether a fresh open file description can take ``op`` on ``path`` now (released at once)."""
+    import fcntl
+    import os
+
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, op | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def test_a_lease_upgrade_ends_the_phase_before_its_shared_lock_can_go(tmp_path):
+    """flock drops a held lock when converting it, even when a non-blocking attempt then fails.
+    The worker must announce ``lane`` while it still holds its shared lease; otherwise another
+    worker, granted the exclusive lease in that gap, stamps ``timing`` before this worker's GPU
+    phase ended (the overlap the H200 lease test once saw)."""
+    import fcntl
+    import os
+
+    path = tmp_path / "gpu0.lock"
+    other = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)  # a second worker, in a GPU phase
+    fcntl.flock(other, fcntl.LOCK_SH)
+    still_held: list[bool] = []
+
+    def probe(name: str) -> None:
+        if name == "lane":  # the other worker finishes: is this worker's shared lock still there?
+            fcntl.flock(other, fcntl.LOCK_UN)
+            still_held.append(not _try_lock(path, fcntl.LOCK_EX))
+
+    w = _LeaseProbe(path, probe)
+    w.worker.enter("correctness", "shared")
+    assert w.phases == ["correctness"] and w.worker.lease_held == "shared"
+    w.worker.enter("timing", "exclusive")
+    assert w.phases == ["correctness", "lane", "timing"]
+    assert still_held == [True]
+    assert not _try_lock(path, fcntl.LOCK_SH)  # exclusive now
+    os.close(other)
+
+
+def test_a_phase_resumed_after_a_build_starts_only_once_its_lease_is_back(tmp_path):
+    import fcntl
+    import os
+    import threading
+
+    path = tmp_path / "gpu0.lock"
+    other = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    released = threading.Event()  # the other worker's timing is over
+    seen: dict[str, bool] = {}
+
+    def probe(name: str) -> None:
+        seen[name] = released.is_set() and not _try_lock(path, fcntl.LOCK_SH)  # ... and this one holds it
+
+    def release() -> None:
+        released.set()
+        fcntl.flock(other, fcntl.LOCK_UN)
+
+    w = _LeaseProbe(path, probe)
+    w.worker.enter("timing", "exclusive")
+    w.worker.building(True)  # a build in the middle of timing gives the GPU back
+    assert w.worker.lease_held == "none" and w.phases[-1] == "build"
+    fcntl.flock(other, fcntl.LOCK_EX)  # another worker times meanwhile
+    threading.Timer(0.2, release).start()
+    w.worker.building(False)
+    assert w.phases == ["timing", "build", "lane", "timing"]
+    assert seen["timing"] and w.worker.lease_held == "exclusive"
+    os.close(other)

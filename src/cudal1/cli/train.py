@@ -161,7 +161,7 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
     assert judge is not None
     if args.smoke:
         fn = smoke_stages.smoke_grpo if args.stage == "grpo" else smoke_stages.smoke_ssl
-        return fn(out, config=cfg, resume=args.resume, report_to=report)
+        return fn(out, config=cfg, resume=args.resume, report_to=report, judge=judge)
     _need(args, "model", "suite")
     from cudal1.harness import DevicePlan
     from cudal1.tasks import load_tasks

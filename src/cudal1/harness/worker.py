@@ -163,34 +163,37 @@ class Worker(Measurement):
             self.resume_lease = self.lease_held
             self.lease("none")  # a build is CPU work: the GPU's other workers may go on
         elif not on and self.current_phase == "build" and self.resume_phase:
-            self.phase(self.resume_phase)
-            self.resume_phase = ""
-            self.lease(self.resume_lease)
+            resume, self.resume_phase = self.resume_phase, ""
+            self.enter(resume, self.resume_lease)  # the phase starts once its lease is held again
 
     def enter(self, name: str, lease: str) -> None:
         """Hold the GPU lease as ``lease`` (waiting, if need be, as phase ``lane``), then start
         phase ``name``: a phase that uses the GPU never begins before its lease is held."""
-        self.lease(lease, resume=False)
+        self.lease(lease)
         self.phase(name)
 
-    def lease(self, want: str, resume: bool = True) -> None:
+    def lease(self, want: str) -> None:
         """Hold this GPU's lease as ``want`` (none | shared | exclusive).  Several workers may
         share one GPU (``EvalConfig.workers_per_gpu``): phases that use the GPU hold it shared,
         timing holds it exclusively, so no other worker of this judge runs anything on the GPU
         while a candidate is timed; imports and builds hold nothing.  Waiting is announced as
-        phase ``lane`` (its own deadline), then (``resume``) the interrupted phase starts afresh.  No lease
-        file: a no-op.  A ``flock``: released by the kernel when the process dies."""
+        phase ``lane`` (its own deadline); the caller (:meth:`enter`) then starts the next phase.
+        No lease file: a no-op.  A ``flock``: released by the kernel when the process dies."""
         if self.lease_fd is None or want == self.lease_held:
             return
         op = {"none": fcntl.LOCK_UN, "shared": fcntl.LOCK_SH, "exclusive": fcntl.LOCK_EX}[want]
-        try:
-            fcntl.flock(self.lease_fd, op | fcntl.LOCK_NB)
-        except BlockingIOError:
-            interrupted = self.current_phase
+        if self.lease_held != "none" and want != "none":
+            # Converting a held flock first drops it, even when a non-blocking attempt then fails;
+            # so the current phase ends (is stamped) before the lock can go, or another worker's
+            # phase could be stamped as starting before this one ended.
             self.phase("lane")
             fcntl.flock(self.lease_fd, op)
-            if resume:
-                self.phase(interrupted)
+        else:
+            try:
+                fcntl.flock(self.lease_fd, op | fcntl.LOCK_NB)
+            except BlockingIOError:
+                self.phase("lane")
+                fcntl.flock(self.lease_fd, op)
         self.lease_held = want
 
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:

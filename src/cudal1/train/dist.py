@@ -83,3 +83,24 @@ def finish() -> None:
     if td.is_available() and td.is_initialized():
         td.barrier()
         td.destroy_process_group()
+
+
+def describe() -> dict:
+    """What ran where: ``{"world_size", "backend", "ranks": [{"rank", "device"}, ...]}``.  Under
+    several processes this is a collective (every rank must call it; the group must still be up):
+    each rank reports the device its trainer used; alone, one entry and backend ``None``."""
+    import torch
+
+    device = f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu"
+    mine = {"rank": rank(), "device": device}
+    if not distributed():
+        return {"world_size": 1, "backend": None, "ranks": [mine]}
+    import torch.distributed as td
+
+    _group_ready()
+    gathered: list = [None] * td.get_world_size()
+    td.all_gather_object(gathered, mine)
+    backend = str(td.get_backend())
+    if backend == "undefined" and hasattr(td, "get_backend_config"):  # a group made for several device types
+        backend = str(td.get_backend_config())
+    return {"world_size": td.get_world_size(), "backend": backend, "ranks": gathered}

@@ -148,8 +148,9 @@ def judge_references(judge: RolloutJudge, tasks: list[Task]) -> list[EvalResult]
 
 def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: str | Path, *,
              plan: Any = None, hardware: str = "CPU", resume: bool = False, report_to: Any = "none",
-             on_result: Callable[[EvalResult], None] | None = None) -> dict[str, Any]:
-    """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring).  Returns a summary."""
+             on_result: Callable[[EvalResult], None] | None = None, callbacks: tuple = ()) -> dict[str, Any]:
+    """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring).  Returns a summary.
+    ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline)."""
     require_train("cudal1 train grpo")
     from cudal1.store import RunStore
 
@@ -161,13 +162,14 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
         store = RunStore(out / "cudal1.sqlite")
     try:
         return _train(model, tasks, cfg, judge_config, out, store, plan=plan, hardware=hardware, resume=resume,
-                      report_to=report_to, on_result=on_result)
+                      report_to=report_to, on_result=on_result, callbacks=callbacks)
     finally:
         store.close()
 
 
 def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: Path, store, *, plan: Any,
-           hardware: str, resume: bool, report_to: Any, on_result: Callable[[EvalResult], None] | None) -> dict[str, Any]:
+           hardware: str, resume: bool, report_to: Any, on_result: Callable[[EvalResult], None] | None,
+           callbacks: tuple = ()) -> dict[str, Any]:
     import trl
     from transformers import AutoTokenizer
 
@@ -196,7 +198,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
         trainer = trl.GRPOTrainer(
             model=str(model), reward_funcs=[reward], args=grpo_arguments(cfg, out, report_to, world_size()),
             train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16), processing_class=tokenizer,
-            peft_config=peft_config(cfg.lora, cfg.lora_config), callbacks=[metrics_callback(out, "grpo", reward.metrics)],
+            peft_config=peft_config(cfg.lora, cfg.lora_config), callbacks=[metrics_callback(out, "grpo", reward.metrics), *callbacks],
         )
         result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         save_final(trainer, out, tokenizer)

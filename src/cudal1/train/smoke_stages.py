@@ -67,20 +67,48 @@ def primed_model(out: Path) -> Path:
     return primed
 
 
+def judge_plan(judge: Any) -> tuple[Any, str]:
+    """(device plan, hardware name) for a smoke judge.  On CUDA under several processes each rank
+    judges on its own GPU (``LOCAL_RANK``), so two ranks never time on the same device."""
+    from cudal1.harness import DevicePlan
+
+    if judge.device == "cpu":
+        return None, "CPU"
+    from cudal1.harness.envinfo import gpu_inventory
+
+    gpus = None
+    if dist.distributed() and judge.device in ("cuda", "auto"):
+        visible = [g.index for g in gpu_inventory()]
+        gpus = [visible[dist.local_rank() % len(visible)]] if visible else None
+    plan = DevicePlan.detect(judge.device, gpus)
+    if plan.device != "cuda":
+        return plan, "CPU"
+    names = sorted({g.name for g in gpu_inventory() if g.index in plan.lanes})
+    return plan, ", ".join(names) or "CUDA GPU"
+
+
 def _judged_stage(stage: str, run: Any, out: str | Path, config: Any, resume: bool, report_to: Any,
-                  on_result: Any) -> dict[str, Any]:
-    """``run`` (``run_grpo`` or ``run_ssl``) on the smoke task from the primed tiny model."""
+                  on_result: Any, judge: Any = None) -> dict[str, Any]:
+    """``run`` (``run_grpo`` or ``run_ssl``) on the smoke task from the primed tiny model; ``judge``
+    (an ``EvalConfig``) defaults to :func:`smoke_judge_config` on the CPU."""
     out = Path(out)
+    judge = judge or smoke_judge_config()
+    plan, hardware = judge_plan(judge)
     model = primed_model(out / "prime")
-    return run(str(model), [smoke_task()], config or load_config(stage, "smoke"), smoke_judge_config(), out, resume=resume,
-               report_to=report_to, on_result=on_result) | {"base_model": str(model)}
+    summary = run(str(model), [smoke_task()], config or load_config(stage, "smoke"), judge, out, plan=plan,
+                  hardware=hardware, resume=resume, report_to=report_to, on_result=on_result)
+    return summary | {"base_model": str(model), "judge_device": plan.device if plan else "cpu",
+                      "judge_gpus": list(plan.lanes) if plan and plan.device == "cuda" else [],
+                      "distributed": dist.describe()}
 
 
 def smoke_grpo(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
-               on_result=None) -> dict[str, Any]:
+               on_result=None, judge: Any = None) -> dict[str, Any]:
+    """GRPO smoke; ``judge`` (an ``EvalConfig``, e.g. ``smoke_judge_config("cuda")``) picks where
+    rollouts are judged (default: the CPU)."""
     from cudal1.train.grpo import run_grpo
 
-    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result)
+    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result, judge)
 
 
 def verified_records() -> list[dict[str, Any]]:
@@ -110,11 +138,12 @@ def smoke_sft(out: str | Path, *, config: Any = None, lora: bool | None = None, 
         out.mkdir(parents=True, exist_ok=True)
         data.write_text("".join(json.dumps(r) + "\n" for r in records))
     base = tiny_base(out / "base", records)  # waits for rank 0: data.jsonl is written too
-    return run_sft(str(base), str(data), cfg, out, resume=resume, report_to=report_to) | {"data": str(data)}
+    return run_sft(str(base), str(data), cfg, out, resume=resume, report_to=report_to) | {"data": str(data),
+                                                                                         "distributed": dist.describe()}
 
 
 def smoke_ssl(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
-              on_result=None) -> dict[str, Any]:
+              on_result=None, judge: Any = None) -> dict[str, Any]:
     from cudal1.train.ssl import run_ssl
 
-    return _judged_stage("ssl", run_ssl, out, config, resume, report_to, on_result)
+    return _judged_stage("ssl", run_ssl, out, config, resume, report_to, on_result, judge)

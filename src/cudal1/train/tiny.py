@@ -37,8 +37,6 @@ def _qwen2_regex() -> str:
     try:
         from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
     except ImportError:  # older transformers load tokenizer.json as saved: GPT-2's split is fine
-        from tokenizers.pre_tokenizers import ByteLevel  # noqa: F401 - documents the fallback
-
         return r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
     return PRETOKENIZE_REGEX
 
