@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="priming SFT steps (default 240 with the GPU variants: their long programs need them to come "
                         "out intact, each changed CUDA program being a fresh build; 120 without)")
     p.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
+    p.add_argument("--beta", type=float, default=0.05, help="GRPO KL coefficient (session 6's H200 run: 0.05)")
     p.add_argument("--judge-preset", default="fast")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="stop GRPO after the first step that ends this many seconds after the script started "
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     judge_wall: list[float] = []
     cfg = dataclasses.replace(load_config("grpo", "smoke"), group_size=args.group, prompts_per_step=args.prompts,
-                              max_steps=args.steps, learning_rate=args.lr, max_completion_length=max(96, longest + 16), bf16=True,
+                              max_steps=args.steps, learning_rate=args.lr, beta=args.beta, max_completion_length=max(96, longest + 16), bf16=True,
                               save_steps=max(args.steps, 1))
     if cuda:
         torch.cuda.reset_peak_memory_stats()

@@ -123,3 +123,49 @@ def test_a_killed_actor_loses_no_recorded_result(cluster, judge_config, tmp_path
     s = stats[0]
     assert s.retries >= 1 and max(j.attempts for j in s.per_job) >= 2
     assert cluster.actor_pids(None, "cpu") != before  # a fresh actor took the slot
+
+
+def test_grpo_rewards_are_judged_on_the_cluster(cluster, judge_config, tmp_path):
+    """The training reward path (``JudgeReward`` → ``RolloutJudge`` → the judge) on a Ray plan gives
+    the rewards and verdicts the local backend gives, and records them in the driver's store."""
+    from cudal1.store import RunStore
+    from cudal1.train.contrast import ContrastivePrompts
+    from cudal1.train.grpo import JudgeReward
+    from cudal1.train.judging import RolloutJudge
+    from cudal1.train.reward import RewardConfig, RunningStats
+
+    task = load_task_file(TASKS / "diag_matmul.py")
+    answers = [f"Analysis.\n```python\n{(FIX / name).read_text()}```" for name in ("honest_einsum.py", "wrong.py", "mutates_input.py")]
+    answers.append("no code at all")
+    seen = {}
+    for plan in (DevicePlan.detect("cpu"), cluster.cluster_plan("cpu")):
+        with RunStore(tmp_path / f"{plan.backend}.sqlite") as store:
+            judge = RolloutJudge(store, judge_config, plan=plan, policy="grpo")
+            contrast = ContrastivePrompts(judge, [task])
+            messages = contrast.prompt(task).messages()
+            reward = JudgeReward(judge, contrast, RewardConfig(), RunningStats(64))
+            rewards = reward([messages] * 4, [[{"role": "assistant", "content": a}] for a in answers], [task.task_id] * 4)
+            kinds = reward.metrics()["judged"]
+            recorded = len(store.responses())
+        seen[plan.backend] = (rewards, kinds, recorded)
+    rewards, kinds, recorded = seen["ray"]
+    assert kinds == seen["local"][1] == {"ok": 1, "incorrect": 1, "rejected": 1, "format": 1}
+    assert rewards[1:] == seen["local"][0][1:]  # the fixed penalties; the success's is normalised
+    assert rewards[0] > max(rewards[1:]) and recorded == 4
+
+
+def test_train_and_collect_check_the_backend_flags(tmp_path):
+    def error(*argv: str) -> str:
+        proc = subprocess.run([sys.executable, "-m", "cudal1.cli.main", *argv], capture_output=True, text=True, timeout=300,
+                              env=os.environ | {"PYTHONPATH": str(REPO / "src")})
+        assert proc.returncode == 2, proc.stderr
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, proc.stderr
+        return lines[0]
+
+    assert "--workers-per-gpu is for the local backend" in error(
+        "train", "grpo", "--smoke", "--backend", "ray", "--workers-per-gpu", "2", "--out", str(tmp_path / "g"))
+    assert "--ray-address needs --backend ray" in error(
+        "train", "ssl", "--smoke", "--ray-address", "127.0.0.1:1", "--out", str(tmp_path / "s"))
+    assert "--workers-per-gpu is for the local backend" in error(
+        "collect", "--smoke", "--backend", "ray", "--workers-per-gpu", "2", "--out", str(tmp_path / "c.jsonl"))

@@ -84,7 +84,9 @@ def test_grpo_smoke_learns_to_prefer_fast_verified_programs(tmp_path, monkeypatc
         assert all(key in x for x in grpo), key
     rewards = [x["reward_mean"] for x in grpo]
     third = len(rewards) // 3
-    first, last = sum(rewards[:third]) / third, sum(rewards[-third:]) / third
+    # the start (first three steps) against the end (last third): the policy learns within the
+    # first third already, and a collapse into answers without code (reward -2.0) fails this
+    first, last = sum(rewards[:3]) / 3, sum(rewards[-third:]) / third
     assert last > first + 0.3, rewards
     success = [x["success_rate"] for x in grpo]
     assert sum(success[-third:]) >= sum(success[:third]), success

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
+from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, config_from_args, plan_from_args,
+                               print_json, progress, table)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,21 +40,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     add_judge_flags(p)
+    add_backend_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.harness import DevicePlan
     from cudal1.train.collect import CollectError, collect_file, collect_teachers, parse_teacher
 
     if args.smoke:
         from cudal1.train.smoke import smoke_judge_config
 
-        config = smoke_judge_config(args.device or "cpu") if not (args.config or args.preset) else config_from_args(args)
+        config = (smoke_judge_config(args.device or "cpu").replace(workers_per_gpu=args.workers_per_gpu)
+                  if not (args.config or args.preset) else config_from_args(args))
     else:
         config = config_from_args(args)
-    plan = DevicePlan.detect(config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
-    hardware = _hardware(plan)
+    plan = plan_from_args(args, config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
+    hardware = plan.hardware_name()
     try:
         with progress(0, "collect", not args.json) as bar:
             if args.smoke:
@@ -112,11 +114,3 @@ def _smoke(args: argparse.Namespace, config, plan, hardware: str, bar) -> dict:
                                    policy_options=_policy_options(args) | {"temperature": 0.0},
                                    on_result=lambda r: bar.update(1))
     return summary
-
-
-def _hardware(plan) -> str:
-    if plan.device != "cuda":
-        return "CPU"
-    from cudal1.harness.envinfo import gpu_inventory
-
-    return ", ".join(sorted({g.name for g in gpu_inventory() if g.index in plan.lanes})) or "CUDA GPU"

@@ -38,7 +38,8 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
                    help="Ray cluster to join (with --backend ray); default: start a local one (loopback only)")
     g.add_argument("--workers-per-gpu", type=int, default=None, metavar="N",
                    help="judge workers sharing each GPU (local backend; default 1): their start-up, imports and "
-                        "builds overlap, timing stays exclusive (a GPU lease), so figures are unchanged")
+                        "builds overlap, timing stays exclusive (a GPU lease); launch-bound references time "
+                        "slower under the extra host load (docs/harness.md)")
 
 
 def plan_from_args(args: argparse.Namespace, device: str, gpus: list[int] | None = None) -> Any:

@@ -125,15 +125,6 @@ def make_policy(name: str, args: argparse.Namespace, device: str):
         raise UsageError(str(exc)) from None
 
 
-def hardware_name(plan) -> str:
-    if plan.device != "cuda":
-        return "CPU"
-    from cudal1.harness.envinfo import gpu_inventory
-
-    names = sorted({g.name for g in gpu_inventory() if g.index in plan.lanes})
-    return ", ".join(names) or "CUDA GPU"
-
-
 def run(args: argparse.Namespace) -> int:
     from cudal1.search import optimize
     from cudal1.tasks import load_tasks
@@ -162,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
     summary = None
     try:
         with progress(total, "optimize", not args.json) as bar:
-            summary = optimize(tasks, policy, search, judge, args.out, hardware=hardware_name(plan), plan=plan,
+            summary = optimize(tasks, policy, search, judge, args.out, hardware=plan.hardware_name(), plan=plan,
                                on_result=lambda r: (bar.update(1), tracker and tracker(r)), reviewer=reviewer)
     finally:
         policy.close()

@@ -13,7 +13,10 @@ Every stage writes ``OUT/metrics.jsonl``, ``OUT/config.yaml`` and checkpoints wi
 spot and a bundled task (no other argument needed).  ``--resume`` continues from the last
 checkpoint.  Multi-GPU: ``accelerate launch --config_file CONFIG -m cudal1.cli.main train ...``
 (configs in ``cudal1/train/configs/``) or ``torchrun --nproc_per_node N -m cudal1.cli.main train ...``;
-rank 0 writes ``config.yaml`` and prints the summary (see ``cudal1.train.dist``)."""
+rank 0 writes ``config.yaml`` and prints the summary (see ``cudal1.train.dist``).  ``ssl`` and
+``grpo`` judge on this machine's GPUs (``--gpus``, ``--workers-per-gpu``) or, with ``--backend ray
+[--ray-address ADDR]``, on a Ray cluster's (several training processes need one cluster: give its
+address)."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from cudal1.cli.common import UsageError, print_json, table
+from cudal1.cli.common import UsageError, add_backend_flags, plan_from_args, print_json, table
 from cudal1.config import EvalConfig
 
 STAGES = ("sft", "ssl", "grpo")
@@ -72,6 +75,7 @@ def _common(p: argparse.ArgumentParser, stage: str) -> None:
         g.add_argument("--judge-config", default=None, metavar="YAML", help="judge config file (unknown keys are errors)")
         g.add_argument("--trials", type=int, default=None, metavar="N", help="correctness trials per candidate")
         g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="hard limit per judge phase")
+        add_backend_flags(p)
 
 
 def judge_config(args: argparse.Namespace) -> EvalConfig:
@@ -85,7 +89,8 @@ def judge_config(args: argparse.Namespace) -> EvalConfig:
         config = EvalConfig.from_yaml(args.judge_config)
     else:
         config = EvalConfig.preset(args.judge_preset or "fast")
-    return config.replace(device=args.device, correctness_trials=args.trials, timeout_s=args.timeout)
+    return config.replace(device=args.device, correctness_trials=args.trials, timeout_s=args.timeout,
+                          workers_per_gpu=args.workers_per_gpu)
 
 
 def stage_config(args: argparse.Namespace) -> Any:
@@ -99,14 +104,6 @@ def stage_config(args: argparse.Namespace) -> Any:
                      "sft.max_steps": args.max_steps}
     source = args.config or ("smoke" if args.smoke else "default")
     return load_config(args.stage, source, overrides)
-
-
-def _hardware(plan) -> str:
-    if plan.device != "cuda":
-        return "CPU"
-    from cudal1.harness.envinfo import gpu_inventory
-
-    return ", ".join(sorted({g.name for g in gpu_inventory() if g.index in plan.lanes})) or "CUDA GPU"
 
 
 def _need(args: argparse.Namespace, *names: str) -> None:
@@ -126,6 +123,8 @@ def run(args: argparse.Namespace) -> int:
         report = check_report_to(args.report_to)
     except (MissingExtra, ValueError) as exc:
         raise UsageError(str(exc)) from None
+    if getattr(args, "backend", "local") == "ray" and dist.world_size() > 1 and not args.ray_address:
+        raise UsageError("--backend ray under several training processes needs --ray-address (one cluster for all ranks)")
     cfg = stage_config(args)
     out = Path(args.out)
     judge = judge_config(args) if args.stage != "sft" else None
@@ -159,23 +158,26 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
 
         return run_sft(args.model, args.data, cfg, out, resume=args.resume, report_to=report)
     assert judge is not None
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
     if args.smoke:
         fn = smoke_stages.smoke_grpo if args.stage == "grpo" else smoke_stages.smoke_ssl
-        return fn(out, config=cfg, resume=args.resume, report_to=report, judge=judge)
+        plan = plan_from_args(args, judge.device, gpus)  # checks the flags too
+        # local: the smoke picks each rank's GPU itself (smoke_stages.judge_plan)
+        return fn(out, config=cfg, resume=args.resume, report_to=report, judge=judge,
+                  plan=plan if plan.backend == "ray" else None)
     _need(args, "model", "suite")
-    from cudal1.harness import DevicePlan
     from cudal1.tasks import load_tasks
 
     tasks = load_tasks(args.suite, args.source)
-    plan = DevicePlan.detect(judge.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
+    plan = plan_from_args(args, judge.device, gpus)
     if args.stage == "grpo":
         from cudal1.train.grpo import run_grpo
 
-        return run_grpo(args.model, tasks, cfg, judge, out, plan=plan, hardware=_hardware(plan), resume=args.resume,
+        return run_grpo(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
                         report_to=report)
     from cudal1.train.ssl import run_ssl
 
-    return run_ssl(args.model, tasks, cfg, judge, out, plan=plan, hardware=_hardware(plan), resume=args.resume,
+    return run_ssl(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
                    report_to=report)
 
 

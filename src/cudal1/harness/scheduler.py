@@ -58,6 +58,14 @@ class DevicePlan:
             raise HarnessError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
         return dataclasses.replace(self, backend=backend, ray_address=ray_address if backend == "ray" else None)
 
+    def hardware_name(self) -> str:
+        """What judges this plan's candidates, for run records: the GPU model(s), "CPU", or the Ray cluster."""
+        if self.backend == "ray":
+            return f"Ray cluster ({len(self.lanes)} {'GPU' if self.device == 'cuda' else 'CPU'} lane(s))"
+        if self.device != "cuda":
+            return "CPU"
+        return ", ".join(sorted({g.name for g in gpu_inventory() if g.index in self.lanes})) or "CUDA GPU"
+
     @classmethod
     def detect(cls, device: str, gpus: list[int] | None = None) -> "DevicePlan":
         inventory: list[Gpu] = gpu_inventory() if device in ("auto", "cuda") else []

@@ -81,34 +81,33 @@ def judge_plan(judge: Any) -> tuple[Any, str]:
         visible = [g.index for g in gpu_inventory()]
         gpus = [visible[dist.local_rank() % len(visible)]] if visible else None
     plan = DevicePlan.detect(judge.device, gpus)
-    if plan.device != "cuda":
-        return plan, "CPU"
-    names = sorted({g.name for g in gpu_inventory() if g.index in plan.lanes})
-    return plan, ", ".join(names) or "CUDA GPU"
+    return plan, plan.hardware_name()
 
 
 def _judged_stage(stage: str, run: Any, out: str | Path, config: Any, resume: bool, report_to: Any,
-                  on_result: Any, judge: Any = None) -> dict[str, Any]:
+                  on_result: Any, judge: Any = None, plan: Any = None) -> dict[str, Any]:
     """``run`` (``run_grpo`` or ``run_ssl``) on the smoke task from the primed tiny model; ``judge``
-    (an ``EvalConfig``) defaults to :func:`smoke_judge_config` on the CPU."""
+    (an ``EvalConfig``) defaults to :func:`smoke_judge_config` on the CPU; ``plan`` (e.g. a Ray
+    cluster's) defaults to :func:`judge_plan`."""
     out = Path(out)
     judge = judge or smoke_judge_config()
-    plan, hardware = judge_plan(judge)
+    plan, hardware = (plan, plan.hardware_name()) if plan is not None else judge_plan(judge)
     model = primed_model(out / "prime")
     summary = run(str(model), [smoke_task()], config or load_config(stage, "smoke"), judge, out, plan=plan,
                   hardware=hardware, resume=resume, report_to=report_to, on_result=on_result)
     return summary | {"base_model": str(model), "judge_device": plan.device if plan else "cpu",
+                      "judge_backend": plan.backend if plan else "local",
                       "judge_gpus": list(plan.lanes) if plan and plan.device == "cuda" else [],
                       "distributed": dist.describe()}
 
 
 def smoke_grpo(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
-               on_result=None, judge: Any = None) -> dict[str, Any]:
-    """GRPO smoke; ``judge`` (an ``EvalConfig``, e.g. ``smoke_judge_config("cuda")``) picks where
-    rollouts are judged (default: the CPU)."""
+               on_result=None, judge: Any = None, plan: Any = None) -> dict[str, Any]:
+    """GRPO smoke; ``judge`` (an ``EvalConfig``, e.g. ``smoke_judge_config("cuda")``) and ``plan``
+    pick how and where rollouts are judged (default: the CPU, this machine)."""
     from cudal1.train.grpo import run_grpo
 
-    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result, judge)
+    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result, judge, plan)
 
 
 def verified_records() -> list[dict[str, Any]]:
@@ -143,7 +142,7 @@ def smoke_sft(out: str | Path, *, config: Any = None, lora: bool | None = None, 
 
 
 def smoke_ssl(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
-              on_result=None, judge: Any = None) -> dict[str, Any]:
+              on_result=None, judge: Any = None, plan: Any = None) -> dict[str, Any]:
     from cudal1.train.ssl import run_ssl
 
-    return _judged_stage("ssl", run_ssl, out, config, resume, report_to, on_result, judge)
+    return _judged_stage("ssl", run_ssl, out, config, resume, report_to, on_result, judge, plan)
