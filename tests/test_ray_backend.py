@@ -154,13 +154,14 @@ def test_grpo_rewards_are_judged_on_the_cluster(cluster, judge_config, tmp_path)
     assert rewards[0] > max(rewards[1:]) and recorded == 4
 
 
-def test_train_and_collect_check_the_backend_flags(tmp_path):
+def test_train_and_collect_check_the_backend_flags(tmp_path, capsys):
+    from cudal1.cli.main import main
+
     def error(*argv: str) -> str:
-        proc = subprocess.run([sys.executable, "-m", "cudal1.cli.main", *argv], capture_output=True, text=True, timeout=300,
-                              env=os.environ | {"PYTHONPATH": str(REPO / "src")})
-        assert proc.returncode == 2, proc.stderr
-        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-        assert len(lines) == 1, proc.stderr
+        capsys.readouterr()
+        assert main(list(argv)) == 2
+        lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+        assert len(lines) == 1, lines
         return lines[0]
 
     assert "--workers-per-gpu is for the local backend" in error(
