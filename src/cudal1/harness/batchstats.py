@@ -158,7 +158,8 @@ class StatsRecorder:
         self._lease_wait = 0.0
 
     def gpu_phases(self, gpu: Any, timeline: list[tuple[str, float, float]]) -> None:
-        """One worker's phases ``(name, start, end)`` (``time.monotonic``) on ``gpu``."""
+        """One worker's phases ``(name, start, end)`` on ``gpu`` (``JobOutcome.timeline``: the
+        workers' ``time.time()``, one clock for all workers of this machine)."""
         if not timeline:
             return
         with self.lock:
