@@ -20,6 +20,9 @@
 #            and quiet again (~2.5 min on one GPU)
 #   release: the whole CUDA-L1 H100 release through verify, fresh caches, 2 workers per GPU
 #            (benchmarks/throughput.py --release; $RELEASE_ARGS adds flags; ~4-5 min on x2)
+#   mixed : the mixed set of benchmarks/throughput.py at $MIXED_WORKERS build processes (default 1),
+#           second pass $MIXED_SECOND (default none), stopped at $MIXED_DEADLINE s (default 440);
+#           throughput.json and a tarball of the logs come back
 # Several stages: bash benchmarks/gpu_session.sh "tests builtin"
 # Expects KernelBench/CUDA-L1 JSONL copies in .data/ (carried; see docs/benchmarks.md).
 # Full logs go to $OUT; a short table is printed last.
@@ -112,6 +115,16 @@ if has release; then
   summary+=("release: rc=$? ($((SECONDS-t0)) s)")
   tar czf "$OUT/release.tgz" -C /tmp/cudal1_release --exclude='*.so' --exclude='cache*' --exclude='*.o' . 2>/dev/null
   tail -20 "$OUT/release.log"
+fi
+if has mixed; then
+  t0=$SECONDS
+  timeout $(( ${MIXED_DEADLINE:-440} + 60 )) python3 benchmarks/throughput.py --workers ${MIXED_WORKERS:-1} \
+    --second-pass ${MIXED_SECOND:-none} --deadline-s ${MIXED_DEADLINE:-440} --out /tmp/cudal1_mixed ${MIXED_ARGS:-} \
+    >"$OUT/mixed.log" 2>&1
+  summary+=("mixed set w=${MIXED_WORKERS:-1}: rc=$? ($((SECONDS-t0)) s)")
+  cp /tmp/cudal1_mixed/throughput.json "$OUT/mixed_throughput.json" 2>/dev/null
+  tar czf "$OUT/mixed.tgz" -C /tmp/cudal1_mixed --exclude='*.so' --exclude='*.o' . 2>/dev/null
+  tail -8 "$OUT/mixed.log"
 fi
 if has train; then
   # NVLink multicast stays off (device rules); set here too in case the environment lacks them.

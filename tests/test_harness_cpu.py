@@ -114,62 +114,21 @@ def test_parent_never_imports_candidates(batch):
 
 
 # ---------------------------------------------------------------------------------------------
-# A C++ load_inline candidate: a real build, then the build cache.
-
-CPP_CANDIDATE = r'''
-import torch
-import torch.nn as nn
-from torch.utils.cpp_extension import load_inline
-
-CPP_SOURCE = """
-#include <torch/extension.h>
-
-torch::Tensor diag_mul(torch::Tensor A, torch::Tensor B) {
-    TORCH_CHECK(A.scalar_type() == torch::kFloat && B.scalar_type() == torch::kFloat, "float32 only");
-    TORCH_CHECK(A.dim() == 1 && B.dim() == 2 && A.size(0) == B.size(0), "bad shapes");
-    auto a = A.contiguous();
-    auto b = B.contiguous();
-    auto out = torch::empty_like(b);
-    const int64_t n = b.size(0), m = b.size(1);
-    const float* pa = a.data_ptr<float>();
-    const float* pb = b.data_ptr<float>();
-    float* po = out.data_ptr<float>();
-    for (int64_t i = 0; i < n; ++i) {
-        const float s = pa[i];
-        for (int64_t j = 0; j < m; ++j) {
-            po[i * m + j] = s * pb[i * m + j];
-        }
-    }
-    return out;
-}
-"""
-
-ext = load_inline(name="diag_mul_cpu_ext", cpp_sources=CPP_SOURCE, functions=["diag_mul"],
-                  extra_cflags=["-O2"], verbose=False)
-
-
-class ModelNew(nn.Module):
-    def __init__(self):
-        super().__init__()
-
-    def forward(self, A, B):
-        return ext.diag_mul(A, B)
-'''
+# A C++ load_inline candidate: a real build (the corpus's honest_cpp_kernel, built fresh by the
+# batch above), then the build cache (the same source judged again with the batch's config).
 
 
 @pytest.mark.slow
-def test_cpp_load_inline_candidate_and_build_cache(task, tmp_path, cpu_judge_config):
-    config = cpu_judge_config(tmp_path / "cache", timeout_s=120, build_timeout_s=600)
-    cand = Candidate(CPP_CANDIDATE, task_hash=task.hash, label="cpp_diag_mul")
-
-    (first,) = evaluate(task, [cand], config)
+def test_cpp_load_inline_candidate_and_build_cache(task, batch, corpus, corpus_config):
+    first = batch["honest_cpp_kernel"]
     assert first.status is Status.OK, _describe(first) + "\n" + first.compile_log[-3000:]
     assert "build_cached" not in first.flags
     assert first.speedup is not None and first.speedup > 0
     assert first.build_s > 0
 
+    source = corpus["honest_cpp_kernel"].path.read_text()
     t0 = time.monotonic()
-    (second,) = evaluate(task, [Candidate(CPP_CANDIDATE, task_hash=task.hash, label="again")], config)
+    (second,) = evaluate(task, [Candidate(source, task_hash=task.hash, label="again")], corpus_config)
     elapsed = time.monotonic() - t0
     assert second.status is Status.OK, _describe(second)
     assert "build_cached" in second.flags

@@ -17,7 +17,7 @@ import pytest
 from cli_support import cli_env, small_config
 
 REPO = Path(__file__).resolve().parents[1]
-N = 6
+N = 4
 
 
 def recorded(db: Path) -> int:
@@ -67,6 +67,8 @@ def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
     with sqlite3.connect(out / "cudal1.sqlite") as con:  # a worker killed by the stop left no verdict
         assert {row[0] for row in con.execute("SELECT status FROM evaluations")} == {"ok"}
     assert stopped_in < 20, f"took {stopped_in:.1f} s to stop"
+    if sig == signal.SIGINT:
+        return  # resuming does not depend on the signal that stopped the run: checked once, after SIGTERM
     slow.unlink()
     again = subprocess.run([*cmd, "--json"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]

@@ -63,3 +63,21 @@ def test_the_check_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from cudal1.policy.builtin import PASSES\n    import cudal1.harness.api\n")
     assert _violations(bad, FORBIDDEN["rewrite"]) == ["cudal1.harness.api", "cudal1.policy.builtin"]
+
+
+def test_the_worker_launcher_starts_before_torch_is_imported():
+    """The CLI calls ``launcher.prestart()`` before it imports the judge, so the forkserver's preload
+    of torch overlaps the command's own imports: importing the launcher (and the harness package)
+    must not import torch, and ``prestart`` must leave a forkserver running."""
+    import subprocess
+    import sys
+
+    code = ("import sys, cudal1.harness.launcher as launcher\n"
+            "assert 'torch' not in sys.modules, 'the launcher imported torch'\n"
+            "launcher.prestart()\n"
+            "from multiprocessing import forkserver\n"
+            "assert forkserver._forkserver._forkserver_pid, 'no forkserver was started'\n"
+            "assert 'torch' not in sys.modules\n"
+            "print('ok')\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "ok", proc.stderr[-2000:]

@@ -167,6 +167,29 @@ class TestExactReference:
         assert ex([torch.zeros(2)]) is None
         assert "does not run in float64" in ex.unavailable
 
+    def test_out_of_memory_beside_other_workers_raises_instead_of_falling_back(self):
+        """On a shared GPU an OOM is the neighbours' doing: it must become an ``oom`` verdict (the
+        scheduler re-judges alone), not a CPU float64 run (tens of seconds on large tasks) or a
+        different correctness rule.  Alone, the CPU fallback stands."""
+
+        class _OomOnTheDevice(torch.nn.Module):
+            def forward(self, x):
+                if torch.get_default_dtype() == torch.float64 and getattr(self, "on_device", True):
+                    self.on_device = False  # the CPU retry (after .to('cpu')) succeeds
+                    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB")
+                return x * 2
+
+        def exact(shared: bool) -> ExactReference:
+            ex = ExactReference(_OomOnTheDevice(), torch.device("cpu"), shared=shared)
+            ex.device = torch.device("meta")  # as if built on a device (no GPU needed: the retry is on the CPU)
+            return ex
+
+        with pytest.raises(torch.OutOfMemoryError):
+            exact(shared=True)([torch.ones(2)])
+        alone = exact(shared=False)
+        assert torch.equal(alone([torch.ones(2)]), torch.full((2,), 2.0, dtype=torch.float64))
+        assert alone.device.type == "cpu" and alone.unavailable == ""
+
 
 # ---- parent re-check and staleness -------------------------------------------------------------
 

@@ -149,6 +149,70 @@ def test_a_lane_failure_surfaces(fake, tmp_path, monkeypatch):
         run_jobs([job("b", True), job("p", False)], config(tmp_path, 1), plan=DevicePlan("cpu", (None,), ""))
 
 
+class MemoryBoundEvaluator(FakeEvaluator):
+    """Judging needs the GPU's memory: a job that runs while another runs on its GPU is out of
+    memory (its verdict says ``oom``); alone, it is ``ok``.  The log records how many ran."""
+
+    running: dict = {}
+
+    def evaluate_job(self, j: Job, gpu, prebuilt) -> EvalResult:
+        with self.lock:
+            self.running[gpu] = self.running.get(gpu, 0) + 1
+            neighbours = self.running[gpu] - 1
+            self.log.append(("judge_start", j.label, neighbours))
+        time.sleep(JUDGE_S)
+        with self.lock:
+            neighbours = max(neighbours, self.running[gpu] - 1)
+            self.running[gpu] -= 1
+        base = dict(task_name=j.task.name, task_hash=j.task.hash, candidate_hash=j.candidate.hash)
+        if neighbours:
+            return EvalResult(status=Status.RUNTIME_ERROR, flags=["oom"], message="correctness: OutOfMemoryError", **base)
+        return EvalResult(status=Status.OK, **base)
+
+
+@pytest.mark.parametrize("share", [1, 3])
+def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_path, monkeypatch, share):
+    """With several workers per GPU, an OOM verdict may be the neighbours' doing: the job is
+    judged again with the GPU to itself (new jobs held back, running ones finished first), and
+    that verdict stands.  With one worker per GPU an OOM is the job's own: no second run."""
+    MemoryBoundEvaluator.running = {}
+    monkeypatch.setattr(scheduler, "Evaluator", MemoryBoundEvaluator)
+    jobs = [job(f"p{i}", False) for i in range(6)]
+    cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=share)
+    results = run_jobs(jobs, cfg, plan=DevicePlan("cpu", (None,), ""))
+    starts = [(label, n) for e, label, n in fake.log if e == "judge_start"]
+    if share == 1:
+        assert all(r.status is Status.OK and "rejudged_alone" not in r.flags for r in results)
+        assert len(starts) == 6
+        return
+    assert [r.status for r in results] == [Status.OK] * 6, [(r.status, r.flags) for r in results]
+    again = [r for r in results if "rejudged_alone" in r.flags]
+    assert again, "three workers on one device never ran out of memory together"
+    assert len(starts) == 6 + len(again)
+    for label in {label for label, _ in starts}:
+        runs = [n for lb, n in starts if lb == label]
+        if len(runs) > 1:
+            assert runs[-1] == 0, f"{label} was judged again beside {runs[-1]} other job(s)"
+
+
+def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():
+    gate = scheduler.GpuGate()
+    never = lambda: False  # noqa: E731
+    gate.enter(never)  # a neighbour is running
+    order: list[str] = []
+    alone = threading.Thread(target=lambda: gate.alone(lambda: order.append("alone"), never))
+    alone.start()
+    time.sleep(0.1)
+    newcomer = threading.Thread(target=lambda: (gate.enter(never), order.append("new"), gate.leave()))
+    newcomer.start()
+    time.sleep(0.1)
+    assert order == []  # the solo job waits for the neighbour; the newcomer waits for the solo job
+    gate.leave()
+    alone.join(5)
+    newcomer.join(5)
+    assert order == ["alone", "new"]
+
+
 def test_unknown_backend_is_an_error():
     with pytest.raises(scheduler.HarnessError, match="unknown backend"):
         DevicePlan("cpu", (None,), "").with_backend("dask")

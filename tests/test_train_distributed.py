@@ -3,8 +3,8 @@
 * SFT smoke: both ranks train in one data-parallel group (the trainer's world size is 2), rank 0
   alone prints the summary, writes ``config.yaml``, ``data.jsonl`` and ``metrics.jsonl`` (one line
   per logged step, no duplicates) and the final model, which loads and runs.
-* GRPO smoke (2 steps, about 75 s here): every rank judges its own rollouts and writes them to the
-  one SQLite store (WAL) — all ``group_size x prompts_per_step`` rollouts of each step are recorded,
+* GRPO smoke (one step): every rank judges its own rollouts and writes them to the
+  one SQLite store (WAL) — all ``group_size x prompts_per_step`` rollouts of the step are recorded,
   one run is recorded, one summary printed.
 """
 
@@ -95,17 +95,17 @@ def test_grpo_smoke_under_two_processes(tmp_path):
     import sqlite3
 
     out = tmp_path / "grpo"
-    proc = _torchrun(["grpo", "--smoke", "--max-steps", "2", "--out", str(out), "--json"], timeout=420)
+    proc = _torchrun(["grpo", "--smoke", "--max-steps", "1", "--out", str(out), "--json"], timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summaries = _summaries(proc.stdout)
     assert len(summaries) == 1, proc.stdout[-4000:]
-    assert summaries[0]["steps"] == 2 and len(summaries[0]["reward_mean"]) == 2
+    assert summaries[0]["steps"] == 1 and len(summaries[0]["reward_mean"]) == 1
     assert summaries[0]["distributed"]["world_size"] == 2 and summaries[0]["judge_device"] == "cpu"
 
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["processes"] == 2
     per_step = config["grpo"]["group_size"] * config["grpo"]["prompts_per_step"]
-    assert [m["step"] for m in _metrics(out)] == [1, 2]
+    assert [m["step"] for m in _metrics(out)] == [1]
 
     con = sqlite3.connect(out / "cudal1.sqlite")
     try:
@@ -115,7 +115,7 @@ def test_grpo_smoke_under_two_processes(tmp_path):
     finally:
         con.close()
     # each rank judged and recorded its half of every step's rollouts in the one store
-    assert rows == {1: per_step, 2: per_step}, rows
+    assert rows == {1: per_step}, rows
     assert runs == [("train-grpo", "done")]  # recorded once, by rank 0
     assert (out / "config.json").is_file() and (out / "prime" / "primed" / "config.json").is_file()
 

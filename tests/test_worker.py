@@ -1,6 +1,18 @@
-"""harness.worker: classification of runtime errors."""
+"""harness.worker: classification of runtime errors; the GPU lease's phases."""
 
 from __future__ import annotations
+
+import torch
+
+
+def test_out_of_memory_is_flagged_also_when_the_reference_runs_out():
+    """An OOM verdict carries ``oom`` wherever it happened (the reference's phases too): the
+    scheduler judges such a job again alone when it shared its GPU."""
+    from cudal1.harness.worker import _oom_flag, classify_runtime
+
+    assert "oom" in classify_runtime(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB"), "x").flags
+    assert _oom_flag(RuntimeError("CUDA error: out of memory")) == ["oom"]
+    assert _oom_flag(ValueError("shape mismatch")) == []
 
 
 def test_cuda_error_boilerplate_is_not_an_illegal_memory_access():
@@ -42,6 +54,7 @@ class _LeaseProbe:
         self.worker.current_phase = ""
         self.worker.resume_phase = ""
         self.worker.resume_lease = "none"
+        self.worker.device = torch.device("cpu")
         self.phases: list[str] = []
 
         def phase(name: str) -> None:

@@ -33,6 +33,7 @@ FLAGS: dict[str, str] = {
     "strict_verified": "a speedup above the strict threshold passed a second, stricter verification",
     "reviewer_suspects": "an optional LLM reviewer suspects reward hacking (second opinion, never a verdict)",
     "high_variance": "timing spread (IQR/median) above 10%: the speedup is less certain",
+    "rejudged_alone": "ran out of device memory beside other workers on its GPU, so this verdict was judged again with the GPU to itself",
 }
 
 

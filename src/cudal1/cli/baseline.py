@@ -26,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cudal1.compile_modes import canonical
-    from cudal1.harness import DevicePlan
+    from cudal1.harness.launcher import prestart
     from cudal1.runs import baselines_recorded
     from cudal1.store import RunStore
     from cudal1.tasks import load_tasks
@@ -36,9 +36,11 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     from cudal1.config import write_run_config
+    from cudal1.harness import DevicePlan
 
     config = config_from_args(args)
     tasks = load_tasks(args.suite, args.source)
+    prestart()  # the workers' forkserver imports torch while this process goes on
     plan = DevicePlan.detect(config.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -43,9 +43,9 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
 
 
 def plan_from_args(args: argparse.Namespace, device: str, gpus: list[int] | None = None) -> Any:
-    """The device plan for ``--backend``: local GPUs, or the Ray cluster's (actors start here)."""
-    from cudal1.harness import DevicePlan
-
+    """The device plan for ``--backend``: local GPUs, or the Ray cluster's (actors start here).
+    Locally, the workers' forkserver is started here (:func:`~cudal1.harness.launcher.prestart`),
+    so its preload overlaps the command's own imports and set-up."""
     backend = getattr(args, "backend", "local")
     address = getattr(args, "ray_address", None)
     if address and backend != "ray":
@@ -56,6 +56,11 @@ def plan_from_args(args: argparse.Namespace, device: str, gpus: list[int] | None
         from cudal1.harness.ray_backend import cluster_plan
 
         return cluster_plan(device, address, gpus)
+    from cudal1.harness.launcher import prestart
+
+    prestart()
+    from cudal1.harness import DevicePlan
+
     return DevicePlan.detect(device, gpus)
 
 

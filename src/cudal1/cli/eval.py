@@ -39,12 +39,15 @@ def describe(r: EvalResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.runs import judge_recorded
+    from cudal1.harness.launcher import prestart
     from cudal1.tasks import load_task_file
 
     config = config_from_args(args)
     task = load_task_file(args.reference)
     candidate = Candidate(read_text(args.candidate, "candidate"), task_hash=task.hash, label=args.candidate)
+    prestart()  # the workers' forkserver imports torch while this process imports the judge
+    from cudal1.runs import judge_recorded
+
     store = None
     if args.store:
         from cudal1.store import RunStore

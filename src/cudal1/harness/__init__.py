@@ -13,9 +13,23 @@ impossible.  Native code can do anything the process can.  Run untrusted candida
 you can afford to lose, under an OS sandbox if they may be hostile.
 """
 
-from cudal1.harness.api import (DevicePlan, HarnessError, Job, evaluate, evaluate_pairs, measure_baselines, run_jobs,
-                                time_baselines)
-from cudal1.harness.baselines import MODES as BASELINE_MODES
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["BASELINE_MODES", "DevicePlan", "HarnessError", "Job", "evaluate", "evaluate_pairs", "measure_baselines", "run_jobs",
            "time_baselines"]
+
+
+def __getattr__(name: str) -> Any:
+    """The front door, imported on first use: ``import cudal1.harness.launcher`` (the CLI's first
+    step) must not pull in torch."""
+    if name == "BASELINE_MODES":
+        from cudal1.harness.baselines import MODES
+
+        return MODES
+    if name in __all__:
+        from cudal1.harness import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'cudal1.harness' has no attribute {name!r}")

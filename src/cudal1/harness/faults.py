@@ -1,6 +1,6 @@
 """Sticky CUDA faults: after one of these the worker's CUDA context is unusable, and the verdict
 carries the ``illegal_memory_access`` flag.  One list for the worker (exception text) and the
-parent (log tail of a worker that died).
+parent (log tail of a worker that died).  Also what counts as running out of memory (``oom``).
 
 The same fault surfaces under different names across drivers and CUDA versions: an
 out-of-bounds access on an H200 with CUDA 13 can arrive as ``cudaErrorInvalidAddressSpace``
@@ -32,3 +32,11 @@ CUDA_FAULT_SIGNS = (
 def is_cuda_fault(text: str) -> bool:
     """Whether ``text`` (an exception message or a log tail) reports a sticky CUDA fault."""
     return any(sign in text for sign in CUDA_FAULT_SIGNS)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` reports that an allocation failed (PyTorch's ``OutOfMemoryError``, or a CUDA
+    or extension error that says "out of memory")."""
+    import torch
+
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)

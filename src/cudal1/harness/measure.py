@@ -139,7 +139,7 @@ class Measurement:
         ``exact``; built before any candidate code runs."""
         if "@exact" not in self.tolerances():
             return None
-        return ExactReference(ref_model, self.device)
+        return ExactReference(ref_model, self.device, shared=self.cfg.workers_per_gpu > 1)
 
     def kernel_names(self, cand_model: Any) -> list[str] | None:
         """CUDA kernels launched by one profiled candidate forward (None off CUDA or when the

@@ -47,6 +47,8 @@ from typing import Any
 
 import torch
 
+from cudal1.harness.faults import is_out_of_memory
+
 # Captured before candidate code runs (the same reason as in compare.py).
 _Tensor = torch.Tensor
 _isfinite = torch.isfinite
@@ -244,15 +246,23 @@ def float64_model(model: Any, device: torch.device) -> Any:
 
 class ExactReference:
     """Runs the reference in float64 on the device, or on the CPU when the device lacks a
-    float64 kernel.  ``unavailable`` says why the exact rule cannot be used ('' when it can)."""
+    float64 kernel.  ``unavailable`` says why the exact rule cannot be used ('' when it can).
 
-    def __init__(self, model: Any, device: torch.device) -> None:
+    ``shared``: other workers share the GPU (and its memory).  Running out of memory then raises
+    (the verdict says ``oom`` and the scheduler judges the job again with the GPU to itself)
+    instead of falling back: a CPU float64 run of a large task takes tens of seconds, and a rule
+    that changed with the neighbours would make the verdict theirs."""
+
+    def __init__(self, model: Any, device: torch.device, *, shared: bool = False) -> None:
         self.device = device
+        self.shared = shared
         self.unavailable = ""
         self.model: Any = None
         try:
             self.model = float64_model(model, device)
         except Exception as exc:  # noqa: BLE001 - any failure means: fall back
+            if shared and is_out_of_memory(exc):
+                raise
             self.unavailable = f"the reference cannot be copied to float64: {type(exc).__name__}: {exc}"[:300]
 
     def __call__(self, inputs: list) -> Any:
@@ -265,7 +275,7 @@ class ExactReference:
             try:
                 return self.model(*self._args(inputs))
             except Exception as exc:  # noqa: BLE001
-                if self.device.type == "cpu":
+                if self.device.type == "cpu" or (self.shared and is_out_of_memory(exc)):
                     raise
                 first = f"{type(exc).__name__}: {exc}"
                 try:  # no float64 kernel on the device: the CPU has one for nearly every op
@@ -276,6 +286,8 @@ class ExactReference:
                 except Exception:  # noqa: BLE001
                     raise RuntimeError(first) from None
         except Exception as exc:  # noqa: BLE001
+            if self.shared and is_out_of_memory(exc):
+                raise
             self.unavailable = f"the reference does not run in float64: {type(exc).__name__}: {exc}"[:300]
             self.model = None
             return None

@@ -2,7 +2,7 @@
 
 Contract: :func:`run_job` never raises for anything the child does.  The child is started from a
 ``forkserver`` whose only preloaded state is ``torch`` and the worker module (no CUDA context,
-nothing from the parent), runs in its own process group, and is killed with SIGKILL (with every
+nothing from the parent; :mod:`cudal1.harness.launcher`), runs in its own process group, and is killed with SIGKILL (with every
 process it started, e.g. a hung ``nvcc``) when a phase overruns.  Messages are read raw by a
 reader thread and verified by :class:`~cudal1.harness.channel.Receiver`; a forged, malformed or
 replayed message ends the job with ``tampering``, and so does a ``tamper`` report from the
@@ -16,7 +16,6 @@ The outcome says what happened; mapping it to an :class:`~cudal1.types.EvalResul
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import queue
 import secrets
@@ -27,53 +26,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
+from cudal1.harness.launcher import get_context, no_main
 from cudal1.harness.numerics import LeafCheck
 from cudal1.harness.spec import BuildStage, TaskFindings, WorkerSpec, WorkerVerdict
 
 _EXIT_GRACE_S = 15.0
 _POLL_S = 0.05
-_context: Any = None
-_context_lock = threading.Lock()
-
-
-_no_main = threading.local()
-
-
-def _install_main_stripper() -> None:
-    """Workers must not re-import the caller's ``__main__`` (multiprocessing's default): it
-    would run the user's script inside the sandbox, fail for ``python -`` and cost time.
-    The wrapper strips the main-module entries only while *this* module starts a worker."""
-    from multiprocessing import spawn
-
-    original = spawn.get_preparation_data
-    if getattr(original, "_cudal1", False):
-        return
-
-    def get_preparation_data(name: str) -> dict:
-        data = original(name)
-        if getattr(_no_main, "active", False):
-            data.pop("init_main_from_path", None)
-            data.pop("init_main_from_name", None)
-        return data
-
-    get_preparation_data._cudal1 = True  # type: ignore[attr-defined]
-    spawn.get_preparation_data = get_preparation_data
-
-
-def get_context() -> Any:
-    """The shared forkserver context (``spawn`` where forkserver is unavailable)."""
-    global _context
-    with _context_lock:
-        if _context is None:
-            _install_main_stripper()
-            try:
-                ctx = mp.get_context("forkserver")
-                ctx.set_forkserver_preload(["torch", "torch._dynamo", "cudal1.harness.worker"])
-            except ValueError:
-                ctx = mp.get_context("spawn")
-            _context = ctx
-        return _context
-
 
 @dataclass
 class JobOutcome:
@@ -201,11 +159,11 @@ def run_job(spec: WorkerSpec, limits: dict[str, float]) -> JobOutcome:
     proc = ctx.Process(target=_job_target, args=(spec, send_conn, [key]), daemon=False)
     outcome = JobOutcome()
     t0 = time.monotonic()
-    _no_main.active = True
+    no_main.active = True
     try:
         proc.start()
     finally:
-        _no_main.active = False
+        no_main.active = False
     with _live_lock:
         _live.add(proc)
     send_conn.close()

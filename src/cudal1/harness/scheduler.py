@@ -303,6 +303,51 @@ def run_jobs(
     return _LocalBatch(jobs, config, plan, on_result).run(on_stats)
 
 
+def out_of_memory(result: EvalResult) -> bool:
+    """The verdict is a failure to get memory (the candidate's or the reference's)."""
+    return result.status is Status.RUNTIME_ERROR and "oom" in result.flags
+
+
+class GpuGate:
+    """The jobs running on one GPU, and a way to run one job with the GPU to itself.
+
+    Workers sharing a GPU (``workers_per_gpu`` > 1) share its memory too, so a job can run out of
+    memory only because of its neighbours.  Such a verdict is not the job's: :meth:`alone` lets
+    the running jobs finish, holds new ones back, and runs the job again by itself; the verdict of
+    that run stands."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.active = 0  # jobs running on the GPU
+        self.solo = 0  # jobs waiting to run alone, or running alone
+
+    def enter(self, stopping: Callable[[], bool]) -> None:
+        with self.cond:
+            while self.solo and not stopping():
+                self.cond.wait(timeout=1.0)
+            self.active += 1
+
+    def leave(self) -> None:
+        with self.cond:
+            self.active -= 1
+            self.cond.notify_all()
+
+    def alone(self, run: Callable[[], EvalResult], stopping: Callable[[], bool]) -> EvalResult:
+        """``run()`` once no other job runs on this GPU (the caller has left the gate)."""
+        with self.cond:
+            self.solo += 1
+            while self.active and not stopping():
+                self.cond.wait(timeout=1.0)
+            self.active += 1
+        try:
+            return run()
+        finally:
+            with self.cond:
+                self.active -= 1
+                self.solo -= 1
+                self.cond.notify_all()
+
+
 class _LocalBatch:
     """One batch on this machine: a build farm feeding one thread per timing lane."""
 
@@ -322,6 +367,7 @@ class _LocalBatch:
         self.stopping = False  # set when the batch is interrupted: lanes take nothing more, drop what runs
         self.farm: Any = None
         self.tickets: dict[int, Any] = {}  # job -> farm.Ticket
+        self.gates = {gpu: GpuGate() for gpu in plan.lanes}  # jobs on each GPU (run alone after an OOM)
 
     def run(self, on_stats: Callable[[BatchStats], None] | None) -> list[EvalResult]:
         from cudal1.harness.farm import BuildFarm
@@ -396,7 +442,7 @@ class _LocalBatch:
                 rec.lane_wait(key, now - mark)
                 mark = now
                 ticket = self.tickets.get(i)
-                res = self.ev.evaluate_job(self.jobs[i], gpu, ticket.result() if ticket is not None else None)
+                res = self.judge(i, gpu, ticket.result() if ticket is not None else None)
                 if self.stopping:  # its worker was killed by the interrupt: not a verdict
                     break
                 self.results[i] = res
@@ -413,6 +459,20 @@ class _LocalBatch:
             end = time.monotonic()
             rec.lane_wait(key, end - mark)
             rec.lane_end(key, end - t0)
+
+    def judge(self, i: int, gpu: int | None, prebuilt: Any) -> EvalResult:
+        """Job ``i``'s verdict on ``gpu``.  With several workers per GPU, a job that ran out of
+        memory is judged again with the GPU to itself (:class:`GpuGate`); flag ``rejudged_alone``."""
+        gate, stopping = self.gates[gpu], lambda: self.stopping
+        gate.enter(stopping)
+        try:
+            res = self.ev.evaluate_job(self.jobs[i], gpu, prebuilt)
+        finally:
+            gate.leave()
+        if self.config.workers_per_gpu > 1 and out_of_memory(res) and not self.stopping:
+            res = gate.alone(lambda: self.ev.evaluate_job(self.jobs[i], gpu, prebuilt), stopping)
+            res.flags.append("rejudged_alone")
+        return res
 
     def _record_builds(self) -> None:
         for i, t in self.tickets.items():

@@ -40,7 +40,7 @@ import torch
 
 from cudal1.harness import signing_hook
 from cudal1.harness.degenerate import degenerate_reason, fingerprint
-from cudal1.harness.faults import is_cuda_fault
+from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.numerics import ExactAnswers, ExactReference
 from cudal1.harness.runtime_guard import RuntimeGuard
@@ -63,12 +63,15 @@ def load_module(path: str, name: str) -> Any:
     return module
 
 
+def _oom_flag(exc: BaseException) -> list[str]:
+    """``["oom"]`` when ``exc`` says the device (or host) ran out of memory."""
+    return ["oom"] if is_out_of_memory(exc) else []
+
+
 def classify_runtime(exc: BaseException, phase: str) -> Verdict:
     """Map an exception raised from construction on to a ``runtime_error`` verdict."""
     text = f"{type(exc).__name__}: {exc}"
-    flags = []
-    if isinstance(exc, torch.OutOfMemoryError) or "out of memory" in text:
-        flags.append("oom")
+    flags = _oom_flag(exc)
     if is_cuda_fault(text):
         flags.append("illegal_memory_access")
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
@@ -186,15 +189,21 @@ class Worker(Measurement):
             # Converting a held flock first drops it, even when a non-blocking attempt then fails;
             # so the current phase ends (is stamped) before the lock can go, or another worker's
             # phase could be stamped as starting before this one ended.
-            self.phase("lane")
-            fcntl.flock(self.lease_fd, op)
+            self.wait_for_lease(op)
         else:
             try:
                 fcntl.flock(self.lease_fd, op | fcntl.LOCK_NB)
             except BlockingIOError:
-                self.phase("lane")
-                fcntl.flock(self.lease_fd, op)
+                self.wait_for_lease(op)
         self.lease_held = want
+
+    def wait_for_lease(self, op: int) -> None:
+        """Wait (as phase ``lane``) for the lease; a worker that waits holds no cached GPU memory,
+        so the workers that run meanwhile have the GPU's memory to themselves as far as it can."""
+        self.phase("lane")
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        fcntl.flock(self.lease_fd, op)
 
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
         # The lease is held until the process exits, after this message: its time stamp
@@ -274,7 +283,8 @@ class Worker(Measurement):
             torch.manual_seed(self.cfg.seed if seed is None else seed)
             return ref_mod.Model(*self.init_inputs(ref_mod)).to(self.device)
         except BaseException as exc:  # noqa: BLE001
-            raise Verdict("runtime_error", f"reference failed to construct: {type(exc).__name__}: {exc}", "reference_error") from None
+            raise Verdict("runtime_error", f"reference failed to construct: {type(exc).__name__}: {exc}", "reference_error",
+                          *_oom_flag(exc)) from None
 
     def probe_task(self, ref_mod: Any, ref_model: Any) -> None:
         """Degenerate-task check on the reference alone, before any candidate code runs."""
@@ -297,7 +307,8 @@ class Worker(Measurement):
         except Verdict:
             raise
         except BaseException as exc:  # noqa: BLE001
-            raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}", "reference_error") from None
+            raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}", "reference_error",
+                          *_oom_flag(exc)) from None
         self.poison()
         self.degenerate = degenerate_reason(prints, other)
         if self.exact is not None:
@@ -374,7 +385,8 @@ def worker_entry(spec: WorkerSpec, conn: Any, key_holder: list) -> None:
     threads = signing_hook.install(
         key_holder.pop(), fd, candidate_path=spec.candidate_path, bottom=sys._getframe(),
         send=Worker.send, chain=[Worker.phase, Worker.finish, Worker.setup, Worker.import_candidate, Worker.probe_task,
-                                 Worker.verify_extraordinary, Worker.run, Worker.lease, Worker.enter],
+                                 Worker.verify_extraordinary, Worker.run, Worker.lease, Worker.wait_for_lease,
+                                 Worker.enter],
         building=Worker.building, register=Worker.import_candidate, tolerances_fn=Worker.tolerances,
         profiled=Worker.kernel_names, tolerances=spec.tolerances)
     try:

@@ -1,0 +1,74 @@
+"""How worker children are started: one ``forkserver`` per judging process, preloaded with
+``torch``, ``torch._dynamo`` and the worker module (no CUDA context, nothing from the parent), so a
+worker starts in milliseconds instead of importing torch again.
+
+Contract: :func:`get_context` is the multiprocessing context every worker is started from
+(``spawn`` where forkserver is unavailable).  :func:`prestart` starts the forkserver *now*, so its
+preload (several seconds) overlaps whatever the caller does before its first job (the CLI calls
+it before it imports torch itself).  This module imports no torch: the CLI can call it first.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+from typing import Any
+
+PRELOAD = ["torch", "torch._dynamo", "cudal1.harness.worker"]
+
+_context: Any = None
+_context_lock = threading.Lock()
+no_main = threading.local()  # set while this process starts a worker or the forkserver
+
+
+def _install_main_stripper() -> None:
+    """Workers must not re-import the caller's ``__main__`` (multiprocessing's default): it
+    would run the user's script inside the sandbox, fail for ``python -`` and cost time.
+    The wrapper strips the main-module entries only while *this* module starts a worker."""
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_cudal1", False):
+        return
+
+    def get_preparation_data(name: str) -> dict:
+        data = original(name)
+        if getattr(no_main, "active", False):
+            data.pop("init_main_from_path", None)
+            data.pop("init_main_from_name", None)
+        return data
+
+    get_preparation_data._cudal1 = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = get_preparation_data
+
+
+def get_context() -> Any:
+    """The shared forkserver context (``spawn`` where forkserver is unavailable)."""
+    global _context
+    with _context_lock:
+        if _context is None:
+            _install_main_stripper()
+            try:
+                ctx = mp.get_context("forkserver")
+                ctx.set_forkserver_preload(PRELOAD)
+            except ValueError:
+                ctx = mp.get_context("spawn")
+            _context = ctx
+        return _context
+
+
+def prestart() -> None:
+    """Start the forkserver now (returns at once; the preload runs in the server).  A no-op under
+    ``spawn`` or when the server runs already; never raises (the first job would start it)."""
+    try:
+        if get_context().get_start_method() != "forkserver":
+            return
+        from multiprocessing import forkserver
+
+        no_main.active = True
+        try:
+            forkserver.ensure_running()
+        finally:
+            no_main.active = False
+    except Exception:  # noqa: BLE001 - an optimisation only
+        pass
