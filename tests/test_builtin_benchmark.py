@@ -11,7 +11,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "builtin_kernelbench.py"
-TASK = REPO / "examples" / "tasks" / "diag_matmul.py"
+TASK = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
 
 
 def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:

@@ -1,4 +1,5 @@
-"""CPU tier: the real subprocess judge against ``examples/tasks/diag_matmul.py``.
+"""CPU tier: the real subprocess judge against ``examples/tasks/diag_matmul.py`` (its copy at N = M = 512 in
+``tests/fixtures/small_tasks``: the same verdicts, an eighth of the reference's work).
 
 Every fixture in ``tests/fixtures/cpu`` starts with ``# expect: <status> [flag]``: the exact verdict
 it must get (header format and runner: ``tests/conftest.py``).  All fixtures are judged in one
@@ -19,7 +20,7 @@ from cudal1.types import Candidate, EvalResult, Status
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "cpu"
-TASK_FILE = REPO / "examples" / "tasks" / "diag_matmul.py"
+TASK_FILE = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
 TIMEOUT_S = 15.0  # per-phase limit: the hang fixture's cost, and headroom (the strict "verify" pass of a
 # >10x candidate runs ~80 reference calls in one phase) on a loaded 2-core box
 CORPUS = sorted(FIXTURES.glob("*.py"))
@@ -56,6 +57,14 @@ def test_verdicts_carry_identity(batch, task):
         assert r.config_hash, name
         if r.phase != "static":  # static-guard rejections never start a worker
             assert r.wall_s > 0, name
+
+
+def test_the_strict_second_pass_runs_in_the_corpus(batch):
+    """Several honest fixtures are more than ``strict_speedup`` (10x) faster than the reference, so
+    the corpus exercises the stricter second pass too (at N = 512 five did on this 2-core box,
+    the fastest at ~16x)."""
+    strict = [name for name, r in batch.items() if r.status is Status.OK and "strict_verified" in r.flags]
+    assert strict, "no fixture reached the strict second pass: the corpus no longer tests it"
 
 
 def test_honest_broadcast_is_ok_and_timed(batch):

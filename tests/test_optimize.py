@@ -29,7 +29,7 @@ from cudal1.types import Candidate
 from llm_server import Reply, ScriptedLLMServer
 
 REPO = Path(__file__).resolve().parents[1]
-TASK = REPO / "examples" / "tasks" / "diag_matmul.py"
+TASK = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
 needs_openai = pytest.mark.skipif(importlib.util.find_spec("openai") is None, reason="openai is not installed")
 
 FAST = """## Performance Analysis

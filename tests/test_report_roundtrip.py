@@ -19,7 +19,7 @@ from cudal1.report.trackers import TrackerLogger, TrackerUnavailable, check_trac
 from cudal1.types import EvalResult, Status
 
 REPO = Path(__file__).resolve().parents[1]
-TASK = REPO / "examples" / "tasks" / "diag_matmul.py"
+TASK = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
 SMALL_CONFIG = small_config(timeout_s=120.0)
 
 
