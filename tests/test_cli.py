@@ -24,7 +24,7 @@ from cudal1.store import RunStore
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "examples" / "tasks"
-DIAG = TASKS / "diag_matmul.py"
+DIAG = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
 CANDIDATES = REPO / "examples" / "candidates"
 BROADCAST = CANDIDATES / "diag_matmul_broadcast.py"
 ADDMM = CANDIDATES / "linear_relu_addmm.py"

@@ -202,7 +202,9 @@ def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():
     order: list[str] = []
     alone = threading.Thread(target=lambda: gate.alone(lambda: order.append("alone"), never))
     alone.start()
-    time.sleep(0.1)
+    deadline = time.monotonic() + 10
+    while not gate.solo and time.monotonic() < deadline:  # the solo job is waiting
+        time.sleep(0.01)
     newcomer = threading.Thread(target=lambda: (gate.enter(never), order.append("new"), gate.leave()))
     newcomer.start()
     time.sleep(0.1)
