@@ -10,15 +10,16 @@ it before it imports torch itself).  This module imports no torch: the CLI can c
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import threading
-from typing import Any
+from typing import Any, Iterator
 
 PRELOAD = ["torch", "torch._dynamo", "cudal1.harness.worker"]
 
 _context: Any = None
 _context_lock = threading.Lock()
-no_main = threading.local()  # set while this process starts a worker or the forkserver
+_no_main = threading.local()  # set while this thread starts a worker or the forkserver
 
 
 def _install_main_stripper() -> None:
@@ -33,7 +34,7 @@ def _install_main_stripper() -> None:
 
     def get_preparation_data(name: str) -> dict:
         data = original(name)
-        if getattr(no_main, "active", False):
+        if getattr(_no_main, "active", False):
             data.pop("init_main_from_path", None)
             data.pop("init_main_from_name", None)
         return data
@@ -57,6 +58,17 @@ def get_context() -> Any:
         return _context
 
 
+@contextlib.contextmanager
+def launching() -> Iterator[None]:
+    """Around starting a worker or the forkserver: the caller's ``__main__`` is left out of what
+    the new process is told to prepare (see :func:`_install_main_stripper`)."""
+    _no_main.active = True
+    try:
+        yield
+    finally:
+        _no_main.active = False
+
+
 def prestart() -> None:
     """Start the forkserver now (returns at once; the preload runs in the server).  A no-op under
     ``spawn`` or when the server runs already; never raises (the first job would start it)."""
@@ -65,10 +77,7 @@ def prestart() -> None:
             return
         from multiprocessing import forkserver
 
-        no_main.active = True
-        try:
+        with launching():
             forkserver.ensure_running()
-        finally:
-            no_main.active = False
     except Exception:  # noqa: BLE001 - an optimisation only
         pass

@@ -2,8 +2,8 @@
 
 Contract: :func:`run_job` never raises for anything the child does.  The child is started from a
 ``forkserver`` whose only preloaded state is ``torch`` and the worker module (no CUDA context,
-nothing from the parent; :mod:`cudal1.harness.launcher`), runs in its own process group, and is killed with SIGKILL (with every
-process it started, e.g. a hung ``nvcc``) when a phase overruns.  Messages are read raw by a
+nothing from the parent; :mod:`cudal1.harness.launcher`), runs in its own process group, and is
+killed with SIGKILL (with every process it started, e.g. a hung ``nvcc``) when a phase overruns.  Messages are read raw by a
 reader thread and verified by :class:`~cudal1.harness.channel.Receiver`; a forged, malformed or
 replayed message ends the job with ``tampering``, and so does a ``tamper`` report from the
 worker's audit hook (:mod:`cudal1.harness.signing_hook`: candidate code reached for frames, ``gc``
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
-from cudal1.harness.launcher import get_context, no_main
+from cudal1.harness.launcher import get_context, launching
 from cudal1.harness.numerics import LeafCheck
 from cudal1.harness.spec import BuildStage, TaskFindings, WorkerSpec, WorkerVerdict
 
@@ -159,11 +159,8 @@ def run_job(spec: WorkerSpec, limits: dict[str, float]) -> JobOutcome:
     proc = ctx.Process(target=_job_target, args=(spec, send_conn, [key]), daemon=False)
     outcome = JobOutcome()
     t0 = time.monotonic()
-    no_main.active = True
-    try:
+    with launching():
         proc.start()
-    finally:
-        no_main.active = False
     with _live_lock:
         _live.add(proc)
     send_conn.close()
