@@ -135,3 +135,26 @@ def test_a_phase_resumed_after_a_build_starts_only_once_its_lease_is_back(tmp_pa
     assert w.phases == ["timing", "build", "lane", "timing"]
     assert seen["timing"] and w.worker.lease_held == "exclusive"
     os.close(other)
+
+
+def test_a_lease_given_back_is_given_back_only_after_the_next_phase_is_stamped(tmp_path):
+    """A GPU phase ends when the next phase is stamped.  Were the lease dropped first, another
+    worker could take it exclusively and stamp ``timing`` before this worker's ``reference`` ended
+    (the overlap CI saw in the shared-device test): so ``import`` is announced with the lease held."""
+    import fcntl
+
+    path = tmp_path / "gpu0.lock"
+    held_at: dict[str, bool] = {}
+
+    def probe(name: str) -> None:
+        held_at[name] = not _try_lock(path, fcntl.LOCK_EX)
+
+    w = _LeaseProbe(path, probe)
+    w.worker.enter("reference", "shared")
+    w.worker.enter("import", "none")
+    assert w.phases == ["reference", "import"] and w.worker.lease_held == "none"
+    assert held_at == {"reference": True, "import": True}
+    assert _try_lock(path, fcntl.LOCK_EX)  # and it is gone afterwards
+    w.worker.enter("timing", "exclusive")
+    w.worker.building(True)  # the same for a build that gives the GPU back mid-phase
+    assert w.phases[-1] == "build" and held_at["build"] and _try_lock(path, fcntl.LOCK_EX)

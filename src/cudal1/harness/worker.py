@@ -161,19 +161,23 @@ class Worker(Measurement):
         """Extension builds outside the import phase get the build deadline, then the phase
         they interrupted starts a fresh deadline."""
         if on and self.current_phase not in ("import", "build"):
-            self.resume_phase = self.current_phase
-            self.phase("build")
-            self.resume_lease = self.lease_held
-            self.lease("none")  # a build is CPU work: the GPU's other workers may go on
+            self.resume_phase, self.resume_lease = self.current_phase, self.lease_held
+            self.enter("build", "none")  # a build is CPU work: the GPU's other workers may go on
         elif not on and self.current_phase == "build" and self.resume_phase:
             resume, self.resume_phase = self.resume_phase, ""
             self.enter(resume, self.resume_lease)  # the phase starts once its lease is held again
 
     def enter(self, name: str, lease: str) -> None:
         """Hold the GPU lease as ``lease`` (waiting, if need be, as phase ``lane``), then start
-        phase ``name``: a phase that uses the GPU never begins before its lease is held."""
-        self.lease(lease)
-        self.phase(name)
+        phase ``name``: a phase that uses the GPU never begins before its lease is held.  Giving
+        the lease back (``none``) goes the other way: the GPU phase ends (``name`` is stamped)
+        before the lock goes, or another worker could stamp its ``timing`` inside that phase."""
+        if lease == "none":
+            self.phase(name)
+            self.lease(lease)
+        else:
+            self.lease(lease)
+            self.phase(name)
 
     def lease(self, want: str) -> None:
         """Hold this GPU's lease as ``want`` (none | shared | exclusive).  Several workers may
