@@ -158,3 +158,20 @@ def test_a_lease_given_back_is_given_back_only_after_the_next_phase_is_stamped(t
     w.worker.enter("timing", "exclusive")
     w.worker.building(True)  # the same for a build that gives the GPU back mid-phase
     assert w.phases[-1] == "build" and held_at["build"] and _try_lock(path, fcntl.LOCK_EX)
+
+
+def test_a_worker_drains_its_gpu_work_before_its_lease_changes(tmp_path, monkeypatch):
+    """CUDA is asynchronous: kernels a phase queued could still run when the next holder starts
+    timing.  The device is synchronized before the phase that gives the lease back (or upgrades
+    it) is stamped; taking a lease from none needs no drain."""
+    events: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: events.append("sync"))
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
+    w = _LeaseProbe(tmp_path / "gpu0.lock", events.append)
+    w.worker.device = torch.device("cuda", 0)
+    w.worker.enter("reference", "shared")
+    w.worker.enter("import", "none")
+    w.worker.enter("construct", "shared")
+    w.worker.enter("timing", "exclusive")
+    w.worker.building(True)
+    assert events == ["reference", "sync", "import", "construct", "sync", "lane", "timing", "sync", "build"]

@@ -171,7 +171,10 @@ class Worker(Measurement):
         """Hold the GPU lease as ``lease`` (waiting, if need be, as phase ``lane``), then start
         phase ``name``: a phase that uses the GPU never begins before its lease is held.  Giving
         the lease back (``none``) goes the other way: the GPU phase ends (``name`` is stamped)
-        before the lock goes, or another worker could stamp its ``timing`` inside that phase."""
+        before the lock goes, or another worker could stamp its ``timing`` inside that phase.  Either
+        way the GPU is synchronized first: kernels still queued would run into another's timing."""
+        if self.lease_held != "none" and lease != self.lease_held and self.device.type == "cuda":
+            torch.cuda.synchronize()  # the ending phase's queued GPU work is done before its lease goes
         if lease == "none":
             self.phase(name)
             self.lease(lease)
