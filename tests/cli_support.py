@@ -1,5 +1,6 @@
-"""What the CLI tests share (a helper module, not a test file): the small CPU judge config, a
-``cudal1`` subprocess runner, and reading the last JSON line of its stdout."""
+"""What the CLI and judge tests share (a helper module, not a test file): the small copy of the
+bundled task, the small CPU judge config, a ``cudal1`` subprocess runner, and reading the last
+JSON line of its stdout."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+# examples/tasks/diag_matmul.py at N = M = 512, same task name: the same verdicts for an eighth of
+# the reference's work (its float64 re-runs included), so the heavy judge tests use it.
+SMALL_DIAG = Path(__file__).resolve().parent / "fixtures" / "small_tasks" / "diag_matmul.py"
 
 
 def small_config(timeout_s: float = 60.0) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cli_support import SMALL_DIAG
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -232,7 +233,7 @@ def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_ro
         return a[0] < b[1] and b[0] < a[1]
 
     def run(device: str, share: int) -> tuple[list[Any], Any]:
-        task = load_task_file(repo_root / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py")
+        task = load_task_file(SMALL_DIAG)
         code = (repo_root / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
         jobs = [Job(task, Candidate(code + f"\n# variant {i}\n", task_hash=task.hash, label=f"v{i}")) for i in range(2 * share)]
         cfg = EvalConfig(device=device, cache_dir=str(tmp_path / "cache"), correctness_trials=2, timing_trials=20,

@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from cli_support import SMALL_DIAG
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "builtin_kernelbench.py"
-TASK = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
+TASK = SMALL_DIAG
 
 
 def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:

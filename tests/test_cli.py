@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_support import cli_env, last_json, run_cli, small_config
+from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
 
 from cudal1.cli.main import main as cli_main
 from cudal1.store import RunStore
 
 REPO = Path(__file__).resolve().parent.parent
 TASKS = REPO / "examples" / "tasks"
-DIAG = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
+DIAG = SMALL_DIAG
 CANDIDATES = REPO / "examples" / "candidates"
 BROADCAST = CANDIDATES / "diag_matmul_broadcast.py"
 ADDMM = CANDIDATES / "linear_relu_addmm.py"

@@ -1,5 +1,5 @@
-"""CPU tier: the real subprocess judge against ``examples/tasks/diag_matmul.py`` (its copy at N = M = 512 in
-``tests/fixtures/small_tasks``: the same verdicts, an eighth of the reference's work).
+"""CPU tier: the real subprocess judge against ``examples/tasks/diag_matmul.py`` (its small copy,
+``cli_support.SMALL_DIAG``: the same verdicts, an eighth of the reference's work).
 
 Every fixture in ``tests/fixtures/cpu`` starts with ``# expect: <status> [flag]``: the exact verdict
 it must get (header format and runner: ``tests/conftest.py``).  All fixtures are judged in one
@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_support import SMALL_DIAG
 
 from cudal1.harness import evaluate
 from cudal1.tasks import load_task_file
@@ -20,7 +21,7 @@ from cudal1.types import Candidate, EvalResult, Status
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "cpu"
-TASK_FILE = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
+TASK_FILE = SMALL_DIAG
 TIMEOUT_S = 15.0  # per-phase limit: the hang fixture's cost, and headroom (the strict "verify" pass of a
 # >10x candidate runs ~80 reference calls in one phase) on a loaded 2-core box
 CORPUS = sorted(FIXTURES.glob("*.py"))

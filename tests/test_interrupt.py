@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cli_support import cli_env, small_config
+from cli_support import SMALL_DIAG, cli_env, small_config
 
 REPO = Path(__file__).resolve().parents[1]
 N = 4
@@ -46,7 +46,7 @@ def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
     (tmp_path / "judge.yaml").write_text(small_config())
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "cudal1.cli.main", "eval-suite", "--candidates", str(cands), "--suite",
-           str(REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"), "--config", str(tmp_path / "judge.yaml"), "--out", str(out)]
+           str(SMALL_DIAG), "--config", str(tmp_path / "judge.yaml"), "--out", str(out)]
     env = cli_env(tmp_path / "cache")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
                             preexec_fn=_default_sigint)

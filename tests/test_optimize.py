@@ -26,10 +26,11 @@ from cudal1.search.loop import reference_candidate
 from cudal1.store import RunStore
 from cudal1.tasks import load_task_file
 from cudal1.types import Candidate
+from cli_support import SMALL_DIAG
 from llm_server import Reply, ScriptedLLMServer
 
 REPO = Path(__file__).resolve().parents[1]
-TASK = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
+TASK = SMALL_DIAG
 needs_openai = pytest.mark.skipif(importlib.util.find_spec("openai") is None, reason="openai is not installed")
 
 FAST = """## Performance Analysis

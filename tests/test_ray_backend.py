@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from cli_support import SMALL_DIAG
 
 from cudal1.harness import DevicePlan, Job, run_jobs
 from cudal1.tasks import load_task_file
@@ -21,7 +22,7 @@ from cudal1.types import Candidate, Status
 REPO = Path(__file__).resolve().parents[1]
 FIX = REPO / "tests" / "fixtures" / "cpu"
 TASKS = REPO / "examples" / "tasks"
-SMALL = REPO / "tests" / "fixtures" / "small_tasks"  # cheaper copies of bundled tasks (same names)
+SMALL = SMALL_DIAG.parent  # cheaper copies of bundled tasks (same names)
 
 
 def test_core_imports_and_cli_explains_without_ray(tmp_path):

@@ -12,14 +12,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_support import cli_env, last_json, run_cli, small_config
+from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
 
 from cudal1.cli.main import main as cli_main
 from cudal1.report.trackers import TrackerLogger, TrackerUnavailable, check_tracker
 from cudal1.types import EvalResult, Status
 
 REPO = Path(__file__).resolve().parents[1]
-TASK = REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"  # examples/tasks/diag_matmul.py at N = M = 512 (same name)
+TASK = SMALL_DIAG
 SMALL_CONFIG = small_config(timeout_s=120.0)
 
 

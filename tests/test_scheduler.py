@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from cli_support import SMALL_DIAG
 
 from cudal1.config import EvalConfig
 from cudal1.harness import scheduler
@@ -230,7 +231,7 @@ def test_eval_suite_summary_reports_where_time_went(tmp_path, capsys):
     cands.write_text(json.dumps({"task": "diag_matmul", "code": code}) + "\n"
                      + json.dumps({"task": "diag_matmul", "code": (REPO / "tests/fixtures/cpu/mutates_input.py").read_text()}) + "\n")
     out = tmp_path / "out"
-    rc = main(["eval-suite", "--candidates", str(cands), "--suite", str(REPO / "tests" / "fixtures" / "small_tasks" / "diag_matmul.py"),
+    rc = main(["eval-suite", "--candidates", str(cands), "--suite", str(SMALL_DIAG),
                "--out", str(out), "--device", "cpu", "--trials", "3", "--timing-trials", "10", "--json"])
     assert rc == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

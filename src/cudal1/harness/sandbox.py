@@ -3,13 +3,13 @@
 Contract: :func:`run_job` never raises for anything the child does.  The child is started from a
 ``forkserver`` whose only preloaded state is ``torch`` and the worker module (no CUDA context,
 nothing from the parent; :mod:`cudal1.harness.launcher`), runs in its own process group, and is
-killed with SIGKILL (with every process it started, e.g. a hung ``nvcc``) when a phase overruns.  Messages are read raw by a
-reader thread and verified by :class:`~cudal1.harness.channel.Receiver`; a forged, malformed or
-replayed message ends the job with ``tampering``, and so does a ``tamper`` report from the
-worker's audit hook (:mod:`cudal1.harness.signing_hook`: candidate code reached for frames, ``gc``
-or the channel).  The parent also re-checks what it can of an ``ok`` verdict with its own copy
-of the job (:func:`verdict_problem`): the protocol's phases all announced, in order; every
-correctness trial run and passed; the reported errors within *its* tolerance table.
+killed with SIGKILL (with every process it started, e.g. a hung ``nvcc``) when a phase overruns.
+Messages are read raw by a reader thread and verified by :class:`~cudal1.harness.channel.Receiver`;
+a forged, malformed or replayed message ends the job with ``tampering``, and so does a ``tamper``
+report from the worker's audit hook (:mod:`cudal1.harness.signing_hook`: candidate code reached
+for frames, ``gc`` or the channel).  The parent also re-checks what it can of an ``ok`` verdict
+with its own copy of the job (:func:`verdict_problem`): the protocol's phases all announced, in
+order; every correctness trial run and passed; the reported errors within *its* tolerance table.
 The outcome says what happened; mapping it to an :class:`~cudal1.types.EvalResult` is
 :mod:`cudal1.harness.assemble`'s job.
 """
