@@ -4,7 +4,7 @@ import torch.nn as nn
 
 class Model(nn.Module):
     """Y = (A @ B) @ X: two square matrices times a thin one, parenthesised the expensive way
-    (2·N³ multiply-adds where A @ (B @ X) needs 2·N²·K)."""
+    (N³ + N²·K multiply-adds where A @ (B @ X) needs 2·N²·K: 32.5x fewer at N = 1024, K = 16)."""
 
     def __init__(self):
         super().__init__()

@@ -31,8 +31,6 @@ def _shapes(value: Any) -> Any:
 
 
 def run(source: str, passes: list[str]) -> dict[str, Any]:
-    import torch
-
     from cudal1.rewrite.emit import EmitFailed, emit_class
     from cudal1.rewrite.passes import GRAPH_PASSES
     from cudal1.rewrite.trace import TraceFailed, propagate_shapes, trace_task

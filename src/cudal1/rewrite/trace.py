@@ -86,6 +86,16 @@ def dtype(node: Any) -> torch.dtype | None:
     return tm.dtype if tm is not None and hasattr(tm, "dtype") else None
 
 
+def ndim(node: Any) -> int | None:
+    s = shape(node)
+    return len(s) if s is not None else None
+
+
+def is_floating(node: Any) -> bool:
+    d = dtype(node)
+    return d is not None and d.is_floating_point
+
+
 def is_constant(node: Any, _memo: dict | None = None) -> bool:
     """True when ``node`` depends only on parameters/buffers and literals (not on inputs) and
     involves no random or stateful operation."""
