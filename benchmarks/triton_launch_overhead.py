@@ -41,8 +41,6 @@ def get_init_inputs():
 
 def fused_model(tmp: Path):
     """``ModelNew`` of TASK with its sigmoid-multiply chain in one generated Triton kernel."""
-    import torch
-
     from cudal1.rewrite import triton_fusion
     from cudal1.rewrite.emit import emit_class
     from cudal1.rewrite.trace import propagate_shapes, trace_task
