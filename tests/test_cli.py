@@ -203,7 +203,7 @@ def test_eval_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_en
     assert (out / "results.jsonl").is_file()
     saved = yaml.safe_load((out / "config.yaml").read_text())  # the resolved configuration, next to summary.json
     assert saved["judge"]["correctness_trials"] == 2 and saved["judge"]["tolerance"] == "exact"  # the file, then defaults
-    assert saved["eval_suite"]["device"] == "cpu" and saved["eval_suite"]["backend"] == "local"
+    assert saved["run"]["device"] == "cpu" and saved["run"]["backend"] == "local"
     results = _read_results(out / "results.jsonl")
     assert [r["label"] for r in results] == ["broadcast", "addmm", "wrong"]
     assert [r["status"] for r in results] == ["ok", "ok", "incorrect"], [(r["status"], r["message"][:200]) for r in results]
@@ -391,7 +391,7 @@ def test_baseline_eager_cpu(tmp_path, cli_env, config_file):
     assert eager["reference_ms"] == task["eager_ms"]
     assert (tmp_path / "baselines" / "cudal1.sqlite").is_file()
     saved = yaml.safe_load((tmp_path / "baselines" / "config.yaml").read_text())
-    assert saved["baseline"]["modes"] == ["eager"] and set(saved["judge"]) >= {"tolerance", "correctness_trials"}
+    assert saved["run"]["modes"] == ["eager"] and set(saved["judge"]) >= {"tolerance", "correctness_trials"}
 
 
 def test_baseline_unknown_mode(tmp_path, cli_env, capsys):

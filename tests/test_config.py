@@ -146,3 +146,73 @@ class TestConfig:
         monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "env"))
         assert EvalConfig().cache_root() == tmp_path / "env"
         assert EvalConfig(cache_dir=str(tmp_path / "cfg")).cache_root() == tmp_path / "cfg"
+
+
+# ---- the config base --------------------------------------------------------------------------
+
+import dataclasses as _dc  # noqa: E402
+from typing import Literal  # noqa: E402
+
+from cudal1.config import Config, read_config_file, write_config_file  # noqa: E402
+
+
+@_dc.dataclass(frozen=True)
+class _Inner(Config):
+    SECTION = "inner"
+
+    clip: float = 1.5  # a float
+    names: tuple[str, ...] = ()  # a tuple
+
+
+@_dc.dataclass(frozen=True)
+class _Outer(Config):
+    SECTION = "outer"
+    RENAMED = {"old_steps": "steps"}
+
+    steps: int = 10  # an int
+    on: bool = False  # a bool
+    mode: Literal["a", "b"] = "a"  # a choice
+    limit: float | None = None  # optional
+    inner: _Inner = _dc.field(default_factory=_Inner)  # nested
+
+    def validate(self) -> None:
+        if self.steps < 1:
+            raise ConfigError("outer.steps must be at least 1")
+
+
+class TestConfigBase:
+    def test_coercion_of_yaml_and_cli_values(self):
+        cfg = _Outer.from_dict({"steps": "20", "on": "true", "limit": "1e-3", "inner": {"clip": 2, "names": ["x"]}})
+        assert cfg == _Outer(steps=20, on=True, limit=0.001, inner=_Inner(clip=2.0, names=("x",)))
+        assert isinstance(cfg.inner.clip, float) and _Outer(limit=3).limit == 3.0
+        assert _Outer(inner={"clip": 3}).inner == _Inner(clip=3.0)  # direct construction coerces too
+
+    @pytest.mark.parametrize("data, needle", [({"steps": "many"}, "outer.steps"), ({"on": "maybe"}, "outer.on"),
+                                              ({"mode": "c"}, "outer.mode"), ({"inner": {"clip": "x"}}, "outer.inner.clip"),
+                                              ({"inner": {"clp": 1}}, "unknown outer.inner key"), ({"inner": 3}, "outer.inner"),
+                                              ({"steps": 0}, "at least 1"), ({"stepz": 1}, "unknown outer key")])
+    def test_bad_values_name_the_key(self, data, needle):
+        with pytest.raises(ConfigError, match=needle):
+            _Outer.from_dict(data)
+
+    def test_round_trip_replace_and_renamed_keys(self):
+        cfg = _Outer(steps=3, inner=_Inner(names=("a", "b")))
+        assert cfg.to_dict() == {"steps": 3, "on": False, "mode": "a", "limit": None, "inner": {"clip": 1.5, "names": ["a", "b"]}}
+        assert _Outer.from_dict(cfg.to_dict()) == cfg
+        assert cfg.replace(steps=None, **{"inner.clip": 4}) == _Outer(steps=3, inner=_Inner(clip=4.0, names=("a", "b")))
+        with pytest.raises(ConfigError):
+            cfg.replace(**{"nope.clip": 1})
+        assert _Outer.from_dict({"old_steps": 7}).steps == 7
+
+    def test_a_saved_run_config_reads_back(self, tmp_path):
+        judge = EvalConfig(timeout_s=7, tolerance="strict")
+        written = write_config_file(tmp_path, judge=judge, outer=_Outer(steps=2), run={"target": "t.py"})
+        assert written["run"] == {"target": "t.py"} and (tmp_path / "config.yaml").is_file()
+        sections = read_config_file(tmp_path / "config.yaml", ("judge", "outer"))
+        assert EvalConfig.from_dict(sections["judge"]) == judge and _Outer.from_dict(sections["outer"]) == _Outer(steps=2)
+        assert EvalConfig.from_yaml(tmp_path / "config.yaml", section="judge") == judge
+        with pytest.raises(ConfigError, match="unknown section.*outer"):
+            read_config_file(tmp_path / "config.yaml", ("judge",))
+        flat = tmp_path / "flat.yaml"
+        flat.write_text("timeout_s: 3\n")  # a plain judge file is the judge section
+        assert read_config_file(flat, ("judge", "search")) == {"judge": {"timeout_s": 3}}

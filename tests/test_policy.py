@@ -64,7 +64,7 @@ def test_registry_imports_lazily(monkeypatch):
 
 
 def test_config_rejects_unknown_options_and_hides_the_key():
-    with pytest.raises(ConfigError, match="unknown policy option.*temprature"):
+    with pytest.raises(ConfigError, match="unknown policy key.*temprature"):
         PolicyConfig().replace(temprature=0.1)
     with pytest.raises(ConfigError):
         PolicyConfig(top_p=0)
@@ -75,11 +75,11 @@ def test_config_rejects_unknown_options_and_hides_the_key():
 
 @needs_openai
 def test_missing_extra_names_the_install_command(monkeypatch):
-    import cudal1.policy.base as base
+    import cudal1.extras as extras
 
-    real = importlib.util.find_spec
-    monkeypatch.setattr(base.importlib.util, "find_spec", lambda name, *a: None if name == "openai" else real(name, *a))
-    with pytest.raises(ImportError, match=r'pip install "cudal1\[llm\]"'):
+    real = extras.is_available
+    monkeypatch.setattr(extras, "is_available", lambda name: name != "openai" and real(name))
+    with pytest.raises(extras.MissingExtra, match=r'pip install "cudal1\[llm\]"'):
         make_policy("openai", base_url="http://127.0.0.1:1/v1", model="m")
 
 

@@ -21,10 +21,10 @@ def _args(*flags: str):
 
 def test_yaml_loads_and_unknown_keys_are_errors(tmp_path):
     good = tmp_path / "s.yaml"
-    good.write_text("rounds: 5\nsamples: 2\ntemperature: 2\nbudget_minutes: 30\n")
+    good.write_text("rounds: 5\nsamples: 2\ntau: 2\nbudget_minutes: 30\n")
     cfg = SearchConfig.from_yaml(good)
-    assert (cfg.rounds, cfg.samples, cfg.temperature, cfg.budget_minutes) == (5, 2, 2.0, 30.0)
-    assert isinstance(cfg.temperature, float)  # YAML 2 and CLI 2.0 are the same config
+    assert (cfg.rounds, cfg.samples, cfg.tau, cfg.budget_minutes) == (5, 2, 2.0, 30.0)
+    assert isinstance(cfg.tau, float)  # YAML 2 and CLI 2.0 are the same config
     bad = tmp_path / "bad.yaml"
     bad.write_text("rounds: 5\nsample: 2\n")
     with pytest.raises(ConfigError, match="sample"):
@@ -41,7 +41,7 @@ def test_yaml_loads_and_unknown_keys_are_errors(tmp_path):
 
 
 @pytest.mark.parametrize("bad", [{"rounds": -1}, {"samples": 0}, {"exemplars": -1}, {"strategy": "greedy"},
-                                 {"temperature": 0}, {"budget_minutes": 0}, {"max_evaluations": 0},
+                                 {"tau": 0}, {"budget_minutes": 0}, {"max_evaluations": 0},
                                  {"template": "contrastive_v0"}],
                          ids=lambda d: next(iter(d)))
 def test_bad_values_are_config_errors(bad):
@@ -66,7 +66,7 @@ def test_cli_flags_default_to_the_dataclass_and_override_the_file(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text("rounds: 7\nsamples: 2\nfeedback: false\nstrategy: best\n")
     cfg = search_config(_args("--search-config", str(f), "--samples", "5", "--tau", "0.5"))
-    assert (cfg.rounds, cfg.samples, cfg.feedback, cfg.strategy, cfg.temperature) == (7, 5, False, "best", 0.5)
+    assert (cfg.rounds, cfg.samples, cfg.feedback, cfg.strategy, cfg.tau) == (7, 5, False, "best", 0.5)
     assert search_config(_args("--no-feedback")).feedback is False
 
 

@@ -1,24 +1,251 @@
-"""Judge configuration: one frozen dataclass with documented fields, YAML presets, strict keys.
+"""Configuration: the one strict-dataclass config base, the judge's :class:`EvalConfig`, and a
+run's ``config.yaml``.
 
-Contract: unknown keys are errors (:class:`ConfigError`), every field has a default, the resolved
-config is saved with every run (``to_dict``), and ``hash()`` identifies it for caching and resume.
-Env vars are only for paths (``CUDAL1_CACHE_DIR``); everything else is a field here or a CLI flag.
+Contract: every cudal1 config derives from :class:`Config` (frozen dataclass, documented fields,
+coercion of YAML/CLI values, unknown keys are errors, ``to_dict``/``from_dict`` round-trip).
+:class:`EvalConfig` adds YAML presets (``presets/``) and ``hash()``, which identifies the fields
+that change verdicts (caching and resume).  Each run saves its resolved settings as
+``OUT/config.yaml`` (:func:`write_config_file`), one section per config (``judge``, ``search``,
+``policy`` ...), and :func:`read_config_file` reads that same file back (``--config``).  Env
+vars are only for paths (``CUDAL1_CACHE_DIR``); everything else is a field here or a CLI flag.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
+import types
+import typing
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, TypeVar
 
 from cudal1.types import content_hash
+
+C = TypeVar("C", bound="Config")
 
 
 class ConfigError(ValueError):
     """Bad configuration: unknown key, bad value or unknown preset."""
+
+
+# ---- the config base ----------------------------------------------------------------------------
+#
+# Every cudal1 configuration is a frozen dataclass deriving from :class:`Config`.  The base gives
+# them one loader and one writer, so a subclass only declares fields (with a comment each: the
+# help text) and, when needed, a ``validate`` method.  Usage:
+#
+#     @dataclass(frozen=True)
+#     class MyConfig(Config):
+#         SECTION = "my"                       # its section in config.yaml, its name in messages
+#         steps: int = 10                      # optimizer steps
+#         inner: OtherConfig = field(default_factory=OtherConfig)   # nested: a mapping in YAML
+#
+#         def validate(self) -> None:          # after coercion; raise ConfigError
+#             if self.steps < 1:
+#                 raise ConfigError("my.steps must be at least 1")
+#
+#     MyConfig.from_yaml("my.yaml"); MyConfig.from_dict({"steps": "20", "inner": {...}})
+#     cfg.replace(steps=None, **{"inner.x": 3})   # None = "flag not given"; dotted keys reach nested fields
+#     cfg.to_dict()                              # plain YAML/JSON-ready values, nested included
+
+
+def _type_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """``value`` as the type ``hint`` (YAML and CLI strings included), or one ConfigError."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is Any or hint is object:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        errors = []
+        for a in inner:
+            try:
+                return _coerce(value, a, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(errors[0] if len(inner) == 1 else f"{where}: expected {_type_name(hint)}, got {value!r}")
+    if origin is typing.Literal:
+        if value in args:
+            return value
+        raise ConfigError(f"{where} must be one of {', '.join(map(str, args))}, not {value!r}")
+    if isinstance(hint, type) and issubclass(hint, Config):
+        if isinstance(value, hint):
+            return value
+        if isinstance(value, dict):
+            return hint.from_dict(value, where)
+        raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in _BOOLS:
+            return _BOOLS[value.strip().lower()]
+        raise ConfigError(f"{where}: expected true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads 1e-5 (no dot) as a string
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{where}: expected a string, got {value!r}")
+    if origin in (list, tuple) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        item = args[0] if args and (origin is list or (len(args) == 2 and args[1] is Ellipsis)) else Any
+        items = [_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+        return tuple(items) if (origin or hint) is tuple else items
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    return value
+
+
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True, "false": False, "no": False, "off": False, "0": False}
+
+
+@functools.lru_cache(maxsize=None)
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with configs, tuples and nested containers as plain YAML/JSON values."""
+    if isinstance(value, Config):
+        return value._values()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@dataclass(frozen=True)
+class Config:
+    """Base of every cudal1 configuration (see the usage note above).
+
+    Contract: construction (directly, :meth:`from_dict`, :meth:`from_yaml` or :meth:`replace`)
+    coerces every field to its annotated type (``3`` for a float field becomes ``3.0``; strings
+    from YAML or the command line become numbers and booleans; mappings become nested configs)
+    and then runs :meth:`validate`; a wrong type, an unknown key at any depth or a bad value is
+    one :class:`ConfigError` that names the key.  :meth:`to_dict` gives plain values that
+    :meth:`from_dict` accepts back (``from_dict(c.to_dict()) == c``).  Keys in ``RENAMED`` (old
+    name -> new name) are still read, so configs saved by older versions load.
+    """
+
+    SECTION: ClassVar[str] = "config"  # name of the section in a run's config.yaml and in messages
+    RENAMED: ClassVar[dict[str, str]] = {}  # old key -> current key, still accepted when reading
+
+    def __post_init__(self) -> None:
+        hints = _hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            coerced = _coerce(value, hints.get(f.name, Any), f"{self.SECTION}.{f.name}")
+            if coerced is not value:
+                object.__setattr__(self, f.name, coerced)
+        self.validate()
+
+    def validate(self) -> None:
+        """Check values after coercion; raise :class:`ConfigError`.  Subclasses override it."""
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls: type[C], data: Mapping[str, Any], where: str | None = None) -> C:
+        """A config from a mapping (nested mappings for nested configs); unknown keys are errors."""
+        where = where or cls.SECTION
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+        data = {cls.RENAMED.get(k, k): v for k, v in data.items()}
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(data) - set(known), key=str)
+        if unknown:
+            raise ConfigError(f"unknown {where} key(s): {', '.join(map(str, unknown))}; known: {', '.join(known)}")
+        hints = _hints(cls)
+        values = {k: _coerce(v, hints.get(k, Any), f"{where}.{k}") for k, v in data.items()}
+        try:
+            return cls(**values)
+        except ConfigError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+
+    @classmethod
+    def from_yaml(cls: type[C], path: str | os.PathLike[str], section: str | None = None) -> C:
+        """A config from a YAML file: its top-level mapping, or its ``section`` mapping when the
+        file is a run's ``config.yaml`` (see :func:`read_config_file`)."""
+        data = read_yaml_mapping(path)
+        if section is not None:
+            data = data.get(section) or {}
+        return cls.from_dict(data)
+
+    def replace(self: C, **changes: Any) -> C:
+        """A copy with ``changes`` applied and validated.  ``None`` means "not given" and changes
+        nothing (CLI flags); a dotted key (``"reward.clip"``) reaches a nested config's field."""
+        data = self._values()
+        for key, value in changes.items():
+            if value is None:
+                continue
+            node = data
+            *parents, leaf = key.split(".")
+            for p in parents:
+                if not isinstance(node.get(p), dict):
+                    raise ConfigError(f"unknown {self.SECTION} key {key!r}")
+                node = node[p]
+            node[leaf] = _plain(value)
+        return type(self).from_dict(data)
+
+    # ---- identity -----------------------------------------------------------------------
+    def _values(self) -> dict[str, Any]:
+        return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as plain YAML/JSON values (nested configs as mappings, tuples as lists).
+        A subclass holding a secret overrides this to leave it out; :meth:`replace` does not
+        go through it."""
+        return self._values()
+
+    def to_yaml(self) -> str:
+        import yaml
+
+        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)
+
+
+def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A YAML file's top-level mapping (an empty file is ``{}``); one ConfigError otherwise."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"cannot read config {path}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config {path} must be a mapping")
+    return data
 
 
 # Correctness rules.  ``exact`` (the default) judges floating outputs against the reference run
@@ -55,32 +282,12 @@ TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 
-def from_mapping(cls: Any, data: dict[str, Any], what: str) -> Any:
-    """``cls(**data)`` for a config dataclass, with unknown keys as one :class:`ConfigError`
-    naming ``what`` and the known keys (every config of cudal1 is strict this way)."""
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ConfigError(f"unknown {what} key(s): {', '.join(unknown)}; known: {', '.join(sorted(known))}")
-    return cls(**data)
-
-
-def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A YAML file's top-level mapping (an empty file is ``{}``); one ConfigError otherwise."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read config {path}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"config {path} must be a mapping")
-    return data
-
-
 @dataclass(frozen=True)
-class EvalConfig:
-    """How the judge evaluates a candidate.  Field comments are the help text."""
+class EvalConfig(Config):
+    """How the judge evaluates a candidate.  Field comments are the help text; the ``judge``
+    section of a run's ``config.yaml``."""
+
+    SECTION = "judge"
 
     device: str = "auto"  # auto | cpu | cuda
     correctness_trials: int = 5  # fresh random inputs per trial (the paper used up to 1000)
@@ -106,11 +313,8 @@ class EvalConfig:
     cache_dir: str = ""  # build cache root; "" = $CUDAL1_CACHE_DIR or ~/.cache/cudal1
     keep_samples: bool = True  # keep raw timing samples in results
 
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # 30 (YAML) and 30.0 (CLI) must hash alike
-            value = getattr(self, f.name)
-            if f.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, float(value))
+    def validate(self) -> None:
+        # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, not {self.device!r}")
         if self.math_mode not in ("strict", "torch-default"):
@@ -127,15 +331,7 @@ class EvalConfig:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name} must be positive")
 
-    # ---- construction -------------------------------------------------------------------
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EvalConfig":
-        return from_mapping(cls, data, "config")
-
-    @classmethod
-    def from_yaml(cls, path: str | os.PathLike[str]) -> "EvalConfig":
-        return cls.from_dict(read_yaml_mapping(path))
-
+    # ---- construction (from_dict, from_yaml, replace, to_dict: the Config base) --------------
     @classmethod
     def preset(cls, name: str) -> "EvalConfig":
         """A packaged preset (``default``, ``kernelbench-v0``, ``fast``, ``thorough``)."""
@@ -147,13 +343,7 @@ class EvalConfig:
         with resources.as_file(ref) as p:
             return cls.from_yaml(p)
 
-    def replace(self, **changes: Any) -> "EvalConfig":
-        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
-
     # ---- identity -----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
     def hash(self) -> str:
         """Identity of the fields that change verdicts or numbers (not paths or worker counts)."""
         # Hard limits are left out: they decide nothing about a run that finishes in time, and a
@@ -167,12 +357,45 @@ class EvalConfig:
         return Path(root).expanduser()
 
 
-def write_run_config(out: str | os.PathLike[str], **sections: Any) -> dict[str, Any]:
-    """``OUT/config.yaml``: the fully resolved configuration of a run, one mapping per section
-    (``judge`` an :class:`EvalConfig`, others dataclasses with ``to_dict`` or plain mappings).
-    Never pass secrets.  Returned as saved; a resumed run rewrites it."""
+# ---- a run's config file ------------------------------------------------------------------------
+
+CONFIG_FILE = "config.yaml"
+RECORD_SECTION = "run"  # what a run records about itself (target, device, version): never read back as settings
+
+
+def read_config_file(path: str | os.PathLike[str], sections: Iterable[str], flat: str | None = "judge") -> dict[str, dict[str, Any]]:
+    """The settings sections of a config file, ``{section: mapping}``, for a command that reads
+    ``sections``.  This is the format every run writes as ``OUT/config.yaml``
+    (:func:`write_config_file`), so feeding a run's saved file back reproduces its settings.  A
+    file without any section name is the ``flat`` section on its own (a plain judge config file);
+    the ``run`` section is skipped; a section the command does not read is one ConfigError."""
+    data = read_yaml_mapping(path)
+    known = list(sections)
+    named = [k for k in data if k in known or k == RECORD_SECTION]
+    if flat is not None and not named:
+        return {flat: data}
+    unknown = [str(k) for k in data if k not in known and k != RECORD_SECTION]
+    if unknown:
+        raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)} for this command; known: {', '.join(known)}")
+    out: dict[str, dict[str, Any]] = {}
+    for name in known:
+        value = data.get(name)
+        if value is None:
+            continue
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: section {name} must be a mapping")
+        out[name] = value
+    return out
+
+
+def write_config_file(out: str | os.PathLike[str], **sections: Any) -> dict[str, Any]:
+    """Write ``OUT/config.yaml``: the fully resolved configuration of a run, one mapping per
+    section (configs through ``to_dict``, others as given), plus the ``run`` record when given.
+    Never pass secrets.  Returns what was written; a resumed run rewrites it."""
     import yaml
 
-    resolved = {name: (value.to_dict() if hasattr(value, "to_dict") else value) for name, value in sections.items()}
-    Path(out, "config.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False, default_flow_style=False))
+    resolved = {name: value.to_dict() if isinstance(value, Config) else _plain(value)  # to_dict leaves secrets out
+                for name, value in sections.items() if value is not None}
+    Path(out).mkdir(parents=True, exist_ok=True)
+    Path(out, CONFIG_FILE).write_text(yaml.safe_dump(resolved, sort_keys=False, default_flow_style=False))
     return resolved

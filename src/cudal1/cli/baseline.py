@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         modes = [canonical(m.strip()) for m in args.modes.split(",") if m.strip()]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    from cudal1.config import write_run_config
+    from cudal1.config import write_config_file
     from cudal1.harness import DevicePlan
 
     config = config_from_args(args)
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
     plan = DevicePlan.detect(config.device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_run_config(out, judge=config, baseline={"suite": args.suite, "source": args.source, "modes": modes,
+    write_config_file(out, judge=config, run={"command": "baseline", "suite": args.suite, "source": args.source, "modes": modes,
                                                   "device": plan.device, "lanes": list(plan.lanes)})
     with RunStore(out / "cudal1.sqlite") as store, progress(len(tasks) * len(modes), "baselines", not args.json) as bar:
         results = baselines_recorded(tasks, modes, config, store=store, plan=plan, on_result=lambda r: bar.update(1))

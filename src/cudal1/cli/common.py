@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -16,15 +17,36 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
-def add_judge_flags(p: argparse.ArgumentParser) -> None:
+def default_of(config_class: type, name: str) -> Any:
+    """The default of field ``name`` of a config dataclass (the one place defaults are stated)."""
+    f = config_class.__dataclass_fields__[name]
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+def with_default(text: str, config_class: type, name: str) -> str:
+    """``text`` ending with the field's default, for a flag whose argparse default is None."""
+    default = default_of(config_class, name)
+    return f"{text} (default: {'none' if default is None else default})"
+
+
+def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("judge",)) -> None:
+    """The judge's flags, and ``--config``: the command's settings file, in the format of the
+    ``OUT/config.yaml`` it writes (a plain mapping of judge settings is read as ``judge``)."""
+    p.set_defaults(config_sections=sections)
     g = p.add_argument_group("judge")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="where to run (default auto)")
-    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="hard limit per phase (construct, correctness, timing)")
-    g.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS", help="hard limit for importing/building a candidate")
-    g.add_argument("--trials", type=int, default=None, metavar="N", help="correctness trials with fresh inputs (default 5)")
-    g.add_argument("--timing-trials", type=int, default=None, metavar="N", help="maximum timed calls per model")
-    g.add_argument("--preset", default=None, help="config preset: default, fast, thorough, kernelbench-v0")
-    g.add_argument("--config", default=None, metavar="YAML", help="config file (unknown keys are errors)")
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=with_default("where to run", EvalConfig, "device"))
+    g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help=with_default("hard limit per phase (construct, correctness, timing)", EvalConfig, "timeout_s"))
+    g.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS",
+                   help=with_default("hard limit for importing/building a candidate", EvalConfig, "build_timeout_s"))
+    g.add_argument("--trials", type=int, default=None, metavar="N",
+                   help=with_default("correctness trials with fresh inputs", EvalConfig, "correctness_trials"))
+    g.add_argument("--timing-trials", type=int, default=None, metavar="N",
+                   help=with_default("maximum timed calls per model", EvalConfig, "timing_trials"))
+    g.add_argument("--preset", default=None, help="judge preset: default, fast, thorough, kernelbench-v0 (default: default)")
+    g.add_argument("--config", default=None, metavar="YAML",
+                   help=f"settings file ({', '.join(sections)} sections), e.g. a run's OUT/config.yaml, which "
+                        "reproduces that run; a plain mapping of judge settings also works; unknown keys are errors")
     g.add_argument("--seed", type=int, default=None, help="fix the input seed (default: secret, random per run)")
 
 
@@ -87,15 +109,27 @@ def batch_line(batch: dict[str, Any] | None) -> str:
             f"GPUs idle {'-' if gpu_idle is None else f'{100 * gpu_idle:.0f}%'} (no worker in a GPU phase)")
 
 
+def config_sections(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The sections of ``--config`` this command reads (``{}`` without the flag); read once."""
+    cached = getattr(args, "_config_sections", None)
+    if cached is None:
+        from cudal1.config import read_config_file
+
+        path = getattr(args, "config", None)
+        cached = read_config_file(path, getattr(args, "config_sections", ("judge",))) if path else {}
+        args._config_sections = cached
+    return cached
+
+
 def config_from_args(args: argparse.Namespace) -> EvalConfig:
+    """The judge config: the defaults, or ``--preset``, or ``--config``'s judge section; then the
+    judge flags that were given."""
     if args.config and args.preset:
         raise UsageError("give --config or --preset, not both")
-    if args.config:
-        config = EvalConfig.from_yaml(args.config)
-    elif args.preset:
+    if args.preset:
         config = EvalConfig.preset(args.preset)
     else:
-        config = EvalConfig()
+        config = EvalConfig.from_dict(config_sections(args).get("judge", {}))
     return config.replace(
         device=args.device,
         timeout_s=args.timeout,

@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     from cudal1.store import RunStore
     from cudal1.tasks import load_tasks
 
-    from cudal1.config import write_run_config
+    from cudal1.config import write_config_file
 
     config = config_from_args(args)
     tasks = load_tasks(args.suite, args.source)
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, config.device, gpus)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_run_config(out, judge=config, eval_suite={"suite": args.suite, "source": args.source, "candidates": str(args.candidates),
+    write_config_file(out, judge=config, run={"command": "eval-suite", "suite": args.suite, "source": args.source, "candidates": str(args.candidates),
                                                     "device": plan.device, "lanes": list(plan.lanes), "backend": plan.backend})
     with RunStore(out / "cudal1.sqlite") as store, progress(len(pairs), "eval-suite", not args.json) as bar:
         run_id = store.start_run("eval-suite", config.to_dict())

@@ -40,11 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _user_errors() -> tuple[type[BaseException], ...]:
     from cudal1.config import ConfigError
+    from cudal1.extras import MissingExtra
     from cudal1.harness.api import HarnessError
     from cudal1.store import StoreError
     from cudal1.tasks import TaskError
 
-    return (UsageError, ConfigError, TaskError, HarnessError, StoreError)
+    return (UsageError, ConfigError, MissingExtra, TaskError, HarnessError, StoreError)
 
 
 def _interrupt(signum: int, _frame: object) -> None:

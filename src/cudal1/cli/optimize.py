@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, config_from_args, plan_from_args, print_json,
-                               progress, table)
+from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, config_from_args, config_sections, default_of,
+                               plan_from_args, print_json, progress, table, with_default)
 from cudal1.prompts.select import STRATEGIES
 
 POLICIES = ("builtin", "openai", "hf", "replay")
@@ -29,10 +29,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)")
     g.add_argument("--model", default=None, help="model name at the endpoint")
     g.add_argument("--api-key-env", default=None, metavar="VAR",
-                   help=f"environment variable holding the API key (default {_policy_default('api_key_env')})")
-    g.add_argument("--temperature", type=float, default=None, help="sampling temperature")
-    g.add_argument("--max-tokens", type=int, default=None, help="completion token limit")
-    g.add_argument("--concurrency", type=int, default=None, help="parallel requests to the endpoint")
+                   help=f"environment variable holding the API key (default: {_policy_default('api_key_env')})")
+    g.add_argument("--temperature", type=float, default=None,
+                   help=f"the LLM's sampling temperature (default: {_policy_default('temperature')})")
+    g.add_argument("--max-tokens", type=int, default=None, help=f"completion token limit (default: {_policy_default('max_tokens')})")
+    g.add_argument("--concurrency", type=int, default=None,
+                   help=f"parallel requests to the endpoint (default: {_policy_default('concurrency')})")
     g.add_argument("--replay", default=None, metavar="FILE.jsonl", help="candidates (task, code) for --policy replay")
     g.add_argument("--model-path", default=None, metavar="DIR", help="local transformers model for --policy hf")
     g.add_argument("--passes", default=None, metavar="LIST",
@@ -40,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "see the README's builtin-policy table)")
     g.add_argument("--review", action="store_true",
                    help="ask the same LLM for a second opinion on accepted candidates (flag reviewer_suspects; never a verdict)")
-    s = p.add_argument_group("search", "flags override --search-config, which overrides the defaults shown")
+    s = p.add_argument_group("search", "flags override --search-config, which overrides --config, which overrides the defaults shown")
     s.add_argument("--search-config", default=None, metavar="YAML",
                    help="search settings file: SearchConfig fields (rounds, samples, ...); unknown keys are errors")
     s.add_argument("--rounds", type=int, default=None, help=_help("rounds", "rounds after the reference round"))
@@ -48,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--exemplars", type=int, default=None, help=_help("exemplars", "measured exemplars per prompt"))
     s.add_argument("--strategy", choices=list(STRATEGIES), default=None,
                    help=_help("strategy", "exemplar selection"))
-    s.add_argument("--tau", type=float, default=None, help=_help("temperature", "softmax temperature over speedup buckets"))
+    s.add_argument("--tau", type=float, default=None, help=_help("tau", "exemplar selection: softmax temperature over speedup buckets (not the sampling --temperature)"))
     s.add_argument("--no-feedback", dest="feedback", action="store_const", const=False, default=None,
                    help="do not show failed candidates' errors")
     s.add_argument("--budget-minutes", type=float, default=None, help=_help("budget_minutes", "wall-clock budget"))
@@ -59,7 +61,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print summary.json's content as the last stdout line")
     p.add_argument("--report-to", choices=["tensorboard", "wandb", "mlflow"], default=None,
                    help="also log live metrics to this experiment tracker (off by default; needs its package)")
-    add_judge_flags(p)
+    add_judge_flags(p, sections=("judge", "search", "policy"))
     add_backend_flags(p)
     p.set_defaults(func=run)
 
@@ -67,60 +69,66 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _policy_default(field: str) -> object:
     from cudal1.policy.base import PolicyConfig
 
-    return PolicyConfig.__dataclass_fields__[field].default
+    return default_of(PolicyConfig, field)
 
 
 def _help(field: str, text: str) -> str:
     """``text`` with the default read from SearchConfig (the one place defaults are stated)."""
-    from cudal1.search.loop import SearchConfig
+    from cudal1.search import SearchConfig
 
-    default = SearchConfig.__dataclass_fields__[field].default
-    return f"{text} (default {'none' if default is None else default})"
+    return with_default(text, SearchConfig, field)
 
 
 def search_config(args: argparse.Namespace):
-    """SearchConfig: the defaults, then ``--search-config``, then the flags that were given."""
+    """SearchConfig: the defaults, then ``--config``'s search section, then ``--search-config``,
+    then the flags that were given."""
     from cudal1.search import SearchConfig
 
-    base = SearchConfig.from_yaml(args.search_config) if args.search_config else SearchConfig()
+    base = SearchConfig.from_dict(config_sections(args).get("search", {}))
+    if args.search_config:
+        base = base.replace(**SearchConfig.from_yaml(args.search_config).to_dict())
     return base.replace(rounds=args.rounds, samples=args.samples, exemplars=args.exemplars, strategy=args.strategy,
-                        temperature=args.tau, feedback=args.feedback, budget_minutes=args.budget_minutes,
+                        tau=args.tau, feedback=args.feedback, budget_minutes=args.budget_minutes,
                         max_evaluations=args.max_evaluations, seed=args.search_seed)
 
 
-def choose_policy(args: argparse.Namespace) -> str:
-    if args.policy:
-        return args.policy
-    return "openai" if (args.base_url or os.environ.get("CUDAL1_BASE_URL")) else "builtin"
+def policy_config(args: argparse.Namespace, device: str):
+    """PolicyConfig: the defaults, then ``--config``'s policy section, then the flags given; the
+    policy's name resolved (``--policy``, the file, else openai with an endpoint, else builtin)."""
+    from cudal1.policy import PolicyConfig
+
+    base = PolicyConfig.from_dict(config_sections(args).get("policy", {}))
+    passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None
+    cfg = base.replace(name=args.policy, base_url=args.base_url or os.environ.get("CUDAL1_BASE_URL"), model=args.model,
+                       api_key_env=args.api_key_env, temperature=args.temperature, max_tokens=args.max_tokens,
+                       concurrency=args.concurrency, replay_path=args.replay, model_path=args.model_path, passes=passes)
+    if not cfg.name:
+        cfg = cfg.replace(name="openai" if cfg.base_url else "builtin")
+    return cfg.replace(device=device) if cfg.name == "builtin" else cfg
 
 
-def make_policy(name: str, args: argparse.Namespace, device: str):
-    from cudal1.policy import PolicyConfig, make_policy as _make
+def make_policy(cfg, device: str):
+    """The policy ``cfg`` names, or a one-line usage error."""
+    from cudal1.policy import make_policy as _make
 
-    if name == "replay" and not args.replay:
+    name = cfg.name
+    if name == "replay" and not cfg.replay_path:
         raise UsageError("--policy replay needs --replay FILE.jsonl")
-    if name == "hf" and not args.model_path:
+    if name == "hf" and not cfg.model_path:
         raise UsageError("--policy hf needs --model-path DIR")
-    if name == "openai" and not (args.base_url or os.environ.get("CUDAL1_BASE_URL") or os.environ.get("OPENAI_BASE_URL")):
+    if name == "openai" and not (cfg.base_url or os.environ.get("OPENAI_BASE_URL")):
         raise UsageError("--policy openai needs --base-url (or $CUDAL1_BASE_URL)")
-    options = {k: v for k, v in {
-        "base_url": args.base_url or os.environ.get("CUDAL1_BASE_URL"),
-        "model": args.model, "api_key_env": args.api_key_env, "temperature": args.temperature,
-        "max_tokens": args.max_tokens, "concurrency": args.concurrency, "replay_path": args.replay,
-        "model_path": args.model_path,
-    }.items() if v is not None}
     if name == "builtin":
         from cudal1.policy.builtin import BuiltinPolicy
 
-        passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None
         try:
-            return BuiltinPolicy(device=device, passes=passes)
+            return BuiltinPolicy(device=device, passes=list(cfg.passes) or None)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-    if args.passes:
+    if cfg.passes:
         raise UsageError("--passes applies to --policy builtin only")
     try:
-        return _make(name, config=PolicyConfig(**options))
+        return _make(name, config=cfg)
     except (ValueError, ImportError) as exc:
         raise UsageError(str(exc)) from None
 
@@ -141,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
             tracker = make_tracker(args.report_to, args.out, {"judge": judge.to_dict(), "target": args.target}, tasks)
         except TrackerUnavailable as exc:
             raise UsageError(str(exc)) from None
-    policy = make_policy(choose_policy(args), args, plan.device)
+    policy = make_policy(policy_config(args, plan.device), plan.device)
     reviewer = None
     if args.review:
         if policy.name not in ("openai", "hf"):

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from cudal1.store import RunStore
     from cudal1.tasks import load_tasks
 
-    from cudal1.config import write_run_config
+    from cudal1.config import write_config_file
 
     config = config_from_args(args)
     if args.slack is None:
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     plan = plan_from_args(args, config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_run_config(out, judge=config, verify={"file": str(args.file), "suite": args.suite, "slack": args.slack,
+    write_config_file(out, judge=config, run={"command": "verify", "file": str(args.file), "suite": args.suite, "slack": args.slack,
                                                 "device": plan.device, "lanes": list(plan.lanes), "backend": plan.backend})
     with RunStore(out / "cudal1.sqlite") as store, progress(len(todo), "verify", not args.json) as bar:
         run_id = store.start_run("verify", config.to_dict() | {"file": str(args.file)})

@@ -26,12 +26,14 @@ Not covered here: prompt construction and response parsing (``cudal1.prompts``) 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cudal1.config import ConfigError, from_mapping
+from cudal1.config import Config, ConfigError
 from cudal1.types import Completion, Prompt
+
+
+POLICY_NAMES = ("builtin", "openai", "hf", "replay")
 
 
 @dataclass
@@ -93,14 +95,18 @@ class Policy(Protocol):
 
 
 @dataclass(frozen=True)
-class PolicyConfig:
-    """Settings shared by the LLM-backed policies.  Field comments are the help text.
+class PolicyConfig(Config):
+    """Which policy proposes candidates and how: the ``policy`` section of a run's config.
+    Field comments are the help text.
 
     Each policy reads the fields it needs and ignores the rest, so one resolved config can be
     saved with a run whatever the policy.  ``api_key`` is never logged, shown in ``repr`` or
     written by :meth:`to_dict`; prefer ``api_key_env`` (the *name* of the variable holding it).
     """
 
+    SECTION = "policy"
+
+    name: str = ""  # builtin | openai | hf | replay; "" = openai when an endpoint is configured, else builtin
     base_url: str = ""  # OpenAI-compatible endpoint, e.g. http://localhost:8000/v1; "" = client default
     model: str = ""  # model name sent to the endpoint; "" = the server's first listed model
     api_key_env: str = "OPENAI_API_KEY"  # name of the env var holding the API key
@@ -118,15 +124,14 @@ class PolicyConfig:
     extra_body: dict[str, Any] = field(default_factory=dict)  # extra JSON fields for the endpoint (e.g. vLLM top_k)
     replay_path: str = ""  # replay: JSONL file of {"task", "code"} (or "response"/"text") records
     model_path: str = ""  # hf: local transformers model directory (what training writes)
-    device: str = "auto"  # hf: auto | cpu | cuda
+    passes: list[str] = field(default_factory=list)  # builtin: pass names in the order to try them; [] = all
+    device: str = "auto"  # hf and builtin: auto | cpu | cuda
     dtype: str = "auto"  # hf: auto | float32 | bfloat16 | float16
     batch_size: int = 8  # hf: prompts per generate() batch (each expands to n sequences)
 
-    def __post_init__(self) -> None:
-        for name in ("temperature", "top_p", "timeout_s", "backoff_base_s", "backoff_max_s"):
-            value = getattr(self, name)
-            if isinstance(value, int) and not isinstance(value, bool):  # 1 (YAML) and 1.0 (CLI) alike
-                object.__setattr__(self, name, float(value))
+    def validate(self) -> None:
+        if self.name not in ("",) + POLICY_NAMES:
+            raise ConfigError(f"unknown policy {self.name!r}; known: {', '.join(POLICY_NAMES)}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
         for name in ("max_tokens", "n", "concurrency", "batch_size"):
@@ -139,20 +144,9 @@ class PolicyConfig:
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, not {self.device!r}")
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "PolicyConfig":
-        """Build from a mapping; unknown keys are errors."""
-        return from_mapping(cls, data, "policy option")
-
-    def replace(self, **changes: Any) -> "PolicyConfig":
-        """A copy with ``changes`` applied (``None`` values are ignored, as for CLI flags)."""
-        changes = {k: v for k, v in changes.items() if v is not None}
-        merged = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)} | changes
-        return PolicyConfig.from_dict(merged)
-
     def to_dict(self) -> dict[str, Any]:
         """Everything except the secret (``api_key`` is reported only as set or not)."""
-        d = dataclasses.asdict(self)
+        d = super().to_dict()
         d["api_key"] = "<set>" if self.api_key else ""
         return d
 
@@ -163,28 +157,31 @@ def resolve_config(config: PolicyConfig | None, options: dict[str, Any]) -> Poli
 
 
 def policy_settings(policy: Any) -> dict[str, Any]:
-    """What a run saves about ``policy`` (``OUT/config.yaml``): its ``name``; its own
-    ``settings()`` when it has that method (builtin: device and passes); else the fields of its
-    :class:`PolicyConfig` (``policy.config``) with the model it actually uses.  Never an API key:
-    ``api_key`` is left out (``api_key_env`` is only the variable's name)."""
-    out: dict[str, Any] = {"name": getattr(policy, "name", type(policy).__name__)}
+    """What a run saves about ``policy`` (the ``policy`` section of ``OUT/config.yaml``, which
+    :class:`PolicyConfig` reads back): its ``name``; its own ``settings()`` when it has that
+    method (builtin: device and passes); else the fields of its :class:`PolicyConfig`
+    (``policy.config``) with the model it actually uses.  Never an API key: ``api_key`` is left
+    out (``api_key_env`` is only the variable's name)."""
+    out: dict[str, Any] = {}
     settings = getattr(policy, "settings", None)
     config = getattr(policy, "config", None)
     if callable(settings):
         out.update(settings())
     elif isinstance(config, PolicyConfig):
-        out.update({k: v for k, v in config.to_dict().items() if k != "api_key"})
+        out.update(config.to_dict())
         model = getattr(policy, "model", None)
         if isinstance(model, str) and model:
             out["model"] = model  # the resolved one ("" in the config = the server's first model)
     out.pop("api_key", None)
-    return out
+    return {"name": getattr(policy, "name", type(policy).__name__)} | {k: v for k, v in out.items() if k != "name"}
 
 
 def require_extra(module: str, extra: str, what: str) -> None:
-    """Raise one clear ImportError when an optional dependency of ``extra`` is missing."""
-    if importlib.util.find_spec(module) is None:
-        raise ImportError(f"{what} needs the '{module}' package: pip install \"cudal1[{extra}]\"")
+    """One :class:`~cudal1.extras.MissingExtra` line when ``module`` of ``extra`` is missing
+    (kept for the policies that call it; new code calls :func:`cudal1.extras.require`)."""
+    from cudal1.extras import require
+
+    require(what, module, extra=extra)
 
 
 def error_completion(policy: str, error: str, model: str = "", **meta: Any) -> Completion:

@@ -31,7 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.policy.base import PolicyConfig, error_completion, require_extra, resolve_config
+from cudal1.extras import require
+from cudal1.policy.base import PolicyConfig, error_completion, resolve_config
 from cudal1.types import Completion, Prompt
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class OpenAIPolicy:
     name = "openai"
 
     def __init__(self, config: PolicyConfig | None = None, **options: Any) -> None:
-        require_extra("openai", "llm", "the openai policy")
+        require("the openai policy", "openai", extra="llm")
         import openai
 
         self.config = cfg = resolve_config(config, options)

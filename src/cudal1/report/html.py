@@ -28,12 +28,10 @@ MAX_DIFF_LINES = 400
 
 
 def require_html() -> None:
-    """ImportError naming the extra when jinja2 or matplotlib is missing."""
-    import importlib.util
+    """One :class:`~cudal1.extras.MissingExtra` line when jinja2 or matplotlib is missing."""
+    from cudal1.extras import require
 
-    missing = [m for m in ("jinja2", "matplotlib") if importlib.util.find_spec(m) is None]
-    if missing:
-        raise ImportError(f'the HTML report needs {" and ".join(missing)}: pip install "cudal1[report]"')
+    require("the HTML report", "jinja2", "matplotlib", extra="report")
 
 
 def _diff(reference: str, best: str) -> list[tuple[str, str]]:

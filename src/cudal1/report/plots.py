@@ -23,14 +23,6 @@ CLASS_COLORS = {"verified": "#2e7d32", "slower_than_claimed": "#ef6c00", "degene
 _PALETTE = ["#1565c0", "#ef6c00", "#2e7d32", "#c62828", "#6a1b9a", "#00838f", "#9e9d24", "#5d4037"]
 
 
-def require_matplotlib() -> None:
-    """ImportError naming the extra when matplotlib is missing."""
-    import importlib.util
-
-    if importlib.util.find_spec("matplotlib") is None:
-        raise ImportError('the HTML report needs matplotlib and jinja2: pip install "cudal1[report]"')
-
-
 def _svg(fig: Any, salt: str) -> str:
     import matplotlib
 

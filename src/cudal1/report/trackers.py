@@ -1,7 +1,7 @@
 """Live metrics of an optimize run to an experiment tracker (``optimize --report-to``).
 
 Contract: :func:`make_tracker` returns a :class:`TrackerLogger` for ``tensorboard``, ``wandb`` or
-``mlflow`` when that package is installed, and raises :class:`TrackerUnavailable` (one line
+``mlflow`` when that package is installed, and raises :class:`~cudal1.extras.MissingExtra` (one line
 naming what to install) otherwise; it is never used unless asked for.  The logger is an
 ``on_result`` callback for the search: after every verdict it logs, at step = verdicts so far,
 ``judged``, ``ok``, ``ok_rate``, ``tasks_with_ok``, ``geomean_best_so_far`` (1.0 for a task
@@ -13,11 +13,11 @@ while logging is reported once through ``logging`` and never stops the search.
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from cudal1.extras import MissingExtra, require
 from cudal1.report.metrics import geomean
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,7 @@ log = logging.getLogger(__name__)
 TRACKERS = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}  # name -> package to install
 
 
-class TrackerUnavailable(RuntimeError):
-    """The tracker's package is not installed (or the name is unknown)."""
+TrackerUnavailable = MissingExtra  # the tracker's package is not installed (one exception type for every extra)
 
 
 class Backend(Protocol):
@@ -82,11 +81,10 @@ _BACKENDS: dict[str, Callable[[Path, dict[str, Any]], Backend]] = {
 
 
 def check_tracker(name: str) -> None:
-    """TrackerUnavailable unless ``name`` is a known tracker whose package is installed."""
+    """ValueError for an unknown tracker; MissingExtra unless its package is installed."""
     if name not in TRACKERS:
-        raise TrackerUnavailable(f"unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
-    if importlib.util.find_spec(TRACKERS[name]) is None:
-        raise TrackerUnavailable(f"--report-to {name} needs the {TRACKERS[name]} package: pip install {TRACKERS[name]}")
+        raise ValueError(f"unknown tracker {name!r}; known: {', '.join(TRACKERS)}")
+    require(f"--report-to {name}", TRACKERS[name])
 
 
 class TrackerLogger:

@@ -29,71 +29,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cudal1.figures import geomean
-from cudal1.config import ConfigError, EvalConfig, from_mapping, read_yaml_mapping
+from cudal1.config import EvalConfig
+from cudal1.search.config import SearchConfig
 from cudal1.policy.base import PoolEntry, PoolPrompt, Proposal, policy_settings
 from cudal1.store import RunStore
 from cudal1.types import Candidate, Completion, EvalResult, Exemplar, Status, Task, reference_candidate
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    """How the optimizer searches.  Field comments are the help text; the defaults here are the
-    only statement of them (the CLI's flags default to "not given" and override these).  Loads
-    from YAML with strict keys (:meth:`from_yaml`); the resolved values are saved with every run
-    (``OUT/config.yaml``)."""
-
-    rounds: int = 3  # rounds after the reference round
-    samples: int = 4  # candidates requested per task per round
-    exemplars: int = 2  # measured exemplars shown per prompt
-    strategy: str = "contrastive"  # exemplar selection: contrastive | random | best
-    temperature: float = 1.0  # softmax temperature over speedup buckets (log units)
-    feedback: bool = True  # show a failed candidate's error to the policy
-    budget_minutes: float | None = None  # wall-clock budget for the whole run; None = no limit
-    max_evaluations: int | None = None  # budget of judged candidates (reference included); None = no limit
-    template: str = "contrastive_v1"  # prompt template (cudal1/prompts/templates)
-    seed: int = 0  # seed of exemplar sampling
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # 1 (YAML) and 1.0 (CLI) alike
-            value = getattr(self, f.name)
-            if f.type in ("float", "float | None") and isinstance(value, int) and not isinstance(value, bool):
-                object.__setattr__(self, f.name, float(value))
-        if self.rounds < 0 or self.samples < 1 or self.exemplars < 0:
-            raise ConfigError("rounds >= 0, samples >= 1 and exemplars >= 0 are required")
-        from cudal1.prompts.build import available_templates
-        from cudal1.prompts.select import STRATEGIES
-
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"unknown exemplar strategy {self.strategy!r}; known: {', '.join(STRATEGIES)}")
-        if self.template not in available_templates():  # before any judging, not at the first prompt
-            raise ConfigError(f"unknown prompt template {self.template!r}; known: {', '.join(available_templates())}")
-        if not self.temperature > 0:
-            raise ConfigError("temperature must be > 0")
-        if self.budget_minutes is not None and not self.budget_minutes > 0:
-            raise ConfigError("budget_minutes must be positive")
-        if self.max_evaluations is not None and self.max_evaluations < 1:
-            raise ConfigError("max_evaluations must be at least 1")
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SearchConfig":
-        """Build from a mapping; unknown keys are errors."""
-        return from_mapping(cls, data, "search config")
-
-    @classmethod
-    def from_yaml(cls, path: str | Path) -> "SearchConfig":
-        """A YAML mapping of fields (an empty file gives the defaults); unknown keys are errors."""
-        return cls.from_dict(read_yaml_mapping(path))
-
-    def replace(self, **changes: Any) -> "SearchConfig":
-        """A copy with ``changes`` applied; ``None`` means "not given" and changes nothing (so
-        ``budget_minutes``/``max_evaluations`` cannot be reset to no limit this way)."""
-        return SearchConfig.from_dict(self.to_dict() | {k: v for k, v in changes.items() if v is not None})
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 
 def read_completion(comp: Completion) -> tuple[str | None, str, str]:
@@ -178,7 +120,7 @@ class Search:
         rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
         prompts = []
         for _ in range(self.cfg.samples):
-            shown = select_exemplars(ok, self.cfg.exemplars, self.cfg.strategy, rng=rng, temperature=self.cfg.temperature)
+            shown = select_exemplars(ok, self.cfg.exemplars, self.cfg.strategy, rng=rng, temperature=self.cfg.tau)
             if self.cfg.feedback and failed:
                 shown = list(failed_feedback(failed, 1, rng)) + list(shown)
             prompt = build_prompt(task, shown, self.hardware, feedback=self.cfg.feedback, template=self.cfg.template)
@@ -260,9 +202,9 @@ def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalCo
 def write_config(out: Path, search: SearchConfig, judge: EvalConfig, policy: Any) -> dict[str, Any]:
     """``OUT/config.yaml``: the fully resolved configuration of this run (judge, search, policy;
     never an API key), next to ``summary.json``; returned as saved.  A resumed run rewrites it."""
-    from cudal1.config import write_run_config
+    from cudal1.config import write_config_file
 
-    return write_run_config(out, judge=judge, search=search, policy=policy_settings(policy))
+    return write_config_file(out, judge=judge, search=search, policy=policy_settings(policy))
 
 
 def write_outputs(s: Search, stop: str) -> dict[str, Any]:
