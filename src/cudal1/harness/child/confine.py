@@ -1,0 +1,506 @@
+"""Confine the candidate's process: called first thing in the child, before candidate code runs
+and before CUDA is initialised, while the process has a single thread.
+
+:func:`confine` applies every measure the OS allows and reports each as *applied*, *refused*
+(with the OS's reason) or *not applicable*; it never raises for a refusal, only for misuse
+(:class:`ConfineError`).  In order:
+
+- ``ownership``, ``home_tmp``: HOME and TMPDIR are new empty 0700 directories; as root, the build
+  directory, HOME and TMPDIR are handed to the candidate's uid (no symlink is followed; a file
+  with several hard links is left alone, so a planted link cannot give away someone else's file).
+- ``netns``: an own, empty network namespace (``unshare(CLONE_NEWNET)`` as root; otherwise inside
+  a new user namespace that maps only the process's own ids).
+- ``ids``, ``capabilities``, ``no_new_privs``, ``not_dumpable``: as root, drop to an unprivileged
+  uid/gid (real, effective and saved; no supplementary groups), empty every capability set
+  (bounding set included) and set ``no_new_privs``; then ``PR_SET_DUMPABLE`` 0 (the id change
+  resets it).  The uid is ``uid_for(build_dir)``: one per build directory, in a range no system
+  or container allocator uses, so jobs of different candidates never share one.  Identical
+  candidates (same source, hence same build directory) do share it: they can touch each other's
+  files there, which can only spoil that source's own verdicts.  When that uid could not reach
+  what the candidate needs (``must_read``; by default the interpreter's prefixes, ``sys.path``
+  and the CUDA toolkit; e.g. Python installed under a 0700 ``/root``), the process stays uid 0
+  without capabilities instead and ``ids`` is refused, naming the blocking directory.
+  ``PR_SET_PDEATHSIG`` (which an id change clears) is restored.
+- ``env``: HOME, TMPDIR (and ``tempfile``'s cached directory), and ``TORCH_EXTENSIONS_DIR``,
+  ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``XDG_CACHE_HOME``, ``CUDA_CACHE_PATH``
+  inside the build directory unless ``cache_env`` names others; variables that look like
+  secrets (API keys, tokens, the SSH agent) are removed.
+- ``landlock_fs``: writes (create, remove, rename, truncate) only beneath the build directory,
+  HOME, TMPDIR, ``/dev/null`` and ``writable``; reads everywhere unless ``readable_only`` lists
+  the only readable trees.  ``landlock_net``: TCP bind/connect refused (Landlock ABI >= 4).
+  ``landlock_scope``: no signals to, and no abstract Unix sockets of, processes outside the
+  candidate's own (ABI >= 6).  Any Landlock domain also forbids ptrace-style access to processes
+  outside it (``/proc/<pid>/mem`` included).
+- ``seccomp``: ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, ``pidfd_getfd`` and
+  ``process_madvise`` fail with EPERM; ``setpriority``, ``ioprio_set``, the ``sched_set*`` calls,
+  ``prlimit64``, ``migrate_pages`` and ``move_pages`` only act on the caller itself (pid 0), so
+  the reference cannot be reniced, pinned or limited from here; syscalls of a foreign ABI (i386,
+  x32) fail.  Tables for x86-64 and aarch64; elsewhere not applicable.
+
+Limits: Landlock does not govern ioctls on devices (the GPU needs them), connecting to pathname
+Unix sockets, or reads unless ``readable_only`` is given; on ABI 1 (Linux 5.13-5.18) renaming
+between directories fails with EXDEV.  Writable paths other than the candidate's own directories
+are not chowned: the caller makes them accessible to the candidate's uid.  The candidate can
+still create user namespaces where the kernel allows unprivileged ones.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import hashlib
+import os
+import platform
+import re
+import stat
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+APPLIED, REFUSED, NOT_APPLICABLE = "applied", "refused", "not applicable"
+UID_BASE, UID_SPAN = 1_900_000_000, 100_000_000  # above systemd's container ranges, below 2**31
+DENIED_SYSCALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "process_madvise")
+# syscall -> (argument index, required value) pairs: allowed only on the caller itself
+SELF_ONLY_SYSCALLS: dict[str, tuple[tuple[int, int], ...]] = {
+    "setpriority": ((0, 0), (1, 0)),  # PRIO_PROCESS, who=0 (PRIO_USER with 0 would mean every process of the uid)
+    "ioprio_set": ((0, 1), (1, 0)),  # IOPRIO_WHO_PROCESS, who=0
+    **{name: ((0, 0),) for name in ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr",
+                                    "prlimit64", "migrate_pages", "move_pages")},
+}
+_SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
+
+
+class ConfineError(ValueError):
+    """Misuse of :func:`confine` (bad paths, called with several threads), never an OS refusal."""
+
+
+@dataclass(frozen=True)
+class ConfinePolicy:
+    """What the candidate's process may touch.  Paths are resolved against the current directory."""
+
+    build_dir: str | os.PathLike[str]  # must exist; the candidate's own, writable
+    home: str | os.PathLike[str]  # new or empty: becomes HOME (0700)
+    tmp: str | os.PathLike[str]  # new or empty: becomes TMPDIR (0700)
+    writable: Sequence[str | os.PathLike[str]] = ()  # existing paths also writable (job's shared memory, /dev)
+    readable_only: Sequence[str | os.PathLike[str]] | None = None  # None: reads everywhere; else only these trees (+ writable)
+    uid: int | None = None  # as root: the uid/gid to drop to; None: uid_for(build_dir)
+    network: bool = False  # True leaves the network alone
+    cache_env: Mapping[str, str] = field(default_factory=dict)  # overrides of the cache variables
+    must_read: Sequence[str | os.PathLike[str]] | None = None  # None: interpreter, sys.path, CUDA toolkit
+    deny: Sequence[str] = DENIED_SYSCALLS  # syscalls refused with EPERM
+
+
+@dataclass(frozen=True)
+class Measure:
+    name: str
+    outcome: str  # APPLIED, REFUSED or NOT_APPLICABLE
+    detail: str = ""  # what was done, or why not (the OS's reason for a refusal)
+
+
+@dataclass(frozen=True)
+class ConfineReport:
+    measures: tuple[Measure, ...]
+    uid: int  # the ids the candidate runs under
+    gid: int
+    elapsed_s: float
+
+    def outcome(self, name: str) -> str:
+        return next((m.outcome for m in self.measures if m.name == name), NOT_APPLICABLE)
+
+    def as_dict(self) -> dict[str, str]:
+        """``{measure: "applied: ..." | "refused: ..." | "not applicable: ..."}`` plus ``uid``, for the
+        verdict's environment."""
+        out = {m.name: f"{m.outcome}: {m.detail}" if m.detail else m.outcome for m in self.measures}
+        out["uid"] = f"{self.uid}:{self.gid}"
+        return out
+
+
+def uid_for(build_dir: str | os.PathLike[str]) -> int:
+    """The candidate uid of a build directory (a hash of its resolved path into the reserved range)."""
+    digest = hashlib.blake2b(str(Path(build_dir).resolve()).encode(), digest_size=8).digest()  # not OpenSSL: no ms of set-up
+    return UID_BASE + int.from_bytes(digest[:8], "big") % UID_SPAN
+
+
+def confine(policy: ConfinePolicy) -> ConfineReport:
+    """Confine this process for good (see the module docstring); raises :class:`ConfineError` only
+    for misuse.  Costs a few milliseconds (plus one ``chown`` per entry of the build directory)."""
+    t0 = time.perf_counter()
+    if not sys.platform.startswith("linux"):
+        names = ("ids", "capabilities", "no_new_privs", "not_dumpable", "ownership", "home_tmp", "env",
+                 "netns", "landlock_fs", "landlock_net", "landlock_scope", "seccomp")
+        return ConfineReport(tuple(Measure(n, NOT_APPLICABLE, f"not Linux ({sys.platform})") for n in names),
+                             os.getuid(), os.getgid(), time.perf_counter() - t0)
+    paths = _Paths.of(policy)
+    tasks = os.listdir("/proc/self/task")
+    if len(tasks) != 1:
+        raise ConfineError(f"confine() must run before any other thread starts ({len(tasks)} threads)")
+    os_ = _Os()
+    measures: list[Measure] = []
+    for d in (paths.home, paths.tmp):
+        _fresh_dir(d)
+    measures.append(Measure("home_tmp", APPLIED, f"HOME={paths.home} TMPDIR={paths.tmp} (new, empty, 0700)"))
+    root = os.geteuid() == 0
+    deathsig = os_.prctl_get(2)  # PR_GET_PDEATHSIG: cleared by any change of ids below
+    uid = gid = os.geteuid() if root else -1
+    if root:
+        target = policy.uid if policy.uid is not None else uid_for(paths.build)
+        os.setgroups([])
+        blocked = _unreachable(paths, target)
+        uid = gid = 0 if blocked else target
+        changed = sum(_give(d, uid, gid) for d in (paths.build, paths.home, paths.tmp))
+        measures.append(Measure("ownership", APPLIED, f"build dir, HOME, TMPDIR owned by {uid}:{gid} ({changed} entries changed)"))
+    else:
+        blocked = ""
+        measures.append(Measure("ownership", NOT_APPLICABLE, f"not root: the files stay uid {os.geteuid()}'s"))
+    measures.append(os_.network_namespace(policy.network, root))
+    measures.extend(os_.drop_privileges(root, uid, gid, blocked))
+    os_.prctl_set(1, deathsig)  # PR_SET_PDEATHSIG again: a parent that died meanwhile is caught below
+    if deathsig and os.getppid() == 1:
+        os._exit(1)
+    measures.append(_set_env(policy, paths, uid if root and uid != 0 else None))
+    measures.extend(os_.landlock(policy, paths))
+    measures.append(os_.seccomp(policy.deny))
+    real = os.getresuid()[0], os.getresgid()[0]
+    return ConfineReport(tuple(measures), real[0], real[1], time.perf_counter() - t0)
+
+
+# ---- paths ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Paths:
+    build: Path
+    home: Path
+    tmp: Path
+    writable: tuple[Path, ...]
+    readable: tuple[Path, ...] | None
+    must_read: tuple[Path, ...]
+
+    @classmethod
+    def of(cls, policy: ConfinePolicy) -> "_Paths":
+        def abs_(p: str | os.PathLike[str]) -> Path:
+            return Path(os.path.abspath(os.fspath(p)))
+
+        build = abs_(policy.build_dir)
+        if not build.is_dir():
+            raise ConfineError(f"build directory {build} does not exist")
+        if policy.uid is not None and not 0 < policy.uid < 2**32 - 1:
+            raise ConfineError(f"uid {policy.uid} is not an unprivileged uid")
+        writable = tuple(abs_(p) for p in policy.writable)
+        missing = [str(p) for p in writable if not p.exists()]
+        if missing:
+            raise ConfineError(f"writable paths do not exist: {', '.join(missing)}")
+        readable = None if policy.readable_only is None else tuple(abs_(p) for p in policy.readable_only)
+        if policy.must_read is None:
+            cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+            must = {sys.prefix, sys.base_prefix, sys.exec_prefix, cuda, *(p for p in sys.path if p)}
+            must_read = tuple(sorted(abs_(p) for p in must if os.path.isdir(p)))
+        else:
+            must_read = tuple(abs_(p) for p in policy.must_read)
+        unknown = sorted(set(policy.deny) - set(_SYSCALLS["x86_64"][2]))
+        if unknown:
+            raise ConfineError(f"unknown syscalls to deny: {', '.join(unknown)}")
+        return cls(build, abs_(policy.home), abs_(policy.tmp), writable, readable, must_read)
+
+
+def _fresh_dir(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not stat.S_ISDIR(st.st_mode) or os.listdir(path):
+            raise ConfineError(f"{path} must be a new or empty directory") from None
+    os.chmod(path, 0o700)
+
+
+def _unreachable(paths: _Paths, uid: int) -> str:
+    """'' when ``uid`` (with gid ``uid`` and no groups) can reach the candidate's directories and
+    read ``must_read``; else the first directory that stops it.  Checked with the effective ids
+    switched for the duration (single-threaded, so nothing else runs under them)."""
+    def mode_of(path: Path) -> str:
+        try:
+            return f"mode {stat.S_IMODE(os.stat(path).st_mode):04o}"
+        except OSError as exc:
+            return exc.strerror or "missing"
+
+    def check(path: Path, mode: int) -> str:
+        if os.access(path, mode, effective_ids=True):
+            return ""
+        blocker = next((a for a in reversed(path.parents) if not os.access(a, os.X_OK, effective_ids=True)), None)
+        if blocker is not None:
+            return f"{blocker} ({mode_of(blocker)}) keeps uid {uid} from {path}"
+        return f"uid {uid} cannot {'read' if mode & os.R_OK else 'reach'} {path} ({mode_of(path)})"
+
+    os.setegid(uid)
+    os.seteuid(uid)
+    try:
+        wanted = [(d.parent, os.X_OK) for d in (paths.build, paths.home, paths.tmp)]
+        wanted += [(p, os.F_OK) for p in paths.writable] + [(p, os.R_OK | os.X_OK) for p in paths.must_read]
+        return next((why for p, mode in wanted if (why := check(p, mode))), "")
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+
+
+def _give(root: Path, uid: int, gid: int) -> int:
+    """chown ``root``'s tree to uid:gid without following symlinks; returns the entries changed."""
+    changed = 0
+    st = os.stat(root, follow_symlinks=False)
+    if (st.st_uid, st.st_gid) != (uid, gid):
+        os.chown(root, uid, gid, follow_symlinks=False)
+        changed += 1
+    for _, dirs, files, dirfd in os.fwalk(root, follow_symlinks=False):
+        for name in dirs + files:
+            st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+            plain = stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink == 1)
+            if plain and (st.st_uid, st.st_gid) != (uid, gid):
+                os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
+                changed += 1
+    return changed
+
+
+def _set_env(policy: ConfinePolicy, paths: _Paths, uid: int | None) -> Measure:
+    env = {"HOME": str(paths.home), "TMPDIR": str(paths.tmp), "TMP": str(paths.tmp), "TEMP": str(paths.tmp),
+           "TORCH_EXTENSIONS_DIR": str(paths.build), "TORCHINDUCTOR_CACHE_DIR": str(paths.build / "inductor"),
+           "TRITON_CACHE_DIR": str(paths.build / "triton"), "XDG_CACHE_HOME": str(paths.build / "xdg-cache"),
+           "CUDA_CACHE_PATH": str(paths.build / "nv-compute-cache")}
+    if uid is not None:  # getpass.getuser() (torch's default cache paths) has no passwd entry to find
+        env["USER"] = env["LOGNAME"] = f"cudal1-{uid}"
+    env.update(policy.cache_env)
+    removed = sorted(name for name in os.environ if _SECRET.search(name) and name not in env)
+    for name in removed:
+        del os.environ[name]
+    os.environ.update(env)
+    tempfile.tempdir = str(paths.tmp)  # tempfile caches the directory it found first (the forkserver's)
+    return Measure("env", APPLIED, "HOME, TMPDIR and caches set" + (f"; removed {', '.join(removed)}" if removed else ""))
+
+
+# ---- the OS calls --------------------------------------------------------------------------------
+
+_SYSCALLS = {  # machine -> (AUDIT_ARCH, foreign x32 range, numbers)
+    "x86_64": (0xC000003E, True, {
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
+        "process_madvise": 440, "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144,
+        "sched_setaffinity": 203, "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "prlimit64": 302,
+        "sched_setattr": 314}),
+    "aarch64": (0xC00000B7, False, {
+        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
+        "process_madvise": 440, "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119,
+        "sched_setaffinity": 122, "ioprio_set": 30, "migrate_pages": 238, "move_pages": 239, "prlimit64": 261,
+        "sched_setattr": 274}),
+}
+_LANDLOCK_CREATE, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT = 444, 445, 446  # same on every architecture
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_WRITE_V1 = _FS_WRITE_FILE | sum(1 << b for b in range(4, 13))  # remove and make_* (dir, reg, sym, ...)
+_FS_REFER, _FS_TRUNCATE = 1 << 13, 1 << 14
+_FS_READ = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
+_FS_FILE_ONLY = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE  # rights a rule on a file may hold
+_NET_TCP = 0b11  # bind, connect
+_SCOPES = 0b11  # abstract unix sockets, signals
+_CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("fs", ctypes.c_uint64), ("net", ctypes.c_uint64), ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def _reason(err: int) -> str:
+    return f"{errno.errorcode.get(err, str(err))} ({os.strerror(err)})"
+
+
+class _Os:
+    """The raw calls, each returning -1 and leaving the reason in ``errno`` as libc does."""
+
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None, use_errno=True)
+
+    def _call(self, fn: Callable[..., int], *args: object) -> int:
+        ctypes.set_errno(0)
+        return fn(*(ctypes.c_ulong(a) if isinstance(a, int) else a for a in args))
+
+    def prctl(self, *args: object) -> int:
+        return self._call(self.libc.prctl, *args, *([0] * (5 - len(args))))
+
+    def prctl_get(self, option: int) -> int:
+        value = ctypes.c_int(0)
+        return value.value if self.prctl(option, ctypes.byref(value)) == 0 else 0
+
+    def prctl_set(self, option: int, value: int) -> None:
+        self.prctl(option, value)
+
+    def syscall(self, nr: int, *args: object) -> int:
+        return self._call(self.libc.syscall, nr, *args)
+
+    def failed(self, name: str, detail: str = "") -> Measure:
+        return Measure(name, REFUSED, (detail + ": " if detail else "") + _reason(ctypes.get_errno()))
+
+    # -- network ---------------------------------------------------------------------------------
+    def network_namespace(self, allowed: bool, root: bool) -> Measure:
+        if allowed:
+            return Measure("netns", NOT_APPLICABLE, "the policy allows network")
+        if root:
+            if self._call(self.libc.unshare, _CLONE_NEWNET) != 0:
+                return self.failed("netns", "unshare(CLONE_NEWNET)")
+            return Measure("netns", APPLIED, "own network namespace, no interface up")
+        uid, gid = os.geteuid(), os.getegid()
+        self.prctl(4, 1)  # dumpable for now: a non-dumpable process cannot write its own id maps
+        if self._call(self.libc.unshare, _CLONE_NEWUSER | _CLONE_NEWNET) != 0:
+            return self.failed("netns", "unshare(CLONE_NEWUSER|CLONE_NEWNET)")
+        try:  # map only our own ids, so files and the uid look the same as before
+            for name, text in (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1")):
+                with open(f"/proc/self/{name}", "w") as f:
+                    f.write(text)
+        except OSError as exc:
+            return Measure("netns", APPLIED, f"own user and network namespaces; id maps not written ({exc.strerror})")
+        return Measure("netns", APPLIED, "own user and network namespaces (own ids mapped), no interface up")
+
+    # -- ids, capabilities, no_new_privs, dumpable ----------------------------------------------
+    def drop_privileges(self, root: bool, uid: int, gid: int, blocked: str) -> list[Measure]:
+        out: list[Measure] = []
+        if root:
+            for cap in range(64):  # PR_CAPBSET_DROP until EINVAL (past the kernel's last capability)
+                if self.prctl(24, cap) != 0 and ctypes.get_errno() == errno.EINVAL:
+                    break
+        nnp = self.prctl(38, 1) == 0  # PR_SET_NO_NEW_PRIVS
+        out.append(Measure("no_new_privs", APPLIED) if nnp else self.failed("no_new_privs"))
+        if not root:
+            out.append(Measure("ids", NOT_APPLICABLE, f"not root: runs as uid {os.geteuid()}"))
+        elif blocked:
+            out.append(Measure("ids", REFUSED, f"{blocked}; stays uid 0 without capabilities"))
+        else:
+            try:
+                os.setresgid(gid, gid, gid)
+                os.setresuid(uid, uid, uid)
+                out.append(Measure("ids", APPLIED, f"uid {uid} gid {gid}, no supplementary groups"))
+            except OSError as exc:
+                out.append(Measure("ids", REFUSED, f"setresuid({uid}): {_reason(exc.errno or 0)}; stays uid 0 without capabilities"))
+        if os.geteuid() == 0:
+            self.prctl(28, 0x2F)  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP (locked), KEEP_CAPS_LOCKED
+        had = _cap_eff()
+        version3 = _CapHeader(0x20080522, 0)
+        if self._call(self.libc.capset, ctypes.byref(version3), ctypes.byref((_CapData * 2)())) != 0:
+            out.append(self.failed("capabilities", "capset"))
+        elif had or root:
+            out.append(Measure("capabilities", APPLIED, "every set empty" + (", bounding set too" if root else "")))
+        else:
+            out.append(Measure("capabilities", NOT_APPLICABLE, "none held"))
+        ok = self.prctl(4, 0) == 0  # PR_SET_DUMPABLE, after the id change (which resets it)
+        out.append(Measure("not_dumpable", APPLIED) if ok else self.failed("not_dumpable"))
+        return out
+
+    # -- landlock --------------------------------------------------------------------------------
+    def landlock(self, policy: ConfinePolicy, paths: _Paths) -> list[Measure]:
+        abi = self.syscall(_LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
+        if abi < 0:
+            err = ctypes.get_errno()
+            why = {errno.ENOSYS: "this kernel has no Landlock", errno.EOPNOTSUPP: "Landlock is disabled at boot"}
+            return [Measure(n, NOT_APPLICABLE, why.get(err, _reason(err))) for n in ("landlock_fs", "landlock_net", "landlock_scope")]
+        write = _FS_WRITE_V1 | (_FS_REFER if abi >= 2 else 0) | (_FS_TRUNCATE if abi >= 3 else 0)
+        fs = write | (_FS_READ if paths.readable is not None else 0)
+        net = _NET_TCP if abi >= 4 and not policy.network else 0
+        scoped = _SCOPES if abi >= 6 else 0
+        attr = _RulesetAttr(fs, net, scoped)
+        ruleset = self.syscall(_LANDLOCK_CREATE, ctypes.byref(attr), 8 if abi < 4 else 16 if abi < 6 else 24, 0)
+        if ruleset < 0:
+            return [self.failed("landlock_fs", f"ABI {abi}: create_ruleset")]
+        writable = [paths.build, paths.home, paths.tmp, *paths.writable]
+        if os.path.exists(os.devnull):
+            writable.append(Path(os.devnull))
+        rules = [(p, fs) for p in writable] + [(p, _FS_READ) for p in paths.readable or () if p.exists()]
+        try:
+            for path, rights in rules:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+                try:
+                    allowed = rights if stat.S_ISDIR(os.fstat(fd).st_mode) else rights & _FS_FILE_ONLY
+                    rule = _PathBeneath(allowed & fs, fd)
+                    if self.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0) != 0:
+                        return [self.failed("landlock_fs", f"ABI {abi}: add_rule {path}")]
+                finally:
+                    os.close(fd)
+            if self.syscall(_LANDLOCK_RESTRICT, ruleset, 0) != 0:
+                return [self.failed("landlock_fs", f"ABI {abi}: restrict_self")]
+        finally:
+            os.close(ruleset)
+        reads = "reads everywhere" if paths.readable is None else f"reads only beneath {len(paths.readable)} listed paths and those"
+        out = [Measure("landlock_fs", APPLIED, f"ABI {abi}: writes only beneath {len(writable)} paths; {reads}"
+                                               + ("; renames across directories fail (ABI 1)" if abi == 1 else ""))]
+        out.append(Measure("landlock_net", APPLIED, "TCP bind and connect refused") if net else
+                   Measure("landlock_net", NOT_APPLICABLE, "the policy allows network" if policy.network else f"ABI {abi} < 4"))
+        out.append(Measure("landlock_scope", APPLIED, "no signals or abstract Unix sockets outside") if scoped else
+                   Measure("landlock_scope", NOT_APPLICABLE, f"ABI {abi} < 6"))
+        return out
+
+    # -- seccomp ---------------------------------------------------------------------------------
+    def seccomp(self, deny: Sequence[str]) -> Measure:
+        machine = platform.machine()
+        if machine not in _SYSCALLS:
+            return Measure("seccomp", NOT_APPLICABLE, f"no syscall table for {machine}")
+        program = seccomp_program(machine, deny)
+        filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
+        prog = _SockFprog(len(program), filters)
+        if self.prctl(22, 2, ctypes.byref(prog)) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+            return self.failed("seccomp")
+        return Measure("seccomp", APPLIED, f"{machine}: {', '.join(deny)} -> EPERM; "
+                                           f"{', '.join(SELF_ONLY_SYSCALLS)} on itself only; foreign ABIs refused")
+
+
+def _cap_eff() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            return next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), 0)
+    except OSError:
+        return 0
+
+
+def seccomp_program(machine: str, deny: Sequence[str] = DENIED_SYSCALLS) -> list[tuple[int, int, int, int]]:
+    """The classic-BPF filter, as ``(code, jt, jf, k)``: refuse ``deny`` and foreign ABIs with
+    EPERM, allow :data:`SELF_ONLY_SYSCALLS` only with their required arguments, allow the rest."""
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
+    allow, eperm = 0x7FFF0000, 0x00050000 | errno.EPERM
+    arch, x32, numbers = _SYSCALLS[machine]
+    code: list[tuple] = [(ld, 0, 0, 4), (jeq, 0, "deny", arch), (ld, 0, 0, 0)]
+    if x32:
+        code.append((jge, "deny", 0, 0x40000000))  # __X32_SYSCALL_BIT
+    code += [(jeq, "deny", 0, numbers[name]) for name in deny]
+    for name, conds in SELF_ONLY_SYSCALLS.items():
+        code.append((jeq, 0, f"after {name}", numbers[name]))
+        for index, value in conds:  # 64-bit argument: low word == value, high word == 0 (little-endian)
+            code += [(ld, 0, 0, 16 + 8 * index), (jeq, 0, "deny", value), (ld, 0, 0, 20 + 8 * index), (jeq, 0, "deny", 0)]
+        code += [(ret, 0, 0, allow), (f"after {name}",)]
+    code += [(ret, 0, 0, allow), ("deny",), (ret, 0, 0, eperm)]
+    labels: dict[str, int] = {}
+    program = []
+    for insn in code:
+        if len(insn) == 1:
+            labels[insn[0]] = len(program)
+        else:
+            program.append(insn)
+    out = []
+    for at, (op, jt, jf, k) in enumerate(program):
+        jt, jf = (labels[j] - at - 1 if isinstance(j, str) else j for j in (jt, jf))
+        out.append((op, jt, jf, k))
+    return out
