@@ -110,6 +110,7 @@ PROBE = textwrap.dedent(r'''
             os.setresgid(uid, uid, uid)
             os.setresuid(uid, uid, uid)
             libc.prctl(4, 1, 0, 0, 0)  # dumpable again, as a judge that never changed its ids
+        libc.prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG(SIGKILL), as the judge's worker does
         out = {}
         if run.get("policy"):
             report = confine(ConfinePolicy(**run["policy"]))
@@ -126,6 +127,9 @@ PROBE = textwrap.dedent(r'''
         out["ids"] = [list(os.getresuid()), list(os.getresgid()), os.getgroups()]
         out["status"] = status()
         out["dumpable"] = libc.prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE
+        deathsig = ctypes.c_int(0)
+        libc.prctl(2, ctypes.byref(deathsig), 0, 0, 0)
+        out["deathsig"] = deathsig.value
         out["writes"] = {name: attempt(lambda p=p: write(p)) for name, p in run["writes"].items()}
         out["reads"] = {name: attempt(lambda p=p: read(p)) for name, p in run.get("reads", {}).items()}
         pid, addr = run["target"], run["addr"]
@@ -398,6 +402,7 @@ def test_root_drops_to_the_build_dirs_own_uid(probes, base):
     assert out["ids"] == [[uid] * 3, [uid] * 3, []], out["ids"]
     assert out["report"]["ids"] == f"applied: uid {uid} gid {uid}, no supplementary groups"
     assert int(out["status"]["CapBnd"], 16) == 0
+    assert out["deathsig"] == 9  # the id change cleared it; confine() restores it
     assert os.stat(base / "root_confined" / "build" / "probe.txt").st_uid == uid
     assert probes["root_control"]["ids"][0] == [0, 0, 0]
 

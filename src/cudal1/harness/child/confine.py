@@ -1,49 +1,41 @@
-"""Confine the candidate's process: called first thing in the child, before candidate code runs
-and before CUDA is initialised, while the process has a single thread.
+"""Confine the candidate's process: called first thing in the child (single-threaded, before
+candidate code and before CUDA is initialised).
 
-:func:`confine` applies every measure the OS allows and reports each as *applied*, *refused*
-(with the OS's reason) or *not applicable*; it never raises for a refusal, only for misuse
-(:class:`ConfineError`).  In order:
+:func:`confine` applies what the OS allows and reports each measure (:data:`MEASURES`) as
+*applied*, *refused* (with the OS's reason) or *not applicable*; it raises only for misuse.
 
-- ``ownership``, ``home_tmp``: HOME and TMPDIR are new empty 0700 directories; as root, the build
-  directory, HOME and TMPDIR are handed to the candidate's uid (no symlink is followed; a file
-  with several hard links is left alone, so a planted link cannot give away someone else's file).
-- ``netns``: an own, empty network namespace (``unshare(CLONE_NEWNET)`` as root; otherwise inside
-  a new user namespace that maps only the process's own ids).
-- ``ids``, ``capabilities``, ``no_new_privs``, ``not_dumpable``: as root, drop to an unprivileged
-  uid/gid (real, effective and saved; no supplementary groups), empty every capability set
-  (bounding set included) and set ``no_new_privs``; then ``PR_SET_DUMPABLE`` 0 (the id change
-  resets it).  The uid is ``uid_for(build_dir)``: one per build directory, in a range no system
-  or container allocator uses, so jobs of different candidates never share one.  Identical
-  candidates (same source, hence same build directory) do share it: they can touch each other's
-  files there, which can only spoil that source's own verdicts.  When that uid could not reach
-  what the candidate needs (``must_read``; by default the interpreter's prefixes, ``sys.path``
-  and the CUDA toolkit; e.g. Python installed under a 0700 ``/root``), the process stays uid 0
-  without capabilities instead and ``ids`` is refused, naming the blocking directory.
-  ``PR_SET_PDEATHSIG`` (which an id change clears) is restored.
-- ``env``: HOME, TMPDIR (and ``tempfile``'s cached directory), and ``TORCH_EXTENSIONS_DIR``,
-  ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``XDG_CACHE_HOME``, ``CUDA_CACHE_PATH``
-  inside the build directory unless ``cache_env`` names others; variables that look like
-  secrets (API keys, tokens, the SSH agent) are removed.
-- ``landlock_fs``: writes (create, remove, rename, truncate) only beneath the build directory,
-  HOME, TMPDIR, ``/dev/null`` and ``writable``; reads everywhere unless ``readable_only`` lists
-  the only readable trees.  ``landlock_net``: TCP bind/connect refused (Landlock ABI >= 4).
-  ``landlock_scope``: no signals to, and no abstract Unix sockets of, processes outside the
-  candidate's own (ABI >= 6).  Any Landlock domain also forbids ptrace-style access to processes
-  outside it (``/proc/<pid>/mem`` included).
-- ``seccomp``: ``ptrace``, ``process_vm_readv``/``writev``, ``kcmp``, ``pidfd_getfd`` and
-  ``process_madvise`` fail with EPERM; ``setpriority``, ``ioprio_set``, the ``sched_set*`` calls,
-  ``prlimit64``, ``migrate_pages`` and ``move_pages`` only act on the caller itself (pid 0), so
-  the reference cannot be reniced, pinned or limited from here; syscalls of a foreign ABI (i386,
-  x32) fail.  Tables for x86-64 and aarch64; elsewhere not applicable.
+- ``home_tmp``, ``ownership``: HOME and TMPDIR are new, empty, 0700; as root, the build directory,
+  HOME and TMPDIR are handed to the candidate's uid (no symlink followed; files with several hard
+  links left alone, so a planted link cannot give away someone else's file).
+- ``netns``: an own network namespace with no interface up (as non-root, inside a new user
+  namespace that maps only the process's own ids).
+- ``no_new_privs``, ``ids``, ``capabilities``, ``not_dumpable``: as root, drop to an unprivileged
+  uid/gid (real, effective, saved; no supplementary groups) and empty every capability set, the
+  bounding set too; ``PR_SET_DUMPABLE`` 0 after the id change (which resets it, and clears
+  ``PR_SET_PDEATHSIG``: restored).  The uid is :func:`uid_for` the build directory, in a range no
+  system or container allocator uses, so different candidates never share one; identical
+  candidates (same source, same build directory) do, and can touch each other's files there,
+  which can only spoil that source's own verdicts.  Where that uid cannot reach ``must_read``
+  (default: the interpreter's prefixes, ``sys.path``, the CUDA toolkit; e.g. Python under a 0700
+  ``/root``) or its directories, the process stays uid 0 without capabilities and ``ids`` is
+  refused, naming the directory in the way.
+- ``env``: HOME, TMPDIR (``tempfile``'s cached one too); ``TORCH_EXTENSIONS_DIR``,
+  ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``XDG_CACHE_HOME``, ``CUDA_CACHE_PATH`` inside
+  the build directory unless ``cache_env`` says otherwise; secret-looking variables removed.
+- ``landlock_fs``: writes only beneath the build directory, HOME, TMPDIR, ``/dev/null`` and
+  ``writable``; reads everywhere unless ``readable_only`` lists the readable trees.
+  ``landlock_net``: TCP bind/connect refused (ABI >= 4).  ``landlock_scope``: no signals to, or
+  abstract Unix sockets of, processes outside (ABI >= 6).  Any Landlock domain also forbids
+  ptrace-style access (``/proc/<pid>/mem`` too) to processes outside it.
+- ``seccomp`` (x86-64, aarch64): :data:`DENIED_SYSCALLS` fail with EPERM;
+  :data:`SELF_ONLY_SYSCALLS` (renice, pin, rlimits, page moves) work only on the caller itself, so
+  the reference cannot be slowed from here; foreign ABIs (i386, x32) fail.
 
-Limits: Landlock does not govern ioctls on devices (the GPU needs them), connecting to pathname
-Unix sockets, or reads unless ``readable_only`` is given; on ABI 1 (Linux 5.13-5.18) renaming
-between directories fails with EXDEV.  Writable paths other than the candidate's own directories
-are not chowned: the caller makes them accessible to the candidate's uid.  The candidate can
-still create user namespaces where the kernel allows unprivileged ones.
+Limits: Landlock governs neither device ioctls (the GPU needs them) nor connecting to pathname Unix
+sockets; on ABI 1 (Linux 5.13-5.18) renames across directories fail (EXDEV).  ``writable`` paths
+are not chowned: the caller makes them accessible to the candidate's uid.  Unprivileged user
+namespaces stay available where the kernel allows them.
 """
-
 from __future__ import annotations
 
 import ctypes
@@ -70,6 +62,8 @@ SELF_ONLY_SYSCALLS: dict[str, tuple[tuple[int, int], ...]] = {
     **{name: ((0, 0),) for name in ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr",
                                     "prlimit64", "migrate_pages", "move_pages")},
 }
+MEASURES = ("home_tmp", "ownership", "netns", "no_new_privs", "ids", "capabilities", "not_dumpable", "env",
+            "landlock_fs", "landlock_net", "landlock_scope", "seccomp")  # the report's names, in order
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
@@ -107,9 +101,6 @@ class ConfineReport:
     gid: int
     elapsed_s: float
 
-    def outcome(self, name: str) -> str:
-        return next((m.outcome for m in self.measures if m.name == name), NOT_APPLICABLE)
-
     def as_dict(self) -> dict[str, str]:
         """``{measure: "applied: ..." | "refused: ..." | "not applicable: ..."}`` plus ``uid``, for the
         verdict's environment."""
@@ -129,9 +120,7 @@ def confine(policy: ConfinePolicy) -> ConfineReport:
     for misuse.  Costs a few milliseconds (plus one ``chown`` per entry of the build directory)."""
     t0 = time.perf_counter()
     if not sys.platform.startswith("linux"):
-        names = ("ids", "capabilities", "no_new_privs", "not_dumpable", "ownership", "home_tmp", "env",
-                 "netns", "landlock_fs", "landlock_net", "landlock_scope", "seccomp")
-        return ConfineReport(tuple(Measure(n, NOT_APPLICABLE, f"not Linux ({sys.platform})") for n in names),
+        return ConfineReport(tuple(Measure(n, NOT_APPLICABLE, f"not Linux ({sys.platform})") for n in MEASURES),
                              os.getuid(), os.getgid(), time.perf_counter() - t0)
     paths = _Paths.of(policy)
     tasks = os.listdir("/proc/self/task")
@@ -143,22 +132,21 @@ def confine(policy: ConfinePolicy) -> ConfineReport:
         _fresh_dir(d)
     measures.append(Measure("home_tmp", APPLIED, f"HOME={paths.home} TMPDIR={paths.tmp} (new, empty, 0700)"))
     root = os.geteuid() == 0
-    deathsig = os_.prctl_get(2)  # PR_GET_PDEATHSIG: cleared by any change of ids below
+    deathsig = ctypes.c_int(0)
+    os_.prctl(2, ctypes.byref(deathsig))  # PR_GET_PDEATHSIG: any change of ids below clears it
     uid = gid = os.geteuid() if root else -1
     if root:
-        target = policy.uid if policy.uid is not None else uid_for(paths.build)
-        os.setgroups([])
-        blocked = _unreachable(paths, target)
-        uid = gid = 0 if blocked else target
+        uid, note = _pick_uid(paths, policy.uid if policy.uid is not None else uid_for(paths.build))
+        gid, blocked = uid, note if uid == 0 else ""
         changed = sum(_give(d, uid, gid) for d in (paths.build, paths.home, paths.tmp))
         measures.append(Measure("ownership", APPLIED, f"build dir, HOME, TMPDIR owned by {uid}:{gid} ({changed} entries changed)"))
     else:
-        blocked = ""
+        blocked = note = ""
         measures.append(Measure("ownership", NOT_APPLICABLE, f"not root: the files stay uid {os.geteuid()}'s"))
     measures.append(os_.network_namespace(policy.network, root))
-    measures.extend(os_.drop_privileges(root, uid, gid, blocked))
-    os_.prctl_set(1, deathsig)  # PR_SET_PDEATHSIG again: a parent that died meanwhile is caught below
-    if deathsig and os.getppid() == 1:
+    measures.extend(os_.drop_privileges(root, uid, gid, blocked, note))
+    os_.prctl(1, deathsig.value)  # PR_SET_PDEATHSIG again: a parent that died meanwhile is caught below
+    if deathsig.value and os.getppid() == 1:
         os._exit(1)
     measures.append(_set_env(policy, paths, uid if root and uid != 0 else None))
     measures.extend(os_.landlock(policy, paths))
@@ -216,10 +204,36 @@ def _fresh_dir(path: Path) -> None:
     os.chmod(path, 0o700)
 
 
+def _pick_uid(paths: _Paths, wanted: int) -> tuple[int, str]:
+    """``(uid, note)``: ``wanted``, or 65534 where ``wanted`` does not exist (a user namespace that
+    maps few uids); ``(0, why)`` where neither can reach the candidate's directories and read
+    ``must_read``.  Checked with the effective ids switched (single-threaded: nothing else runs
+    under them); supplementary groups are dropped first."""
+    why = ""
+    try:
+        os.setgroups([])
+    except OSError as exc:
+        return 0, f"setgroups: {_reason(exc.errno or 0)}"
+    for uid in dict.fromkeys((wanted, 65534)):
+        try:
+            os.setegid(uid)
+            os.seteuid(uid)
+        except OSError as exc:
+            os.setegid(0)
+            why = f"uid {uid}: {_reason(exc.errno or 0)}"
+            continue
+        try:
+            blocked = _unreachable(paths, uid)
+        finally:
+            os.seteuid(0)
+            os.setegid(0)
+        return (0, blocked) if blocked else (uid, f"{why}; " if why else "")
+    return 0, why
+
+
 def _unreachable(paths: _Paths, uid: int) -> str:
-    """'' when ``uid`` (with gid ``uid`` and no groups) can reach the candidate's directories and
-    read ``must_read``; else the first directory that stops it.  Checked with the effective ids
-    switched for the duration (single-threaded, so nothing else runs under them)."""
+    """'' when the effective ids can reach the candidate's directories and read ``must_read``;
+    else the first directory that stops them."""
     def mode_of(path: Path) -> str:
         try:
             return f"mode {stat.S_IMODE(os.stat(path).st_mode):04o}"
@@ -234,15 +248,9 @@ def _unreachable(paths: _Paths, uid: int) -> str:
             return f"{blocker} ({mode_of(blocker)}) keeps uid {uid} from {path}"
         return f"uid {uid} cannot {'read' if mode & os.R_OK else 'reach'} {path} ({mode_of(path)})"
 
-    os.setegid(uid)
-    os.seteuid(uid)
-    try:
-        wanted = [(d.parent, os.X_OK) for d in (paths.build, paths.home, paths.tmp)]
-        wanted += [(p, os.F_OK) for p in paths.writable] + [(p, os.R_OK | os.X_OK) for p in paths.must_read]
-        return next((why for p, mode in wanted if (why := check(p, mode))), "")
-    finally:
-        os.seteuid(0)
-        os.setegid(0)
+    wanted = [(d.parent, os.X_OK) for d in (paths.build, paths.home, paths.tmp)] + [(p, os.F_OK) for p in paths.writable]
+    wanted += [(p, os.R_OK | (os.X_OK if os.path.isdir(p) else 0)) for p in paths.must_read]
+    return next((why for p, mode in wanted if (why := check(p, mode))), "")
 
 
 def _give(root: Path, uid: int, gid: int) -> int:
@@ -320,14 +328,6 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
-
-
 def _reason(err: int) -> str:
     return f"{errno.errorcode.get(err, str(err))} ({os.strerror(err)})"
 
@@ -344,13 +344,6 @@ class _Os:
 
     def prctl(self, *args: object) -> int:
         return self._call(self.libc.prctl, *args, *([0] * (5 - len(args))))
-
-    def prctl_get(self, option: int) -> int:
-        value = ctypes.c_int(0)
-        return value.value if self.prctl(option, ctypes.byref(value)) == 0 else 0
-
-    def prctl_set(self, option: int, value: int) -> None:
-        self.prctl(option, value)
 
     def syscall(self, nr: int, *args: object) -> int:
         return self._call(self.libc.syscall, nr, *args)
@@ -379,7 +372,7 @@ class _Os:
         return Measure("netns", APPLIED, "own user and network namespaces (own ids mapped), no interface up")
 
     # -- ids, capabilities, no_new_privs, dumpable ----------------------------------------------
-    def drop_privileges(self, root: bool, uid: int, gid: int, blocked: str) -> list[Measure]:
+    def drop_privileges(self, root: bool, uid: int, gid: int, blocked: str, note: str) -> list[Measure]:
         out: list[Measure] = []
         if root:
             for cap in range(64):  # PR_CAPBSET_DROP until EINVAL (past the kernel's last capability)
@@ -395,14 +388,15 @@ class _Os:
             try:
                 os.setresgid(gid, gid, gid)
                 os.setresuid(uid, uid, uid)
-                out.append(Measure("ids", APPLIED, f"uid {uid} gid {gid}, no supplementary groups"))
+                out.append(Measure("ids", APPLIED, f"{note}uid {uid} gid {gid}, no supplementary groups"))
             except OSError as exc:
                 out.append(Measure("ids", REFUSED, f"setresuid({uid}): {_reason(exc.errno or 0)}; stays uid 0 without capabilities"))
         if os.geteuid() == 0:
             self.prctl(28, 0x2F)  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP (locked), KEEP_CAPS_LOCKED
-        had = _cap_eff()
-        version3 = _CapHeader(0x20080522, 0)
-        if self._call(self.libc.capset, ctypes.byref(version3), ctypes.byref((_CapData * 2)())) != 0:
+        with open("/proc/self/status") as f:
+            had = "CapEff:\t0000000000000000" not in f.read()
+        header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+        if self._call(self.libc.capset, header, (ctypes.c_uint32 * 6)()) != 0:  # 2 x (effective, permitted, inheritable)
             out.append(self.failed("capabilities", "capset"))
         elif had or root:
             out.append(Measure("capabilities", APPLIED, "every set empty" + (", bounding set too" if root else "")))
@@ -414,45 +408,49 @@ class _Os:
 
     # -- landlock --------------------------------------------------------------------------------
     def landlock(self, policy: ConfinePolicy, paths: _Paths) -> list[Measure]:
+        names = ("landlock_fs", "landlock_net", "landlock_scope")
         abi = self.syscall(_LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
         if abi < 0:
             err = ctypes.get_errno()
             why = {errno.ENOSYS: "this kernel has no Landlock", errno.EOPNOTSUPP: "Landlock is disabled at boot"}
-            return [Measure(n, NOT_APPLICABLE, why.get(err, _reason(err))) for n in ("landlock_fs", "landlock_net", "landlock_scope")]
-        write = _FS_WRITE_V1 | (_FS_REFER if abi >= 2 else 0) | (_FS_TRUNCATE if abi >= 3 else 0)
-        fs = write | (_FS_READ if paths.readable is not None else 0)
+            return [Measure(n, NOT_APPLICABLE, why.get(err, _reason(err))) for n in names]
+        fs = _FS_WRITE_V1 | (_FS_REFER if abi >= 2 else 0) | (_FS_TRUNCATE if abi >= 3 else 0)
+        fs |= _FS_READ if paths.readable is not None else 0
         net = _NET_TCP if abi >= 4 and not policy.network else 0
         scoped = _SCOPES if abi >= 6 else 0
-        attr = _RulesetAttr(fs, net, scoped)
-        ruleset = self.syscall(_LANDLOCK_CREATE, ctypes.byref(attr), 8 if abi < 4 else 16 if abi < 6 else 24, 0)
-        if ruleset < 0:
-            return [self.failed("landlock_fs", f"ABI {abi}: create_ruleset")]
-        writable = [paths.build, paths.home, paths.tmp, *paths.writable]
-        if os.path.exists(os.devnull):
-            writable.append(Path(os.devnull))
+        writable = [paths.build, paths.home, paths.tmp, *paths.writable, *[Path(os.devnull)] * os.path.exists(os.devnull)]
         rules = [(p, fs) for p in writable] + [(p, _FS_READ) for p in paths.readable or () if p.exists()]
+        problem = self._restrict(_RulesetAttr(fs, net, scoped), 8 if abi < 4 else 16 if abi < 6 else 24, rules)
+        if problem:
+            return [Measure(names[0], REFUSED, f"ABI {abi}: {problem}"),
+                    *(Measure(n, NOT_APPLICABLE, "no Landlock domain") for n in names[1:])]
+        reads = "reads everywhere" if paths.readable is None else f"reads only beneath {len(paths.readable)} listed paths and those"
+        return [Measure(names[0], APPLIED, f"ABI {abi}: writes only beneath {len(writable)} paths; {reads}"
+                                           + ("; renames across directories fail (ABI 1)" if abi == 1 else "")),
+                Measure(names[1], APPLIED, "TCP bind and connect refused") if net else
+                Measure(names[1], NOT_APPLICABLE, "the policy allows network" if policy.network else f"ABI {abi} < 4"),
+                Measure(names[2], APPLIED, "no signals or abstract Unix sockets outside") if scoped else
+                Measure(names[2], NOT_APPLICABLE, f"ABI {abi} < 6")]
+
+    def _restrict(self, attr: _RulesetAttr, size: int, rules: list[tuple[Path, int]]) -> str:
+        """Create the ruleset, add ``rules`` (path beneath -> rights) and enforce it; '' or what failed."""
+        ruleset = self.syscall(_LANDLOCK_CREATE, ctypes.byref(attr), size, 0)
+        if ruleset < 0:
+            return f"create_ruleset: {_reason(ctypes.get_errno())}"
         try:
             for path, rights in rules:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
                 try:
                     allowed = rights if stat.S_ISDIR(os.fstat(fd).st_mode) else rights & _FS_FILE_ONLY
-                    rule = _PathBeneath(allowed & fs, fd)
-                    if self.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0) != 0:
-                        return [self.failed("landlock_fs", f"ABI {abi}: add_rule {path}")]
+                    if self.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(_PathBeneath(allowed & attr.fs, fd)), 0):
+                        return f"add_rule {path}: {_reason(ctypes.get_errno())}"
                 finally:
                     os.close(fd)
             if self.syscall(_LANDLOCK_RESTRICT, ruleset, 0) != 0:
-                return [self.failed("landlock_fs", f"ABI {abi}: restrict_self")]
+                return f"restrict_self: {_reason(ctypes.get_errno())}"
+            return ""
         finally:
             os.close(ruleset)
-        reads = "reads everywhere" if paths.readable is None else f"reads only beneath {len(paths.readable)} listed paths and those"
-        out = [Measure("landlock_fs", APPLIED, f"ABI {abi}: writes only beneath {len(writable)} paths; {reads}"
-                                               + ("; renames across directories fail (ABI 1)" if abi == 1 else ""))]
-        out.append(Measure("landlock_net", APPLIED, "TCP bind and connect refused") if net else
-                   Measure("landlock_net", NOT_APPLICABLE, "the policy allows network" if policy.network else f"ABI {abi} < 4"))
-        out.append(Measure("landlock_scope", APPLIED, "no signals or abstract Unix sockets outside") if scoped else
-                   Measure("landlock_scope", NOT_APPLICABLE, f"ABI {abi} < 6"))
-        return out
 
     # -- seccomp ---------------------------------------------------------------------------------
     def seccomp(self, deny: Sequence[str]) -> Measure:
@@ -466,14 +464,6 @@ class _Os:
             return self.failed("seccomp")
         return Measure("seccomp", APPLIED, f"{machine}: {', '.join(deny)} -> EPERM; "
                                            f"{', '.join(SELF_ONLY_SYSCALLS)} on itself only; foreign ABIs refused")
-
-
-def _cap_eff() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            return next((int(line.split()[1], 16) for line in f if line.startswith("CapEff:")), 0)
-    except OSError:
-        return 0
 
 
 def seccomp_program(machine: str, deny: Sequence[str] = DENIED_SYSCALLS) -> list[tuple[int, int, int, int]]:
