@@ -17,8 +17,8 @@ import pytest
 pytest.importorskip("trl")
 pytest.importorskip("peft")
 
-from cudal1.cli.main import main as cli_main  # noqa: E402
-from cudal1.train import smoke  # noqa: E402
+from cudal1.cli.main import main as cli_main
+from cudal1.train import smoke
 
 
 def _weights(path: Path) -> dict:

@@ -1,7 +1,9 @@
 """``hf`` policy: sampling from a local transformers model directory (what training writes).
 
 Contract: loads ``model_path`` (or ``model`` when that is a directory) with ``AutoTokenizer`` and
-``AutoModelForCausalLM`` from local files only (never downloads), renders each prompt with the
+``AutoModelForCausalLM`` from local files only (never downloads); a peft adapter directory (a LoRA
+run's ``checkpoint-N``: ``adapter_config.json``, no ``config.json``) is loaded onto the local base
+model it names and merged.  It renders each prompt with the
 tokenizer's chat template (``add_generation_prompt=True``), left-pads batches of ``batch_size``
 prompts and samples ``n`` sequences per prompt with ``num_return_sequences``
 (``temperature``/``top_p``; ``temperature == 0`` is greedy, so its ``n`` samples coincide) up to
@@ -59,7 +61,7 @@ class HFPolicy:
             tokenizer.pad_token = tokenizer.eos_token
         dtype = self._dtype()
         dtype_kw = "dtype" if _version_at_least(transformers.__version__, 4, 56) else "torch_dtype"
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, local_files_only=True, **{dtype_kw: dtype})
+        model = _load_model(transformers, path, {dtype_kw: dtype, "local_files_only": True})
         self._model = model.to(self.device).eval()
         self._tokenizer = tokenizer
         self._eos_ids = _eos_ids(tokenizer, model)
@@ -142,6 +144,17 @@ class HFPolicy:
                 return torch.bfloat16
             return torch.float32
         return getattr(torch, name)
+
+
+def _load_model(transformers: Any, path: str, kwargs: dict[str, Any]) -> Any:
+    """The causal LM in ``path``; a peft adapter directory is applied to its base and merged."""
+    adapter = (Path(path) / "adapter_config.json").is_file() and not (Path(path) / "config.json").is_file()
+    if not adapter:
+        return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    require_extra("peft", "train", "loading a LoRA adapter checkpoint")
+    from peft import AutoPeftModelForCausalLM
+
+    return AutoPeftModelForCausalLM.from_pretrained(path, **kwargs).merge_and_unload()
 
 
 def _eos_ids(tokenizer: Any, model: Any) -> set[int]:

@@ -246,6 +246,6 @@ def parse_response(text: str) -> ParsedResponse:
         text = str(text)
     try:
         return _parse(text)
-    except Exception as exc:  # noqa: BLE001 - a parser bug must not kill the search loop
+    except Exception as exc:  # logged, never raised: a parser bug must not kill the search loop
         log.warning("parse_response failed on a %d-character response", len(text), exc_info=True)
         return ParsedResponse("", "", None, f"parser error: {type(exc).__name__}: {exc}")

@@ -1,16 +1,8 @@
-"""Pieces every stage shares: device facts, report_to, LoRA, checkpoints and the final save.
-
-Contract: :func:`save_final` leaves ``out`` a plain transformers model directory (``config.json``,
-weights, tokenizer): LoRA adapters are merged first, so ``cudal1 optimize --policy hf
---model-path OUT`` (or ``vllm serve OUT``) uses it with no conversion step.  Intermediate
-``checkpoint-N`` directories are the trainer's own (full models, or adapters under LoRA) and are
-what ``--resume`` continues from.
-"""
+"""Pieces every stage shares: device facts, report_to, LoRA settings, trainer arguments.
+Checkpoints and the final save are :mod:`.checkpoint`'s."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
 from typing import Any
 
 from cudal1.train import MissingExtra
@@ -59,32 +51,6 @@ def peft_config(enabled: bool, lora) -> Any:
     return PeftLora(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM")
 
 
-def last_checkpoint(out: str | Path) -> Path | None:
-    """The ``checkpoint-N`` directory with the highest N under ``out`` (None when there is none)."""
-    out = Path(out)
-    if not out.is_dir():
-        return None
-    found = [(int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))]
-    return max(found)[1] if found else None
-
-
-def save_final(trainer, out: str | Path, tokenizer) -> Path:
-    """Save the trained model to ``out`` as a plain model directory (LoRA merged).  Under several
-    processes rank 0 writes (``should_save``) and every rank waits until it has, so whatever loads
-    ``out`` next (the next stage, ssl's next round) finds it complete."""
-    from cudal1.train.dist import barrier
-
-    out = Path(out)
-    model = trainer.accelerator.unwrap_model(trainer.model) if hasattr(trainer, "accelerator") else trainer.model
-    if hasattr(model, "merge_and_unload"):  # a peft model: merge the adapters into the weights
-        model = model.merge_and_unload()
-    if trainer.args.should_save if hasattr(trainer.args, "should_save") else True:
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    barrier()
-    return out
-
-
 def warmup_kwargs(args_cls: type, ratio: float) -> dict[str, Any]:
     """A warmup ratio for ``args_cls`` (transformers < 5: ``warmup_ratio``; >= 5: a float ``warmup_steps``)."""
     import dataclasses
@@ -102,3 +68,30 @@ def cuda_or_cpu_kwargs(args_cls: type, bf16: bool, gradient_checkpointing: bool)
     names = {f.name for f in dataclasses.fields(args_cls)}
     ckpt = "activation_checkpointing" if "activation_checkpointing" in names else "gradient_checkpointing"
     return {"bf16": bool(bf16 and cuda), ckpt: bool(gradient_checkpointing and cuda), "use_cpu": not cuda}
+
+
+def trainer_arguments(cls: type, ours: dict[str, Any], defaults: dict[str, Any], extra: dict[str, Any], where: str) -> Any:
+    """``cls(**defaults | extra | ours)``: a TRL config from cudal1's settings (``ours``: each
+    key -> value, set from a cudal1 field or pinned because cudal1's code depends on it), its
+    overridable ``defaults``, and the config's ``trl:`` block ``extra`` (any other field of
+    ``cls``).  TRL's own class validates the result.  Raises
+    :class:`~cudal1.config.ConfigError` (one line) for a ``trl:`` key that is not a field of
+    ``cls``, one cudal1 sets itself, or values ``cls`` refuses."""
+    import dataclasses
+
+    from cudal1.config import ConfigError
+
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(extra) - names)
+    if unknown:
+        raise ConfigError(f"{where}.trl: {', '.join(unknown)} {'is not a field' if len(unknown) == 1 else 'are not fields'} "
+                          f"of trl.{cls.__name__}")
+    taken = sorted(set(extra) & set(ours))
+    if taken:
+        raise ConfigError(f"{where}.trl: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by cudal1 itself; "
+                          f"use the {where} config's own fields")
+    try:
+        return cls(**(defaults | extra | ours))
+    except (TypeError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{where}: trl.{cls.__name__} refused the settings: {first}") from None

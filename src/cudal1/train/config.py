@@ -60,12 +60,14 @@ class SFTConfig:
     save_steps: int = 200  # checkpoint every N optimizer steps
     save_total_limit: int = 3  # keep at most this many checkpoints
     seed: int = 0
+    trl: dict[str, Any] = field(default_factory=dict)  # any other trl.SFTConfig field, passed through (checked by TRL's class)
 
     def __post_init__(self) -> None:
         _positive(self, "learning_rate", "batch_size", "gradient_accumulation_steps", "max_length", "logging_steps",
                   "save_steps")
         if self.epochs <= 0 and self.max_steps <= 0:
             raise ConfigError("sft: give epochs > 0 or max_steps > 0")
+        _mapping(self, "trl")
 
 
 @dataclass(frozen=True)
@@ -80,12 +82,16 @@ class SSLConfig:
     batch_size: int = 8  # prompts per generation batch (transformers backend)
     max_keep_per_task: int = 0  # successes kept per task per round (0: all; duplicates always dropped)
     backend: str = "auto"  # auto (vLLM when installed, else transformers) | vllm | transformers
+    vllm_tensor_parallel_size: int = 0  # GPUs per vLLM engine; 0: all visible GPUs alone, 1 per rank under several processes
+    vllm_gpu_memory_utilization: float = 0.9  # share of each engine GPU vLLM may take while generating (freed before the SFT)
+    vllm_max_model_length: int | None = None  # vLLM context length (prompt + completion); None: the model's own
     sft: SFTConfig = field(default_factory=SFTConfig)  # the fine-tuning of each round
 
     def __post_init__(self) -> None:
         _positive(self, "rounds", "samples", "max_new_tokens", "batch_size")
         if self.backend not in ("auto", "vllm", "transformers"):
             raise ConfigError(f"ssl backend must be auto, vllm or transformers, not {self.backend!r}")
+        _vllm_fields(self, allow_auto_tp=True)
 
 
 @dataclass(frozen=True)
@@ -111,8 +117,11 @@ class GRPOConfig:
     feedback: bool = False  # also show one failed attempt with the judge's message
     reward: RewardConfig = field(default_factory=RewardConfig)
     use_vllm: bool = False  # generate with vLLM (TRL colocate or server mode)
-    vllm_mode: str = "colocate"  # colocate | server (start `trl vllm-serve --model M` first)
-    vllm_gpu_memory_utilization: float = 0.3  # colocate: share of each GPU vLLM may take
+    vllm_mode: str = "colocate"  # colocate: an engine inside the training processes | server: `trl vllm-serve` on its own GPUs
+    vllm_gpu_memory_utilization: float = 0.3  # colocate: share of each GPU vLLM may take (weights + KV cache)
+    vllm_tensor_parallel_size: int = 1  # colocate: GPUs (training ranks) per engine; must divide the process count
+    vllm_max_model_length: int | None = None  # colocate: vLLM context length (prompt + completion); None: the model's own
+    vllm_server_base_url: str | None = None  # server: where `trl vllm-serve` listens; None: TRL's http://0.0.0.0:8000
     lora: bool = False  # train LoRA adapters instead of all weights
     lora_config: LoraConfig = field(default_factory=LoraConfig)
     bf16: bool = True  # bfloat16 (ignored on CPU)
@@ -121,10 +130,17 @@ class GRPOConfig:
     save_steps: int = 50
     save_total_limit: int = 3
     seed: int = 0
+    eval_every: int = 0  # evaluate on the eval tasks (train grpo --eval-split) every N steps; 0: never
+    eval_samples: int = 8  # samples per eval task, one-shot (the k of pass@k and best-of-k)
+    trl: dict[str, Any] = field(default_factory=dict)  # any other trl.GRPOConfig field, passed through (checked by TRL's class)
 
     def __post_init__(self) -> None:
         _positive(self, "group_size", "prompts_per_step", "max_steps", "learning_rate", "max_completion_length",
-                  "gradient_accumulation_steps", "num_iterations", "logging_steps", "save_steps")
+                  "gradient_accumulation_steps", "num_iterations", "logging_steps", "save_steps", "eval_samples")
+        _mapping(self, "trl")
+        _vllm_fields(self)
+        if self.eval_every < 0:
+            raise ConfigError("grpo: eval_every must be >= 0 (0: no evaluation during training)")
         if self.group_size < 2:
             raise ConfigError("grpo: group_size must be at least 2 (advantages are relative to the group)")
         if self.beta < 0:
@@ -138,6 +154,22 @@ class GRPOConfig:
 
 
 KINDS: dict[str, type] = {"sft": SFTConfig, "ssl": SSLConfig, "grpo": GRPOConfig}
+
+
+def _mapping(obj: Any, name: str) -> None:
+    value = getattr(obj, name)
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{type(obj).__name__}.{name} must be a mapping of field names to values")
+
+
+def _vllm_fields(obj: Any, allow_auto_tp: bool = False) -> None:
+    tp, share, length = obj.vllm_tensor_parallel_size, obj.vllm_gpu_memory_utilization, obj.vllm_max_model_length
+    if tp < (0 if allow_auto_tp else 1):
+        raise ConfigError(f"{type(obj).__name__}.vllm_tensor_parallel_size must be {'>= 0' if allow_auto_tp else '>= 1'}")
+    if not 0 < share <= 1:
+        raise ConfigError(f"{type(obj).__name__}.vllm_gpu_memory_utilization must be in (0, 1]")
+    if length is not None and length < 1:
+        raise ConfigError(f"{type(obj).__name__}.vllm_max_model_length must be positive (or null)")
 
 
 def _positive(obj: Any, *names: str) -> None:

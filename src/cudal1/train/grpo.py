@@ -42,7 +42,8 @@ from typing import Any, Callable
 
 from cudal1.config import EvalConfig
 from cudal1.train import dist, require_train
-from cudal1.train.common import cuda_or_cpu_kwargs, last_checkpoint, peft_config, save_final, world_size
+from cudal1.train.checkpoint import check_engine, last_checkpoint, save_final
+from cudal1.train.common import cuda_or_cpu_kwargs, peft_config, trainer_arguments, world_size
 from cudal1.train.config import GRPOConfig
 from cudal1.train.contrast import ContrastivePrompts
 from cudal1.train.judging import RolloutJudge, reference_candidate
@@ -119,28 +120,51 @@ def per_device_batch(cfg: GRPOConfig, processes: int) -> int:
     return total // div
 
 
-def grpo_arguments(cfg: GRPOConfig, out: str | Path, report_to: Any = "none", processes: int = 1):
+def grpo_arguments(cfg: GRPOConfig, out: str | Path, report_to: Any = "none", processes: int = 1,
+                   eval_tasks: int = 0):
+    """``trl.GRPOConfig`` from ``cfg`` for ``processes`` training processes (its ``trl:`` block
+    passed through; see :func:`~cudal1.train.common.trainer_arguments`).  ``eval_tasks`` > 0 with
+    ``cfg.eval_every`` turns on TRL's evaluation: ``eval_samples`` completions of each eval task
+    every ``eval_every`` steps."""
     import trl
 
-    args: dict[str, Any] = dict(
+    if cfg.use_vllm and cfg.vllm_mode == "colocate" and processes % cfg.vllm_tensor_parallel_size:
+        raise ValueError(f"grpo: vllm_tensor_parallel_size ({cfg.vllm_tensor_parallel_size}) must divide the number of "
+                         f"training processes ({processes}) in colocate mode")
+    ours: dict[str, Any] = dict(
         output_dir=str(out), num_generations=cfg.group_size, per_device_train_batch_size=per_device_batch(cfg, processes),
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_steps=cfg.max_steps,
-        learning_rate=cfg.learning_rate, lr_scheduler_type="constant", beta=cfg.beta, epsilon=cfg.epsilon,
+        learning_rate=cfg.learning_rate, beta=cfg.beta, epsilon=cfg.epsilon,
         num_iterations=cfg.num_iterations, loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
         temperature=cfg.temperature, top_p=cfg.top_p, max_completion_length=cfg.max_completion_length,
-        use_vllm=cfg.use_vllm, logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps,
+        use_vllm=cfg.use_vllm, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=report_to, remove_unused_columns=False,
-        disable_tqdm=True, log_completions=False,
     )
     if cfg.use_vllm:
-        args.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization)
-    args.update(cuda_or_cpu_kwargs(trl.GRPOConfig, cfg.bf16, cfg.gradient_checkpointing))
-    return trl.GRPOConfig(**args)
+        ours.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                    vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size, vllm_max_model_length=cfg.vllm_max_model_length,
+                    vllm_server_base_url=cfg.vllm_server_base_url)
+    if cfg.eval_every and eval_tasks:
+        ours.update(do_eval=True, eval_strategy="steps", eval_steps=cfg.eval_every, num_generations_eval=cfg.eval_samples,
+                    per_device_eval_batch_size=eval_batch(cfg.eval_samples, processes))
+    else:
+        ours.update(eval_strategy="no")
+    ours.update(cuda_or_cpu_kwargs(trl.GRPOConfig, cfg.bf16, cfg.gradient_checkpointing))
+    defaults = dict(lr_scheduler_type="constant", save_strategy="steps", disable_tqdm=True, log_completions=False)
+    return trainer_arguments(trl.GRPOConfig, ours, defaults, cfg.trl, "grpo")
+
+
+def eval_batch(samples: int, processes: int) -> int:
+    """Eval completions per device per step: the smallest count whose global batch
+    (x ``processes``) holds whole groups of ``samples``."""
+    import math
+
+    return samples // math.gcd(samples, processes)
 
 
 def judge_references(judge: RolloutJudge, tasks: list[Task]) -> list[EvalResult]:
     """Round 0: each task's reference as a candidate (the 1.00x exemplar)."""
-    from cudal1.runs import judge_recorded
+    from cudal1.recorded import judge_recorded
 
     return judge_recorded([(t, reference_candidate(t)) for t in tasks], judge.config, store=judge.store, plan=judge.plan,
                           on_result=judge.on_result)
@@ -200,6 +224,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
             train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16), processing_class=tokenizer,
             peft_config=peft_config(cfg.lora, cfg.lora_config), callbacks=[metrics_callback(out, "grpo", reward.metrics), *callbacks],
         )
+        check_engine(trainer)
         result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         save_final(trainer, out, tokenizer)
         status = "done"

@@ -49,7 +49,7 @@ def metrics_callback(out: str | Path, stage: str, extra: Callable[[], dict[str, 
     path = Path(out) / "metrics.jsonl"
 
     class MetricsWriter(TrainerCallback):
-        def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D401 - transformers hook
+        def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
             if not state.is_world_process_zero or "train_runtime" in logs or not ("loss" in logs or "reward" in logs):
                 return

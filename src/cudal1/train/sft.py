@@ -8,8 +8,11 @@ markers for the model families it knows, and refuses templates it cannot mask). 
 through peft.  Multi-GPU: launch the CLI with ``accelerate launch`` (configs in
 ``cudal1/train/configs/``) or ``torchrun``: every rank calls :func:`run_sft` (data-parallel; the
 data file is read by rank 0 first, then from the datasets cache by the others); rank 0 writes
-``metrics.jsonl`` and the final model, and every rank returns once it is saved.  Writes ``OUT/metrics.jsonl``, checkpoints ``OUT/checkpoint-N`` and the
-final model (LoRA merged) in ``OUT``; ``resume`` continues from the last checkpoint.
+``metrics.jsonl`` and the final model, and every rank returns once it is saved.  Writes
+``OUT/metrics.jsonl``, checkpoints ``OUT/checkpoint-N`` and the final model (LoRA merged, the
+adapter kept in ``OUT/adapter``) in ``OUT`` through :func:`~cudal1.train.checkpoint.save_final`,
+which gathers the weights under ZeRO-3 and FSDP; ``resume`` continues from the last checkpoint.
+Any other ``trl.SFTConfig`` field goes in the config's ``trl:`` block.
 
 Not covered: packing and padding-free batching (off: kernels are long and few), evaluation sets.
 """
@@ -21,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.train import dist, require_train
-from cudal1.train.common import cuda_or_cpu_kwargs, last_checkpoint, peft_config, save_final, warmup_kwargs
+from cudal1.train.checkpoint import check_engine, last_checkpoint, save_final
+from cudal1.train.common import cuda_or_cpu_kwargs, peft_config, trainer_arguments, warmup_kwargs
 from cudal1.train.config import SFTConfig
 from cudal1.train.metrics import metrics_callback, read_metrics
 
@@ -50,25 +54,28 @@ def load_chat_data(data: Any):
 
 
 def sft_arguments(cfg: SFTConfig, out: str | Path, report_to: Any = "none"):
+    """``trl.SFTConfig`` from ``cfg`` (its ``trl:`` block passed through; see
+    :func:`~cudal1.train.common.trainer_arguments`)."""
     import trl
 
-    args: dict[str, Any] = dict(
+    ours: dict[str, Any] = dict(
         output_dir=str(out), assistant_only_loss=True, learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs,
         max_steps=cfg.max_steps, per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_length=cfg.max_length,
-        weight_decay=cfg.weight_decay, lr_scheduler_type="cosine",
-        logging_steps=cfg.logging_steps, save_strategy="steps", save_steps=cfg.save_steps,
-        save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=report_to, packing=False,
-        dataset_num_proc=None, disable_tqdm=True,
+        weight_decay=cfg.weight_decay, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=report_to,
     )
-    args.update(cuda_or_cpu_kwargs(trl.SFTConfig, cfg.bf16, cfg.gradient_checkpointing))
-    args.update(warmup_kwargs(trl.SFTConfig, cfg.warmup_ratio))
-    return trl.SFTConfig(**args)
+    ours.update(cuda_or_cpu_kwargs(trl.SFTConfig, cfg.bf16, cfg.gradient_checkpointing))
+    ours.update(warmup_kwargs(trl.SFTConfig, cfg.warmup_ratio))
+    defaults = dict(lr_scheduler_type="cosine", save_strategy="steps", packing=False, dataset_num_proc=None,
+                    disable_tqdm=True)
+    return trainer_arguments(trl.SFTConfig, ours, defaults, cfg.trl, "sft")
 
 
 def run_sft(model: str, data: Any, cfg: SFTConfig, out: str | Path, *, resume: bool = False, report_to: Any = "none",
-            stage: str = "sft") -> dict[str, Any]:
-    """Fine-tune ``model`` on ``data`` into ``out`` (see the module docstring).  Returns a summary."""
+            stage: str = "sft", callbacks: tuple = ()) -> dict[str, Any]:
+    """Fine-tune ``model`` on ``data`` into ``out`` (see the module docstring).  Returns a summary.
+    ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer."""
     require_train("cudal1 train sft")
     import trl
     from transformers import AutoTokenizer
@@ -82,8 +89,9 @@ def run_sft(model: str, data: Any, cfg: SFTConfig, out: str | Path, *, resume: b
         tokenizer.pad_token = tokenizer.eos_token
     trainer = trl.SFTTrainer(
         model=str(model), args=sft_arguments(cfg, out, report_to), train_dataset=dataset, processing_class=tokenizer,
-        peft_config=peft_config(cfg.lora, cfg.lora_config), callbacks=[metrics_callback(out, stage)],
+        peft_config=peft_config(cfg.lora, cfg.lora_config), callbacks=[metrics_callback(out, stage), *callbacks],
     )
+    check_engine(trainer)
     checkpoint = last_checkpoint(out) if resume else None
     if resume and checkpoint is None:
         log.warning("--resume: no checkpoint in %s; starting from the beginning", out)
