@@ -9,13 +9,15 @@ download), fine-tunes it for two steps with ``cudal1.train.sft.run_sft`` under `
 FSDP2 with a sharded state dict, GPU only), and writes ``OUT/captured.safetensors``: every
 parameter's full trained value, gathered from the engine at the end of training (a callback),
 with the names the trainer's model has (``base_model.model...`` under LoRA).  The test then
-compares the saved directory with that.
+compares the saved directory with that (:func:`check_full_model`, :func:`check_lora_merge`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +36,81 @@ def engine_settings(engine: str) -> dict:
     if engine == "fsdp2":
         return FSDP2
     raise ValueError(f"unknown engine {engine!r}")
+
+
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_job(engine: str, out: Path, lora: bool, env: dict | None = None, timeout: float = 300) -> dict:
+    """Run tests/checkpoint_jobs.py in a child process; its JSON summary."""
+    import os
+
+    child_env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+    child_env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env or {}))
+    cmd = [sys.executable, __file__, engine, str(out), str(_port())] + (["--lora"] if lora else [])
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env)
+    if proc.returncode != 0:
+        raise AssertionError(proc.stderr[-4000:])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _weights(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def _reloaded(path: Path) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    return {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
+
+
+def check_full_model(out: Path, checkpoint: bool = True) -> None:
+    """The final model (and the last checkpoint, when ``checkpoint``) reload at full shape with the
+    gathered trained values."""
+    import torch
+
+    base = _reloaded(out / "base")
+    captured = _weights(out / "captured.safetensors")
+    for where in [out / "sft"] + ([out / "sft" / "checkpoint-2"] if checkpoint else []):
+        saved = _reloaded(where)
+        assert set(saved) == set(base)
+        for name, value in saved.items():
+            assert value.shape == base[name].shape and value.numel() > 0, (where, name, value.shape)
+            expected = captured[name].to(value.dtype)
+            assert torch.equal(value.to(expected.dtype), expected), (where, name)
+        assert sum(not torch.equal(saved[k].float(), base[k].float()) for k in base) > 10  # trained
+
+
+def check_lora_merge(out: Path, alpha_over_r: float, atol: float = 1e-6) -> None:
+    """The final model is the base plus the gathered adapters, merged into q_proj and v_proj only."""
+    import torch
+
+    base = _reloaded(out / "base")
+    captured = _weights(out / "captured.safetensors")
+    saved = _reloaded(out / "sft")
+    assert set(saved) == set(base)
+    merged = 0
+    for name, value in saved.items():
+        assert value.shape == base[name].shape, name
+        module, kind = name.rsplit(".", 1)
+        a = captured.get(f"base_model.model.{module}.lora_A.default.weight") if kind == "weight" else None
+        if a is None:
+            assert torch.equal(value.float(), base[name].float()), name  # not adapted: the base's value
+            continue
+        b = captured[f"base_model.model.{module}.lora_B.default.weight"]
+        expected = base[name].float() + alpha_over_r * (b.float() @ a.float())
+        assert torch.allclose(value.float(), expected, atol=atol, rtol=0), name
+        assert not torch.equal(value.float(), base[name].float()), name  # B moved off zero in training
+        merged += 1
+    assert merged == 4  # q_proj and v_proj of two layers
+    assert (out / "sft" / "adapter" / "adapter_config.json").is_file()
 
 
 def _gathered(model) -> dict:

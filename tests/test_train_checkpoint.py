@@ -15,89 +15,12 @@ group (tests/gpu/test_zero3_save_gpu.py runs it on a GPU).
 
 from __future__ import annotations
 
-import json
-import socket
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("trl")
 pytest.importorskip("deepspeed")
 
-HERE = Path(__file__).resolve().parent
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_job(engine: str, out: Path, lora: bool, env: dict | None = None, timeout: float = 300) -> dict:
-    """Run tests/checkpoint_jobs.py in a child process; its JSON summary."""
-    import os
-
-    child_env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
-    child_env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env or {}))
-    cmd = [sys.executable, str(HERE / "checkpoint_jobs.py"), engine, str(out), str(_port())] + (["--lora"] if lora else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def _weights(path: Path) -> dict:
-    from safetensors.torch import load_file
-
-    return load_file(str(path))
-
-
-def _reloaded(path: Path) -> dict:
-    from transformers import AutoModelForCausalLM
-
-    return {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
-
-
-def check_full_model(out: Path, dtype=None) -> None:
-    """The final model and the last checkpoint reload at full shape with the gathered trained values."""
-    import torch
-
-    base = _reloaded(out / "base")
-    captured = _weights(out / "captured.safetensors")
-    for where in (out / "sft", out / "sft" / "checkpoint-2"):
-        saved = _reloaded(where)
-        assert set(saved) == set(base)
-        for name, value in saved.items():
-            assert value.shape == base[name].shape and value.numel() > 0, (where, name, value.shape)
-            expected = captured[name].to(dtype or value.dtype)
-            assert torch.equal(value.to(expected.dtype), expected), (where, name)
-        assert sum(not torch.equal(saved[k].float(), base[k].float()) for k in base) > 10  # trained
-
-
-def check_lora_merge(out: Path, alpha_over_r: float, atol: float = 1e-6) -> None:
-    """The final model is the base plus the gathered adapters, merged into q_proj and v_proj only."""
-    import torch
-
-    base = _reloaded(out / "base")
-    captured = _weights(out / "captured.safetensors")
-    saved = _reloaded(out / "sft")
-    assert set(saved) == set(base)
-    merged = 0
-    for name, value in saved.items():
-        assert value.shape == base[name].shape, name
-        module, kind = name.rsplit(".", 1)
-        a = captured.get(f"base_model.model.{module}.lora_A.default.weight") if kind == "weight" else None
-        if a is None:
-            assert torch.equal(value.float(), base[name].float()), name  # not adapted: the base's value
-            continue
-        b = captured[f"base_model.model.{module}.lora_B.default.weight"]
-        expected = base[name].float() + alpha_over_r * (b.float() @ a.float())
-        assert torch.allclose(value.float(), expected, atol=atol, rtol=0), name
-        assert not torch.equal(value.float(), base[name].float()), name  # B moved off zero in training
-        merged += 1
-    assert merged == 4  # q_proj and v_proj of two layers
-    assert (out / "sft" / "adapter" / "adapter_config.json").is_file()
+from checkpoint_jobs import LORA, check_full_model, check_lora_merge, run_job
 
 
 def test_zero3_final_and_checkpoint_reload_with_full_trained_tensors(tmp_path):
@@ -107,8 +30,6 @@ def test_zero3_final_and_checkpoint_reload_with_full_trained_tensors(tmp_path):
 
 
 def test_zero3_lora_merge_and_adapter_checkpoint(tmp_path):
-    from checkpoint_jobs import LORA
-
     summary = run_job("zero3", tmp_path, lora=True, env={"CUDA_VISIBLE_DEVICES": ""})
     assert summary["steps"] == 2
     check_lora_merge(tmp_path, LORA["alpha"] / LORA["r"])

@@ -6,6 +6,8 @@
 * GRPO smoke (one step): every rank judges its own rollouts and writes them to the
   one SQLite store (WAL) — all ``group_size x prompts_per_step`` rollouts of the step are recorded,
   one run is recorded, one summary printed.
+* SSL smoke: each round's samples are sharded, each rank generates and judges its half into the
+  one store, rank 0 writes the round's data; every sample is generated and judged once.
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ def test_ssl_smoke_under_two_processes(tmp_path):
     assert [m["step"] for m in _metrics(out)] == list(range(1, rounds + 1))  # one line per round, rank 0 only
     for r in summary["rounds"]:
         assert r["generated"] == samples and r["success_rate"] is not None
+        assert r["judged_per_rank"] == [samples // 2, samples // 2]  # each rank generated and judged its half
         kept = (out / f"round{r['round']}" / "data.jsonl").read_text().splitlines()
         assert len(kept) == r["kept"]
         assert (out / f"round{r['round']}" / "summary.json").is_file()
@@ -143,7 +146,7 @@ def test_ssl_smoke_under_two_processes(tmp_path):
         rows = dict(con.execute("SELECT round, COUNT(*) FROM responses WHERE policy = 'ssl' GROUP BY round"))
     finally:
         con.close()
-    # rank 0 alone generated and judged: one round's samples per round, not one per rank
+    # the ranks shared each round's samples: every sample generated and judged once, not once per rank
     assert rows == {r: samples for r in range(1, rounds + 1)}, rows
     assert (out / "model").resolve() == Path(summary["model"]).resolve()
     assert (out / "model" / "config.json").is_file()

@@ -104,3 +104,16 @@ def describe() -> dict:
     if backend == "undefined" and hasattr(td, "get_backend_config"):  # a group made for several device types
         backend = str(td.get_backend_config())
     return {"world_size": td.get_world_size(), "backend": backend, "ranks": gathered}
+
+
+def all_gather(obj: object) -> list:
+    """``obj`` from every rank, in rank order (a collective; alone: ``[obj]``).  Objects travel
+    pickled: keep them to plain data."""
+    if not distributed():
+        return [obj]
+    import torch.distributed as td
+
+    _group_ready()
+    gathered: list = [None] * td.get_world_size()
+    td.all_gather_object(gathered, obj)
+    return gathered

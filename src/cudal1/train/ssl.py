@@ -4,7 +4,7 @@ Contract: :func:`run_ssl` runs ``cfg.rounds`` rounds starting from ``model``.  E
 
 1. generates ``cfg.samples`` programs per task from the current model — with vLLM when it is
    installed (``backend: auto``/``vllm``), else transformers (the ``hf`` policy) — for the task's
-   prompt (the contrastive template without exemplars);
+   prompt (the contrastive template without exemplars; :mod:`.generation`);
 2. judges them all (:class:`~cudal1.train.judging.RolloutJudge`; records in ``OUT/cudal1.sqlite``);
 3. keeps the successes: ``ok`` and not on a degenerate task, speed ignored (as in CUDA-L1); one
    per distinct program, at most ``max_keep_per_task`` per task when set;
@@ -17,13 +17,14 @@ model.  ``OUT/model`` links to the latest model (plain transformers directory). 
 rounds whose model is complete, and re-judging a recorded program costs nothing (the store).
 A round with no success keeps the model unchanged.
 
-Several processes (``torchrun``/``accelerate launch``): rank 0 alone generates, judges, opens the
-run store and writes ``data.jsonl``, ``summary.json``, ``metrics.jsonl`` and the ``model`` link;
-the other ranks wait at a barrier (``CUDAL1_DIST_TIMEOUT_S``, :mod:`.dist`) and then every rank
-fine-tunes on the round's data together (data-parallel :func:`~cudal1.train.sft.run_sft`).  This
-is the simplest correct split: generation and judging get no faster with more ranks (the judge
-still spreads its work over the GPUs of ``plan``), only the fine-tuning does.  Only rank 0's
-returned summary has ``success_rate``/``generated``/``judged`` (``None`` on the others).
+Several processes (``torchrun``/``accelerate launch``): every rank generates and judges.  The
+round's task x sample slots are sharded (:func:`~cudal1.train.generation.shard`): each rank (or,
+with vLLM tensor parallelism ``t``, each group of ``t`` ranks running one engine together)
+generates its own block, each rank judges its share of it and records it in the one run store
+(WAL; rank 0 creates it first).  The kept successes and the counts are gathered to rank 0, which
+writes ``data.jsonl``, ``summary.json``, ``metrics.jsonl`` and the ``model`` link; then every rank
+fine-tunes on the round's data together (data-parallel :func:`~cudal1.train.sft.run_sft`).  Every
+rank's summary carries the round's totals.
 
 Not covered: the vLLM path is not exercised by the CPU tests (vLLM needs a GPU).
 """
@@ -40,66 +41,24 @@ from typing import Any, Callable
 from cudal1.config import EvalConfig
 from cudal1.train import dist, require_train
 from cudal1.train.config import SSLConfig
+from cudal1.train.generation import GenerationSettings, engine_tp, generate, shard, use_vllm
 from cudal1.train.judging import RolloutJudge
 from cudal1.types import EvalResult, Prompt, Task
 
 log = logging.getLogger(__name__)
 
 
-def generate(model: str, prompts: list[Prompt], cfg: SSLConfig, seed: int) -> list[list[str]]:
-    """``cfg.samples`` texts per prompt from ``model`` (vLLM when chosen and installed, else transformers)."""
-    import importlib.util
-
-    use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and importlib.util.find_spec("vllm") is not None)
-    if cfg.backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise ValueError("ssl backend 'vllm' needs the vllm package (pip install vllm)")
-    if use_vllm:
-        return _generate_vllm(model, prompts, cfg, seed)
-    from cudal1.policy.hf_policy import HFPolicy
-
-    policy = HFPolicy(model_path=model, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
-                      batch_size=cfg.batch_size, seed=seed)
-    try:
-        batches = policy.generate(prompts, cfg.samples)
-    finally:
-        policy.close()
-    return [[c.text for c in batch] for batch in batches]
+def generation_settings(cfg: SSLConfig) -> GenerationSettings:
+    return GenerationSettings(backend=cfg.backend, temperature=cfg.temperature, top_p=cfg.top_p,
+                              max_new_tokens=cfg.max_new_tokens, batch_size=cfg.batch_size,
+                              tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+                              gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+                              max_model_length=cfg.vllm_max_model_length)
 
 
-def _generate_vllm(model: str, prompts: list[Prompt], cfg: SSLConfig, seed: int) -> list[list[str]]:
-    from vllm import LLM, SamplingParams
-
-    # under several processes rank 0 generates alone, on its own GPU (the others hold theirs)
-    llm = LLM(model=model, seed=seed, tensor_parallel_size=1 if dist.distributed() else max(1, _gpus()))
-    params = SamplingParams(n=cfg.samples, temperature=cfg.temperature, top_p=cfg.top_p, max_tokens=cfg.max_new_tokens,
-                            seed=seed)
-    outputs = llm.chat([p.messages() for p in prompts], params, use_tqdm=False)
-    texts = [[o.text for o in out.outputs] for out in outputs]
-    del llm
-    return texts
-
-
-def _gpus() -> int:
-    import torch
-
-    return torch.cuda.device_count()
-
-
-def keep_successes(items: list[tuple[Task, str]], verdicts: list, limit: int = 0) -> list[tuple[Task, str, EvalResult]]:
-    """Successful (task, text, result) triples: ok, not degenerate, one per program, ≤ ``limit`` per task."""
-    seen: set[tuple[str, str]] = set()
-    per_task: Counter[str] = Counter()
-    kept = []
-    for (task, text), (res, outcome) in zip(items, verdicts):
-        if res is None or outcome.kind != "ok" or outcome.degenerate:
-            continue
-        key = (task.hash, res.candidate_hash)
-        if key in seen or (limit and per_task[task.hash] >= limit):
-            continue
-        seen.add(key)
-        per_task[task.hash] += 1
-        kept.append((task, text, res))
-    return kept
+def _success(res: EvalResult | None, outcome: Any) -> bool:
+    """A kept program: ``ok`` and not on a degenerate task (speed ignored, as in CUDA-L1)."""
+    return res is not None and outcome.kind == "ok" and not outcome.degenerate
 
 
 def chat_record(prompt: Prompt, text: str, task: Task, res: EvalResult, source: str) -> dict[str, Any]:
@@ -127,67 +86,96 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalCon
 
     out = Path(out)
     main = dist.is_main()
-    store = judge = None
-    if main:  # the only rank that generates, judges and writes the round's files
+    with dist.main_first():  # rank 0 creates the store (schema, WAL) before the others open it
         out.mkdir(parents=True, exist_ok=True)
         store = RunStore(out / "cudal1.sqlite")
+    try:
         judge = RolloutJudge(store, judge_config, plan=plan, policy="ssl", on_result=on_result)
-    prompts = [build_prompt(t, [], hardware) for t in tasks]
-    rounds = []
-    current = str(model)
-    dist.barrier()
-    for r in range(1, cfg.rounds + 1):
-        rdir = out / f"round{r}"
-        done = rdir / "summary.json"
-        if resume and done.is_file():  # every rank sees the same files: the previous round ended in a barrier
-            rounds.append(json.loads(done.read_text()))
-            current = rounds[-1]["model"]
-            continue
-        data = rdir / "data.jsonl"
-        if main:
-            items, verdicts, counts, kept = _generate_and_judge(current, tasks, prompts, cfg, judge, r)
-            rdir.mkdir(parents=True, exist_ok=True)
-            by_task = {t.hash: p for t, p in zip(tasks, prompts)}
-            with open(data, "w") as f:
-                for task, text, res in kept:
-                    f.write(json.dumps(chat_record(by_task[task.hash], text, task, res,
-                                                   f"ssl:round{r}:{Path(current).name}"), default=str) + "\n")
-        dist.barrier()  # the other ranks waited here for the round's data
-        n_kept = sum(1 for line in data.read_text().splitlines() if line.strip())
-        loss = None
-        if n_kept:  # every rank fine-tunes (data-parallel); rank 0 saves, run_sft returns once it has
-            sft = run_sft(current, str(data), cfg.sft, rdir / "model", report_to=report_to, stage=f"ssl-round{r}")
-            current, loss = str(rdir / "model"), sft["loss_last"]
-        elif main:
-            log.warning("ssl round %d: no successes; the model is unchanged", r)
-        info = {"round": r, "model": current, "generated": None, "success_rate": None, "kept": n_kept,
-                "judged": None, "loss": loss, "data": str(data)}
-        if main:
-            success = sum(o.success or (o.kind == "ok" and not o.degenerate) for _, o in verdicts) / max(1, len(verdicts))
-            info |= {"generated": len(items), "success_rate": success, "judged": counts}
-            _append_metrics(out, {"step": r, "stage": "ssl", "loss": loss, "success_rate": success, "kept": n_kept,
-                                  "judged": counts, "model": current})
-            done.write_text(json.dumps(info, indent=1))
-            log.info("ssl round %d: success rate %.2f, kept %d", r, success, n_kept)
-        rounds.append(info)
-        dist.barrier()  # summary.json is written before any rank looks at the next round
+        prompts = [build_prompt(t, [], hardware) for t in tasks]
+        rounds = []
+        current = str(model)
+        for r in range(1, cfg.rounds + 1):
+            rdir = out / f"round{r}"
+            done = rdir / "summary.json"
+            if resume and done.is_file():  # every rank sees the same files: the previous round ended in a barrier
+                rounds.append(json.loads(done.read_text()))
+                current = rounds[-1]["model"]
+                continue
+            data = rdir / "data.jsonl"
+            mine = _generate_and_judge(current, tasks, prompts, cfg, judge, r)
+            totals = _merge(dist.all_gather(mine), cfg.max_keep_per_task)
+            if main:
+                rdir.mkdir(parents=True, exist_ok=True)
+                with open(data, "w") as f:
+                    f.writelines(json.dumps(rec, default=str) + "\n" for rec in totals["kept"])
+            dist.barrier()  # data.jsonl is complete before any rank reads it
+            n_kept = len(totals["kept"])
+            loss = None
+            if n_kept:  # every rank fine-tunes (data-parallel); rank 0 saves, run_sft returns once it has
+                sft = run_sft(current, str(data), cfg.sft, rdir / "model", report_to=report_to, stage=f"ssl-round{r}")
+                current, loss = str(rdir / "model"), sft["loss_last"]
+            elif main:
+                log.warning("ssl round %d: no successes; the model is unchanged", r)
+            success = totals["successes"] / max(1, totals["generated"])
+            info = {"round": r, "model": current, "generated": totals["generated"], "success_rate": success,
+                    "kept": n_kept, "judged": totals["judged"], "loss": loss, "data": str(data),
+                    "judged_per_rank": totals["per_rank"]}
+            if main:
+                _append_metrics(out, {"step": r, "stage": "ssl", "loss": loss, "success_rate": success, "kept": n_kept,
+                                      "judged": totals["judged"], "model": current})
+                done.write_text(json.dumps(info, indent=1))
+                log.info("ssl round %d: success rate %.2f, kept %d", r, success, n_kept)
+            rounds.append(info)
+            dist.barrier()  # summary.json is written before any rank looks at the next round
+    finally:
+        store.close()
     if main:
         _link_latest(out, current)
-        store.close()
         read_metrics(out)  # validates the file
     return {"out": str(out), "rounds": rounds, "model": current,
             "success_rate": [r["success_rate"] for r in rounds]}
 
 
 def _generate_and_judge(model: str, tasks: list[Task], prompts: list[Prompt], cfg: SSLConfig, judge: RolloutJudge,
-                        r: int) -> tuple[list, list, dict[str, int], list]:
-    """One round's samples from ``model``, their verdicts, the counts per outcome and the kept successes."""
-    texts = generate(model, prompts, cfg, seed=cfg.sft.seed + r)
-    items = [(t, text) for t, batch in zip(tasks, texts) for text in batch]
-    item_prompts = [p for p, batch in zip(prompts, texts) for _ in batch]
-    verdicts = judge.judge(items, round_=r, prompts=item_prompts, label=f"ssl:r{r}")
+                        r: int) -> dict[str, Any]:
+    """This rank's part of round ``r``: generate its block of the task x sample slots, judge its
+    share, and return plain data for the gather (counts, successes, kept records by slot)."""
+    settings = generation_settings(cfg)
+    world = dist.world_size()
+    tp = engine_tp(settings, world) if use_vllm(settings.backend) else 1
+    part = shard(len(tasks) * cfg.samples, dist.rank(), world, tp)
+    slots = list(part.generate)
+    texts = generate(model, [prompts[i // cfg.samples] for i in slots], settings,
+                     seed=cfg.sft.seed + 1000 * r + part.group, world=world)
+    text_of = dict(zip(slots, texts))
+    mine = part.judge
+    items = [(tasks[i // cfg.samples], text_of[i]) for i in mine]
+    verdicts = judge.judge(items, round_=r, prompts=[prompts[i // cfg.samples] for i in mine], label=f"ssl:r{r}")
     counts = dict(judge.drain_counts())
-    return items, verdicts, counts, keep_successes(items, verdicts, cfg.max_keep_per_task)
+    kept = [(slot, task.hash, res.candidate_hash,
+             chat_record(prompts[slot // cfg.samples], text, task, res, f"ssl:round{r}:{Path(model).name}"))
+            for slot, (task, text), (res, outcome) in zip(mine, items, verdicts) if _success(res, outcome)]
+    successes = len(kept)
+    return {"generated": len(mine), "successes": successes, "judged": counts, "kept": kept}
+
+
+def _merge(parts: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+    """The round's totals from every rank's part: counts summed; successes in slot order, one per
+    (task, program), at most ``limit`` per task (0: all)."""
+    judged: Counter[str] = Counter()
+    for part in parts:
+        judged.update(part["judged"])
+    seen: set[tuple[str, str]] = set()
+    per_task: Counter[str] = Counter()
+    kept = []
+    for _, task_hash, cand_hash, record in sorted((k for part in parts for k in part["kept"]), key=lambda k: k[0]):
+        if (task_hash, cand_hash) in seen or (limit and per_task[task_hash] >= limit):
+            continue
+        seen.add((task_hash, cand_hash))
+        per_task[task_hash] += 1
+        kept.append(record)
+    return {"generated": sum(p["generated"] for p in parts), "successes": sum(p["successes"] for p in parts),
+            "judged": dict(judged), "kept": kept, "per_rank": [p["generated"] for p in parts]}
 
 
 def _append_metrics(out: Path, rec: dict[str, Any]) -> None:
