@@ -196,7 +196,7 @@ class Child:
 
     def run(self) -> None:
         from cudal1.harness import Job, run_jobs
-        from cudal1.runs import judge_recorded
+        from cudal1.recorded import judge_recorded
         from cudal1.store import RunStore
 
         config, plan = self.config(), self.plan()
@@ -394,7 +394,7 @@ class Parent:
                          _f(b.get("build_queue_s"), 0), _f(b.get("build_s"), 0), _f(b.get("judge_s"), 0), classes])
         head = ["run", "pass", "judged", "wall s", "cand/GPU-h", "GPU idle", "startup s", "builds", "queue s", "build s", "judge s",
                 "verdicts"]
-        from cudal1.figures import table
+        from cudal1.tables import table
 
         return table(head, rows)
 

@@ -192,9 +192,7 @@ def test_eval_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_en
     out = tmp_path / "out"
     args = ["eval-suite", "--candidates", cands, "--suite", TASKS, "--out", out, "--config", config_file, "--json"]
 
-    t0 = time.monotonic()
     first = run_cli(args, cli_env, tmp_path)
-    t_first = time.monotonic() - t0
     assert first.returncode == 0, explain(first)
     summary = last_json(first.stdout)
     assert summary["evaluated"] == 3
@@ -217,14 +215,14 @@ def test_eval_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_en
         assert sum(store.counts().values()) == 3
         assert store.counts() == {"ok": 2, "incorrect": 1}
 
-    t0 = time.monotonic()
     second = run_cli(args, cli_env, tmp_path)
-    t_second = time.monotonic() - t0
     assert second.returncode == 0, explain(second)
     assert _read_results(out / "results.jsonl") == results
     assert _evaluation_rows(out / "cudal1.sqlite") == rows_before  # nothing re-evaluated or re-recorded
-    assert last_json(second.stdout)["statuses"] == summary["statuses"]
-    assert t_second < t_first, (t_first, t_second)
+    again = last_json(second.stdout)
+    assert again["statuses"] == summary["statuses"]
+    assert summary["batch"] is not None and again["batch"] is None  # the second run judged nothing
+    assert "resuming: 3 already judged" in second.stderr and "resuming" not in first.stderr
     with RunStore(out / "cudal1.sqlite") as store:
         assert store.get_run(1)["status"] == "done" and store.get_run(2)["status"] == "done"
 
@@ -308,7 +306,7 @@ def _count_evaluations(db: Path) -> int:
 
 def test_resume_after_kill(tmp_path, cli_env, config_file):
     cands = _write_jsonl(tmp_path / "cands.jsonl", [
-        # quick-1 is a small task with a ~1x speedup: every phase stays well under the 3 s re-run limit
+        # quick-1 is a small task with a ~1x speedup: every phase stays well under the re-run's limit
         {"task": "linear_relu", "code": ADDMM.read_text(), "label": "quick-1"},
         {"task": "diag_matmul", "code": (FIXTURES / "hang.py").read_text(), "label": "hang"},
         {"task": "diag_matmul", "code": (FIXTURES / "wrong_shape.py").read_text(), "label": "quick-2"},
@@ -355,7 +353,8 @@ def test_resume_after_kill(tmp_path, cli_env, config_file):
     before = _evaluation_rows(db)
     (first_hash, (first_id, first_created, first_config, _)), = before.items()
 
-    rerun = run_cli([*base, "--timeout", "3"], cli_env, tmp_path)
+    # a phase limit the honest candidates stay far below even on a loaded machine; the hanging one reaches it
+    rerun = run_cli([*base, "--timeout", "10"], cli_env, tmp_path)
     assert rerun.returncode == 0, explain(rerun)
     results = _read_results(out / "results.jsonl")
     assert [r["label"] for r in results] == ["quick-1", "hang", "quick-2"]

@@ -39,7 +39,9 @@ def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
     source = (REPO / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
     slow = tmp_path / "slow"  # while it exists, every candidate but the first hangs in its import
     slow.touch()
-    hang = f"\nimport os as _os, time as _time\nif _os.path.exists({str(slow)!r}):\n    _time.sleep(300)\n"
+    hanging = tmp_path / "hanging"  # written by a candidate once it hangs
+    hang = (f"\nimport os as _os, time as _time\nif _os.path.exists({str(slow)!r}):\n"
+            f"    open({str(hanging)!r}, 'w').close()\n    _time.sleep(300)\n")
     cands = tmp_path / "cands.jsonl"
     cands.write_text("".join(json.dumps({"task": "diag_matmul", "code": f"{source}\n# variant {i}\n" + (hang if i else ""),
                                          "label": f"v{i}"}) + "\n" for i in range(N)))
@@ -54,11 +56,11 @@ def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
     while recorded(out / "cudal1.sqlite") < 1 and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.2)
     assert proc.poll() is None, "the run finished before it could be stopped"
-    time.sleep(3)  # the second candidate's worker is now hanging: the stop must kill it, not wait
-    proc.send_signal(sig)
-    t0 = time.monotonic()
-    _, err = proc.communicate(timeout=60)
-    stopped_in = time.monotonic() - t0
+    while not hanging.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert hanging.exists(), "no candidate reached its hanging import"
+    proc.send_signal(sig)  # a worker is hanging for 300 s: the stop must kill it, not wait for it
+    _, err = proc.communicate(timeout=120)  # well before the hanging import could end by itself
     assert proc.returncode == 130, err[-2000:]
     assert "cudal1: interrupted (results recorded so far are kept)" in err
     assert "Traceback" not in err
@@ -66,7 +68,6 @@ def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
     assert kept == 1, f"{kept} verdicts kept"
     with sqlite3.connect(out / "cudal1.sqlite") as con:  # a worker killed by the stop left no verdict
         assert {row[0] for row in con.execute("SELECT status FROM evaluations")} == {"ok"}
-    assert stopped_in < 20, f"took {stopped_in:.1f} s to stop"
     if sig == signal.SIGINT:
         return  # resuming does not depend on the signal that stopped the run: checked once, after SIGTERM
     slow.unlink()

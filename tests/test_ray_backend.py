@@ -29,7 +29,7 @@ def test_core_imports_and_cli_explains_without_ray(tmp_path):
     cands = tmp_path / "c.jsonl"
     cands.write_text(json.dumps({"task": "diag_matmul", "code": (FIX / "wrong.py").read_text()}) + "\n")
     code = ("import sys; sys.modules['ray'] = None\n"
-            "import cudal1.harness, cudal1.harness.ray_backend, cudal1.runs\n"
+            "import cudal1.harness, cudal1.harness.ray_backend, cudal1.recorded\n"
             "from cudal1.cli.main import main\n"
             f"sys.exit(main(['eval-suite', '--candidates', {str(cands)!r}, '--suite', {str(TASKS / 'diag_matmul.py')!r}, "
             f"'--out', {str(tmp_path / 'out')!r}, '--device', 'cpu', '--backend', 'ray']))\n")
@@ -97,7 +97,7 @@ def test_ray_backend_judges_like_the_local_backend(cluster, judge_config):
 
 
 def test_a_killed_actor_loses_no_recorded_result(cluster, judge_config, tmp_path):
-    from cudal1.runs import judge_recorded
+    from cudal1.recorded import judge_recorded
     from cudal1.store import RunStore
 
     spec = [("diag_matmul", FIX / "mutates_input.py"), ("diag_matmul", FIX / "wrong.py"),

@@ -44,7 +44,11 @@ def test_json_contract(run, capsys):
     assert (s["tasks"], s["ok"], s["degenerate"]) == (4, 3, 1)
     assert s["geomean"] == pytest.approx((2.0 * 1.005 * 1.5) ** (1 / 3))
     assert s["max"] == 2.0 and s["p25"] == pytest.approx(1.2525) and s["p75"] == pytest.approx(1.75)
-    assert s["fast_p"] == pytest.approx({"0": 0.75, "1.0": 0.75, "1.2": 0.5, "1.5": 0.25, "2.0": 0.0})
+    # fast_p counts a task only when the best's 95% CI (here speedup x 0.95-1.05) is above p: 1.005x
+    # (CI 0.955-1.055) is not faster with confidence; by the point value (KernelBench's) it is
+    assert s["fast_p"] == pytest.approx({"0": 0.75, "1.0": 0.5, "1.2": 0.5, "1.5": 0.25, "2.0": 0.0})
+    assert s["fast_p_point"] == pytest.approx({"0": 0.75, "1.0": 0.75, "1.2": 0.5, "1.5": 0.25, "2.0": 0.0})
+    assert (s["faster"], s["faster_point"]) == (2, 3)
     assert s["statuses"] == {"ok": 5, "compile_error": 1, "incorrect": 1, "timeout": 1, "rejected": 1}  # anchors left out
     assert s["flags"]["side_stream"] == 1 and s["flags"]["degenerate_task"] == 1
     assert set(doc["levels"]) == {"level1", "level2", "other"} and doc["levels"]["level1"]["tasks"] == 2
@@ -57,6 +61,8 @@ def test_json_contract(run, capsys):
     for t in doc["tasks"]:
         assert {"task", "level", "best_speedup", "best_candidate", "statuses", "techniques"} <= set(t)
     assert tasks["level1/1"]["best_speedup"] == 2.0 and len(tasks["level1/1"]["best_candidate"]) == 64
+    assert tasks["level1/1"]["faster"] and not tasks["level1/1"]["uncertain"]
+    assert tasks["level2/1"]["uncertain"] and not tasks["level2/1"]["faster"]  # 1.005x, CI 0.955-1.055
     assert tasks["level1/2"]["best_speedup"] is None and tasks["level1/2"]["best_candidate"] is None
     assert tasks["level2/2"]["degenerate"] and tasks["level2/2"]["best_speedup"] is None
     assert tasks["level1/1"]["statuses"] == {"ok": 2, "compile_error": 1}
@@ -84,7 +90,9 @@ def test_markdown(run, capsys):
     md = capsys.readouterr().out
     assert md.startswith("# cudal1 report")
     assert "| group | tasks | ok | mean | median | geomean | max | p25 | p75 | fast_0 | fast_1.0 |" in md
-    assert re.search(r"\| all \| 4 \| 3 \| 1\.50 \| 1\.50 \| 1\.44 \| 2\.00 \| 1\.25 \| 1\.75 \| 75% \| 75% \| 50% \| 25% \| 0% \|", md), md
+    assert re.search(r"\| all \| 4 \| 3 \| 1\.50 \| 1\.50 \| 1\.44 \| 2\.00 \| 1\.25 \| 1\.75 \| 75% \| 50% \| 50% \| 25% \| 0% \|", md), md
+    assert "by the point value alone: 3" in md and "fast_1.0 75%" in md  # KernelBench's fast_p beside ours
+    assert "| level2/1 | 1.00x? |" in md and "| level1/1 | 2.00x |" in md  # the CI of 1.005x includes 1.0
     assert "## Rejected candidates" in md and "side_stream" in md
     assert "NVIDIA H200" in md
 

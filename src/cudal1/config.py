@@ -229,6 +229,11 @@ class Config:
         go through it."""
         return self._values()
 
+    def identity(self) -> dict[str, Any]:
+        """The fields that change what a run produces (default: all).  A resumed run whose
+        identity differs from the recorded one is a different run (:func:`config_changes`)."""
+        return self.to_dict()
+
     def to_yaml(self) -> str:
         import yaml
 
@@ -301,6 +306,9 @@ class EvalConfig(Config):
     timing_budget_s: float = 4.0  # target wall time of the timing phase (both models)
     recheck_fraction: float = 0.1  # share of timed candidate outputs re-checked (at least 2)
     flush_l2: bool = True  # overwrite a buffer larger than L2 before every timed call (both models); off: warm-cache timing
+    timing_figure: str = "gpu"  # what the speedup compares: gpu (device time, host latency excluded) or host (host-inclusive)
+    timing_block: int = 5  # timed calls per block; reference and candidate blocks alternate in random order
+    confine_candidates: bool = True  # run each candidate's process unprivileged and confined where the OS allows
     poison_freed_memory: bool = True  # fill the allocator's free blocks with NaN between runs
     strict_speedup: float = 10.0  # speedups above this get a second, stricter verification pass
     static_guards: str = "all"  # "all", "none" or comma-separated names of static_guard.CHECKS
@@ -325,6 +333,10 @@ class EvalConfig(Config):
             raise ConfigError("correctness_trials must be between 1 and 100000")
         if self.timing_trials < 1 or self.min_timing_trials < 1:
             raise ConfigError("timing trial counts must be positive")
+        if self.timing_figure not in ("gpu", "host"):
+            raise ConfigError(f"timing_figure must be gpu or host, not {self.timing_figure!r}")
+        if not 1 <= self.timing_block <= 1000:
+            raise ConfigError("timing_block must be between 1 and 1000")
         if not 1 <= self.workers_per_gpu <= 8:
             raise ConfigError("workers_per_gpu must be between 1 and 8")
         for name in ("timeout_s", "build_timeout_s", "setup_timeout_s", "timing_budget_s"):
@@ -344,13 +356,17 @@ class EvalConfig(Config):
             return cls.from_yaml(p)
 
     # ---- identity -----------------------------------------------------------------------
-    def hash(self) -> str:
-        """Identity of the fields that change verdicts or numbers (not paths or worker counts)."""
+    def identity(self) -> dict[str, Any]:
+        """The fields that change verdicts or numbers (not paths, worker counts or hard limits)."""
         # Hard limits are left out: they decide nothing about a run that finishes in time, and a
         # resumed run with another --timeout must find what was recorded.
-        ignore = {"cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s", "build_timeout_s", "setup_timeout_s"}
-        data = {k: v for k, v in self.to_dict().items() if k not in ignore}
-        return content_hash("config", json.dumps(data, sort_keys=True))[:16]
+        ignore = {"cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s", "build_timeout_s",
+                  "setup_timeout_s", "confine_candidates"}
+        return {k: v for k, v in self.to_dict().items() if k not in ignore}
+
+    def hash(self) -> str:
+        """Hash of :meth:`identity`: the key of verdicts in the run store and the build cache."""
+        return content_hash("config", json.dumps(self.identity(), sort_keys=True))[:16]
 
     def cache_root(self) -> Path:
         root = self.cache_dir or os.environ.get("CUDAL1_CACHE_DIR") or "~/.cache/cudal1"
@@ -399,3 +415,37 @@ def write_config_file(out: str | os.PathLike[str], **sections: Any) -> dict[str,
     Path(out).mkdir(parents=True, exist_ok=True)
     Path(out, CONFIG_FILE).write_text(yaml.safe_dump(resolved, sort_keys=False, default_flow_style=False))
     return resolved
+
+
+def config_changes(saved: Mapping[str, Any] | None, current: Config) -> list[str]:
+    """``"section.key: old -> new"`` for each field of ``current``'s identity that differs from a
+    saved section (what a run's ``config.yaml`` holds); ``[]`` when nothing was saved.  A saved
+    section this version cannot read counts as one change."""
+    if saved is None:
+        return []
+    try:
+        before = type(current).from_dict(saved).identity()
+    except ConfigError as exc:
+        return [f"{current.SECTION}: the saved settings do not load ({exc})"]
+    now = current.identity()
+    return [f"{current.SECTION}.{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in now if before.get(k) != now.get(k)]
+
+
+def saved_config(out: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ``config.yaml`` a run left in ``out`` (None when there is none)."""
+    path = Path(out, CONFIG_FILE)
+    return read_yaml_mapping(path) if path.is_file() else None
+
+
+def keep_previous_config(out: str | os.PathLike[str]) -> Path | None:
+    """Before a run records a second configuration in the same ``out``: keep the current
+    ``config.yaml`` as ``config.N.yaml`` (N = 1, 2, ...); returns that path (None without one)."""
+    path = Path(out, CONFIG_FILE)
+    if not path.is_file():
+        return None
+    n = 1
+    while Path(out, f"config.{n}.yaml").exists():
+        n += 1
+    kept = Path(out, f"config.{n}.yaml")
+    path.replace(kept)
+    return kept

@@ -287,14 +287,6 @@ class RunStore:
         )
         return [Candidate(source=s, task_hash=t, label=lbl) for s, t, lbl in rows]
 
-    def candidate_meta(self, task_hash: str) -> list[tuple[str, dict[str, Any]]]:
-        """(candidate hash, meta) for ``task_hash``, oldest first."""
-        rows = self._query(
-            "SELECT hash, meta_json FROM candidates WHERE task_hash = ? ORDER BY added_at, rowid",
-            (task_hash,),
-        )
-        return [(h, json.loads(m or "{}")) for h, m in rows]
-
     # -- optimizer responses -------------------------------------------------------------------
 
     def record_response(self, task_hash: str, round_: int, policy: str, prompt: dict[str, Any], response: str,
@@ -325,6 +317,16 @@ class RunStore:
             d["usage"] = json.loads(d.pop("usage_json"))
             out.append(d)
         return out
+
+    def round_counts(self, task_hash: str) -> dict[int, tuple[int, int]]:
+        """Per optimizer round of ``task_hash``: (responses answered, generations failed).  A
+        response is answered when the policy returned one (with or without usable code); it
+        failed when ``error`` is set (the request failed after retries)."""
+        rows = self._query(
+            "SELECT round, SUM(error = ''), SUM(error != '') FROM responses WHERE task_hash = ? GROUP BY round",
+            (task_hash,),
+        )
+        return {int(r): (int(a or 0), int(f or 0)) for r, a, f in rows}
 
     def last_round(self, task_hash: str) -> int:
         """Highest optimizer round with a recorded response for ``task_hash`` (-1 if none)."""

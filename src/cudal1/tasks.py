@@ -125,11 +125,13 @@ def load_task_file(path: PathLike) -> Task:
     return _make_task(p.stem, _read_text(p), level, problem_id, str(p))
 
 
-def load_task_dir(path: PathLike) -> list[Task]:
+def load_task_dir(path: PathLike, skipped: list[tuple[str, str]] | None = None) -> list[Task]:
     """Load every ``*.py`` under ``path`` (recursively), sorted by (level, problem_id, name).
 
     Skips files whose name starts with ``_`` (``__init__.py``) and hidden directories.  A
-    directory with no task files is a TaskError.
+    directory with no task files is a TaskError.  A file that does not load is a TaskError too,
+    unless ``skipped`` is a list: then it is appended there as ``(path, error)`` and the others
+    load (a directory where no file loads is still a TaskError).
     """
     root = Path(path)
     if not root.is_dir():
@@ -141,7 +143,18 @@ def load_task_dir(path: PathLike) -> list[Task]:
     ]
     if not files:
         raise TaskError(f"no task files (*.py) in directory: {root}")
-    return sorted((load_task_file(f) for f in files), key=_sort_key)
+    if skipped is None:
+        return sorted((load_task_file(f) for f in files), key=_sort_key)
+    tasks, errors = [], []
+    for f in sorted(files):
+        try:
+            tasks.append(load_task_file(f))
+        except TaskError as exc:
+            errors.append((str(f), str(exc)))
+    if not tasks:
+        raise TaskError(f"no loadable task file in directory {root} ({len(errors)} with errors; first: {errors[0][1]})")
+    skipped.extend(errors)
+    return sorted(tasks, key=_sort_key)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,16 +226,32 @@ def load_task_hf(dataset_name: str, level: int | None = None) -> list[Task]:
     if importlib.util.find_spec("datasets") is None:
         raise TaskError(f"loading {dataset_name!r} needs the 'datasets' package: "
                         "pip install cudal1[hf]")
+    offline = not _hub_reachable()
+    if offline:  # read the local cache only, instead of minutes of retried requests
+        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    import logging
+
     import datasets  # optional dependency, imported only here
 
+    quiet = [logging.getLogger(n) for n in ("huggingface_hub", "datasets", "fsspec")]
+    levels = [q.level for q in quiet]
+    for q in quiet:
+        q.setLevel(logging.ERROR)
     try:
         if level is not None:
             split = f"level_{level}"
             splits = {split: datasets.load_dataset(dataset_name, split=split)}
         else:
             splits = dict(datasets.load_dataset(dataset_name))
-    except Exception as e:  # datasets raises many types (network, missing split, auth)
+    except Exception as e:  # noqa: BLE001 - datasets raises many types (network, missing split, auth)
+        if offline:
+            raise TaskError(f"cannot load HF dataset {dataset_name!r}: the Hugging Face hub is not reachable and the "
+                            f"dataset is not cached; give --source PATH (a KernelBench JSONL or task directory) or set "
+                            f"${ENV_KERNELBENCH}") from None
         raise TaskError(f"cannot load HF dataset {dataset_name!r}: {_one_line(e)}") from None
+    finally:
+        for q, lv in zip(quiet, levels):
+            q.setLevel(lv)
     tasks = [
         task_from_record(dict(row), f"hf:{dataset_name}/{split}[{i}]")
         for split, rows in splits.items()
@@ -231,6 +260,23 @@ def load_task_hf(dataset_name: str, level: int | None = None) -> list[Task]:
     if not tasks:
         raise TaskError(f"no tasks in HF dataset {dataset_name!r}")
     return sorted(tasks, key=_sort_key)
+
+
+def _hub_reachable(timeout_s: float = 3.0) -> bool:
+    """Whether the Hugging Face hub answers a TCP connection (``$HF_ENDPOINT``, else
+    huggingface.co); False at once when ``$HF_HUB_OFFLINE`` is set."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "").strip() not in ("", "0"):
+        return False
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        with socket.create_connection((url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)),
+                                      timeout=timeout_s):
+            return True
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,18 +370,20 @@ def resolve_suite(selector_text: str, source: PathLike | None = None) -> list[Ta
 # Front door and lookup
 
 
-def load_tasks(spec: PathLike, source: PathLike | None = None) -> list[Task]:
+def load_tasks(spec: PathLike, source: PathLike | None = None, skipped: list[tuple[str, str]] | None = None) -> list[Task]:
     """Load tasks from a ``.py`` file, a ``.jsonl`` file, a directory, or a suite selector.
 
     A spec that is not an existing path and contains ``:`` (or is a bare suite name such as
     ``kernelbench``) is a selector, resolved with :func:`resolve_suite` against ``source``.
+    ``skipped``: for a directory, collect the files that do not load instead of failing
+    (:func:`load_task_dir`).
     """
     text = os.fspath(spec)
     p = Path(text)
     if not p.exists() and (":" in text or text.strip().lower() in SUITES):
         return resolve_suite(text, source)
     if p.is_dir():
-        return load_task_dir(p)
+        return load_task_dir(p, skipped)
     if p.is_file():
         if p.suffix == ".py":
             return [load_task_file(p)]

@@ -4,9 +4,9 @@ CUDA-graph replay with the judge's own timer; cached per (task, GPU, torch, conf
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, print_json, progress, table
+from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, load_suite, out_dir, print_json, progress_for, table
+from cudal1.speedup import result_cell
 
 DEFAULT_MODES = "eager,compile-default,compile-reduce-overhead,compile-max-autotune,cudagraph"  # cudal1.compile_modes
 
@@ -18,7 +18,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--modes", default=DEFAULT_MODES,
                    help=f"comma-separated, the builtin policy's names (default {DEFAULT_MODES}; also "
                         "compile-max-autotune-no-cudagraphs; the old names compile, compile-ro, max-autotune are accepted)")
-    p.add_argument("--out", default="runs/baselines", metavar="DIR", help="output directory (run store)")
+    p.add_argument("--out", default="runs/baselines", metavar="DIR",
+                   help="output directory: config.yaml and the run store, a cache of baselines shared by runs "
+                        "(measured once per task, GPU, torch and judge config) (default: runs/baselines)")
     p.add_argument("--json", action="store_true", help="print a JSON object as the last line of stdout")
     add_judge_flags(p)
     p.set_defaults(func=run)
@@ -27,9 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cudal1.compile_modes import canonical
     from cudal1.harness.launcher import prestart
-    from cudal1.runs import baselines_recorded
+    from cudal1.recorded import JudgeEvent
     from cudal1.store import RunStore
-    from cudal1.tasks import load_tasks
 
     try:  # results are keyed by the vocabulary's names (old ones resolved)
         modes = [canonical(m.strip()) for m in args.modes.split(",") if m.strip()]
@@ -37,17 +38,20 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     from cudal1.config import write_config_file
     from cudal1.harness import DevicePlan
+    from cudal1.recorded import RecordedJudge
 
     config = config_from_args(args)
-    tasks = load_tasks(args.suite, args.source)
+    out = out_dir(args.out)
+    tasks, _ = load_suite(args, args.suite, args.source)
     prestart()  # the workers' forkserver imports torch while this process goes on
     plan = DevicePlan.detect(config.device)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_config_file(out, judge=config, run={"command": "baseline", "suite": args.suite, "source": args.source, "modes": modes,
-                                                  "device": plan.device, "lanes": list(plan.lanes)})
-    with RunStore(out / "cudal1.sqlite") as store, progress(len(tasks) * len(modes), "baselines", not args.json) as bar:
-        results = baselines_recorded(tasks, modes, config, store=store, plan=plan, on_result=lambda r: bar.update(1))
+    write_config_file(out, judge=config, run={"command": "baseline", "suite": args.suite, "source": args.source,
+                                              "modes": modes, "device": plan.device, "lanes": list(plan.lanes)})
+    with RunStore(out / "cudal1.sqlite") as store, progress_for(args, "baselines", len(tasks) * len(modes)) as progress:
+        progress.line(f"{len(tasks)} task(s) x {len(modes)} mode(s) on {plan.hardware_name()}; out {out}")
+        judge = RecordedJudge(config, store, plan=plan)
+        results = judge.baselines(tasks, modes, on_result=lambda r: progress(JudgeEvent("verdict", r.task_name, r)))
     modes = [m for m in modes if any(k[1] == m for k in results)]
     rows, payload = [], []
     for t in tasks:
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
         cells = []
         for m in modes:
             r = got[m]
-            cells.append(r.speedup if r and r.speedup is not None else (r.status.value if r else "-"))
+            cells.append(result_cell(r) if r and r.speedup is not None else (r.status.value if r else "-"))
         rows.append([t.task_id, eager, *cells])
         payload.append({"task": t.task_id, "eager_ms": eager,
                         "modes": {m: (got[m].summary() if got[m] else None) for m in modes}})

@@ -5,11 +5,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from cudal1.figures import fmt, table  # noqa: F401 - the CLI's cells and tables
+from cudal1.tables import fmt, table  # noqa: F401 - the CLI's cells and tables
 from cudal1.config import EvalConfig
 
 
@@ -45,7 +46,7 @@ def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("ju
                    help=with_default("maximum timed calls per model", EvalConfig, "timing_trials"))
     g.add_argument("--preset", default=None, help="judge preset: default, fast, thorough, kernelbench-v0 (default: default)")
     g.add_argument("--config", default=None, metavar="YAML",
-                   help=f"settings file ({', '.join(sections)} sections), e.g. a run's OUT/config.yaml, which "
+                   help=f"settings file ({', '.join(sections)} section{'s' * (len(sections) > 1)}), e.g. a run's OUT/config.yaml, which "
                         "reproduces that run; a plain mapping of judge settings also works; unknown keys are errors")
     g.add_argument("--seed", type=int, default=None, help="fix the input seed (default: secret, random per run)")
 
@@ -139,6 +140,91 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         input_seed=args.seed,
         workers_per_gpu=getattr(args, "workers_per_gpu", None),
     )
+
+
+def out_dir(path: str | Path) -> Path:
+    """``--out`` of a command that writes a run directory: a usage error when it names a file."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {path} is a file; it must be a directory (a run's output folder)")
+    return out
+
+
+def default_out(command: str, target: str, *configs: Any) -> Path:
+    """The default output directory of a run: ``runs/<command>/<target>-<hash>``, the hash over
+    the target and the settings that shape the run, so re-running the same command resumes it
+    and a run with other settings gets a folder of its own."""
+    import hashlib
+    import re
+
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(target.rstrip("/")).stem if ":" not in target else target).strip("-")
+    blob = json.dumps([target] + [c.identity() if hasattr(c, "identity") else c for c in configs], sort_keys=True, default=str)
+    return Path("runs") / command / f"{stem[:60] or command}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
+
+
+def add_out_flags(p: argparse.ArgumentParser, command: str, what: str) -> None:
+    """``--out DIR`` (default: a folder per run under ``runs/<command>/``) and ``--allow-config-change``."""
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help=f"output directory ({what}; re-running with the same --out resumes); default: "
+                        f"runs/{command}/<target>-<hash of the settings>, printed at the start")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="let a run with other judge or search settings use an existing --out: everything is judged "
+                        "again under the new settings, earlier verdicts stay in the store, and the earlier "
+                        "config.yaml is kept as config.N.yaml (without this flag such a run is refused)")
+
+
+def guard_config(out: Path, allow: bool, *configs: Any) -> None:
+    """Refuse (one usage error) a run whose judge/search settings differ from those recorded in
+    ``out``, unless ``allow``; with ``allow``, keep the recorded config.yaml as config.N.yaml."""
+    from cudal1.config import config_changes, keep_previous_config, saved_config
+
+    saved = saved_config(out) if (out / "cudal1.sqlite").exists() else None
+    if not saved:
+        return
+    changes = [c for cfg in configs for c in config_changes(saved.get(cfg.SECTION), cfg)]
+    if not changes:
+        return
+    if not allow:
+        shown = "; ".join(changes[:3]) + (f"; and {len(changes) - 3} more" if len(changes) > 3 else "")
+        raise UsageError(f"{out} holds a run with other settings ({shown}): give another --out, or "
+                         "--allow-config-change to judge again under these settings in the same run")
+    keep_previous_config(out)
+
+
+def progress_for(args: argparse.Namespace, desc: str, total: int = 0):
+    """The command's :class:`~cudal1.cli.progress.Progress` (silent with ``-q``; no bar with ``--json``)."""
+    from cudal1.cli.progress import Progress
+
+    quiet = bool(getattr(args, "quiet", False))
+    return Progress(desc, total, quiet=quiet, bar=False if getattr(args, "json", False) else None)
+
+
+_BUILD_COPY = re.compile(r"(?:[\w./-]*/)?cand_[0-9a-f]{8,}\w*\.py")
+
+
+def as_user_file(result: Any, label: str) -> Any:
+    """``result`` with the judge's copy of the candidate (``cand_<hash>_eval.py`` in the build
+    cache) named as the user knows it (``label``: their file, or ``FILE.jsonl:LINE``) in its
+    message and compile log, so an error points at what the user can open."""
+    if label:
+        result.message = _BUILD_COPY.sub(label, result.message or "")
+        if getattr(result, "compile_log", None):
+            result.compile_log = _BUILD_COPY.sub(label, result.compile_log)
+    return result
+
+
+def load_suite(args: argparse.Namespace, spec: str, source: str | None) -> tuple[list[Any], list[tuple[str, str]]]:
+    """The tasks of ``spec``; in a task directory, files that do not load are skipped, each shown
+    as one warning line on stderr (not with ``-q``) and returned as ``(path, error)``."""
+    from cudal1.tasks import load_tasks
+
+    skipped: list[tuple[str, str]] = []
+    tasks = load_tasks(spec, source, skipped)
+    if skipped and not getattr(args, "quiet", False):
+        for path, error in skipped:
+            print(f"cudal1: warning: skipped {path}: {error.removeprefix(path + ': ')}", file=sys.stderr)
+        print(f"cudal1: warning: {len(skipped)} task file(s) skipped, {len(tasks)} loaded", file=sys.stderr)
+    return tasks, skipped
 
 
 def read_text(path: str, what: str) -> str:

@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import add_judge_flags, config_from_args, fmt, print_json, read_text
+from cudal1.cli.common import add_judge_flags, as_user_file, config_from_args, fmt, out_dir, print_json, read_text
+from cudal1.speedup import faster, result_cell
 from cudal1.types import Candidate, EvalResult
+
+
+def clears_below(r: EvalResult) -> bool:
+    return r.speedup is not None and bool(r.speedup_ci) and r.speedup_ci[1] < 1.0  # type: ignore[index]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("eval", help="judge one candidate against a reference", description=__doc__)
     p.add_argument("--reference", required=True, metavar="REF.py", help="KernelBench-format task file")
     p.add_argument("--candidate", required=True, metavar="CAND.py", help="source defining ModelNew")
-    p.add_argument("--store", default=None, metavar="PATH", help="record into (and resume from) this SQLite run store")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="record the verdict in DIR/cudal1.sqlite (a run directory: cudal1 report reads it; a candidate "
+                        "judged there before is not judged again); default: record nothing")
+    p.add_argument("--store", default=None, help=argparse.SUPPRESS)  # older spelling: a store file
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
     add_judge_flags(p)
     p.set_defaults(func=run)
@@ -22,7 +30,9 @@ def describe(r: EvalResult) -> str:
     lines = [f"status      {r.status.value}"]
     if r.speedup is not None:
         ci = f"  (95% CI {r.speedup_ci[0]:.3g}-{r.speedup_ci[1]:.3g})" if r.speedup_ci else ""
-        lines.append(f"speedup     {r.speedup:.3g}x{ci}")
+        verdict = ("faster than the reference" if faster(r) else "slower than the reference" if clears_below(r)
+                   else "not measurably faster or slower (the CI includes 1.0)")
+        lines.append(f"speedup     {result_cell(r)}{ci}: {verdict}")
     if r.reference and r.candidate:
         lines.append(f"reference   {fmt(r.reference.median_ms)} ms (IQR {fmt(r.reference.iqr_ms)}, n={r.reference.trials})")
         lines.append(f"candidate   {fmt(r.candidate.median_ms)} ms (IQR {fmt(r.candidate.iqr_ms)}, n={r.candidate.trials}, clock {r.candidate.clock})")
@@ -46,18 +56,23 @@ def run(args: argparse.Namespace) -> int:
     task = load_task_file(args.reference)
     candidate = Candidate(read_text(args.candidate, "candidate"), task_hash=task.hash, label=args.candidate)
     prestart()  # the workers' forkserver imports torch while this process imports the judge
-    from cudal1.runs import judge_recorded
+    from cudal1.recorded import RecordedJudge
+    from cudal1.store import RunStore
 
     store = None
-    if args.store:
-        from cudal1.store import RunStore
-
-        store = RunStore(args.store)
+    if args.out or args.store:
+        if args.out:
+            out = out_dir(args.out)
+            out.mkdir(parents=True, exist_ok=True)
+            store = RunStore(out / "cudal1.sqlite")
+        else:
+            store = RunStore(args.store)
     try:
-        (result,) = judge_recorded([(task, candidate)], config, store=store)
+        (result,) = RecordedJudge(config, store).judge([(task, candidate)])
     finally:
         if store is not None:
             store.close()
+    as_user_file(result, args.candidate)
     if args.json:
         print_json(result.summary())
     else:

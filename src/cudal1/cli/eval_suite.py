@@ -11,12 +11,13 @@ import argparse
 import json
 import statistics
 from collections import Counter
-from pathlib import Path
 
-from cudal1.figures import geomean
+from cudal1.tables import geomean
 from cudal1.jsonl import JsonlError, iter_jsonl
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, batch_line, batch_summary, config_from_args,
-                               plan_from_args, print_json, progress, table)
+from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, add_out_flags, as_user_file, batch_line, batch_summary,
+                               config_from_args, default_out, guard_config, load_suite, out_dir, plan_from_args, print_json, progress_for,
+                               table)
+from cudal1.speedup import LEGEND, faster, noisy, result_cell, uncertain
 from cudal1.types import Candidate, EvalResult, Task
 
 
@@ -25,7 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--candidates", required=True, metavar="FILE.jsonl", help="lines with 'task' and 'code' (optional 'label')")
     p.add_argument("--suite", required=True, help="kernelbench:level1, kernelbench:level2/1-20, a task dir, JSONL or .py")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors (else $CUDAL1_KERNELBENCH, else the HF dataset)")
-    p.add_argument("--out", default="runs/eval-suite", metavar="DIR", help="output directory (run store + results.jsonl)")
+    add_out_flags(p, "eval-suite", "results.jsonl, summary.json, config.yaml, the run store cudal1.sqlite")
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     add_judge_flags(p)
@@ -55,6 +56,8 @@ def read_candidates(path: str, tasks: list[Task]) -> list[tuple[Task, Candidate]
 
 
 def summarize(results: list[EvalResult]) -> dict:
+    """Counts and speedup figures of a batch; ``faster`` counts the verdicts whose 95% CI is above
+    1.0, ``faster_point`` those whose point value is (``fast_1``: their share, KernelBench's)."""
     speedups = [r.speedup for r in results if r.speedup is not None]
     return {
         "evaluated": len(results),
@@ -62,44 +65,57 @@ def summarize(results: list[EvalResult]) -> dict:
         "speedup_mean": statistics.fmean(speedups) if speedups else None,
         "speedup_median": statistics.median(speedups) if speedups else None,
         "speedup_geomean": geomean(speedups),
+        "faster": sum(1 for r in results if faster(r)),
+        "faster_point": sum(1 for s in speedups if s > 1.0),
         "fast_1": sum(s > 1.0 for s in speedups) / len(results) if results else None,
     }
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.runs import judge_recorded
-    from cudal1.store import RunStore
-    from cudal1.tasks import load_tasks
-
     from cudal1.config import write_config_file
+    from cudal1.recorded import RecordedJudge
+    from cudal1.store import RunStore
 
     config = config_from_args(args)
-    tasks = load_tasks(args.suite, args.source)
+    out = out_dir(args.out or default_out("eval-suite", args.candidates, config))
+    guard_config(out, args.allow_config_change, config)
+    tasks, skipped = load_suite(args, args.suite, args.source)
     pairs = read_candidates(args.candidates, tasks)
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
     plan = plan_from_args(args, config.device, gpus)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_config_file(out, judge=config, run={"command": "eval-suite", "suite": args.suite, "source": args.source, "candidates": str(args.candidates),
-                                                    "device": plan.device, "lanes": list(plan.lanes), "backend": plan.backend})
-    with RunStore(out / "cudal1.sqlite") as store, progress(len(pairs), "eval-suite", not args.json) as bar:
-        run_id = store.start_run("eval-suite", config.to_dict())
-        stats: list = []
-        results = judge_recorded(pairs, config, store=store, plan=plan, on_result=lambda r: bar.update(1), on_stats=stats.append)
+    write_config_file(out, judge=config, run={"command": "eval-suite", "suite": args.suite, "source": args.source,
+                                              "candidates": str(args.candidates), "device": plan.device,
+                                              "lanes": list(plan.lanes), "backend": plan.backend})
+    stats: list = []
+    with RunStore(out / "cudal1.sqlite") as store, progress_for(args, "eval-suite", len(pairs)) as progress:
+        judge = RecordedJudge(config, store, plan=plan, on_event=progress)
+        done = sum(judge.verdict(t, c) is not None for t, c in pairs)
+        progress.line(f"{len(pairs)} candidate(s) on {plan.hardware_name()}; out {out}"
+                      + (f"; resuming: {done} already judged" if done else ""))
+        run_id = store.start_run("eval-suite", {"judge_hash": judge.config_hash, "judge": config.to_dict()})
+        results = judge.judge(pairs, on_stats=stats.append)
         store.finish_run(run_id, "done")
+    for (_, cand), r in zip(pairs, results):
+        as_user_file(r, cand.label)
     with open(out / "results.jsonl", "w") as f:
-        for (task, cand), r in zip(pairs, results):
+        for (_, cand), r in zip(pairs, results):
             f.write(json.dumps(r.summary() | {"label": cand.label}, default=str) + "\n")
     summary = summarize(results) | {"out": str(out), "device": plan.device, "lanes": len(plan.lanes),
-                                    "backend": plan.backend, "batch": batch_summary(stats)}
+                                    "backend": plan.backend, "batch": batch_summary(stats),
+                                    "skipped_tasks": [{"path": p, "error": e} for p, e in skipped]}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     if args.json:
         print_json(summary)
         return 0
-    rows = [(t.task_id, c.label[-28:], r.status.value, r.speedup, r.reference_ms, r.candidate_ms, ",".join(r.flags))
+    rows = [(t.task_id, c.label[-28:], r.status.value, result_cell(r), r.reference_ms, r.candidate_ms, ",".join(r.flags))
             for (t, c), r in zip(pairs, results)]
     print(table(["task", "candidate", "status", "speedup", "ref ms", "cand ms", "flags"], rows))
     print(f"\n{summary['evaluated']} evaluated: " + ", ".join(f"{k} {v}" for k, v in summary["statuses"].items())
-          + f"; geomean speedup of ok {summary['speedup_geomean'] and round(summary['speedup_geomean'], 3)}; results in {out}")
+          + f"; faster than the reference (95% CI above 1.0): {summary['faster']}, by point value only: "
+          f"{summary['faster_point']}; geomean speedup of ok {summary['speedup_geomean'] and round(summary['speedup_geomean'], 3)}; "
+          f"results in {out}")
+    if any(uncertain(r.speedup, r.speedup_ci) or noisy(r) for r in results):
+        print(LEGEND)
     print(batch_line(summary["batch"]))
     return 0

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, config_from_args, config_sections, default_of,
-                               plan_from_args, print_json, progress, table, with_default)
+from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, add_out_flags, config_from_args, config_sections,
+                               default_of, default_out, guard_config, load_suite, out_dir, plan_from_args, print_json, progress_for, table,
+                               with_default)
 from cudal1.prompts.select import STRATEGIES
 
 POLICIES = ("builtin", "openai", "hf", "replay")
@@ -57,7 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-evaluations", type=int, default=None, help=_help("max_evaluations", "budget of judged candidates"))
     s.add_argument("--search-seed", dest="search_seed", type=int, default=None,
                    help=_help("seed", "search seed (exemplar sampling)"))
-    p.add_argument("--out", default="runs/optimize", metavar="DIR", help="output directory (resumable)")
+    add_out_flags(p, "optimize", "best/<task>.py, summary.json, config.yaml, the run store cudal1.sqlite")
     p.add_argument("--json", action="store_true", help="print summary.json's content as the last stdout line")
     p.add_argument("--report-to", choices=["tensorboard", "wandb", "mlflow"], default=None,
                    help="also log live metrics to this experiment tracker (off by default; needs its package)")
@@ -134,19 +135,23 @@ def make_policy(cfg, device: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    from cudal1.recorded import RecordedJudge
     from cudal1.search import optimize
-    from cudal1.tasks import load_tasks
+    from cudal1.store import RunStore
 
     judge = config_from_args(args)
     search = search_config(args)  # a ConfigError is a one-line usage error (cli.main)
-    tasks = load_tasks(args.target, args.source)
+    policy_cfg = policy_config(args, "auto")
+    out = out_dir(args.out or default_out("optimize", args.target, judge, search, policy_cfg.name))
+    guard_config(out, args.allow_config_change, judge, search)
+    tasks, skipped = load_suite(args, args.target, args.source)
     plan = plan_from_args(args, judge.device)
     tracker = None
     if args.report_to:
         from cudal1.report.trackers import TrackerUnavailable, make_tracker
 
         try:
-            tracker = make_tracker(args.report_to, args.out, {"judge": judge.to_dict(), "target": args.target}, tasks)
+            tracker = make_tracker(args.report_to, out, {"judge": judge.to_dict(), "target": args.target}, tasks)
         except TrackerUnavailable as exc:
             raise UsageError(str(exc)) from None
     policy = make_policy(policy_config(args, plan.device), plan.device)
@@ -157,23 +162,58 @@ def run(args: argparse.Namespace) -> int:
         from cudal1.policy.reviewer import LLMReviewer
 
         reviewer = LLMReviewer(policy)
-    total = len(tasks) * (1 + search.rounds * search.samples)
     summary = None
-    try:
-        with progress(total, "optimize", not args.json) as bar:
-            summary = optimize(tasks, policy, search, judge, args.out, hardware=plan.hardware_name(), plan=plan,
-                               on_result=lambda r: (bar.update(1), tracker and tracker(r)), reviewer=reviewer)
-    finally:
-        policy.close()
-        if tracker is not None:
-            tracker.close(summary)
+    with progress_for(args, "optimize") as progress:
+        progress.line(f"{len(tasks)} task(s), policy {policy.name}, judged on {plan.hardware_name()}; out {out}")
+
+        def on_event(event) -> None:
+            progress(event)
+            if tracker is not None and event.kind == "verdict":
+                tracker(event.result)
+
+        store = RunStore(out / "cudal1.sqlite")
+        try:
+            recorded = RecordedJudge(judge, store, plan=plan, reviewer=reviewer, on_event=on_event)
+            summary = optimize(tasks, policy, search, recorded, out,
+                               record={"command": "optimize", "target": args.target, "source": args.source})
+            summary["skipped_tasks"] = [{"path": p, "error": e} for p, e in skipped]
+        finally:
+            store.close()
+            policy.close()
+            if tracker is not None:
+                tracker.close(summary)
+    return report_summary(args, summary, policy.name, out)
+
+
+def report_summary(args: argparse.Namespace, summary: dict, policy: str, out) -> int:
+    """Print the run's table (or ``--json``) and say when generations failed; the exit status:
+    1 when the policy produced no completion at all, else 0."""
+    import sys
+
+    from cudal1.speedup import LEGEND, cell
+
+    gen = summary["generation"]
     if args.json:
         print_json(summary)
-        return 0
-    rows = [(r["task"], r["best_speedup"], r["evaluated"], ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())),
-             "degenerate" if r["degenerate"] else (r["best_path"] or "-")) for r in summary["tasks"]]
-    print(table(["task", "best x", "judged", "verdicts", "best"], rows))
-    gm = summary["geomean_best_speedup"]
-    print(f"\npolicy {getattr(policy, 'name', '?')}; stopped by {summary['stopped_by']}; "
-          f"geomean best speedup {gm and round(gm, 3)}; {args.out}/summary.json")
+    else:
+        rows = [(r["task"], "degenerate" if r["degenerate"] else cell(r["best_speedup"], r["best_ci"], r["high_variance"]),
+                 f"{r['best_ci'][0]:.3g}-{r['best_ci'][1]:.3g}" if r["best_ci"] else "-", r["evaluated"],
+                 ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())), r["best_path"] or "-")
+                for r in summary["tasks"]]
+        print(table(["task", "best x", "95% CI", "judged", "verdicts", "best/"], rows))
+        gm = summary["geomean_best_speedup"]
+        n = len(summary["tasks"])
+        print(f"\nfaster than the reference (95% CI above 1.0): {summary['faster']} of {n} task(s); "
+              f"by point value only: {summary['faster_point']}; geomean best speedup {gm and round(gm, 3)}")
+        if any(r["uncertain"] or r["high_variance"] for r in summary["tasks"]):
+            print(LEGEND)
+        print(f"policy {policy}; stopped by {summary['stopped_by']}; {out}/summary.json")
+    if gen["failed"]:
+        if gen["answered_total"] == 0:
+            print(f"cudal1: error: no completion from the policy: {gen['failed']} of {gen['requested']} request(s) failed "
+                  f"(last: {gen['last_error'].splitlines()[0][:300]}); nothing was proposed; rerun with --out {out} "
+                  "to ask again", file=sys.stderr)
+            return 1
+        print(f"cudal1: warning: {gen['failed']} of {gen['requested']} generation(s) failed "
+              f"(last: {gen['last_error'].splitlines()[0][:300]}); rerun with --out {out} to ask again", file=sys.stderr)
     return 0

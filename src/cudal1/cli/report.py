@@ -18,9 +18,12 @@ from cudal1.cli.common import UsageError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="a run's figures as HTML, Markdown or JSON", description=__doc__)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR_OR_DB", help="run directories or run store files")
-    p.add_argument("--out", default=None, metavar="FILE", help="write the report here (default: report.html for html)")
+    p.add_argument("--out", default=None, metavar="FILE",
+                   help="the report file to write (one file, so --out names a file here; default: report.html for html, "
+                        "stdout for json and md)")
     p.add_argument("--format", choices=["html", "json", "md"], default=None,
                    help="html (default with --out or without --format), json or md (printed unless --out)")
+    p.add_argument("--json", action="store_true", help="same as --format json: one JSON document as the last stdout line")
     p.add_argument("--conventions", choices=["measured", "cuda-l1"], default="measured",
                    help="how tasks without a faster program count in the speedup statistics (docs/report.md)")
     p.set_defaults(func=run)
@@ -29,7 +32,12 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cudal1.report import ReportError, render_report
 
-    fmt = args.format or (Path(args.out).suffix.lstrip(".") if args.out and Path(args.out).suffix in (".json", ".md") else "html")
+    if args.json and args.format not in (None, "json"):
+        raise UsageError(f"--json and --format {args.format} disagree")
+    fmt = "json" if args.json else args.format or (
+        Path(args.out).suffix.lstrip(".") if args.out and Path(args.out).suffix in (".json", ".md") else "html")
+    if args.out and Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out} is a directory; the report is one file (e.g. --out {Path(args.out) / 'report.html'})")
     try:
         text = render_report(args.runs, fmt, args.conventions)
     except (ReportError, ImportError) as exc:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, batch_line, batch_summary, config_from_args,
-                               plan_from_args, print_json, progress, table)
+from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, add_out_flags, batch_line, batch_summary,
+                               config_from_args, default_out, guard_config, out_dir, plan_from_args, print_json, progress_for,
+                               table)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,7 +20,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("file", metavar="FILE", help="JSONL records")
     p.add_argument("--suite", default=None, help="tasks for (task, code) records")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
-    p.add_argument("--out", default="runs/verify", metavar="DIR", help="output directory")
+    add_out_flags(p, "verify", "verify_report.json, config.yaml, the run store cudal1.sqlite")
     p.add_argument("--slack", type=float, default=None,
                    help="measured >= SLACK x claimed counts as verified (default: cudal1.report.verify.DEFAULT_SLACK, 0.8)")
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices (default: all)")
@@ -31,16 +31,17 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cudal1.config import write_config_file
+    from cudal1.recorded import RecordedJudge
     from cudal1.report.verify import DEFAULT_SLACK, VerifyError, candidates_of, read_records, verify_report
-    from cudal1.runs import judge_recorded
     from cudal1.store import RunStore
     from cudal1.tasks import load_tasks
-
-    from cudal1.config import write_config_file
 
     config = config_from_args(args)
     if args.slack is None:
         args.slack = DEFAULT_SLACK
+    out = out_dir(args.out or default_out("verify", args.file, config))
+    guard_config(out, args.allow_config_change, config)
     tasks = load_tasks(args.suite, args.source) if args.suite else None
     try:
         records = read_records(args.file, tasks)
@@ -48,15 +49,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     todo = candidates_of(records)
     plan = plan_from_args(args, config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_config_file(out, judge=config, run={"command": "verify", "file": str(args.file), "suite": args.suite, "slack": args.slack,
-                                                "device": plan.device, "lanes": list(plan.lanes), "backend": plan.backend})
-    with RunStore(out / "cudal1.sqlite") as store, progress(len(todo), "verify", not args.json) as bar:
-        run_id = store.start_run("verify", config.to_dict() | {"file": str(args.file)})
-        stats: list = []
-        results = judge_recorded([(t, c) for _, t, c in todo], config, store=store, plan=plan, on_result=lambda r: bar.update(1),
-                                 on_stats=stats.append)
+    write_config_file(out, judge=config, run={"command": "verify", "file": str(args.file), "suite": args.suite,
+                                              "slack": args.slack, "device": plan.device, "lanes": list(plan.lanes),
+                                              "backend": plan.backend})
+    stats: list = []
+    with RunStore(out / "cudal1.sqlite") as store, progress_for(args, "verify", len(todo)) as progress:
+        judge = RecordedJudge(config, store, plan=plan, on_event=progress)
+        done = sum(judge.verdict(t, c) is not None for _, t, c in todo)
+        progress.line(f"{len(todo)} record(s) with code on {plan.hardware_name()}; out {out}"
+                      + (f"; resuming: {done} already judged" if done else ""))
+        run_id = store.start_run("verify", {"judge_hash": judge.config_hash, "judge": config.to_dict(), "file": str(args.file)})
+        results = judge.judge([(t, c) for _, t, c in todo], on_stats=stats.append)
         store.finish_run(run_id, "done")
     report = verify_report(records, {i: r for (i, _, _), r in zip(todo, results)}, args.slack, config.to_dict(), str(args.file))
     report["summary"]["batch"] = batch_summary(stats)  # where the time went (see docs/harness.md)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from cudal1.policy.base import (Policy, PolicyConfig, PoolEntry, PoolPrompt, Proposal, error_completion,
-                                wrap_code)
+from cudal1.policy.base import (Policy, PolicyConfig, PoolEntry, PoolPrompt, Proposal, declined_completion,
+                                error_completion, wrap_code)
 
 # name -> "module:Class"; the module is imported lazily by make_policy.
 POLICIES: dict[str, str] = {
@@ -56,5 +56,5 @@ def make_policy(name: str, **options: Any) -> Policy:
     return policy_class(name)(**options)
 
 
-__all__ = ["POLICIES", "Policy", "PolicyConfig", "PoolEntry", "PoolPrompt", "Proposal", "error_completion",
+__all__ = ["POLICIES", "Policy", "PolicyConfig", "PoolEntry", "PoolPrompt", "Proposal", "declined_completion", "error_completion",
            "make_policy", "policy_class", "wrap_code"]

@@ -4,8 +4,10 @@ Contract (every implementation):
 
 - ``generate(prompts, n)`` returns one list per prompt, in prompt order, each holding exactly ``n``
   :class:`~cudal1.types.Completion` objects.  A failure (HTTP error after retries, timeout,
-  malformed answer, exhausted replay, generation exception) becomes
-  ``Completion(text="", error=...)``: it is recorded, never raised and never dropped.
+  malformed answer, generation exception) becomes ``Completion(text="", error=...)``
+  (:func:`error_completion`): it is recorded, never raised and never dropped, and a resumed
+  search asks again.  A policy with nothing (more) to propose for a prompt (exhausted replay,
+  builtin passes used up) answers :func:`declined_completion`: recorded, not asked again.
 - ``generate`` may be called from several threads at once (the search loop optimizes the tasks of
   a suite concurrently); implementations bound their own resource use across calls.
 - ``close()`` releases clients, threads and models; it is idempotent.
@@ -187,6 +189,14 @@ def require_extra(module: str, extra: str, what: str) -> None:
 def error_completion(policy: str, error: str, model: str = "", **meta: Any) -> Completion:
     """The recorded form of a failure: empty text, the reason in ``error``."""
     return Completion(text="", policy=policy, model=model, error=error or "unknown error", meta=dict(meta))
+
+
+def declined_completion(policy: str, reason: str, model: str = "", **meta: Any) -> Completion:
+    """A policy declining a request (nothing left to propose for this task: builtin passes
+    exhausted, replay records used up): recorded like a failure (empty text, the reason in
+    ``error``) but marked ``meta["declined"]``, so the search counts it as answered and a
+    resumed run does not ask again."""
+    return Completion(text="", policy=policy, model=model, error=reason or "declined", meta={**meta, "declined": True})
 
 
 def wrap_code(code: str) -> str:

@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from cudal1.policy.base import PolicyConfig, error_completion, resolve_config, wrap_code
+from cudal1.policy.base import PolicyConfig, declined_completion, error_completion, resolve_config, wrap_code
 from cudal1.types import Completion, Prompt
 
 Record = dict[str, Any]
@@ -118,12 +118,12 @@ class ReplayPolicy:
                 continue
             try:
                 matched = self.match(prompt, record)
-            except Exception as exc:  # a broken custom rule fails the sample, not the run
+            except Exception as exc:  # noqa: BLE001 - a broken custom rule fails the sample, not the run
                 return error_completion(self.name, f"replay match failed: {type(exc).__name__}: {exc}", self.model)
             if matched:
                 self._used[i] = True
                 return self._completion(record)
-        return error_completion(self.name, f"replay exhausted: no unused record for task {prompt.task_name!r}", self.model)
+        return declined_completion(self.name, f"replay exhausted: no unused record for task {prompt.task_name!r}", self.model)
 
     def _completion(self, record: Record) -> Completion:
         response = record.get("response") or record.get("text")

@@ -4,8 +4,9 @@ Contract (``cudal1 report --format json`` prints it; the HTML and Markdown rende
 
 * ``summary``: ``tasks`` (attempted, degenerate ones excluded), ``ok`` (tasks with a verified
   candidate), ``mean``, ``median``, ``geomean``, ``max``, ``p25``, ``p75`` of the per-task best
-  speedup over eager and ``fast_p`` keyed "0", "1.0", "1.2", "1.5", "2.0" (see
-  :mod:`cudal1.report.metrics`), plus ``n``, ``faster``, ``degenerate``, ``candidates``,
+  speedup over eager, ``fast_p`` (faster with confidence) and ``fast_p_point`` (KernelBench's
+  point-value definition) keyed "0", "1.0", "1.2", "1.5", "2.0" (see
+  :mod:`cudal1.report.metrics`), plus ``n``, ``faster``, ``faster_point``, ``degenerate``, ``candidates``,
   ``statuses`` and ``flags`` (counts over all judged candidates) and ``conventions``;
 * ``levels``: the same figures per level (``level1`` ..., ``other`` for tasks without one), with
   the level's ``candidates``, ``statuses`` and ``flags`` (degenerate tasks left out);
@@ -15,8 +16,10 @@ Contract (``cudal1 report --format json`` prints it; the HTML and Markdown rende
   baseline (ratio to the baseline's own speedup over eager), and ``baseline_over_eager``; a
   builtin run's verified ``compile-default`` candidate counts as the baseline
   ``compile-default-candidate``;
-* ``tasks``: one entry per task with ``task``, ``level``, ``best_speedup``, ``best_candidate``
-  (candidate hash), ``statuses``, ``techniques`` (labels of the best candidate), and more;
+* ``tasks``: one entry per task with ``task``, ``level``, ``best_speedup``, ``best_ci``,
+  ``faster`` (its 95% CI above 1.0), ``uncertain`` (the CI includes 1.0), ``high_variance``,
+  ``best_candidate`` (candidate hash), ``statuses``, ``techniques`` (labels of the best
+  candidate), and more;
 * ``techniques``: label → ``candidates`` (judged ones carrying it), ``verified``, ``tasks`` (tasks
   with a verified candidate carrying it), ``median_speedup`` (over those verified candidates);
 * ``environment``: where the numbers were measured (the most common one; ``environments``
@@ -39,6 +42,7 @@ from cudal1.report.load import CandidateRecord, RunData, TaskRecord
 from cudal1.report.metrics import CONVENTIONS, TaskOutcome, aggregate, conventions, geomean, level_key, verdict_counts
 from cudal1.report.techniques import TECHNIQUES, analyze
 from cudal1.report.verify import CLASSES, DEFAULT_SLACK
+from cudal1.speedup import faster as speedup_faster, noisy, uncertain
 from cudal1.types import Status
 
 COMPILE_CANDIDATE = "compile-default-candidate"
@@ -77,8 +81,9 @@ def baseline_speedups(rec: TaskRecord) -> dict[str, float]:
 
 def outcome(rec: TaskRecord) -> TaskOutcome:
     best = best_candidate(rec)
-    return TaskOutcome(rec.task.task_id, rec.task.level, best.result.speedup if best else None, degenerate(rec),
-                       baseline_speedups(rec))
+    ci = best.result.speedup_ci if best else None
+    return TaskOutcome(rec.task.task_id, rec.task.level, best.result.speedup if best else None, ci[0] if ci else None,
+                       degenerate(rec), baseline_speedups(rec))
 
 
 def label_candidates(data: RunData) -> dict[str, list[str]]:
@@ -143,6 +148,9 @@ def task_row(rec: TaskRecord, labels: dict[str, list[str]]) -> dict[str, Any]:
             "best_speedup": best.result.speedup if best else None,
             "best_candidate": best.hash if best else None,
             "best_ci": list(best.result.speedup_ci) if best and best.result.speedup_ci else None,
+            "faster": bool(best and speedup_faster(best.result)),
+            "uncertain": bool(best and uncertain(best.result.speedup, best.result.speedup_ci)),
+            "high_variance": bool(best and noisy(best.result)),
             "statuses": counts["statuses"], "flags": counts["flags"],
             "techniques": labels.get(best.hash, []) if best else [],
             "candidates": len(judged), "pending": len(rec.candidates) - len(judged),

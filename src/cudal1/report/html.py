@@ -22,6 +22,7 @@ from cudal1.report.load import RunData
 from cudal1.report.markdown import STAT_KEYS, fmt
 from cudal1.report.metrics import FAST_P, fast_p_key
 from cudal1.report.verify import CLASSES
+from cudal1.speedup import LEGEND, cell
 
 TEMPLATES = Path(__file__).parent / "templates"
 MAX_DIFF_LINES = 400
@@ -110,6 +111,7 @@ def render_html(doc: dict[str, Any], data: RunData) -> str:
         audit_levels=audit_levels(audit) if audit else [], class_colors=plots.CLASS_COLORS,
         env=doc.get("environment"), environments=doc.get("environments", []), runs=doc.get("runs", []),
         details=task_details(doc, data), plots=figures, fast_keys=[fast_p_key(p) for p in FAST_P],
-        row=_row, f=fmt, pct=lambda x: fmt(x, pct=True), ci=lambda c: f"{c[0]:.3g}–{c[1]:.3g}" if c else "-",
+        row=_row, f=fmt, pct=lambda x: fmt(x, pct=True), legend=LEGEND,
+        speed=lambda t: cell(t["best_speedup"], t.get("best_ci"), t.get("high_variance", False)), ci=lambda c: f"{c[0]:.3g}–{c[1]:.3g}" if c else "-",
         env_line=_env_line(doc.get("environment")), conv_note=_CONV_NOTES.get(s["conventions"], ""),
         version=__version__, generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))

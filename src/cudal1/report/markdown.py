@@ -1,7 +1,7 @@
 """Markdown rendering of a report document (terminals, CI logs, pull requests).
 
 ``md_table`` is the one Markdown table helper of the package (the builtin benchmark's report and
-``cudal1 compare --format md`` use it too); ``fmt`` formats figures the same way everywhere.
+``cudal1 compare --format md`` use it too); cells go through :func:`cudal1.tables.fmt`, as every table's do.
 """
 
 from __future__ import annotations
@@ -9,24 +9,11 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from cudal1.report.metrics import FAST_P, fast_p_key
+from cudal1.tables import fmt
 from cudal1.report.verify import CLASSES
+from cudal1.speedup import LEGEND, cell
 
 STAT_KEYS = ("mean", "median", "geomean", "max", "p25", "p75")
-
-
-def fmt(x: Any, pct: bool = False, digits: int = 3) -> str:
-    """'-' for None; percentages without decimals; floats to ``digits`` significant digits."""
-    if x is None:
-        return "-"
-    if pct:
-        return f"{100 * x:.0f}%"
-    if isinstance(x, float):
-        if abs(x) >= 100:
-            return f"{x:.0f}"
-        if abs(x) >= 1e-3:  # trailing zeros kept: 1.005 reads "1.00", not "1"
-            return f"{x:#.{digits}g}".rstrip(".")
-        return f"{x:.{digits}g}"
-    return str(x)
 
 
 def md_table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
@@ -72,7 +59,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
     env = doc.get("environment") or {}
     out = [f"# cudal1 report: {', '.join(doc.get('sources', []))}", "",
            f"Conventions: `{s['conventions']}`. Degenerate tasks ({s['degenerate']}) are left out of every figure; "
-           f"{s['candidates']} candidates judged; rejected: {s['statuses'].get('rejected', 0)}.", "",
+           f"{s['candidates']} candidates judged; rejected: {s['statuses'].get('rejected', 0)}.",
+           f"Faster than the reference with confidence (95% CI above 1.0): {s['faster']} task(s); by the point value "
+           f"alone: {s['faster_point']}. fast_p counts the first kind; KernelBench's point-value fast_p: "
+           + ", ".join(f"fast_{k} {fmt(v, pct=True)}" for k, v in s["fast_p_point"].items()) + ".", "",
            "## Summary", "", md_table(["group", *figure_headers()],
                                       [["all", *figure_cells(s)]] + [[k, *figure_cells(v)] for k, v in doc["levels"].items()])]
     for name, other in (doc.get("conventions") or {}).items():
@@ -92,9 +82,10 @@ def render_markdown(doc: dict[str, Any]) -> str:
         out += ["", "## Search progress", "", md_table(["round", "candidates", "ok", "tasks with ok", "geomean best so far"],
                                                        [[r["round"], r["candidates"], r["ok"], r["tasks_with_ok"], r["geomean_best_so_far"]]
                                                         for r in doc["rounds"]])]
-    out += ["", "## Tasks", "", md_table(
+    out += ["", "## Tasks", "", f"best x: {LEGEND}.", "", md_table(
         ["task", "best x", "judged", "verdicts", "techniques of the best"],
-        [[t["task"], "degenerate" if t["degenerate"] else fmt(t["best_speedup"]), t["candidates"],
+        [[t["task"], "degenerate" if t["degenerate"] else cell(t["best_speedup"], t.get("best_ci"), t.get("high_variance", False)),
+          t["candidates"],
           ", ".join(f"{k} {v}" for k, v in t["statuses"].items()), ", ".join(t["techniques"]) or "-"] for t in doc["tasks"]])]
     if doc.get("rejected"):
         out += ["", "## Rejected candidates", "", md_table(["task", "candidate", "flags", "message"],

@@ -9,10 +9,15 @@ Contract
   counts attempted, non-degenerate tasks) and counted in ``degenerate``.  Rejected candidates
   never reach these figures at all (only ``ok`` verdicts make a best speedup); their counts are
   reported with the status and flag counts (:func:`verdict_counts`).
-* **fast_p** uses KernelBench's definition, whatever the convention: the share of *all* attempted
-  tasks whose best verified speedup is strictly greater than ``p`` (``fast_0`` is the share of
-  tasks with at least one verified candidate).  Keys are the strings "0", "1.0", "1.2", "1.5",
-  "2.0".
+* **fast_p**: the share of *all* attempted tasks whose best verified speedup is greater than
+  ``p`` *with confidence*: the lower bound of its 95% CI is above ``p`` (a speedup recorded
+  without a CI counts by its value; see :mod:`cudal1.speedup`).  **fast_p_point** is
+  KernelBench's definition, the same share by the point value alone (strictly greater than
+  ``p``), so the tasks counted faster only by noise are visible as the difference.  Both hold
+  whatever the convention; ``fast_0`` is the share of tasks with at least one verified
+  candidate.  Keys are the strings "0", "1.0", "1.2", "1.5", "2.0".  ``faster`` and
+  ``faster_point`` count tasks above the convention's threshold (1.0 for ``measured``) the
+  same two ways.
 * The speedup statistics (mean, median, geometric mean, max, 25th/75th percentile by linear
   interpolation) depend on an explicit :class:`Conventions` value:
 
@@ -76,13 +81,14 @@ class TaskOutcome:
     task: str  # task id, e.g. "level1/19" or a file stem
     level: int | None = None
     best: float | None = None  # best verified speedup over eager (None: nothing verified)
+    low: float | None = None  # lower bound of the best's 95% CI (None: no CI; the best itself counts)
     degenerate: bool = False  # the judge's degenerate-task probe fired: reported apart
     baselines: dict[str, float] = field(default_factory=dict)  # mode -> baseline's speedup over eager
 
 
 # ---- elementary statistics ----------------------------------------------------------------------
 
-from cudal1.figures import geomean  # noqa: E402,F401 - one geomean for every figure (re-exported)
+from cudal1.tables import geomean  # noqa: E402 - one geomean for every figure (re-exported)
 
 
 def percentile(values: Iterable[float], q: float) -> float | None:
@@ -121,13 +127,20 @@ def describe(values: list[float]) -> dict[str, float | None]:
 # ---- aggregates --------------------------------------------------------------------------------
 
 
-def summarize(bests: list[float | None], conv: Conventions = CONVENTIONS["measured"]) -> dict[str, Any]:
-    """Figures over one group of non-degenerate tasks, given each task's best verified speedup."""
+def summarize(bests: list[float | None], conv: Conventions = CONVENTIONS["measured"],
+              lows: list[float | None] | None = None) -> dict[str, Any]:
+    """Figures over one group of non-degenerate tasks, given each task's best verified speedup
+    and the lower bound of its 95% CI (``lows``, same order; None entries or no list: the best
+    itself counts)."""
+    lows = [b if low is None else low for b, low in zip(bests, lows)] if lows is not None else list(bests)
     values = [v for v in (conv.value(b) for b in bests) if v is not None]
     out: dict[str, Any] = {"tasks": len(bests), "ok": sum(1 for b in bests if b is not None), "n": len(values)}
     out.update(describe(values))
-    out["fast_p"] = {fast_p_key(p): fast_p(bests, p) for p in FAST_P}
-    out["faster"] = sum(1 for b in bests if b is not None and b > (conv.threshold or 1.0))
+    out["fast_p"] = {fast_p_key(p): fast_p(lows, p) for p in FAST_P}
+    out["fast_p_point"] = {fast_p_key(p): fast_p(bests, p) for p in FAST_P}
+    threshold = conv.threshold or 1.0
+    out["faster"] = sum(1 for b, low in zip(bests, lows) if b is not None and low is not None and low > threshold)
+    out["faster_point"] = sum(1 for b in bests if b is not None and b > threshold)
     return out
 
 
@@ -144,8 +157,8 @@ def aggregate(outcomes: list[TaskOutcome], conv: Conventions = CONVENTIONS["meas
     modes = sorted({m for o in live for m in o.baselines})
     return {
         "conventions": conv.name,
-        "summary": summarize([o.best for o in live], conv) | {"degenerate": len(outcomes) - len(live)},
-        "levels": {k: summarize([o.best for o in group], conv) for k, group in levels.items()},
+        "summary": summarize([o.best for o in live], conv, [o.low for o in live]) | {"degenerate": len(outcomes) - len(live)},
+        "levels": {k: summarize([o.best for o in group], conv, [o.low for o in group]) for k, group in levels.items()},
         "baselines": {m: against_baseline(live, m, conv) for m in modes},
         "degenerate": [o.task for o in outcomes if o.degenerate],
     }
@@ -153,7 +166,8 @@ def aggregate(outcomes: list[TaskOutcome], conv: Conventions = CONVENTIONS["meas
 
 def against_baseline(outcomes: list[TaskOutcome], mode: str, conv: Conventions) -> dict[str, Any]:
     """Best verified speedup over baseline ``mode`` on the tasks where the baseline was measured,
-    and the baseline's own figures over eager on those tasks."""
+    and the baseline's own figures over eager on those tasks.  The ratio of two measurements has
+    no CI here: its fast_p counts point values."""
     have = [o for o in outcomes if o.baselines.get(mode) and o.baselines[mode] > 0]
     ratios = [o.best / o.baselines[mode] if o.best is not None else None for o in have]
     return summarize(ratios, conv) | {"baseline_over_eager": describe([o.baselines[mode] for o in have])}

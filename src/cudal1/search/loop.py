@@ -3,14 +3,20 @@
 Contract: :func:`optimize` runs rounds over every task of a suite concurrently (all prompts of
 a round go to the policy in one call; all candidates of a round go to the judge in one batch, so
 builds overlap timing across tasks).  Round 0 judges the reference itself (``ModelNew = Model``)
-as the 1.00x anchor.  Every prompt sent, response received, parse and verdict is recorded in the
-run store before the next round, so a killed run resumes where it stopped (same ``out`` dir):
-finished rounds are not re-sampled, recorded evaluations are not re-run, and candidates sampled
-but not judged when the run died are judged first.  Only ``ok``
-candidates of non-degenerate tasks become exemplars or "best"; failed ones are shown to the
-policy as feedback when ``feedback`` is on.  Stops at ``rounds``, ``max_evaluations`` or the
-wall-clock budget (checked between rounds; a round in flight finishes).  The resolved
-configuration (judge, search, policy) is saved as ``OUT/config.yaml`` next to ``summary.json``.
+as the 1.00x anchor.  All judging and recording goes through one
+:class:`~cudal1.recorded.RecordedJudge`: every prompt sent, response received, parse and verdict
+is in the run store before the next round, so a killed run resumes where it stopped (same
+``out`` dir): candidates sampled but not judged are judged first, recorded evaluations are not
+re-run, and a round is sampled again only for the completions it is missing — a generation that
+failed (the request failed after the policy's retries) is asked again by the next run, an
+answer (usable or not, or a policy declining) is not.  Only ``ok`` candidates of
+non-degenerate tasks become exemplars or "best"; failed ones are shown to the policy as
+feedback when ``feedback`` is on.  Stops at ``rounds``, ``max_evaluations`` or the wall-clock
+budget (checked between rounds; a round in flight finishes).
+
+Outputs (:mod:`cudal1.search.outputs`): ``best/<task>.py`` (only a candidate measured faster
+than the reference), ``summary.json`` (with ``generation``: requests and failures) and the
+resolved configuration ``OUT/config.yaml``.
 
 Policies answer with text the loop parses (LLMs) or with a :class:`~cudal1.policy.base.Proposal`
 whose code is taken as is (builtin); every prompt is a :class:`~cudal1.policy.base.PoolPrompt`
@@ -20,81 +26,77 @@ carrying the task's verified pool with the reference anchor marked.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cudal1.figures import geomean
+from cudal1.policy.base import PoolEntry, PoolPrompt, Proposal
 from cudal1.config import EvalConfig
+from cudal1.recorded import RecordedJudge, Reviewer
 from cudal1.search.config import SearchConfig
-from cudal1.policy.base import PoolEntry, PoolPrompt, Proposal, policy_settings
-from cudal1.store import RunStore
-from cudal1.types import Candidate, Completion, EvalResult, Exemplar, Status, Task, reference_candidate
+from cudal1.types import Candidate, Completion, EvalResult, Task, reference_candidate
 
 log = logging.getLogger(__name__)
 
 
-def read_completion(comp: Completion) -> tuple[str | None, str, str]:
-    """(candidate code or None, analysis, why there is no code) of one completion: a
-    :class:`~cudal1.policy.base.Proposal` carries its code; LLM text is parsed."""
+@dataclass(frozen=True)
+class Reading:
+    """What the loop takes from one completion."""
+
+    code: str | None  # the candidate module, or None
+    analysis: str = ""  # the model's analysis (or a proposal's account)
+    problem: str = ""  # why there is no code (a parse failure, a policy declining)
+    error: str = ""  # the generation failed (asked again by the next run)
+
+
+def read_completion(comp: Completion) -> Reading:
+    """A completion as the loop records it: a :class:`~cudal1.policy.base.Proposal` carries its
+    code; LLM text is parsed; a declined request (``meta["declined"]``) is an answer without
+    code, not a failure."""
     if comp.error:
-        return None, "", comp.error
+        if comp.meta.get("declined"):
+            return Reading(None, "", comp.error)
+        return Reading(None, "", "", comp.error)
     if isinstance(comp, Proposal):
-        return (comp.code or None), comp.text, "" if comp.code else "proposal without code"
+        return Reading(comp.code or None, comp.text, "" if comp.code else "proposal without code")
     from cudal1.prompts import parse_response
 
     parsed = parse_response(comp.text)
-    return parsed.code, parsed.analysis, parsed.problem
+    return Reading(parsed.code, parsed.analysis, parsed.problem)
 
 
-def _feedback(result: EvalResult, limit: int = 1500) -> str:
-    text = result.compile_log if result.status is Status.COMPILE_ERROR and result.compile_log else result.message
-    return text[-limit:]
+@dataclass
+class Generation:
+    """Requests to the policy in this run, for the summary and the CLI's exit status."""
+
+    requested: int = 0
+    failed: int = 0
+    last_error: str = ""
+    errors: dict[str, int] = field(default_factory=dict)  # error text (first line, truncated) -> count
+
+    def add(self, error: str) -> None:
+        self.requested += 1
+        if error:
+            self.failed += 1
+            self.last_error = error
+            key = error.splitlines()[0][:200]
+            self.errors[key] = self.errors.get(key, 0) + 1
 
 
 class Search:
-    """State of one optimize run (store, policy, budgets)."""
+    """State of one optimize run: the tasks, the policy, budgets; judging is ``judge``'s."""
 
-    def __init__(self, tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalConfig, out: Path,
-                 hardware: str, plan: Any = None, on_result: Callable[[EvalResult], None] | None = None,
-                 reviewer: Callable[[Task, Candidate], str | None] | None = None) -> None:
-        self.tasks, self.policy, self.cfg, self.judge = tasks, policy, search, judge
-        self.out, self.hardware, self.plan, self.on_result = out, hardware, plan, on_result
-        self.reviewer = reviewer
-        self.store = RunStore(out / "cudal1.sqlite")
+    def __init__(self, tasks: list[Task], policy: Any, cfg: SearchConfig, judge: RecordedJudge) -> None:
+        self.tasks, self.policy, self.cfg, self.judge = tasks, policy, cfg, judge
         self.started = time.monotonic()
-
-    # ---- pool ---------------------------------------------------------------------------
-    def results(self, task: Task) -> list[tuple[Candidate, EvalResult]]:
-        config_hash = self.judge.hash()
-        out = []
-        for cand in self.store.candidates(task.hash):
-            res = self.store.get_evaluation(task.hash, cand.hash, config_hash)
-            if res is not None:
-                out.append((cand, res))
-        return out
-
-    @staticmethod
-    def degenerate(pairs: list[tuple[Candidate, EvalResult]]) -> bool:
-        return any("degenerate_task" in r.flags for _, r in pairs)
-
-    def pool(self, task: Task) -> tuple[list[Exemplar], list[Exemplar]]:
-        """(successful exemplars, failed ones for feedback) of ``task``."""
-        pairs = self.results(task)
-        if self.degenerate(pairs):
-            return [], []
-        ok = [Exemplar(c.source, r.speedup, r.status.value, "", c.hash) for c, r in pairs
-              if r.status is Status.OK and r.speedup is not None]
-        failed = [Exemplar(c.source, None, r.status.value, _feedback(r), c.hash) for c, r in pairs if r.status is not Status.OK]
-        return ok, failed
+        self.generation = Generation()
 
     # ---- budgets ------------------------------------------------------------------------
     def evaluations(self) -> int:
-        return sum(len(self.results(t)) for t in self.tasks)
+        return sum(len(self.judge.results(t)) for t in self.tasks)
 
     def out_of_budget(self) -> str:
         if self.cfg.budget_minutes is not None and time.monotonic() - self.started > 60 * self.cfg.budget_minutes:
@@ -104,132 +106,120 @@ class Search:
         return ""
 
     # ---- rounds -------------------------------------------------------------------------
-    def judge_pairs(self, pairs: list[tuple[Task, Candidate]], review: bool = True) -> list[EvalResult]:
-        from cudal1.runs import judge_recorded
+    def missing(self, task: Task, round_: int) -> int:
+        """Completions round ``round_`` still lacks for ``task`` (failed generations included)."""
+        store = self.judge.store
+        answered = store.round_counts(task.hash).get(round_, (0, 0))[0] if store is not None else 0
+        return max(self.cfg.samples - answered, 0)
 
-        return judge_recorded(pairs, self.judge, store=self.store, plan=self.plan, on_result=self.on_result,
-                              reviewer=self.reviewer if review else None)
-
-    def prompts_for(self, task: Task, round_: int) -> list[PoolPrompt]:
+    def prompts_for(self, task: Task, round_: int, k: int) -> list[PoolPrompt]:
         from cudal1.prompts import build_prompt, failed_feedback, select_exemplars
 
-        ok, failed = self.pool(task)
+        pool = self.judge.pool(task)
         anchor = reference_candidate(task).hash
-        pool = tuple(PoolEntry(e.code, e.speedup, e.candidate_hash == anchor)  # type: ignore[arg-type]
-                     for e in sorted(ok, key=lambda e: e.speedup or 0.0))
+        entries = tuple(PoolEntry(e.code, e.speedup, e.candidate_hash == anchor)  # type: ignore[arg-type]
+                        for e in sorted(pool.ok, key=lambda e: e.speedup or 0.0))
         rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
         prompts = []
-        for _ in range(self.cfg.samples):
-            shown = select_exemplars(ok, self.cfg.exemplars, self.cfg.strategy, rng=rng, temperature=self.cfg.tau)
-            if self.cfg.feedback and failed:
-                shown = list(failed_feedback(failed, 1, rng)) + list(shown)
-            prompt = build_prompt(task, shown, self.hardware, feedback=self.cfg.feedback, template=self.cfg.template)
-            prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=pool))
+        for _ in range(k):
+            shown = select_exemplars(pool.ok, self.cfg.exemplars, self.cfg.strategy, rng=rng, temperature=self.cfg.tau)
+            if self.cfg.feedback and pool.failed:
+                shown = list(failed_feedback(pool.failed, 1, rng)) + list(shown)
+            prompt = build_prompt(task, shown, self.judge.hardware, feedback=self.cfg.feedback, template=self.cfg.template)
+            prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries))
         return prompts
 
-    def run_round(self, round_: int, active: list[Task]) -> int:
-        """Sample and judge one round for ``active`` tasks; returns candidates judged."""
-        prompts = [(t, p) for t in active for p in self.prompts_for(t, round_)]
+    def run_round(self, round_: int, wanted: dict[str, int]) -> int:
+        """Sample and judge one round (``wanted``: task hash -> completions to request); returns
+        the candidates judged."""
+        prompts = [(t, p) for t in self.tasks if wanted.get(t.hash) for p in self.prompts_for(t, round_, wanted[t.hash])]
         completions = self.policy.generate([p for _, p in prompts], 1)
         pairs: list[tuple[Task, Candidate]] = []
         for (task, prompt), batch in zip(prompts, completions):
             for comp in batch:
-                code, analysis, problem = read_completion(comp)
+                got = read_completion(comp)
+                self.generation.add(got.error)
                 cand = None
-                if code is not None:
-                    cand = Candidate(code, task_hash=task.hash, label=f"{comp.policy}:r{round_}")
-                    self.store.add_candidate(cand, task.hash, {"round": round_, "policy": comp.policy, "model": comp.model,
-                                                               "meta": comp.meta})
+                if got.code is not None:
+                    cand = Candidate(got.code, task_hash=task.hash, label=f"{comp.policy}:r{round_}")
+                    self.judge.propose(task, cand, {"round": round_, "policy": comp.policy, "model": comp.model,
+                                                    "meta": comp.meta})
                     pairs.append((task, cand))
-                self.store.record_response(task.hash, round_, comp.policy, dataclasses.asdict(prompt), comp.text,
-                                           analysis, cand.hash if cand else None,
-                                           problem=problem if cand is None else "", error=comp.error, usage=comp.usage)
+                else:
+                    self.judge.unjudged(task, f"generation failed: {got.error}" if got.error else f"no code: {got.problem}")
+                self.judge.record_response(task, round_, comp.policy, dataclasses.asdict(prompt), comp.text, got.analysis,
+                                           cand, problem=got.problem, error=got.error, usage=comp.usage)
         if pairs:
-            self.judge_pairs(pairs)
+            self.judge.judge(pairs)
         return len(pairs)
 
-    def pending(self) -> list[tuple[Task, Candidate]]:
-        """Candidates recorded but never judged under this judge config (a run killed mid-round)."""
-        config_hash = self.judge.hash()
-        return [(t, c) for t in self.tasks for c in self.store.candidates(t.hash)
-                if not self.store.has_evaluation(t.hash, c.hash, config_hash)]
 
-    def best(self, task: Task) -> tuple[Candidate, EvalResult] | None:
-        pairs = self.results(task)
-        if self.degenerate(pairs):
-            return None
-        anchor = reference_candidate(task).hash  # the reference itself is never "best"
-        ok = [(c, r) for c, r in pairs if r.status is Status.OK and r.speedup is not None and c.hash != anchor]
-        return max(ok, key=lambda cr: cr[1].speedup) if ok else None
+def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: RecordedJudge | EvalConfig, out: str | Path, *,
+             plan: Any = None, hardware: str | None = None, on_result: Callable[[EvalResult], None] | None = None,
+             reviewer: Reviewer | None = None, record: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Run (or resume) the search; writes ``best/``, ``summary.json`` and ``config.yaml`` (judge,
+    search, policy and the ``record`` the caller gives, e.g. the target) under ``out`` and
+    returns the summary.
 
+    ``judge`` is the run's :class:`~cudal1.recorded.RecordedJudge` (its store is the run's; its
+    config, plan, reviewer and event listener are the run's; the caller closes the store), or an
+    :class:`~cudal1.config.EvalConfig`, for which one is made here on ``OUT/cudal1.sqlite`` with
+    ``plan``, ``reviewer`` and ``on_result`` (each new verdict) and closed at the end."""
+    from cudal1.config import write_config_file
+    from cudal1.policy.base import policy_settings
+    from cudal1.store import RunStore
 
-def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: EvalConfig, out: str | Path, *,
-             hardware: str = "CPU", plan: Any = None, on_result: Callable[[EvalResult], None] | None = None,
-             reviewer: Callable[[Task, Candidate], str | None] | None = None) -> dict[str, Any]:
-    """Run (or resume) the search; writes ``best/`` and ``summary.json`` under ``out``.
-    ``reviewer``: optional second opinion on accepted candidates (see ``cudal1.policy.reviewer``)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    s = Search(tasks, policy, search, judge, out, hardware, plan, on_result, reviewer)
-    run_id = s.store.start_run("optimize", write_config(out, search, judge, policy))
+    own = isinstance(judge, EvalConfig)
+    if isinstance(judge, EvalConfig):
+        on_event = (lambda e: on_result(e.result) if e.kind == "verdict" else None) if on_result else None
+        judge = RecordedJudge(judge, RunStore(out / "cudal1.sqlite"), plan=plan, reviewer=reviewer, on_event=on_event)
+    if hardware:
+        judge.hardware_name = hardware
+    try:
+        write_config_file(out, judge=judge.config, search=search, policy=policy_settings(policy), run=record)
+        return _search(Search(tasks, policy, search, judge), out)
+    finally:
+        if own and judge.store is not None:
+            judge.store.close()
+
+
+def _search(s: Search, out: Path) -> dict[str, Any]:
+    from cudal1.search.outputs import write_outputs
+
+    judge, tasks, search = s.judge, s.tasks, s.cfg
+    store = judge.store
+    if store is None:
+        raise ValueError("optimize needs a run store")
+    run_id = store.start_run("optimize", {"judge_hash": judge.config_hash, "search": search.to_dict()})
     status, stop = "done", ""
     try:
         for t in tasks:
-            s.store.add_task(t)
-        s.judge_pairs([(t, reference_candidate(t)) for t in tasks], review=False)
-        pending = s.pending()  # sampled before a kill, not yet judged: judge them before new rounds
-        if pending:
+            judge.add_task(t)
+        done = s.evaluations()
+        if done:
+            judge.note(f"resuming: {done} already judged")
+        anchors = [(t, reference_candidate(t)) for t in tasks]
+        pending = [p for p in judge.pending(tasks) if p not in anchors]
+        judge.expect(sum(judge.verdict(t, c) is None for t, c in anchors) + len(pending)
+                     + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1)))
+        judge.judge(anchors, review=False)
+        if pending:  # sampled before a kill, not yet judged: judge them before new rounds
             log.info("resuming: %d candidate(s) recorded but not judged", len(pending))
-            s.judge_pairs(pending)
+            judge.judge(pending)
         for round_ in range(1, search.rounds + 1):
             stop = s.out_of_budget()
             if stop:
                 break
-            active = [t for t in tasks if s.store.last_round(t.hash) < round_]
-            if active:
-                log.info("round %d: %d task(s)", round_, len(active))
-                s.run_round(round_, active)
+            wanted = {t.hash: s.missing(t, round_) for t in tasks}
+            if any(wanted.values()):
+                log.info("round %d: %d task(s)", round_, sum(1 for v in wanted.values() if v))
+                s.run_round(round_, wanted)
     except BaseException:
         status = "interrupted"
         raise
     finally:
-        summary = write_outputs(s, stop)
-        s.store.finish_run(run_id, status)
-        s.store.close()
+        summary = write_outputs(s, out, stop)
+        store.finish_run(run_id, status)
     return summary
-
-
-def write_config(out: Path, search: SearchConfig, judge: EvalConfig, policy: Any) -> dict[str, Any]:
-    """``OUT/config.yaml``: the fully resolved configuration of this run (judge, search, policy;
-    never an API key), next to ``summary.json``; returned as saved.  A resumed run rewrites it."""
-    from cudal1.config import write_config_file
-
-    return write_config_file(out, judge=judge, search=search, policy=policy_settings(policy))
-
-
-def write_outputs(s: Search, stop: str) -> dict[str, Any]:
-    """``best/<task>.py`` for each task with a verified candidate, and ``summary.json``."""
-    best_dir = s.out / "best"
-    best_dir.mkdir(exist_ok=True)
-    rows = []
-    environment: dict[str, Any] = {}
-    for task in s.tasks:
-        pairs = s.results(task)
-        statuses: dict[str, int] = {}
-        for _, r in pairs:
-            statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
-            environment = environment or dataclasses.asdict(r.environment)
-        best = s.best(task)
-        path = None
-        if best is not None:
-            path = best_dir / f"{task.task_id.replace('/', '_')}.py"
-            path.write_text(best[0].source)
-        rows.append({"task": task.task_id, "best_speedup": best[1].speedup if best else None,
-                     "best_path": str(path) if path else None, "evaluated": len(pairs), "statuses": statuses,
-                     "degenerate": Search.degenerate(pairs)})
-    summary = {"tasks": rows, "environment": environment, "stopped_by": stop or "rounds",
-               "geomean_best_speedup": geomean([r["best_speedup"] for r in rows])}
-    (s.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    return summary
-
-

@@ -1,13 +1,14 @@
-"""Judging rollouts for training: parse, judge through the harness's front door, record everything.
+"""Judging rollouts for training: parse, then judge and record through the one recorded-judging seam.
 
 Contract: :class:`RolloutJudge` turns ``(task, response text)`` pairs into
 ``(EvalResult | None, Outcome)`` — ``None`` when the response has no usable code (a format
 failure; :func:`cudal1.prompts.parse_response` decides).  Every response is recorded in the run
 store (``responses`` table: prompt, text, parse; ``candidates``; ``evaluations``), so each
-rollout can become an exemplar and a killed run loses nothing that was judged.  Verdicts are
-cached by ``(task hash, candidate hash, judge config hash)``: in memory, and through the run
-store (``evaluate_pairs`` returns a recorded verdict instead of re-running), so identical
-completions — frequent once a policy converges — cost one evaluation.
+rollout can become an exemplar and a killed run loses nothing that was judged.  Judging,
+recording, the verdict cache and the exemplar pool are :class:`~cudal1.recorded.RecordedJudge`'s
+(``self.recorded``): verdicts are cached by ``(task hash, candidate hash, judge config hash)`` in
+memory and through the run store, so identical completions — frequent once a policy converges —
+cost one evaluation.
 
 Not covered: a verdict cached from earlier in the run is reused as is, including its timing
 noise (a lucky timing keeps its reward).  That is the price of not re-judging; the judge's
@@ -17,31 +18,31 @@ confidence interval is in the stored result for anyone who wants to be stricter.
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections import Counter
 from typing import Any, Callable
 
 from cudal1.config import EvalConfig
+from cudal1.recorded import RecordedJudge
 from cudal1.store import RunStore
 from cudal1.train.reward import FORMAT, Outcome, outcome_of
-from cudal1.types import Candidate, EvalResult, Exemplar, Prompt, Status, Task, reference_candidate
-
-
-def _feedback(result: EvalResult, limit: int = 1500) -> str:
-    text = result.compile_log if result.status is Status.COMPILE_ERROR and result.compile_log else result.message
-    return text[-limit:]
+from cudal1.types import Candidate, EvalResult, Exemplar, Prompt, Task, reference_candidate
 
 
 class RolloutJudge:
-    """Parses, judges and records rollouts (see the module docstring)."""
+    """Parses rollouts and hands them to a :class:`~cudal1.recorded.RecordedJudge` (see the module docstring)."""
 
     def __init__(self, store: RunStore, config: EvalConfig, *, plan: Any = None, policy: str = "train",
                  on_result: Callable[[EvalResult], None] | None = None) -> None:
         self.store, self.config, self.plan, self.policy, self.on_result = store, config, plan, policy, on_result
-        self.config_hash = config.hash()
-        self._cache: dict[tuple[str, str], EvalResult] = {}
+        on_event = (lambda e: on_result(e.result) if e.kind == "verdict" else None) if on_result else None
+        self.recorded = RecordedJudge(config, store, plan=plan, on_event=on_event)
+        self.config_hash = self.recorded.config_hash
         self.counts: Counter[str] = Counter()  # outcome kinds judged since the last drain
-        self.evaluated = 0  # evaluations actually run (cache misses)
+
+    @property
+    def evaluated(self) -> int:
+        """Evaluations actually run (not read back from the cache or the store)."""
+        return self.recorded.judged
 
     def drain_counts(self) -> dict[str, int]:
         out, self.counts = dict(self.counts), Counter()
@@ -51,7 +52,6 @@ class RolloutJudge:
               label: str = "") -> list[tuple[EvalResult | None, Outcome]]:
         """Judge ``(task, response)`` pairs; results in input order."""
         from cudal1.prompts import parse_response
-        from cudal1.runs import judge_recorded
 
         prompts = prompts or [None] * len(items)
         cands: list[Candidate | None] = []
@@ -59,25 +59,16 @@ class RolloutJudge:
             parsed = parse_response(text)
             cand = Candidate(parsed.code, task_hash=task.hash, label=label or self.policy) if parsed.code else None
             if cand is not None:
-                self.store.add_candidate(cand, task.hash, {"round": round_, "policy": self.policy})
+                self.recorded.propose(task, cand, {"round": round_, "policy": self.policy})
             prompt_d = dataclasses.asdict(prompt) if prompt is not None else {}
-            self.store.record_response(task.hash, round_, self.policy, prompt_d, text, parsed.analysis,
-                                       cand.hash if cand else None, problem=parsed.problem)
+            self.recorded.record_response(task, round_, self.policy, prompt_d, text, parsed.analysis, cand,
+                                          problem=parsed.problem)
             cands.append(cand)
-        todo: dict[tuple[str, str], tuple[Task, Candidate]] = {}
-        for (task, _), cand in zip(items, cands):
-            if cand is not None and (task.hash, cand.hash) not in self._cache:
-                todo.setdefault((task.hash, cand.hash), (task, cand))
-        if todo:
-            pairs = list(todo.values())
-            fresh = sum(not self.store.has_evaluation(t.hash, c.hash, self.config_hash) for t, c in pairs)
-            results = judge_recorded(pairs, self.config, store=self.store, plan=self.plan, on_result=self.on_result)
-            self.evaluated += fresh
-            for key, res in zip(todo, results):
-                self._cache[key] = res
+        pairs = [(task, cand) for (task, _), cand in zip(items, cands) if cand is not None]
+        verdicts = iter(self.recorded.judge(pairs) if pairs else [])
         out = []
-        for (task, _), cand in zip(items, cands):
-            res = self._cache[(task.hash, cand.hash)] if cand is not None else None
+        for cand in cands:
+            res = next(verdicts) if cand is not None else None
             outcome = outcome_of(res)
             self.counts[outcome.kind] += 1
             out.append((res, outcome))
@@ -87,18 +78,8 @@ class RolloutJudge:
     def pool(self, task: Task) -> tuple[list[Exemplar], list[Exemplar]]:
         """(successful exemplars, failed ones) of ``task`` judged under this config, oldest first.
         Empty when the task is degenerate (no speedup on it means anything)."""
-        pairs = []
-        for cand in self.store.candidates(task.hash):
-            res = self._cache.get((task.hash, cand.hash)) or self.store.get_evaluation(task.hash, cand.hash, self.config_hash)
-            if res is not None:
-                pairs.append((cand, res))
-        if any("degenerate_task" in r.flags for _, r in pairs):
-            return [], []
-        ok = [Exemplar(c.source, r.speedup, "ok", "", c.hash) for c, r in pairs
-              if r.status is Status.OK and r.speedup is not None and math.isfinite(r.speedup)]
-        failed = [Exemplar(c.source, None, r.status.value, _feedback(r), c.hash) for c, r in pairs
-                  if r.status is not Status.OK]
-        return ok, failed
+        pool = self.recorded.pool(task)
+        return pool.ok, pool.failed
 
 
 __all__ = ["FORMAT", "RolloutJudge", "reference_candidate"]

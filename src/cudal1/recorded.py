@@ -1,0 +1,304 @@
+"""Recorded judging: the one object through which the apps judge and keep what was judged.
+
+Contract: a :class:`RecordedJudge` owns one run's judging state — the judge config, the device
+plan, the run store, the optional reviewer and the event callback — and is the only writer of
+candidates and verdicts to the store for the optimizer, training and the CLI:
+
+* :meth:`~RecordedJudge.judge` returns one verdict per (task, candidate) pair, in input order.
+  A pair already recorded under the same judge config comes from the store (or the in-memory
+  cache) and is not judged again (resume; identical candidates judged once); every new verdict
+  is recorded as it arrives (from the lane threads, or the Ray driver's loop), so a crash or a
+  kill loses nothing already judged.  Each task and candidate row is written once per run
+  (:meth:`~RecordedJudge.propose` records it with its provenance; ``judge`` adds rows only for
+  pairs nobody proposed).
+* ``reviewer`` (an LLM second opinion; optional) is asked about each *new* ``ok`` verdict after
+  the batch, so a slow reviewer never stalls a GPU lane.  A reason it returns becomes the
+  informational flag ``reviewer_suspects`` and a line of the message; it never changes a
+  verdict, and an exception from it is ignored.
+* The exemplar pool (:meth:`~RecordedJudge.pool`) is what the contrastive prompts are built
+  from: the task's ``ok`` candidates with a finite speedup, and its failed ones with the
+  judge's feedback, oldest first; empty for a task the judge found degenerate.
+* ``on_event`` receives a :class:`JudgeEvent` for every pair settled by ``judge`` (``verdict``
+  for a new one, from a lane thread; ``recorded`` for one read back), for every slot an app
+  reports as never reaching the judge (:meth:`~RecordedJudge.unjudged`), and the app's
+  ``expect`` (slots it will settle) and ``note`` (a line for people, e.g. "resuming: 7 already
+  judged") events: progress displays and trackers listen there.  It must be thread-safe and
+  must not raise.
+
+The judge itself (:mod:`cudal1.harness`) knows nothing of stores, pools or reviewers.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from cudal1.config import EvalConfig
+from cudal1.types import Candidate, EvalResult, Exemplar, Status, Task, reference_candidate
+
+if TYPE_CHECKING:
+    from cudal1.harness import DevicePlan
+    from cudal1.store import RunStore
+
+Reviewer = Callable[[Task, Candidate], "str | None"]
+FEEDBACK_CHARS = 1500  # the tail of a failed candidate's log shown to the policy
+
+
+@dataclass(frozen=True)
+class JudgeEvent:
+    """One settled slot of a batch, for progress displays and trackers."""
+
+    kind: str  # "verdict" (judged now), "recorded" (read back), "unjudged" (never reached the judge), "expect", "note"
+    task: str = ""  # task id
+    result: EvalResult | None = None  # the verdict ("verdict" and "recorded")
+    note: str = ""  # "unjudged": why (a generation failure, a response without code); "note": a line for people
+    count: int = 0  # "expect": how many more slots this run expects to settle
+
+
+@dataclass(frozen=True)
+class Pool:
+    """What the judge has measured of one task: the exemplars of its contrastive prompts."""
+
+    ok: list[Exemplar]  # verified candidates with a finite speedup, oldest first
+    failed: list[Exemplar]  # failed candidates with the judge's feedback, oldest first
+    degenerate: bool = False  # the judge found the task degenerate: no speedup on it means anything
+
+
+def feedback_text(result: EvalResult, limit: int = FEEDBACK_CHARS) -> str:
+    """What a policy is shown of a failed verdict: the tail of the compile log or the message."""
+    text = result.compile_log if result.status is Status.COMPILE_ERROR and result.compile_log else result.message
+    return text[-limit:]
+
+
+class RecordedJudge:
+    """One run's judging through a run store (see the module docstring)."""
+
+    def __init__(self, config: EvalConfig, store: RunStore | None = None, *, plan: DevicePlan | None = None,
+                 reviewer: Reviewer | None = None, on_event: Callable[[JudgeEvent], None] | None = None) -> None:
+        self.config, self.store, self.plan, self.reviewer, self.on_event = config, store, plan, reviewer, on_event
+        self.config_hash = config.hash()
+        self.judged = 0  # verdicts judged (not read back) by this object
+        self._verdicts: dict[tuple[str, str], EvalResult] = {}
+        self._rows: set[tuple[str, str]] = set()  # (task hash, candidate hash) rows written by this object
+        self._tasks: set[str] = set()
+        self._lock = threading.Lock()
+
+    hardware_name: str = ""  # set to override what prompts call the hardware
+
+    @property
+    def hardware(self) -> str:
+        """What judges this run's candidates ("CPU", the GPU model, a Ray cluster), as prompts name it."""
+        if not self.hardware_name:
+            from cudal1.harness import DevicePlan
+
+            self.hardware_name = (self.plan or DevicePlan.detect(self.config.device)).hardware_name()
+        return self.hardware_name
+
+    # ---- recording ----------------------------------------------------------------------
+    def add_task(self, task: Task) -> None:
+        if self.store is not None and task.hash not in self._tasks:
+            self.store.add_task(task)
+        self._tasks.add(task.hash)
+
+    def propose(self, task: Task, candidate: Candidate, meta: dict[str, Any] | None = None) -> None:
+        """Record ``candidate`` as proposed for ``task`` with its provenance (round, policy, ...)."""
+        self.add_task(task)
+        key = (task.hash, candidate.hash)
+        if self.store is not None and key not in self._rows:
+            self.store.add_candidate(candidate, task.hash, meta)
+        self._rows.add(key)
+
+    def record_response(self, task: Task, round_: int, policy: str, prompt: dict[str, Any], text: str, analysis: str,
+                        candidate: Candidate | None, *, problem: str = "", error: str = "",
+                        usage: dict[str, Any] | None = None) -> None:
+        """Record one policy response (the exact prompt, the text, its parse or its error)."""
+        if self.store is not None:
+            self.store.record_response(task.hash, round_, policy, prompt, text, analysis,
+                                       candidate.hash if candidate else None, problem=problem, error=error, usage=usage)
+
+    def unjudged(self, task: Task, note: str) -> None:
+        """Report a slot that never reached the judge (a failed generation, a response without code)."""
+        self._emit(JudgeEvent("unjudged", task.task_id, None, note))
+
+    def expect(self, slots: int) -> None:
+        """Tell the listener how many more slots (verdicts or unjudged) this run will settle."""
+        if slots > 0:
+            self._emit(JudgeEvent("expect", count=slots))
+
+    def note(self, text: str) -> None:
+        """A line for people watching the run."""
+        self._emit(JudgeEvent("note", note=text))
+
+    # ---- judging ------------------------------------------------------------------------
+    def verdict(self, task: Task, candidate: Candidate) -> EvalResult | None:
+        """The verdict of ``candidate`` under this config, if judged (this run or an earlier one)."""
+        key = (task.hash, candidate.hash)
+        found = self._verdicts.get(key)
+        if found is None and self.store is not None:
+            found = self.store.get_evaluation(task.hash, candidate.hash, self.config_hash)
+            if found is not None:
+                self._verdicts[key] = found
+        return found
+
+    def judge(self, pairs: list[tuple[Task, Candidate]], *, review: bool = True,
+              on_stats: Callable[[Any], None] | None = None) -> list[EvalResult]:
+        """Judge ``pairs`` (see the module docstring); ``on_stats`` gets the judged batch's
+        ``BatchStats`` (not called when everything was recorded already)."""
+        from cudal1.harness import Job, run_jobs
+
+        results: list[EvalResult | None] = [None] * len(pairs)
+        todo: list[int] = []
+        first: dict[tuple[str, str], int] = {}  # identical pairs in one batch are judged once
+        copies: list[tuple[int, int]] = []
+        for i, (task, cand) in enumerate(pairs):
+            self.propose(task, cand)
+            previous = self.verdict(task, cand)
+            key = (task.hash, cand.hash)
+            if previous is not None:
+                results[i] = previous
+                self._emit(JudgeEvent("recorded", task.task_id, previous))
+            elif key in first:
+                copies.append((i, first[key]))
+            else:
+                first[key] = i
+                todo.append(i)
+
+        def record(index: int, res: EvalResult) -> None:
+            task, cand = pairs[todo[index]]
+            with self._lock:
+                self._verdicts[(task.hash, cand.hash)] = res
+                self.judged += 1
+            if self.store is not None:
+                self.store.record_evaluation(res)
+            self._emit(JudgeEvent("verdict", task.task_id, res))
+
+        if todo:
+            fresh = run_jobs([Job(*pairs[i]) for i in todo], self.config, plan=self.plan, on_result=record, on_stats=on_stats)
+            for i, res in zip(todo, fresh):
+                results[i] = res
+                self._verdicts[(pairs[i][0].hash, pairs[i][1].hash)] = res
+            if review and self.reviewer is not None:
+                self._review([(pairs[i], results[i]) for i in todo])
+        for i, j in copies:
+            results[i] = results[j]
+            self._emit(JudgeEvent("recorded", pairs[i][0].task_id, results[j]))
+        return [r for r in results if r is not None]
+
+    def _review(self, done: list[tuple[tuple[Task, Candidate], EvalResult | None]]) -> None:
+        for (task, cand), res in done:
+            if res is None or res.status is not Status.OK:
+                continue
+            try:
+                reason = self.reviewer(task, cand)  # type: ignore[misc]
+            except Exception:  # noqa: BLE001 - a second opinion must never break judging
+                reason = None
+            if reason:
+                res.flags.append("reviewer_suspects")
+                res.message = (res.message + "\n" if res.message else "") + f"reviewer: {reason}"
+                if self.store is not None:
+                    self.store.record_evaluation(res)
+
+    def _emit(self, event: JudgeEvent) -> None:
+        if self.on_event is not None:
+            self.on_event(event)
+
+    # ---- what was judged ----------------------------------------------------------------
+    def results(self, task: Task) -> list[tuple[Candidate, EvalResult]]:
+        """(candidate, verdict) of every candidate of ``task`` judged under this config, oldest first."""
+        if self.store is None:
+            return []
+        out = []
+        for cand in self.store.candidates(task.hash):
+            res = self.verdict(task, cand)
+            if res is not None:
+                out.append((cand, res))
+        return out
+
+    def pending(self, tasks: list[Task]) -> list[tuple[Task, Candidate]]:
+        """Candidates recorded but never judged under this config (a run killed mid-batch)."""
+        if self.store is None:
+            return []
+        return [(t, c) for t in tasks for c in self.store.candidates(t.hash) if self.verdict(t, c) is None]
+
+    def pool(self, task: Task) -> Pool:
+        """The task's exemplar pool (see the module docstring)."""
+        pairs = self.results(task)
+        if is_degenerate(pairs):
+            return Pool([], [], degenerate=True)
+        ok = [Exemplar(c.source, r.speedup, r.status.value, "", c.hash) for c, r in pairs
+              if r.status is Status.OK and r.speedup is not None and math.isfinite(r.speedup)]
+        failed = [Exemplar(c.source, None, r.status.value, feedback_text(r), c.hash) for c, r in pairs
+                  if r.status is not Status.OK]
+        return Pool(ok, failed)
+
+    def best(self, task: Task) -> tuple[Candidate, EvalResult] | None:
+        """The task's ``ok`` candidate with the highest measured speedup (earliest on ties; the
+        reference anchor never), or None (nothing verified, or a degenerate task)."""
+        return best_of(task, self.results(task))
+
+    # ---- baselines ----------------------------------------------------------------------
+    def baselines(self, tasks: list[Task], modes: list[str],
+                  on_result: Callable[[EvalResult], None] | None = None) -> dict[tuple[str, str], EvalResult]:
+        """Baselines of ``tasks`` under ``modes`` ({(task hash, mode): result}), cached in the store
+        per (task, mode, environment, config): a baseline is measured once per machine."""
+        from cudal1.harness import DevicePlan
+        from cudal1.harness.api import environment_key, time_baselines
+        from cudal1.harness.baselines import check_modes
+
+        plan = self.plan or DevicePlan.detect(self.config.device)
+        modes = check_modes(modes, plan.device)
+        env_key = environment_key(plan)
+        out: dict[tuple[str, str], EvalResult] = {}
+        todo: list[tuple[Task, str]] = []
+        for task in tasks:
+            for mode in modes:
+                cached = self.store.get_baseline(task.hash, mode, env_key, self.config_hash) if self.store is not None else None
+                if cached is not None:
+                    out[(task.hash, mode)] = cached
+                else:
+                    todo.append((task, mode))
+        wanted = {(t.hash, m) for t, m in todo}
+
+        def record(res: EvalResult) -> None:
+            mode = res.candidate_hash.removeprefix("baseline:")
+            if self.store is not None and (res.task_hash, mode) in wanted:
+                self.store.record_baseline(res.task_hash, mode, env_key, self.config_hash, res)
+            if on_result is not None:
+                on_result(res)
+
+        for (task, mode), res in zip(todo, time_baselines(todo, self.config, plan=plan, on_result=record)):
+            out[(task.hash, mode)] = res
+        return out
+
+
+def is_degenerate(pairs: list[tuple[Candidate, EvalResult]]) -> bool:
+    """The judge flagged the task ``degenerate_task`` in any of these verdicts."""
+    return any("degenerate_task" in r.flags for _, r in pairs)
+
+
+def best_of(task: Task, pairs: list[tuple[Candidate, EvalResult]]) -> tuple[Candidate, EvalResult] | None:
+    """The highest measured ``ok`` speedup among ``pairs`` (earliest on ties; never the reference
+    anchor), or None when there is none or the task is degenerate."""
+    if is_degenerate(pairs):
+        return None
+    anchor = reference_candidate(task).hash
+    ok = [(c, r) for c, r in pairs if r.status is Status.OK and r.speedup is not None and c.hash != anchor]
+    return max(ok, key=lambda cr: cr[1].speedup) if ok else None  # max keeps the first of equal values
+
+
+def judge_recorded(pairs: list[tuple[Task, Candidate]], config: EvalConfig, *, store: RunStore | None = None,
+                   plan: DevicePlan | None = None, on_result: Callable[[EvalResult], None] | None = None,
+                   reviewer: Reviewer | None = None, on_stats: Callable[[Any], None] | None = None) -> list[EvalResult]:
+    """One batch through a :class:`RecordedJudge` (for callers with no run state of their own);
+    ``on_result`` gets each new verdict."""
+    on_event = (lambda e: on_result(e.result) if e.kind == "verdict" else None) if on_result else None  # type: ignore[arg-type]
+    return RecordedJudge(config, store, plan=plan, reviewer=reviewer, on_event=on_event).judge(pairs, on_stats=on_stats)
+
+
+def baselines_recorded(tasks: list[Task], modes: list[str], config: EvalConfig, *, store: RunStore | None = None,
+                       plan: DevicePlan | None = None,
+                       on_result: Callable[[EvalResult], None] | None = None) -> dict[tuple[str, str], EvalResult]:
+    """:meth:`RecordedJudge.baselines` for callers with no run state of their own."""
+    return RecordedJudge(config, store, plan=plan).baselines(tasks, modes, on_result)

@@ -1,0 +1,70 @@
+"""Reading a measured speedup as what it is: a figure with noise.
+
+Contract (one rule for the optimizer's summary, ``best/``, the CLI tables and the report):
+
+* A verdict is **faster** than a threshold ``p`` only when it is ``ok`` and its speedup's 95%
+  confidence interval lies above ``p`` (lower bound > ``p``).  A speedup without an interval
+  (published release files, records from before intervals were kept) is read as its point value.
+* A result is **uncertain** when its interval includes 1.0 (not measurably faster or slower than
+  the reference), and **noisy** when the judge flagged ``high_variance`` (timing IQR above 10% of
+  the median).  Tables mark both (:func:`cell`, :data:`LEGEND`); neither changes a verdict.
+* The point value still ranks candidates (the best is the highest measured speedup); ``best/``
+  only takes a candidate whose point value is above 1.0, so it never holds one measured slower
+  than the reference.
+
+Pure functions of the verdict's fields; no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from cudal1.tables import fmt
+
+UNCERTAIN_MARK = "?"
+NOISY_MARK = "*"
+LEGEND = (f"{UNCERTAIN_MARK}: the 95% CI includes 1.0 (not measurably faster or slower); "
+          f"{NOISY_MARK}: high timing variance (IQR above 10% of the median)")
+
+
+def clears(speedup: float | None, ci: Sequence[float] | None, threshold: float = 1.0) -> bool:
+    """Whether a speedup is above ``threshold`` with confidence: the CI's lower bound is, or,
+    without a CI, the point value is."""
+    if speedup is None or not math.isfinite(speedup):
+        return False
+    low = ci[0] if ci else speedup
+    return low is not None and low > threshold
+
+
+def _ok(result: Any) -> bool:
+    return getattr(result.status, "value", result.status) == "ok" and result.speedup is not None
+
+
+def faster(result: Any, threshold: float = 1.0) -> bool:
+    """An ``ok`` verdict (an :class:`~cudal1.types.EvalResult`) faster than ``threshold`` with confidence."""
+    return _ok(result) and clears(result.speedup, result.speedup_ci, threshold)
+
+
+def uncertain(speedup: float | None, ci: Sequence[float] | None) -> bool:
+    """The CI includes 1.0: the candidate is not measurably faster or slower than the reference."""
+    return speedup is not None and bool(ci) and ci[0] <= 1.0 <= ci[1]  # type: ignore[index]
+
+
+def noisy(result: Any) -> bool:
+    """The judge flagged the timing as high-variance."""
+    return "high_variance" in (result.flags or [])
+
+
+def cell(speedup: float | None, ci: Sequence[float] | None = None, high_variance: bool = False, digits: int = 3) -> str:
+    """A table cell: ``2.13x``, with :data:`UNCERTAIN_MARK` when the CI includes 1.0 and
+    :data:`NOISY_MARK` when the timing was high-variance; ``-`` without a speedup."""
+    if speedup is None:
+        return "-"
+    text = fmt(float(speedup), digits=digits) + "x"
+    return text + (UNCERTAIN_MARK if uncertain(speedup, ci) else "") + (NOISY_MARK if high_variance else "")
+
+
+def result_cell(result: Any) -> str:
+    """:func:`cell` of an ``EvalResult``'s speedup (``-`` when it has none)."""
+    return cell(result.speedup, result.speedup_ci, noisy(result))

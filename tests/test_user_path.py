@@ -1,0 +1,234 @@
+"""CPU tier: what a user meets on the command line, each behaviour through the real CLI in a
+subprocess (``python -m cudal1.cli.main``): failed generations, reused output directories,
+noise shown as noise, progress and logging, shared conventions, errors that point at the user's
+files.  The judge runs the small diag_matmul copy with a fast CPU config; the LLM is the scripted
+server of tests/llm_server.py, started on loopback by each test."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import yaml
+from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
+from llm_server import ScriptedLLMServer
+
+from cudal1.cli.main import build_parser, main as cli_main
+from cudal1.store import RunStore
+
+REPO = Path(__file__).resolve().parent.parent
+CANDIDATES = REPO / "examples" / "candidates"
+openai = pytest.importorskip("openai")  # the openai policy's client (the test extra installs it)
+
+FAST_CODE = """import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+    def forward(self, A, B):
+        return A.unsqueeze(1) * B
+"""
+# twice the reference's work, so measured slower than it on any machine
+SLOW_CODE = FAST_CODE.replace("return A.unsqueeze(1) * B", "d = torch.diag(A)\n        return (d @ B + d @ B) * 0.5")
+ANSWER = f"## Performance Analysis\nscale rows\n\n## Algorithm Design\nbroadcast\n\n## Code Implementation\n```python\n{FAST_CODE}```\n"
+
+
+@pytest.fixture(name="env")
+def _env(tmp_path: Path) -> dict[str, str]:
+    return cli_env(tmp_path / "cache")
+
+
+def _config(tmp_path: Path, **policy) -> Path:
+    """A run config file: the small CPU judge, one round of one sample, a policy section."""
+    judge = yaml.safe_load(small_config())
+    path = tmp_path / f"run-{len(list(tmp_path.glob('run-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump({"judge": judge, "search": {"rounds": 1, "samples": 1},
+                                    "policy": {"max_retries": 0, "backoff_base_s": 0.01, **policy}}))
+    return path
+
+
+def _errors(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("cudal1: error")]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tmp_path, env):
+    out = tmp_path / "out"
+    dead = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there
+    args = ["optimize", SMALL_DIAG, "--model", "m", "--config", _config(tmp_path), "--out", out]
+    first = run_cli([*args, "--base-url", dead, "-q"], env, tmp_path)
+    assert first.returncode == 1, first.stderr
+    (error,) = _errors(first.stderr)
+    assert "no completion from the policy: 1 of 1 request(s) failed" in error and f"--out {out}" in error
+    assert first.stderr.strip().splitlines() == [error]  # -q: that line only
+    with RunStore(out / "cudal1.sqlite") as store:
+        (response,) = store.responses()
+    assert response["error"] and response["candidate_hash"] is None  # recorded as a generation failure
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["generation"]["failed"] == 1 and summary["tasks"][0]["evaluated"] == 1  # the reference only
+
+    with ScriptedLLMServer([ANSWER]) as srv:  # the same --out against a working endpoint
+        second = run_cli([*args, "--base-url", srv.url, "--json"], env, tmp_path)
+        asked = len(srv.requests)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert asked == 1  # the failed generation is asked again; nothing else
+    assert "resuming: 1 already judged" in second.stderr  # the reference's verdict was kept
+    again = last_json(second.stdout)
+    assert again["generation"] == {"requested": 1, "failed": 0, "last_error": "", "errors": {},
+                                   "answered_total": 1, "failed_total": 1}
+    assert again["tasks"][0]["evaluated"] == 2
+    assert yaml.safe_load((out / "config.yaml").read_text())["policy"]["base_url"] == srv.url  # the endpoint asked
+
+
+def test_reused_out_refuses_other_settings_and_summary_agrees_with_report(tmp_path, env):
+    out = tmp_path / "out"
+    base = ["optimize", SMALL_DIAG, "--policy", "builtin", "--passes", "algebraic", "--rounds", "1", "--samples", "1",
+            "--config", _config(tmp_path), "--out", out, "--json"]
+    first = run_cli(base, env, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    # the progress display: the task's name with each verdict as it lands
+    assert "optimize 1/2 diag_matmul: ok" in first.stderr and "optimize 2/2 diag_matmul: ok" in first.stderr
+    changed = run_cli([*base, "--trials", "3"], env, tmp_path)
+    assert changed.returncode == 2
+    (error,) = _errors(changed.stderr)
+    assert "judge.correctness_trials: 2 -> 3" in error and "--allow-config-change" in error
+    assert json.loads((out / "summary.json").read_text()) == last_json(first.stdout)  # untouched
+    allowed = run_cli([*base, "--trials", "3", "--allow-config-change"], env, tmp_path)
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert yaml.safe_load((out / "config.1.yaml").read_text())["judge"]["correctness_trials"] == 2  # the first config, kept
+    assert yaml.safe_load((out / "config.yaml").read_text())["judge"]["correctness_trials"] == 3
+    summary = last_json(allowed.stdout)
+    report = run_cli(["report", out, "--json"], env, tmp_path)
+    assert report.returncode == 0, report.stderr
+    doc = last_json(report.stdout)
+    assert [(t["task"], t["best_speedup"]) for t in doc["tasks"]] == [(r["task"], r["best_speedup"]) for r in summary["tasks"]]
+    assert doc["summary"]["faster"] == summary["faster"] and doc["summary"]["faster_point"] == summary["faster_point"]
+
+
+def test_best_never_holds_a_slower_candidate_and_the_saved_config_reproduces_the_run(tmp_path, env):
+    replay = tmp_path / "slow.jsonl"
+    replay.write_text(json.dumps({"task": "diag_matmul", "code": SLOW_CODE}) + "\n")
+    out = tmp_path / "slow"
+    done = run_cli(["optimize", SMALL_DIAG, "--policy", "replay", "--replay", replay, "--config", _config(tmp_path),
+                    "--out", out, "--json"], env, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (row,) = last_json(done.stdout)["tasks"]
+    assert row["statuses"] == {"ok": 2}
+    assert row["best_speedup"] < 1.0 and row["best_path"] is None and not row["faster"]
+    assert not any((out / "best").iterdir())
+    # the saved config.yaml, fed back, gives the same resolved settings (a second run elsewhere)
+    again = run_cli(["optimize", SMALL_DIAG, "--config", out / "config.yaml", "--out", tmp_path / "again", "--json"],
+                    env, tmp_path)
+    assert again.returncode == 0, again.stderr[-3000:]
+    first, second = (yaml.safe_load((d / "config.yaml").read_text()) for d in (out, tmp_path / "again"))
+    assert {k: first[k] for k in ("judge", "search", "policy")} == {k: second[k] for k in ("judge", "search", "policy")}
+    assert second["run"]["target"] == str(SMALL_DIAG)
+
+
+def test_default_out_is_named_per_run_and_out_at_a_file_is_one_line(tmp_path, env):
+    one = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "-q"], env, tmp_path)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "--trials", "3", "-q"], env, tmp_path)
+    assert two.returncode == 0, two.stderr[-3000:]
+    runs = sorted(p.name for p in (tmp_path / "runs" / "optimize").iterdir())
+    assert len(runs) == 2 and all(r.startswith("diag_matmul-") for r in runs)  # one folder per run, by settings
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    bad = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--out", a_file], env, tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == _errors(bad.stderr)
+    assert "is a file" in bad.stderr
+
+
+def test_a_syntax_error_names_the_users_file(tmp_path, env):
+    bad = tmp_path / "my_kernel.py"
+    bad.write_text("import torch\nclass ModelNew(torch.nn.Module)\n    pass\n")
+    config = tmp_path / "small.yaml"
+    config.write_text(small_config())
+    done = run_cli(["eval", "--reference", SMALL_DIAG, "--candidate", bad, "--config", config, "--json"], env, tmp_path)
+    assert done.returncode == 0, done.stderr
+    verdict = last_json(done.stdout)
+    assert verdict["status"] == "compile_error" and str(bad) in verdict["message"] and "cand_" not in verdict["message"]
+
+
+# ---- in-process: flags, help and logging ------------------------------------------------------
+
+
+def test_log_flags_work_before_and_after_the_subcommand(monkeypatch):
+    import logging
+
+    from cudal1.cli.main import log_level
+
+    parser = build_parser()
+    assert log_level(parser.parse_args(["-v", "report", "r"])) == logging.INFO
+    assert log_level(parser.parse_args(["report", "r", "-vv"])) == logging.DEBUG
+    assert log_level(parser.parse_args(["report", "r", "-q"])) == logging.ERROR
+    monkeypatch.setenv("CUDAL1_LOG_LEVEL", "info")
+    assert log_level(parser.parse_args(["report", "r"])) == logging.INFO
+    assert log_level(parser.parse_args(["report", "r", "-q"])) == logging.ERROR  # a flag wins over the variable
+
+
+def _all_help() -> dict[str, str]:
+    import argparse
+
+    parser = build_parser()
+    out = {"cudal1": parser.format_help()}
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out.update({name: p.format_help() for name, p in action.choices.items()})
+    return out
+
+
+def test_help_has_no_rst_markup_and_states_defaults():
+    helps = _all_help()
+    for name, text in helps.items():
+        assert "``" not in text and ":func:" not in text, name
+    optimize = " ".join(helps["optimize"].split())
+    for default in ("(default: 3)", "(default: 4)", "(default: 0.7)", "(default: 5)", "(default: auto)"):
+        assert default in optimize, default  # rounds, samples, the LLM temperature, trials, device
+    assert "--tau" in optimize and "not the sampling --temperature" in optimize  # one "temperature"
+
+
+def test_report_takes_json(tmp_path, capsys):
+    from report_data import make_run
+
+    run = make_run(tmp_path / "run")
+    assert cli_main(["report", str(run), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert doc["summary"]["tasks"] == 4
+    assert cli_main(["report", str(run), "--json", "--format", "md"]) == 2
+    assert cli_main(["report", str(run), "--out", str(tmp_path)]) == 2  # a directory, where a file is written
+    assert "is a directory" in capsys.readouterr().err
+
+
+def test_a_broken_file_in_a_task_directory_is_skipped_shown_and_counted(tmp_path, env):
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "diag_matmul.py").write_text(SMALL_DIAG.read_text())
+    (tasks / "broken.py").write_text("class Model(:\n")
+    done = run_cli(["optimize", tasks, "--rounds", "0", "--config", _config(tmp_path), "--out", tmp_path / "o", "--json"],
+                   env, tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"cudal1: warning: skipped {tasks / 'broken.py'}: not valid Python (line 1" in done.stderr
+    summary = last_json(done.stdout)
+    assert [r["task"] for r in summary["tasks"]] == ["diag_matmul"] and summary["tasks"][0]["statuses"] == {"ok": 1}
+    assert [s["path"] for s in summary["skipped_tasks"]] == [str(tasks / "broken.py")]
+
+
+def test_an_offline_kernelbench_selector_fails_in_one_line(tmp_path, env):
+    pytest.importorskip("datasets")
+    offline = dict(env, HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
+    offline.pop("CUDAL1_KERNELBENCH", None)
+    done = run_cli(["optimize", "kernelbench:level1/1", "--rounds", "0", "--out", tmp_path / "o"], offline, tmp_path, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == _errors(done.stderr), done.stderr  # no retry warnings around it
+    assert "not reachable" in done.stderr and "--source" in done.stderr
