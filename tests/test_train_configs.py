@@ -36,3 +36,37 @@ def test_accelerate_configs_load_with_accelerate(name: str, kind: str, stage: in
     cfg = ClusterConfig.from_yaml_file(str(CONFIGS / f"accelerate-{name}.yaml"))
     assert cfg.distributed_type.name == kind and cfg.num_processes == 8 and cfg.num_machines == 1
     assert (cfg.deepspeed_config or {}).get("zero_stage") == stage
+
+
+@pytest.mark.parametrize("name", ["7b-8gpu", "32b-8gpu"])
+def test_recipes_load_through_trl_and_accelerate_and_fit(tmp_path: Path, name: str) -> None:
+    from accelerate.commands.config.config_args import ClusterConfig
+
+    from cudal1.train.config import load_config
+    from cudal1.train.grpo import grpo_arguments
+    from cudal1.train.recipes import H200_GIB, HEADROOM_GIB, RECIPES, fits, memory
+
+    recipe = RECIPES[name]
+    cfg = load_config("grpo", recipe.grpo_preset)
+    args = grpo_arguments(cfg, tmp_path, processes=recipe.training_gpus)  # TRL's own class checks the settings
+    assert args.use_vllm and args.vllm_mode == ("server" if recipe.vllm_gpus else "colocate")
+    assert args.per_device_train_batch_size * recipe.training_gpus * args.gradient_accumulation_steps == \
+        cfg.group_size * cfg.prompts_per_step
+    accel = ClusterConfig.from_yaml_file(str(CONFIGS / f"{recipe.accelerate}.yaml"))
+    assert accel.num_processes == recipe.training_gpus and accel.deepspeed_config["zero_stage"] == recipe.zero_stage
+    if recipe.zero_stage == 3:  # saves that load (cudal1.train.checkpoint refuses ZeRO-3 without it)
+        assert accel.deepspeed_config["zero3_save_16bit_model"] is True
+    est = memory(recipe, cfg)
+    assert fits(recipe, cfg) and est["total"] + HEADROOM_GIB <= H200_GIB
+    assert est["kv_tokens"] > 0 and est["micro_batch"] >= 1
+    # a preset that cannot fit is caught: the 32B model without ZeRO-3 sharding its optimizer
+    import dataclasses
+
+    assert not fits(dataclasses.replace(recipe, zero_stage=2), cfg) or recipe.model.params < 10e9
+
+
+def test_ssl_recipe_for_32b_is_valid() -> None:
+    from cudal1.train.config import load_config
+
+    cfg = load_config("ssl", "32b-8gpu")
+    assert cfg.backend == "vllm" and 8 % cfg.vllm_tensor_parallel_size == 0 and cfg.sft.gradient_checkpointing
