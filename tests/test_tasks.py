@@ -22,6 +22,7 @@ from cudal1.tasks import (
     load_tasks,
     parse_selector,
     resolve_suite,
+    split_of,
 )
 from cudal1.types import Task
 
@@ -262,6 +263,16 @@ def test_shared_kernelbench_via_selector() -> None:
     assert len(load_tasks("kernelbench:level3", source=KERNELBENCH_JSONL)) == 50
 
 
+def test_shared_kernelbench_split_counts_and_is_a_partition() -> None:
+    tasks = kernelbench_tasks()
+    held = resolve_suite("kernelbench:held-out", KERNELBENCH_JSONL)
+    train = resolve_suite("kernelbench:train", KERNELBENCH_JSONL)
+    assert {lvl: sum(t.level == lvl for t in held) for lvl in (1, 2, 3, 4)} == {1: 20, 2: 20, 3: 10, 4: 4}
+    assert len(train) == 216 and not {t.hash for t in held} & {t.hash for t in train}
+    assert len(held) + len(train) == len(tasks)
+    assert [t.problem_id for t in resolve_suite("kernelbench:level3:held-out", KERNELBENCH_JSONL)] == list(range(5, 51, 5))
+
+
 def test_shared_cuda_l1_sample() -> None:
     if not CUDA_L1_SAMPLE.is_file():
         pytest.skip(f"shared CUDA-L1 sample not present: {CUDA_L1_SAMPLE}")
@@ -298,6 +309,9 @@ def test_hash_stable_across_loaders(tmp_path: Path) -> None:
         ("kernelbench:level1/1,3,5-7", Selector("kernelbench", 1, (1, 3, 5, 6, 7))),
         ("kernelbench:level1/7,1,1-2", Selector("kernelbench", 1, (1, 2, 7))),
         (" kernelbench:level4 ", Selector("kernelbench", 4)),
+        ("kernelbench:held-out", Selector("kernelbench", split="held-out")),
+        ("kernelbench:level2:train", Selector("kernelbench", 2, split="train")),
+        ("kernelbench:level1/1-3:held-out", Selector("kernelbench", 1, (1, 2, 3), "held-out")),
     ],
 )
 def test_parse_selector(text: str, expected: Selector) -> None:
@@ -305,7 +319,8 @@ def test_parse_selector(text: str, expected: Selector) -> None:
 
 
 def test_selector_str_round_trips() -> None:
-    for text in ("kernelbench", "kernelbench:level1", "kernelbench:level1/1,3,5"):
+    for text in ("kernelbench", "kernelbench:level1", "kernelbench:level1/1,3,5", "kernelbench:train",
+                 "kernelbench:level3:held-out", "kernelbench:level1/1,3:train"):
         assert str(parse_selector(text)) == text
 
 
@@ -323,6 +338,9 @@ def test_selector_str_round_trips() -> None:
         ("kernelbench:level1/1-2-3", "bad id list"),
         ("kernelbench/3", "bad suite selector"),
         ("otherbench:level1", "unknown suite 'otherbench'"),
+        ("kernelbench:heldout", "unknown split 'heldout'"),
+        ("kernelbench:held-out:level1", "bad suite selector"),
+        ("kernelbench:train:held-out", "bad suite selector"),
     ],
 )
 def test_parse_selector_rejects(text: str, message: str) -> None:
@@ -349,6 +367,21 @@ def test_resolve_suite_missing_ids_named(suite_jsonl: Path) -> None:
 def test_resolve_suite_no_match(suite_jsonl: Path) -> None:
     with pytest.raises(TaskError, match="no tasks matched 'kernelbench:level9'"):
         resolve_suite("kernelbench:level9", suite_jsonl)
+
+
+def test_resolve_suite_split(suite_jsonl: Path, tmp_path: Path) -> None:
+    held = resolve_suite("kernelbench:held-out", suite_jsonl)
+    assert [(t.level, t.problem_id) for t in held] == [(1, 5), (1, 10), (2, 5), (2, 10)]
+    assert all(split_of(t) == "held-out" for t in held)
+    assert len(resolve_suite("kernelbench:train", suite_jsonl)) == 16
+    assert [t.problem_id for t in resolve_suite("kernelbench:level2:held-out", suite_jsonl)] == [5, 10]
+    assert [t.problem_id for t in resolve_suite("kernelbench:level1/1-6:train", suite_jsonl)] == [1, 2, 3, 4, 6]
+    assert [t.problem_id for t in load_tasks("kernelbench:level1:held-out", source=suite_jsonl)] == [5, 10]
+    flat = tmp_path / "flat"
+    write(flat / "a.py", task_src("x + 1"))
+    assert split_of(load_task_file(flat / "a.py")) is None
+    with pytest.raises(TaskError, match="needs tasks with a level and problem id"):
+        resolve_suite("kernelbench:held-out", flat)
 
 
 def test_resolve_suite_bad_source(tmp_path: Path) -> None:

@@ -14,7 +14,17 @@ Hugging Face models) are available; those failures surface when the judge runs t
 or a warm cache.
 
 Selectors: ``kernelbench``, ``kernelbench:level1``, ``kernelbench:level2/17``,
-``kernelbench:level1/1-20``, ``kernelbench:level1/1,3,5-7``.
+``kernelbench:level1/1-20``, ``kernelbench:level1/1,3,5-7``, and the fixed train/held-out split,
+alone or after a level: ``kernelbench:train``, ``kernelbench:held-out``,
+``kernelbench:level2:held-out``.
+
+The split (:func:`split_of`) is by level and problem id, the same on every machine and for every
+copy of KernelBench: a task is **held out** when its problem id is a multiple of
+:data:`HELD_OUT_EVERY` (5): level 1 ids 5, 10, ..., 100 (20 of 100 tasks), level 2 the same (20 of
+100), level 3 ids 5, ..., 50 (10 of 50), level 4 ids 5, 10, 15, 20 (4 of 20).  Every fifth id
+spreads the held-out tasks over each level's families (KernelBench numbers related problems
+consecutively).  Everything else is **train**.  A task without a level and problem id is in
+neither.
 """
 
 from __future__ import annotations
@@ -31,7 +41,9 @@ from typing import Any, Iterable
 from cudal1.types import Task
 
 __all__ = [
+    "HELD_OUT_EVERY",
     "KERNELBENCH_HF",
+    "SPLITS",
     "Selector",
     "TaskError",
     "find_task",
@@ -42,6 +54,7 @@ __all__ = [
     "load_tasks",
     "parse_selector",
     "resolve_suite",
+    "split_of",
 ]
 
 KERNELBENCH_HF = "ScalingIntelligence/KernelBench"
@@ -282,20 +295,33 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
 # ---------------------------------------------------------------------------------------------
 # Suite selectors
 
-_SELECTOR_RE = re.compile(r"(?P<suite>[A-Za-z][\w-]*)(?::level(?P<level>\d+)(?:/(?P<ids>[^/]+))?)?")
+_SELECTOR_RE = re.compile(r"(?P<suite>[A-Za-z][\w-]*)(?::level(?P<level>\d+)(?:/(?P<ids>[^/:]+))?)?"
+                          r"(?::(?P<split>(?!level)[A-Za-z][\w-]*))?")
+SPLITS = ("train", "held-out")
+HELD_OUT_EVERY = 5
+
+
+def split_of(task: Task) -> str | None:
+    """``"held-out"`` or ``"train"`` by the fixed KernelBench split (module docstring); ``None`` for
+    a task without a level and problem id."""
+    if task.level is None or task.problem_id is None:
+        return None
+    return "held-out" if task.problem_id % HELD_OUT_EVERY == 0 else "train"
 
 
 @dataclass(frozen=True)
 class Selector:
-    """A parsed suite selector: ``suite[:levelN[/ids]]``; ``ids`` sorted and de-duplicated."""
+    """A parsed suite selector: ``suite[:levelN[/ids]][:split]``; ``ids`` sorted and de-duplicated."""
 
     suite: str
     level: int | None = None
     ids: tuple[int, ...] | None = None
+    split: str | None = None  # "train" | "held-out" (see split_of)
 
     def __str__(self) -> str:
         text = self.suite if self.level is None else f"{self.suite}:level{self.level}"
-        return text if self.ids is None else f"{text}/{','.join(map(str, self.ids))}"
+        text = text if self.ids is None else f"{text}/{','.join(map(str, self.ids))}"
+        return text if self.split is None else f"{text}:{self.split}"
 
 
 def _parse_ids(text: str, selector: str) -> tuple[int, ...]:
@@ -315,18 +341,23 @@ def _parse_ids(text: str, selector: str) -> tuple[int, ...]:
 
 def parse_selector(text: str) -> Selector:
     """Parse ``kernelbench``, ``kernelbench:level1``, ``kernelbench:level2/17``,
-    ``kernelbench:level1/1-20`` or ``kernelbench:level1/1,3,5-7``; anything else is a TaskError."""
+    ``kernelbench:level1/1-20``, ``kernelbench:level1/1,3,5-7``, each optionally followed by a
+    split (``:train`` or ``:held-out``, e.g. ``kernelbench:held-out``); anything else is a
+    TaskError."""
     stripped = text.strip()
     m = _SELECTOR_RE.fullmatch(stripped)
     if not m:
-        raise TaskError(f"bad suite selector {text!r} (expected e.g. kernelbench:level1/1-20)")
+        raise TaskError(f"bad suite selector {text!r} (expected e.g. kernelbench:level1/1-20 or kernelbench:held-out)")
+    split = m.group("split").lower() if m.group("split") else None
+    if split is not None and split not in SPLITS:
+        raise TaskError(f"unknown split {m.group('split')!r} in selector {text!r} (known: {', '.join(SPLITS)})")
     suite = m.group("suite").lower()
     if suite not in SUITES:
         raise TaskError(f"unknown suite {m.group('suite')!r} in selector {text!r} "
                         f"(known: {', '.join(SUITES)})")
     level = int(m.group("level")) if m.group("level") is not None else None
     ids = _parse_ids(m.group("ids"), stripped) if m.group("ids") is not None else None
-    return Selector(suite=suite, level=level, ids=ids)
+    return Selector(suite=suite, level=level, ids=ids, split=split)
 
 
 def _load_source(source: PathLike) -> list[Task]:
@@ -361,6 +392,12 @@ def resolve_suite(selector_text: str, source: PathLike | None = None) -> list[Ta
         if missing:
             raise TaskError(f"{selector_text}: no task with id {', '.join(map(str, missing))} "
                             f"in level {sel.level} of {origin}")
+    if sel.split is not None:
+        unsplit = [t.task_id for t in tasks if split_of(t) is None]
+        if unsplit:
+            raise TaskError(f"{selector_text}: the {sel.split} split needs tasks with a level and problem id "
+                            f"({len(unsplit)} without, e.g. {unsplit[0]}, in {origin})")
+        tasks = [t for t in tasks if split_of(t) == sel.split]
     if not tasks:
         raise TaskError(f"no tasks matched {selector_text!r} in {origin}")
     return sorted(tasks, key=_sort_key)
