@@ -11,6 +11,8 @@ leading comment block is its header::
     # task: <file>        optional: the task it is judged against, relative to the fixture's folder
                           or to the repository root (default: the module's CORPUS_TASK)
     # xfail: <reason>     optional: a known judge gap; the expectation is the *correct* verdict
+    # max-speedup: <x>    optional: an ``ok`` verdict must not be credited a larger speedup (cheats
+                          that only slow the reference must end at their true speed)
     # cpu-too             optional (GPU fixtures): the guard does not depend on the device, so the
                           CPU corpus judges it too
 
@@ -77,7 +79,7 @@ def shared_dir(repo_root: Path) -> Path:
 
 _EXPECT = re.compile(r"#\s*expect:\s*(.+?)\s*$")
 _ALTERNATIVE = re.compile(r"^([a-z_]+)(?:\s+([a-z_]+))?$")
-_FIELD = re.compile(r"#\s*(task|xfail):\s*(.+?)\s*$")
+_FIELD = re.compile(r"#\s*(task|xfail|max-speedup):\s*(.+?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class CorpusEntry:
     task: Path | None  # from '# task:' (resolved); None = the module's CORPUS_TASK
     xfail: str | None  # known judge gap, from '# xfail:'
     cpu_too: bool  # '# cpu-too'
+    max_speedup: float | None = None  # '# max-speedup: X': an ``ok`` verdict must not be credited more
 
     @property
     def name(self) -> str:
@@ -126,7 +129,8 @@ def read_corpus_entry(path: Path) -> CorpusEntry:
         task = next((c for c in candidates if c.is_file()), None)
         if task is None:
             raise ValueError(f"{path}: '# task: {fields['task']}' is neither in {path.parent} nor in the repository")
-    return CorpusEntry(path, tuple(expect), task, fields.get("xfail"), cpu_too)
+    bound = float(fields["max-speedup"]) if "max-speedup" in fields else None
+    return CorpusEntry(path, tuple(expect), task, fields.get("xfail"), cpu_too, bound)
 
 
 def _module_corpus(module: Any) -> dict[str, CorpusEntry]:
@@ -184,6 +188,9 @@ def expected_verdict(entry: CorpusEntry, result: Any) -> str:
     """"" when ``result`` matches one of ``entry``'s alternatives, else what went wrong."""
     for status, flag in entry.expect:
         if result.status.value == status and (flag is None or flag in result.flags):
+            if status == "ok" and entry.max_speedup is not None and (result.speedup or 0.0) > entry.max_speedup:
+                return (f"{entry.name}: ok, but credited {result.speedup:.3g}x, more than its true speed allows "
+                        f"({entry.max_speedup}x)")
             return ""
     return (f"{entry.name}: want one of {list(entry.expect)}; got status={result.status.value} flags={result.flags} "
             f"phase={result.phase} message={result.message[:400]!r}")
@@ -216,7 +223,7 @@ def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_ro
     workers that did run side by side.  Returns (results, batch stats)."""
     from cudal1.config import EvalConfig
     from cudal1.harness.batchstats import GPU_PHASES, StatsRecorder
-    from cudal1.harness.scheduler import DevicePlan, Job, run_jobs
+    from cudal1.harness.api import DevicePlan, Job, run_jobs
     from cudal1.tasks import load_task_file
     from cudal1.types import Candidate, Status
 

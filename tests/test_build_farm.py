@@ -21,7 +21,8 @@ from cudal1.config import EvalConfig
 from cudal1.harness import build
 from cudal1.harness.envinfo import Gpu
 from cudal1.harness.farm import BuildBudget, BuildFarm
-from cudal1.harness.scheduler import DevicePlan, Evaluator, Job
+from cudal1.harness.evaluator import Evaluator
+from cudal1.harness.plan import DevicePlan, Job
 from cudal1.types import Candidate, Task
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -65,10 +66,10 @@ def test_budget_is_not_bounded_by_lanes():
 # ---- build targets and compiler parallelism handed to workers ---------------------------------
 
 def test_arch_list_names_each_present_capability_once(monkeypatch):
-    from cudal1.harness import scheduler
+    from cudal1.harness import plan as plan_module
 
     inventory = [Gpu(0, "H200", "570", "9.0"), Gpu(1, "H200", "570", "9.0"), Gpu(2, "A100", "570", "8.0")]
-    monkeypatch.setattr(scheduler, "gpu_inventory", lambda: inventory)
+    monkeypatch.setattr(plan_module, "gpu_inventory", lambda: inventory)
     assert DevicePlan.detect("cuda").arch_list == "8.0;9.0"
     assert DevicePlan.detect("cuda", [0, 1]).arch_list == "9.0"  # only the GPUs judged on
     assert "PTX" not in DevicePlan.detect("auto").arch_list
@@ -77,7 +78,8 @@ def test_arch_list_names_each_present_capability_once(monkeypatch):
 def test_prebuild_spec_targets_the_plan_and_the_budget(tmp_path):
     plan = DevicePlan("cuda", (0,), "9.0", "570")
     ev = Evaluator(EvalConfig(device="cpu", cache_dir=str(tmp_path)), plan, max_jobs=3)
-    spec = ev._worker_job(Job(TASK, cand("a")), tmp_path, "cpu", None, "build")
+    reference, spec = ev._specs(Job(TASK, cand("a")), tmp_path, "cpu", None, "build")
+    assert reference is None  # a pre-build is the candidate's process alone
     assert spec.env["TORCH_CUDA_ARCH_LIST"] == "9.0"
     assert spec.env["CUDA_VISIBLE_DEVICES"] == ""  # no GPU in a pre-build: torch would target every arch
     assert spec.env["MAX_JOBS"] == "3"
@@ -251,7 +253,8 @@ def _prebuild(tmp_path: Path, config_factory, template: str) -> tuple[Any, bool,
     task = load_task_file(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "diag_matmul.py")
     mark = tmp_path / "built"
     cand = Candidate(template % {"mark": str(mark)}, task_hash=task.hash, label="prebuild")
-    ev = Evaluator(config_factory(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
+    # the stand-in writes its mark outside the build directory: a confined candidate may not
+    ev = Evaluator(config_factory(tmp_path / "cache", confine_candidates=False), DevicePlan("cpu", (None,), ""))
     outcome, cached = ev.prebuild(Job(task, cand))
     assert outcome.result is not None and outcome.result.status == "ok", outcome.log_tail[-2000:]
     return outcome, cached, mark
@@ -339,8 +342,9 @@ def test_worker_runs_in_the_candidates_own_directory(tmp_path, cpu_judge_config)
     cand = Candidate(src + "\nimport os as _os\nopen('written_by_candidate.txt', 'w').write(_os.getcwd())\n",
                      task_hash=task.hash, label="cwd")
     ev = Evaluator(cpu_judge_config(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
-    spec = ev._worker_job(Job(task, cand), tmp_path, "cpu", None, "eval")
+    reference, spec = ev._specs(Job(task, cand), tmp_path, "cpu", None, "eval")
     assert Path(spec.cwd) == ev.build_dir(Job(task, cand)) / "cwd"
+    assert reference is not None and Path(reference.cwd) == tmp_path  # the reference worker: the job's own directory
     result = ev.evaluate_job(Job(task, cand), None, None)
     assert result.status.value == "ok", result.message
     written = Path(spec.cwd) / "written_by_candidate.txt"

@@ -195,7 +195,7 @@ class TestExactReference:
 
 def _ok_verdict(record):
     return {"status": "ok", "correctness": {"trials": 5, "passed": 5, "exact_checks": {"float32": record}},
-            "raw": {"cand_stream": [1.0], "ref_stream": [1.0]}}
+            "timing": {"cand": [[1.0, 1.0, 0.1, False, False, 2.0]], "ref": [[1.0, 1.0, 0.1, False, False]]}}
 
 
 _PHASES = ["setup", "reference", "import", "construct", "correctness", "timing"]

@@ -15,7 +15,7 @@ def spec(mode: str = "eval", tolerances=STRICT, trials: int = 5) -> WorkerSpec:
 
 def _ok_verdict(**changes):
     data = {"status": "ok", "correctness": {"trials": 5, "passed": 5, "by_dtype": {"float32": [1e-5, 3.0]}},
-            "raw": {"ref_stream": [1.0, 1.0], "cand_stream": [0.5, 0.5]}}
+            "timing": {"ref": [[1.0, 1.0, 0.1, False, False]] * 2, "cand": [[0.5, 0.5, 0.1, False, False, 0.9]] * 2}}
     data.update(changes)
     return data
 
@@ -43,7 +43,7 @@ class TestVerdictProblem:
 
         assert "correctness trials" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 2, "passed": 2}))
         assert "correctness trials" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 5, "passed": 4}))
-        assert "timed calls" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(raw={}))
+        assert "timed calls" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(timing={}))
 
     def test_errors_beyond_the_parents_tolerances(self):
         from cudal1.harness.sandbox import verdict_problem

@@ -20,7 +20,7 @@ SCRIPT = textwrap.dedent('''
     from cudal1.harness import sandbox
 
     def child(path, forget):
-        sandbox._close_inherited_fds(-1)
+        sandbox._close_inherited_fds([])
         if forget:
             sandbox._forget_inherited_helpers()
         opened = [os.open(os.devnull, os.O_RDONLY) for _ in range(64)]  # e.g. the CUDA driver's files

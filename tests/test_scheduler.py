@@ -15,14 +15,14 @@ import pytest
 from cli_support import SMALL_DIAG
 
 from cudal1.config import EvalConfig
-from cudal1.harness import scheduler
-from cudal1.harness.scheduler import DevicePlan, Job, run_jobs
+from cudal1.harness import batch
+from cudal1.harness.api import DevicePlan, Job, run_jobs
 from cudal1.types import Candidate, EvalResult, Status, Task
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = Task(name="t", source="import torch\nclass Model(torch.nn.Module):\n    pass\n")
 BUILD_S, JUDGE_S = 0.6, 0.15
-REAL_EVALUATOR = scheduler.Evaluator
+REAL_EVALUATOR = batch.Evaluator
 
 
 def job(tag: str, builds: bool) -> Job:
@@ -38,7 +38,7 @@ class Outcome:
 
 
 class FakeEvaluator:
-    """Stands in for scheduler.Evaluator: builds sleep, judging sleeps, both are logged."""
+    """Stands in for batch.Evaluator: builds sleep, judging sleeps, both are logged."""
 
     log: list[tuple[str, str, float]] = []  # (event, label, time)
     lock = threading.Lock()
@@ -71,7 +71,7 @@ class FakeEvaluator:
 @pytest.fixture
 def fake(monkeypatch):
     FakeEvaluator.log = []
-    monkeypatch.setattr(scheduler, "Evaluator", FakeEvaluator)
+    monkeypatch.setattr(batch, "Evaluator", FakeEvaluator)
     return FakeEvaluator
 
 
@@ -177,7 +177,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     judged again with the GPU to itself (new jobs held back, running ones finished first), and
     that verdict stands.  With one worker per GPU an OOM is the job's own: no second run."""
     MemoryBoundEvaluator.running = {}
-    monkeypatch.setattr(scheduler, "Evaluator", MemoryBoundEvaluator)
+    monkeypatch.setattr(batch, "Evaluator", MemoryBoundEvaluator)
     jobs = [job(f"p{i}", False) for i in range(6)]
     cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=share)
     results = run_jobs(jobs, cfg, plan=DevicePlan("cpu", (None,), ""))
@@ -197,7 +197,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
 
 
 def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():
-    gate = scheduler.GpuGate()
+    gate = batch.GpuGate()
     never = lambda: False  # noqa: E731
     gate.enter(never)  # a neighbour is running
     order: list[str] = []
@@ -217,7 +217,7 @@ def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():
 
 
 def test_unknown_backend_is_an_error():
-    with pytest.raises(scheduler.HarnessError, match="unknown backend"):
+    with pytest.raises(batch.HarnessError, match="unknown backend"):
         DevicePlan("cpu", (None,), "").with_backend("dask")
 
 

@@ -39,11 +39,12 @@ def test_verdict_from_message_by_stage():
     v = WorkerVerdict.from_message({
         "status": "ok", "flags": ["cpu_timing"], "phase": "done", "build_s": 1.5, "compile_log": "log",
         "correctness": {"trials": 3, "passed": 3, "rule": "exact"},
-        "ref_samples": [1.0], "cand_samples": [0.5], "clock": "cpu_monotonic", "raw": {"ref_stream": [1.0]},
+        "timing": {"ref": [[1.0, 1.0, 1.0, False, False]], "cand": [[0.5, 0.5, 0.5, False, False, 0.7]],
+                   "clock": "cpu_monotonic", "unknown_timing_key": 2},
         "kernels": ["k"], "unknown_key": 1,
     })
     assert v.status == "ok" and v.build.build_s == 1.5 and v.build.compile_log == "log"
-    assert v.timing is not None and v.timing.cand_samples == [0.5] and v.timing.clock == "cpu_monotonic"
+    assert v.timing is not None and v.timing.cand[0][0] == 0.5 and v.timing.clock == "cpu_monotonic"
     assert v.correctness["rule"] == "exact" and v.kernels == ["k"]
 
 

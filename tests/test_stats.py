@@ -48,45 +48,83 @@ class TestBootstrap:
         assert math.isfinite(speedup(1.0, 0.0))
 
 
-class TestCharge:
-    """stats.charge: two-clock samples -> charged times and the side-stream decision."""
+class TestFigures:
+    """stats.figures: both processes' raw rows -> the gpu/host figures and the parent's findings."""
 
-    def _honest(self, n=50, stream=0.1, base=0.02, jitter=0.002):
+    def _rows(self, n=50, gpu=0.1, base=0.02, host=0.01, jitter=0.002, wall=None, seed=0):
         import random as _r
 
-        rng = _r.Random(0)
-        s = [stream + rng.uniform(-0.005, 0.005) for _ in range(n)]
-        d = [x + base + rng.uniform(0, jitter) for x in s]
-        return s, d
+        rng = _r.Random(seed)
+        rows = []
+        for _ in range(n):
+            g = gpu + rng.uniform(-0.005, 0.005)
+            row = [g, g + base + rng.uniform(0, jitter), host, False, False]
+            if wall is not None:
+                row.append(wall)
+            rows.append(row)
+        return rows
 
-    def test_honest_candidate_is_not_side_stream(self):
-        from cudal1.harness.stats import charge
+    def _stage(self, ref, cand, blocks=None, overhead=0.0, physics=None, calibration=None):
+        from cudal1.harness.spec import TimingStage
 
-        rs, rd = self._honest(stream=0.3)
-        cs, cd = self._honest(stream=0.1)
-        c = charge(rs, rd, cs, cd, [0.02] * 30)
-        assert not c.side_stream
-        assert abs(np.median(c.cand_ms) - np.median(cs)) < 0.005
+        return TimingStage(clock="cuda_event", ref=ref, cand=cand, blocks=blocks or [], overhead_ms=overhead,
+                           calibration=calibration if calibration is not None else [0.02] * 30, physics_ms=physics)
 
-    def test_escaped_work_is_charged_and_flagged(self):
-        from cudal1.harness.stats import charge
+    def test_honest_candidate_keeps_its_calling_stream_time(self):
+        from cudal1.harness.stats import figures
 
-        rs, rd = self._honest(stream=0.3)
-        cs, cd = self._honest(stream=0.01)
-        cd = [d + 0.25 for d in cd]  # 0.25 ms still running on another stream
-        c = charge(rs, rd, cs, cd, [0.02] * 30)
-        assert c.side_stream
-        assert np.median(c.cand_ms) > 0.25
+        f = figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.1, wall=1.0), overhead=0.003))
+        assert not f.side_stream and not f.timing_mismatch and not f.below_physics and not f.launch_bound
+        assert abs(np.median(f.gpu["cand"]) - 0.097) < 0.005  # the events' own cost is taken off
 
-    def test_empty_calibration_uses_reference_excess(self):
-        from cudal1.harness.stats import charge
+    def test_work_left_on_another_stream_is_charged_and_flagged(self):
+        from cudal1.harness.stats import figures
 
-        rs, rd = self._honest(stream=0.3, base=0.05)
-        cs, cd = self._honest(stream=0.1, base=0.05)
-        assert not charge(rs, rd, cs, cd, []).side_stream
+        cand = self._rows(gpu=0.01, wall=1.0)
+        for r in cand:
+            r[1] += 0.25  # 0.25 ms still running on another stream after the calling stream ended
+        f = figures(self._stage(self._rows(gpu=0.3), cand))
+        assert f.side_stream
+        assert np.median(f.gpu["cand"]) > 0.25
 
-    def test_cpu_clocks_agree(self):
-        from cudal1.harness.stats import charge
+    def test_an_output_written_after_the_call_is_side_stream(self):
+        from cudal1.harness.stats import figures
 
-        c = charge([1.0, 2.0], [1.0, 2.0], [0.5, 0.6], [0.5, 0.6], [])
-        assert c.cand_ms == [0.5, 0.6] and not c.side_stream
+        cand = self._rows(gpu=0.1, wall=1.0)
+        cand[3][4] = True  # escaped: the snapshot differed from the output after the join
+        assert "returned before their output was written" in figures(self._stage(self._rows(gpu=0.3), cand)).side_stream
+
+    def test_reported_times_must_fit_the_clean_clock(self):
+        from cudal1.harness.stats import figures
+
+        per_call = figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.1, wall=0.05)))
+        assert "inside an exchange" in per_call.timing_mismatch
+        rows = self._rows(n=4, gpu=0.1, wall=1.0)
+        block = figures(self._stage(self._rows(n=4, gpu=0.3), rows, blocks=[["ref", 4, 5.0], ["cand", 4, 0.2]]))
+        assert "timing block" in block.timing_mismatch
+        fits = figures(self._stage(self._rows(n=4, gpu=0.3), rows, blocks=[["ref", 4, 5.0], ["cand", 4, 4.0]]))
+        assert not fits.timing_mismatch
+
+    def test_faster_than_writing_the_outputs_is_below_the_physical_limit(self):
+        from cudal1.harness.stats import figures
+
+        f = figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.01, wall=1.0), physics=0.05))
+        assert "peak bandwidth" in f.below_physics
+        assert not figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.1, wall=1.0), physics=0.05)).below_physics
+
+    def test_host_figure_and_launch_bound(self):
+        from cudal1.harness.stats import figures
+
+        f = figures(self._stage(self._rows(gpu=0.3, host=0.05), self._rows(gpu=0.02, host=0.2, wall=1.0)))
+        assert f.launch_bound == "candidate"
+        assert np.median(f.host["cand"]) >= 0.2 and np.median(f.gpu["cand"]) < 0.05
+        assert np.median(f.host["ref"]) == pytest.approx(np.median(f.gpu["ref"]))
+
+    def test_cpu_rows_agree(self):
+        from cudal1.harness.spec import TimingStage
+        from cudal1.harness.stats import figures
+
+        stage = TimingStage(clock="cpu_monotonic", ref=[[1.0, 1.0, 1.0, False, False]] * 3,
+                            cand=[[0.5, 0.5, 0.5, False, False, 0.6]] * 3)
+        f = figures(stage)
+        assert f.gpu["cand"] == [0.5] * 3 == f.host["cand"] and not f.side_stream and not f.launch_bound

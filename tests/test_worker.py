@@ -1,4 +1,4 @@
-"""harness.worker: classification of runtime errors; the GPU lease's phases."""
+"""The reference worker: classification of runtime errors; the GPU lease's phases (harness.lease)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import torch
 def test_out_of_memory_is_flagged_also_when_the_reference_runs_out():
     """An OOM verdict carries ``oom`` wherever it happened (the reference's phases too): the
     scheduler judges such a job again alone when it shared its GPU."""
-    from cudal1.harness.worker import _oom_flag, classify_runtime
+    from cudal1.harness.refworker import _oom_flag, classify_runtime
 
     assert "oom" in classify_runtime(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB"), "x").flags
     assert _oom_flag(RuntimeError("CUDA error: out of memory")) == ["oom"]
@@ -16,7 +16,7 @@ def test_out_of_memory_is_flagged_also_when_the_reference_runs_out():
 
 
 def test_cuda_error_boilerplate_is_not_an_illegal_memory_access():
-    from cudal1.harness.worker import classify_runtime
+    from cudal1.harness.refworker import classify_runtime
 
     boilerplate = ("CUDA kernel errors might be asynchronously reported at some other API call.\n"
                    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
@@ -30,7 +30,7 @@ def test_cuda_error_boilerplate_is_not_an_illegal_memory_access():
 def test_invalid_address_space_is_an_illegal_memory_access():
     """On the H200 with CUDA 13 an out-of-bounds store surfaced as cudaErrorInvalidAddressSpace."""
     from cudal1.harness.faults import is_cuda_fault
-    from cudal1.harness.worker import classify_runtime
+    from cudal1.harness.refworker import classify_runtime
 
     text = "CUDA error: operation not supported on global/shared address space\nSearch for `cudaErrorInvalidAddressSpace'"
     assert "illegal_memory_access" in classify_runtime(RuntimeError(text), "correctness").flags
@@ -39,22 +39,20 @@ def test_invalid_address_space_is_an_illegal_memory_access():
 
 
 class _LeaseProbe:
-    """A Worker's lease and phase methods on a real lock file, with phases recorded.  ``probe(name)``
-    runs when a phase is announced (before the worker goes on), so a test can look at the lock
-    at exactly that moment."""
+    """A reference worker's lease and phases on a real lock file, with phases recorded.
+    ``probe(name)`` runs when a phase is announced (before the worker goes on), so a test can look
+    at the lock at exactly that moment.  ``building(on)`` is what the worker does when the
+    candidate's process reports an extension build outside its import."""
 
-    def __init__(self, path, probe):
-        import os
+    def __init__(self, path, probe, device: str = "cpu"):
+        from cudal1.harness.lease import Lease
+        from cudal1.harness.refworker import RefWorker
 
-        from cudal1.harness.worker import Worker
-
-        self.worker = Worker.__new__(Worker)
-        self.worker.lease_fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        self.worker.lease_held = "none"
+        self.worker = RefWorker.__new__(RefWorker)
         self.worker.current_phase = ""
         self.worker.resume_phase = ""
         self.worker.resume_lease = "none"
-        self.worker.device = torch.device("cpu")
+        self.worker.device = torch.device(device)
         self.phases: list[str] = []
 
         def phase(name: str) -> None:
@@ -63,6 +61,15 @@ class _LeaseProbe:
             probe(name)
 
         self.worker.phase = phase
+        sync = (lambda: torch.cuda.synchronize()) if device == "cuda" else (lambda: None)
+        self.worker.lease = Lease(str(path), phase, sync, lambda: None)
+
+    @property
+    def held(self) -> str:
+        return self.worker.lease.held
+
+    def building(self, on: bool) -> None:
+        self.worker.on_event("building", {"on": on})
 
 
 def _try_lock(path, op) -> bool:
@@ -100,7 +107,7 @@ def test_a_lease_upgrade_ends_the_phase_before_its_shared_lock_can_go(tmp_path):
 
     w = _LeaseProbe(path, probe)
     w.worker.enter("correctness", "shared")
-    assert w.phases == ["correctness"] and w.worker.lease_held == "shared"
+    assert w.phases == ["correctness"] and w.held == "shared"
     w.worker.enter("timing", "exclusive")
     assert w.phases == ["correctness", "lane", "timing"]
     assert still_held == [True]
@@ -127,13 +134,13 @@ def test_a_phase_resumed_after_a_build_starts_only_once_its_lease_is_back(tmp_pa
 
     w = _LeaseProbe(path, probe)
     w.worker.enter("timing", "exclusive")
-    w.worker.building(True)  # a build in the middle of timing gives the GPU back
-    assert w.worker.lease_held == "none" and w.phases[-1] == "build"
+    w.building(True)  # a build in the middle of timing gives the GPU back
+    assert w.held == "none" and w.phases[-1] == "build"
     fcntl.flock(other, fcntl.LOCK_EX)  # another worker times meanwhile
     threading.Timer(0.2, release).start()
-    w.worker.building(False)
+    w.building(False)
     assert w.phases == ["timing", "build", "lane", "timing"]
-    assert seen["timing"] and w.worker.lease_held == "exclusive"
+    assert seen["timing"] and w.held == "exclusive"
     os.close(other)
 
 
@@ -152,11 +159,11 @@ def test_a_lease_given_back_is_given_back_only_after_the_next_phase_is_stamped(t
     w = _LeaseProbe(path, probe)
     w.worker.enter("reference", "shared")
     w.worker.enter("import", "none")
-    assert w.phases == ["reference", "import"] and w.worker.lease_held == "none"
+    assert w.phases == ["reference", "import"] and w.held == "none"
     assert held_at == {"reference": True, "import": True}
     assert _try_lock(path, fcntl.LOCK_EX)  # and it is gone afterwards
     w.worker.enter("timing", "exclusive")
-    w.worker.building(True)  # the same for a build that gives the GPU back mid-phase
+    w.building(True)  # the same for a build that gives the GPU back mid-phase
     assert w.phases[-1] == "build" and held_at["build"] and _try_lock(path, fcntl.LOCK_EX)
 
 
@@ -167,11 +174,10 @@ def test_a_worker_drains_its_gpu_work_before_its_lease_changes(tmp_path, monkeyp
     events: list[str] = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: events.append("sync"))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda *a, **k: None)
-    w = _LeaseProbe(tmp_path / "gpu0.lock", events.append)
-    w.worker.device = torch.device("cuda", 0)
+    w = _LeaseProbe(tmp_path / "gpu0.lock", events.append, device="cuda")
     w.worker.enter("reference", "shared")
     w.worker.enter("import", "none")
     w.worker.enter("construct", "shared")
     w.worker.enter("timing", "exclusive")
-    w.worker.building(True)
+    w.building(True)
     assert events == ["reference", "sync", "import", "construct", "sync", "lane", "timing", "sync", "build"]

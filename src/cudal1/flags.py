@@ -24,6 +24,9 @@ FLAGS: dict[str, str] = {
     "illegal_memory_access": "a CUDA illegal memory access (the CUDA context was lost)",
     "signal": "the worker was killed by a signal (e.g. SIGSEGV)",
     "no_verdict": "the worker exited without sending a verdict",
+    "timing_mismatch": "the candidate's process reported times that do not fit the clean side's clock",
+    "below_physical_limit": "a timed call was faster than writing its outputs once at the device's peak memory bandwidth",
+    "persisting_l2": "the candidate set a persisting-L2 limit or an access-policy window (lines an L2 flush cannot evict)",
     # informational
     "cpu_timing": "timed on the CPU with a monotonic host clock",
     "build_cached": "the candidate's extension build was found in the build cache",
@@ -32,6 +35,7 @@ FLAGS: dict[str, str] = {
     "pytorch_fallback": "the code falls back to PyTorch behind try/except",
     "strict_verified": "a speedup above the strict threshold passed a second, stricter verification",
     "reviewer_suspects": "an optional LLM reviewer suspects reward hacking (second opinion, never a verdict)",
+    "launch_bound": "the host's time to issue a call exceeds its GPU time (reference or candidate): figures depend on the host",
     "high_variance": "timing spread (IQR/median) above 10%: the speedup is less certain",
     "rejudged_alone": "ran out of device memory beside other workers on its GPU, so this verdict was judged again with the GPU to itself",
 }

@@ -151,6 +151,7 @@ class Environment:
     python: str | None = None
     cudal1: str | None = None
     hostname: str | None = None
+    isolation: dict[str, str] = field(default_factory=dict)  # what confined the candidate's process (measure -> applied / refused: why)
 
     def key(self) -> str:
         """Identity used for caching baselines: device, GPU, torch and CUDA versions."""
@@ -181,6 +182,8 @@ class EvalResult:
     build_s: float = 0.0  # part of wall_s spent building/importing the candidate
     phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds per worker phase
     kernels: list[str] = field(default_factory=list)  # CUDA kernels of one profiled forward
+    timing_figure: str = ""  # what reference/candidate/speedup measure: gpu (device time) or host (host-inclusive)
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpu/host -> reference_ms, candidate_ms, speedup
 
     @property
     def correct(self) -> bool:
@@ -210,6 +213,8 @@ class EvalResult:
             "candidate_hash": self.candidate_hash,
             "phase": self.phase,
             "clock": self.candidate.clock if self.candidate else None,
+            "timing_figure": self.timing_figure or None,
+            "figures": self.figures,
             "correctness": dataclasses.asdict(self.correctness),
             "environment": dataclasses.asdict(self.environment),
         }

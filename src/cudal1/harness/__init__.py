@@ -2,15 +2,14 @@
 
 Front door: :func:`evaluate` (one task, many candidates) and :func:`evaluate_pairs` (many tasks);
 :func:`measure_baselines` for eager / ``torch.compile`` / CUDA-graph baselines.  The harness knows
-nothing of prompts, policies, RL or run stores (resume and recording are :mod:`cudal1.runs`).
+nothing of prompts, policies, RL or run stores (resume and recording are :mod:`cudal1.recorded`).
 
-What in-process isolation cannot prevent (stated honestly): the candidate and the reference run
-in the same worker process, so candidate code can in principle read the worker's memory — the
-channel key, the secret input seed, the reference model — and patch Python objects the judge
-did not capture in advance.  The judge makes this costly and detectable (fresh inputs on every
-timed call, re-checks, captured callables, signed verdicts, per-candidate processes), not
-impossible.  Native code can do anything the process can.  Run untrusted candidates on machines
-you can afford to lose, under an OS sandbox if they may be hostile.
+Trust boundary: every job runs in two processes.  A clean reference worker, which never
+imports candidate code, holds the reference, the secret-seeded inputs, the float64 answers, the
+comparison and the reference's timing; the candidate runs in its own confined, unprivileged process
+and sees only what it is handed (init inputs, the weights' seed, per-call input copies).  The
+parent computes the statistics from both processes' raw times and bounds the candidate's reports
+by the clean side's clock and by physics.  docs/harness.md says what remains possible.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The judge's front door: ``evaluate(task, candidates, config) -> list[EvalResult]``.
 
 Contract: untrusted code (reference and candidates) runs only in worker children; the caller's
-process never imports it.  Builds overlap timing (see :mod:`cudal1.harness.scheduler`).  These
+process never imports it.  Builds overlap timing (see :mod:`cudal1.harness.batch`).  These
 calls judge; they do not remember: resuming from a run store and second opinions on accepted
-candidates are the apps' business (:mod:`cudal1.runs`).  Nothing here raises for candidate
+candidates are the apps' business (:mod:`cudal1.recorded`).  Nothing here raises for candidate
 behaviour; bad *usage* (no GPU when ``device='cuda'``) raises :class:`HarnessError`.
 """
 
@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Callable
 
 from cudal1.config import EvalConfig
-from cudal1.harness.scheduler import DevicePlan, HarnessError, Job, run_jobs
+from cudal1.harness.batch import run_jobs
+from cudal1.harness.plan import DevicePlan, HarnessError, Job
 from cudal1.types import Candidate, EvalResult, Task
 
 __all__ = ["DevicePlan", "HarnessError", "Job", "evaluate", "evaluate_pairs", "environment_key", "measure_baselines",

@@ -15,7 +15,7 @@ import signal
 from cudal1.config import EvalConfig
 from cudal1.harness.sandbox import JobOutcome
 from cudal1.harness.spec import TimingStage
-from cudal1.harness.stats import bootstrap_speedup_ci, charge, speedup
+from cudal1.harness.stats import FIGURES, _median, bootstrap_speedup_ci, figures, speedup
 from cudal1.harness.faults import is_cuda_fault
 from cudal1.types import Correctness, Environment, EvalResult, Status, Timing
 
@@ -36,7 +36,8 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
     r.wall_s = outcome.wall_s
     r.phase_s = {k: round(v, 4) for k, v in outcome.phase_times.items()}
     r.environment = Environment(**{k: v for k, v in outcome.env.items() if k in _ENV_FIELDS})
-    r.stderr_tail = outcome.log_tail[-4000:]
+    r.environment.isolation = {str(k): str(v) for k, v in outcome.isolation.items()}
+    r.stderr_tail = _logs(outcome)
     r.config_hash = config.hash()
     r.build_s = r.phase_s.get("build", 0.0)  # extensions built inside ModelNew.__init__
     if outcome.built is not None:
@@ -51,6 +52,15 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
             r.message = (r.message + "\n" if r.message else "") + f"degenerate task: {degenerate}"
 
 
+def _logs(outcome: JobOutcome) -> str:
+    """What the candidate printed (its process's log), then the reference worker's own last
+    lines when it wrote any (a stall dump, an internal error)."""
+    text = outcome.candidate_log_tail[-4000:]
+    if outcome.log_tail.strip() and outcome.log_tail is not outcome.candidate_log_tail:
+        text = (text + "\n--- reference worker ---\n" + outcome.log_tail[-1500:]).strip()
+    return text[-5000:]
+
+
 def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalResult:
     if outcome.tamper:
         r.status, r.flags = Status.REJECTED, ["tampering"]
@@ -59,6 +69,8 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
     if outcome.result is None:
         return _no_verdict(outcome, r)
     v = outcome.result
+    if outcome.candidate_gone:  # the candidate's process ended first: say how
+        return _no_verdict(outcome, r, candidate=True)
     r.phase = v.phase or outcome.phase
     r.status = Status(v.status)
     r.message = v.message
@@ -77,22 +89,26 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
     return r
 
 
-def _no_verdict(outcome: JobOutcome, r: EvalResult) -> EvalResult:
-    tail = outcome.log_tail.strip().splitlines()[-3:]
+def _no_verdict(outcome: JobOutcome, r: EvalResult, candidate: bool = False) -> EvalResult:
+    """No verdict (a kill at a deadline, a crash), or the candidate's process died under the
+    reference worker (``candidate``): its exit status and log say how."""
+    log = outcome.candidate_log_tail if candidate else outcome.log_tail
+    tail = log.strip().splitlines()[-3:]
     where = f" during {outcome.phase}"
     if outcome.timed_out:
         r.status = Status.TIMEOUT
         r.message = f"{outcome.phase} exceeded its {outcome.limit_s:g}s limit; the worker was killed"
         return r
     r.status = Status.RUNTIME_ERROR
-    code = outcome.exitcode
+    code = outcome.candidate_exitcode if candidate else outcome.exitcode
+    who = "the candidate's process" if candidate else "worker"
     if code is not None and code < 0:
         r.flags = ["signal"]
-        r.message = f"worker killed by {_signal_name(code)}{where}"
+        r.message = f"{who} killed by {_signal_name(code)}{where}"
     else:
         r.flags = ["no_verdict"]
-        r.message = f"worker exited (code {code}) without a verdict{where}"
-    if is_cuda_fault(outcome.log_tail):
+        r.message = f"{who} exited (code {code}) without a verdict{where}"
+    if is_cuda_fault(log):
         r.flags.append("illegal_memory_access")
     if tail:
         r.message += ": " + " | ".join(tail)[-1000:]
@@ -100,28 +116,38 @@ def _no_verdict(outcome: JobOutcome, r: EvalResult) -> EvalResult:
 
 
 def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
-    if t is None:
+    """Both figures from the raw times; the parent's findings about the candidate's times can
+    only turn an ``ok`` into ``rejected``."""
+    if t is None or not t.ref or not t.cand:
         return
-    ref, cand = t.ref_samples, t.cand_samples
-    if t.raw:  # recompute the charge here from the raw clocks: the parent's numbers are authoritative
-        raw = t.raw
-        charged = charge(raw["ref_stream"], raw["ref_device"], raw["cand_stream"], raw["cand_device"], t.calibration or [])
-        ref, cand = charged.ref_ms, charged.cand_ms
-        if charged.side_stream and r.status is Status.OK:
+    f = figures(t)
+    for flag, why in (("side_stream", f.side_stream), ("timing_mismatch", f.timing_mismatch),
+                      ("below_physical_limit", f.below_physics)):
+        if not why:
+            continue
+        if r.status is Status.OK:
             r.status = Status.REJECTED
-            r.message = f"side-stream work escaped the calling stream ({charged.cand_excess_ms:.3g} ms per call beyond the join cost)"
-        if charged.side_stream and "side_stream" not in r.flags:
-            r.flags.append("side_stream")
-    if not ref or not cand:
-        return
+            r.message = why
+        if flag not in r.flags:
+            r.flags.append(flag)
+    if f.launch_bound and "launch_bound" not in r.flags:
+        r.flags.append("launch_bound")
+        note = f"launch-bound: the host's issue time exceeds the GPU time ({f.launch_bound})"
+        r.message = f"{r.message}\n{note}".strip()
     clock = t.clock or "cuda_event"
-    r.reference = Timing.from_samples(ref, clock, keep=config.keep_samples)
-    r.candidate = Timing.from_samples(cand, clock, keep=config.keep_samples)
+    figure = config.timing_figure if clock == "cuda_event" else "gpu"
+    r.timing_figure = figure
+    r.reference = Timing.from_samples(f.samples(figure, "ref"), clock, keep=config.keep_samples)
+    r.candidate = Timing.from_samples(f.samples(figure, "cand"), clock, keep=config.keep_samples)
     if clock == "cpu_monotonic" and "cpu_timing" not in r.flags:
         r.flags.append("cpu_timing")
     spread = max(r.candidate.iqr_ms / max(r.candidate.median_ms, 1e-12), r.reference.iqr_ms / max(r.reference.median_ms, 1e-12))
     if spread > 0.10:
         r.flags.append("high_variance")
+    for name in FIGURES:
+        ref, cand = f.samples(name, "ref"), f.samples(name, "cand")
+        r.figures[name] = {"reference_ms": _median(ref), "candidate_ms": _median(cand),
+                           "speedup": speedup(_median(ref), _median(cand)) if r.status is Status.OK else None}
     if r.status is Status.OK:
         r.speedup = speedup(r.reference.median_ms, r.candidate.median_ms)
-        r.speedup_ci = bootstrap_speedup_ci(ref, cand, config.bootstrap_samples)
+        r.speedup_ci = bootstrap_speedup_ci(f.samples(figure, "ref"), f.samples(figure, "cand"), config.bootstrap_samples)

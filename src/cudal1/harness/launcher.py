@@ -15,7 +15,7 @@ import multiprocessing as mp
 import threading
 from typing import Any, Iterator
 
-PRELOAD = ["torch", "torch._dynamo", "cudal1.harness.worker"]
+PRELOAD = ["torch", "torch._dynamo", "cudal1.harness.refworker", "cudal1.harness.child.worker"]
 
 _context: Any = None
 _context_lock = threading.Lock()

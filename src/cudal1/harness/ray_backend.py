@@ -1,10 +1,10 @@
-"""The Ray backend of :func:`cudal1.harness.scheduler.run_jobs`: the same jobs, judged by
+"""The Ray backend of :func:`cudal1.harness.batch.run_jobs`: the same jobs, judged by
 long-lived timing actors (one per GPU of the cluster; one on a CPU-only cluster) fed by build
 tasks on the cluster's CPUs.
 
 Contract:
 
-- Each actor holds an :class:`~cudal1.harness.scheduler.Evaluator` and judges exactly as the
+- Each actor holds an :class:`~cudal1.harness.evaluator.Evaluator` and judges exactly as the
   local backend does: a fresh sandboxed worker process per candidate (``sandbox.run_job`` with a
   ``WorkerSpec``), the same static guards, assembly and flags; results are the same
   ``EvalResult`` type and shape.  The actor never sees a store; results come back to the driver,
@@ -44,7 +44,8 @@ from typing import Any, Callable
 
 from cudal1.config import EvalConfig
 from cudal1.harness.batchstats import BatchStats, StatsRecorder, in_worker_build_s
-from cudal1.harness.scheduler import DevicePlan, Evaluator, HarnessError, Job
+from cudal1.harness.evaluator import Evaluator
+from cudal1.harness.plan import DevicePlan, HarnessError, Job
 from cudal1.types import EvalResult, Status, content_hash
 
 INSTALL_HINT = "the ray backend needs Ray: pip install 'cudal1[distributed]'"

@@ -1,4 +1,5 @@
-"""Runtime guards inside the worker: the judge's world must look the same after candidate code.
+"""Runtime guards inside the candidate's process: the judge's world there must look the same after
+candidate code (a second line: the verdict itself is decided in the clean reference worker).
 
 Checked after the candidate is imported, after it is constructed and after every call:
 - identity of guarded callables (clocks, synchronisation, events, RNG seeding, comparison and
@@ -82,23 +83,20 @@ def math_flags() -> dict[str, Any]:
 # candidate code is tampering too.  (Module-level functions of the judge's comparison modules are
 # covered namespace-wide, see _NAMESPACES.)
 _JUDGE: list[tuple[str, str]] = [
-    ("cudal1.harness.numerics.LeafCheck", n) for n in ("bounds", "ratio", "limits", "summary", "record", "from_record")
+    ("cudal1.harness.timer.CudaTimer", "time_call"), ("cudal1.harness.timer.CpuTimer", "time_call"),
+    ("cudal1.harness.timer.Gate", "close"), ("cudal1.harness.timer.Gate", "open"),
+    ("cudal1.harness.runtime_guard.RuntimeGuard", "violation"),
 ] + [
-    ("cudal1.harness.numerics.ExactReference", "__call__"), ("cudal1.harness.numerics.ExactReference", "_args"),
-    ("cudal1.harness.numerics.ExactAnswers", "prepare"),
-    ("cudal1.harness.stats", "charge"), ("cudal1.harness.timer.CudaTimer", "time_call"),
-    ("cudal1.harness.timer.CpuTimer", "time_call"), ("cudal1.harness.runtime_guard.RuntimeGuard", "violation"),
-] + [
-    ("cudal1.harness.worker.Worker", n) for n in ("correctness", "timing", "recheck", "settle", "check_math",
-                                                   "make_inputs", "run_model", "finish", "send", "tolerances",
-                                                   "exact_reference",
-                                                   "verify_extraordinary", "memory_floor_ms", "sync", "poison")
+    ("cudal1.harness.child.worker.CandidateProcess", n) for n in (
+        "call", "time_one", "warmup", "reuse", "state", "profile", "kernel_names", "after_call", "settle", "check",
+        "inputs", "outputs", "run_model", "sync", "send", "finish", "reply", "serve")
 ]
-# Namespaces whose every callable is snapshotted (a rebinding of, say, torch.diag would make the
-# reference slower or the comparison lenient without touching the names listed above).  The
-# judge's own comparison modules are among them, so a helper added there is guarded without a list.
+# Namespaces whose every callable is snapshotted (a rebinding of, say, torch.diag would change what
+# the candidate's process computes or checks without touching the names listed above).  The judge's
+# own modules that run beside the candidate are among them, so a helper added there is guarded
+# without a list.
 _NAMESPACES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special", "math", "time",
-               "cudal1.harness.compare", "cudal1.harness.numerics", "cudal1.harness.measure")
+               "cudal1.harness.compare", "cudal1.harness.wire", "cudal1.harness.slots", "cudal1.harness.timer")
 
 _tripped: list[str] = []
 
@@ -139,8 +137,8 @@ class RuntimeGuard:
 
     def __init__(self) -> None:
         import torch._dynamo  # noqa: F401 - importing Dynamo rebinds torch.manual_seed; snapshot after it
-        import cudal1.harness.compare  # noqa: F401 - the judge's modules are guarded too
-        import cudal1.harness.worker  # noqa: F401
+        import cudal1.harness.child.worker  # noqa: F401 - the judge's modules are guarded too
+        import cudal1.harness.compare  # noqa: F401
 
         try:  # torch.compile patches nn.Module.__init__ on first use; let it happen before the snapshot
             from torch._dynamo.mutation_guard import install_generation_tagging_init

@@ -1,21 +1,26 @@
-"""Parent side of the isolation: start a worker child, enforce phase deadlines, collect its verdict.
+"""Parent side of the isolation: start a job's two children, enforce phase deadlines, collect
+the verdict.
 
-Contract: :func:`run_job` never raises for anything the child does.  The child is started from a
-``forkserver`` whose only preloaded state is ``torch`` and the worker module (no CUDA context,
-nothing from the parent; :mod:`cudal1.harness.launcher`), runs in its own process group, and is
-killed with SIGKILL (with every process it started, e.g. a hung ``nvcc``) when a phase overruns.
-Messages are read raw by a reader thread and verified by :class:`~cudal1.harness.channel.Receiver`;
-a forged, malformed or replayed message ends the job with ``tampering``, and so does a ``tamper``
-report from the worker's audit hook (:mod:`cudal1.harness.signing_hook`: candidate code reached
-for frames, ``gc`` or the channel).  The parent also re-checks what it can of an ``ok`` verdict
-with its own copy of the job (:func:`verdict_problem`): the protocol's phases all announced, in
-order; every correctness trial run and passed; the reported errors within *its* tolerance table.
-The outcome says what happened; mapping it to an :class:`~cudal1.types.EvalResult` is
-:mod:`cudal1.harness.assemble`'s job.
+Contract: :func:`run_job` never raises for anything a child does.  A job is two processes, both
+started from a ``forkserver`` whose only preloaded state is ``torch`` and the judge's modules (no
+CUDA context, nothing from the parent; :mod:`cudal1.harness.launcher`), each in its own process
+group and killed with SIGKILL (with every process it started, e.g. a hung ``nvcc``) when a phase
+overruns: the clean reference worker (:mod:`cudal1.harness.refworker`, never runs candidate code)
+and the candidate's process (:mod:`cudal1.harness.child.worker`), joined by a private pipe that
+only the two of them hold.  A build job is the candidate's process alone.  Messages from both are
+read raw by reader threads and verified by :class:`~cudal1.harness.channel.Receiver`; a forged,
+malformed or replayed message ends the job with ``tampering``, and so does a ``tamper`` report
+from the candidate's audit hook (:mod:`cudal1.harness.signing_hook`).  Phases, deadlines and the
+verdict come from the reference worker; from the candidate's process the parent takes only its
+environment (with what confined it), its build report and tamper reports.  The parent re-checks
+what it can of an ``ok`` verdict with its own copy of the job (:func:`verdict_problem`).  Mapping
+the outcome to an :class:`~cudal1.types.EvalResult` (statistics and the checks on the
+candidate's reported times included) is :mod:`cudal1.harness.assemble`'s job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import queue
 import secrets
@@ -28,7 +33,7 @@ from typing import Any
 from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
 from cudal1.harness.launcher import get_context, launching
 from cudal1.harness.numerics import LeafCheck
-from cudal1.harness.spec import BuildStage, TaskFindings, WorkerSpec, WorkerVerdict
+from cudal1.harness.spec import BuildStage, CandidateSpec, TaskFindings, WorkerSpec, WorkerVerdict
 
 _EXIT_GRACE_S = 15.0
 _POLL_S = 0.05
@@ -52,16 +57,20 @@ class JobOutcome:
     # (phase, start, end) on the worker's own clock (time.time(), from its phase and result
     # messages; the first start is the parent's at launch): orders phases across workers
     timeline: list[tuple[str, float, float]] = field(default_factory=list)
+    isolation: dict[str, Any] = field(default_factory=dict)  # what confined the candidate's process
+    candidate_exitcode: int | None = None
+    candidate_gone: bool = False  # the reference worker saw the candidate's process end first
+    candidate_log_tail: str = ""
 
 
-def _reader(conn: Any, out: "queue.Queue[bytes | None]") -> None:
+def _reader(who: str, conn: Any, out: "queue.Queue[tuple[str, bytes | None]]") -> None:
     try:
         while True:
-            out.put(conn.recv_bytes(MAX_MESSAGE_BYTES))
+            out.put((who, conn.recv_bytes(MAX_MESSAGE_BYTES)))
     except (EOFError, OSError):
         pass
     finally:
-        out.put(None)
+        out.put((who, None))
 
 
 _live_lock = threading.Lock()
@@ -91,15 +100,16 @@ def _kill_group(proc: Any) -> None:
         pass
 
 
-def _close_inherited_fds(keep: int) -> None:
-    """Close every descriptor but stdio and the channel, so candidate code cannot scribble on
-    the forkserver's or resource tracker's pipes (it could otherwise disturb later jobs)."""
+def _close_inherited_fds(keep: list[int]) -> None:
+    """Close every descriptor but stdio and ``keep`` (the channel, the link), so candidate code
+    cannot scribble on the forkserver's or resource tracker's pipes (it could otherwise disturb
+    later jobs)."""
     try:
         fds = [int(name) for name in os.listdir("/proc/self/fd")]
     except OSError:
         fds = list(range(3, 1024))
     for fd in fds:
-        if fd > 2 and fd != keep:
+        if fd > 2 and fd not in keep:
             try:
                 os.close(fd)
             except OSError:
@@ -141,70 +151,135 @@ def _die_with_parent() -> None:
         os._exit(1)
 
 
-def _job_target(spec: WorkerSpec, conn: Any, key_holder: list) -> None:
+def _child_start(keep: list[int]) -> None:
     _die_with_parent()
     os.setsid()  # own process group, so a kill reaches builds it started too
-    _close_inherited_fds(conn.fileno())
+    _close_inherited_fds(keep)
     _forget_inherited_helpers()
-    from cudal1.harness.worker import worker_entry
-
-    worker_entry(spec, conn, key_holder)  # empties key_holder: the key ends up in the audit hook only
 
 
-def run_job(spec: WorkerSpec, limits: dict[str, float]) -> JobOutcome:
-    """Run one worker job; ``limits`` maps phase name → seconds (``setup``, ``import``, ...)."""
-    ctx = get_context()
+def _candidate_target(spec: CandidateSpec, conn: Any, key_holder: list, link: Any) -> None:
+    _child_start([conn.fileno()] + ([link.fileno()] if link is not None else []))
+    from cudal1.harness.child.worker import candidate_entry
+
+    candidate_entry(spec, conn, key_holder, link)  # empties key_holder: the key ends up in the audit hook only
+
+
+def _reference_target(spec: WorkerSpec, conn: Any, key_holder: list, link: Any) -> None:
+    _child_start([conn.fileno(), link.fileno()])
+    from cudal1.harness.refworker import reference_entry
+
+    reference_entry(spec, conn, key_holder, link)
+
+
+def _start(ctx: Any, target: Any, spec: Any, extra: Any) -> tuple[Any, Any, bytes]:
+    """Start one child: (process, read end of its signed channel, its key)."""
     key = secrets.token_bytes(32)
     recv_conn, send_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_job_target, args=(spec, send_conn, [key]), daemon=False)
-    outcome = JobOutcome()
-    t0 = time.monotonic()
+    proc = ctx.Process(target=target, args=(spec, send_conn, [key], extra), daemon=False)
     with launching():
         proc.start()
     with _live_lock:
         _live.add(proc)
     send_conn.close()
-    messages: queue.Queue[bytes | None] = queue.Queue()
-    threading.Thread(target=_reader, args=(recv_conn, messages), daemon=True).start()
+    return proc, recv_conn, key
+
+
+def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str, float]) -> JobOutcome:
+    """Run one job; ``limits`` maps phase name -> seconds (``setup``, ``import``, ...).  ``spec``
+    None (build mode): the candidate's process alone imports the candidate.  Otherwise the clean
+    reference worker runs the job and drives the candidate's process over a private pipe."""
+    ctx = get_context()
+    outcome = JobOutcome()
+    t0 = time.monotonic()
+    procs: list[Any] = []
+    conns: list[Any] = []
+    messages: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
     try:
-        _monitor(proc, messages, Receiver(key), limits, outcome, t0, spec)
+        link_ref = link_cand = None
+        if spec is not None:
+            link_ref, link_cand = ctx.Pipe(duplex=True)
+        cand_proc, cand_recv, cand_key = _start(ctx, _candidate_target, candidate, link_cand)
+        procs.append(cand_proc)
+        conns.append(cand_recv)
+        threading.Thread(target=_reader, args=("cand", cand_recv, messages), daemon=True).start()
+        receivers = {"cand": Receiver(cand_key)}
+        if spec is not None:
+            link_cand.close()
+            spec = dataclasses.replace(spec, candidate_pid=cand_proc.pid or 0)
+            ref_proc, ref_recv, ref_key = _start(ctx, _reference_target, spec, link_ref)
+            link_ref.close()
+            procs.append(ref_proc)
+            conns.append(ref_recv)
+            receivers["ref"] = Receiver(ref_key)
+            threading.Thread(target=_reader, args=("ref", ref_recv, messages), daemon=True).start()
+        _monitor(procs, messages, receivers, limits, outcome, t0, spec if spec is not None else candidate)
     finally:
-        _kill_group(proc)
-        with _live_lock:
-            _live.discard(proc)
-        proc.join(timeout=5)
-        recv_conn.close()
-        outcome.exitcode = proc.exitcode
+        for proc in procs:
+            _kill_group(proc)
+            with _live_lock:
+                _live.discard(proc)
+        for proc in procs:
+            proc.join(timeout=5)
+        for conn in conns:
+            conn.close()
+        outcome.exitcode = procs[-1].exitcode if procs else None
+        outcome.candidate_exitcode = procs[0].exitcode if procs else None
         outcome.wall_s = time.monotonic() - t0
-        outcome.log_tail = _tail(spec.log_path)
+        outcome.log_tail = _tail(candidate.log_path) if spec is None else _tail(spec.log_path)
+        outcome.candidate_log_tail = _tail(candidate.log_path)
     return outcome
 
 
-def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receiver, limits: dict[str, float],
-             outcome: JobOutcome, t0: float, spec: WorkerSpec | None = None) -> None:
+def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]", receivers: dict[str, Receiver],
+             limits: dict[str, float], outcome: JobOutcome, t0: float, spec: Any = None) -> None:
+    """Read both children's signed messages until the verdict (or a deadline, or tampering).
+    The phases (and so the deadlines) are the reference worker's; in build mode, the candidate's
+    process is alone and its ``result`` is the verdict."""
+    judge = "ref" if "ref" in receivers else "cand"
     outcome.phase = "setup"
     phases = ["setup"]
     outcome.limit_s = limits["setup"]
     deadline = t0 + outcome.limit_s
     phase_start = t0
     wall_start = time.time() - (time.monotonic() - t0)  # the timeline's clock (see JobOutcome.timeline)
+    open_channels = set(receivers)
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             outcome.timed_out = outcome.result is None
             return
+        alive = any(p.is_alive() for p in procs)
         try:
-            raw = messages.get(timeout=min(remaining, _POLL_S if proc.is_alive() else 1.0))
+            who, raw = messages.get(timeout=min(remaining, _POLL_S if alive else 1.0))
         except queue.Empty:
             continue
-        if raw is None:  # channel closed: the child is gone (or closed it)
-            return
+        if raw is None:  # a channel closed: its child is gone (or closed it)
+            open_channels.discard(who)
+            if who == judge or not open_channels:
+                return
+            continue
         try:
-            msg = receiver.decode(raw)
+            msg = receivers[who].decode(raw)
         except ChannelError as exc:
             outcome.tamper = f"verdict channel: {exc}"
             outcome.result = None
             return
+        if msg.kind == "tamper":
+            outcome.tamper = f"the candidate's audit guard stopped it: {msg.data.get('reason', '')}"
+            outcome.result = None
+            return
+        if who == "cand" and msg.kind == "env":
+            outcome.isolation = dict(msg.data.pop("isolation", None) or {})
+            if judge == "cand":
+                outcome.env = msg.data
+            continue
+        if who == "cand" and msg.kind == "built":
+            outcome.built = BuildStage(build_s=float(msg.data.get("build_s") or 0.0),
+                                       compile_log=str(msg.data.get("compile_log") or ""))
+            continue
+        if who != judge:
+            continue  # nothing else from the candidate's process decides anything
         if msg.kind == "phase":
             now = time.monotonic()
             outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
@@ -218,15 +293,8 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
             deadline = now + outcome.limit_s
         elif msg.kind == "env":
             outcome.env = msg.data
-        elif msg.kind == "built":
-            outcome.built = BuildStage(build_s=float(msg.data.get("build_s") or 0.0),
-                                       compile_log=str(msg.data.get("compile_log") or ""))
-        elif msg.kind == "task" and outcome.phase == "reference":  # sent before candidate code runs
+        elif msg.kind == "task" and outcome.phase == "reference":  # sent before the candidate ran anything
             outcome.task = TaskFindings.from_message(msg.data)
-        elif msg.kind == "tamper":
-            outcome.tamper = f"the worker's audit guard stopped the candidate: {msg.data.get('reason', '')}"
-            outcome.result = None
-            return
         elif msg.kind == "result":
             if outcome.result is not None:
                 outcome.tamper = "verdict channel: a second verdict"
@@ -245,6 +313,7 @@ def _monitor(proc: Any, messages: "queue.Queue[bytes | None]", receiver: Receive
             except (KeyError, TypeError, ValueError) as exc:
                 outcome.tamper = f"verdict channel: malformed verdict ({type(exc).__name__}: {exc})"
                 return
+            outcome.candidate_gone = bool(msg.data.get("candidate_gone"))
             deadline = time.monotonic() + _EXIT_GRACE_S  # let it exit; a later message is tampering
 
 
@@ -265,20 +334,18 @@ def verdict_problem(spec: WorkerSpec, phases: list[str], data: dict[str, Any]) -
     """Why an ``ok`` verdict cannot be right, judged with the parent's own copy of the job
     ('' when it holds up).  Only a worker whose judge state was tampered with can trip these:
     they are re-checks, not the primary decision."""
-    if data.get("status") != "ok":
-        return ""
+    if data.get("status") != "ok" or spec.mode == "build":
+        return ""  # a build's 'ok' only says the import worked; the evaluation judges the rest
     want = _PROTOCOL.get(spec.mode, [])
     it = iter(phases)
     if not all(any(p == w for p in it) for w in want):
         return f"phases {phases} do not contain the protocol's {want} in order"
-    if spec.mode == "build":
-        return ""
     corr = data.get("correctness") or {}
     trials = spec.config.correctness_trials
     if not (int(corr.get("passed") or 0) == int(corr.get("trials") or 0) >= trials):
         return f"{corr.get('passed')} of {corr.get('trials')} correctness trials passed, {trials} required"
-    raw = data.get("raw") or {}
-    if not raw.get("cand_stream") or len(raw.get("cand_stream", [])) != len(raw.get("ref_stream", [])):
+    timing = data.get("timing") if isinstance(data.get("timing"), dict) else {}
+    if not timing.get("cand") or len(timing.get("cand", [])) != len(timing.get("ref", [])):
         return "no timed calls reported"
     tolerances = spec.tolerances
     for dtype, record in (corr.get("exact_checks") or {}).items():

@@ -1,10 +1,12 @@
-"""What the parent hands one worker child, and what the worker hands back: typed, not dicts.
+"""What the parent hands the two children of a job, and what comes back: typed, not dicts.
 
-Contract: :class:`WorkerSpec` is the whole job (frozen; pickled to the forkserver child).  Its
-``config`` is the resolved :class:`~cudal1.config.EvalConfig`, so defaults are stated once, in
-the config, never restated by a reader.  :class:`WorkerVerdict` is the worker's signed
-``result`` message parsed into stages (build, correctness, timing); unknown keys in a message
-are ignored, missing ones take the defaults below.
+Contract: :class:`WorkerSpec` is the clean reference worker's whole job and
+:class:`CandidateSpec` the candidate's process's (both frozen; pickled to forkserver children).
+The candidate's spec holds nothing secret: no input seed, no tolerance table.  ``config`` is the
+resolved :class:`~cudal1.config.EvalConfig`, so defaults are stated once, in the config, never
+restated by a reader.  :class:`WorkerVerdict` is the reference worker's signed ``result`` message
+parsed into stages (build, correctness, timing); unknown keys in a message are ignored, missing
+ones take the defaults below.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ class WorkerSpec:
     exact_cache: ExactCacheSpec | None = None
     cwd: str | None = None  # the child's working directory: relative paths a candidate writes land there
     gpu_lease: str | None = None  # lock file of the GPU's lease (shared while using it, exclusive while timing); None: none
+    slot_dir: str = ""  # where CPU slots (shared with the candidate's process) are created
+    candidate_pid: int = 0  # the candidate's process (stopped while the reference is timed); 0: none
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -52,6 +56,34 @@ class WorkerSpec:
     def fingerprint(self) -> str:
         """A canonical text of the whole spec (the runtime guard compares it before and after
         candidate calls)."""
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=repr)
+
+
+@dataclass(frozen=True)
+class CandidateSpec:
+    """The candidate's process: import (and build) the candidate, construct it, run the calls the
+    reference worker asks for.  ``mode``: eval | build (import only, no GPU: fills the build cache)
+    | baseline (the reference wrapped by ``baseline_mode`` plays the candidate)."""
+
+    mode: str
+    device: str  # cpu | cuda (the process sees one GPU, index 0)
+    config: EvalConfig
+    reference_path: str
+    reference_module: str
+    log_path: str
+    env: dict[str, str] = field(default_factory=dict)
+    candidate_path: str | None = None
+    candidate_module: str | None = None
+    baseline_mode: str | None = None
+    cwd: str | None = None
+    confine: dict[str, Any] = field(default_factory=dict)  # ConfinePolicy fields; {}: not confined
+    display_name: str = ""  # how messages name the candidate's file (its label), instead of the staged copy
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, not {self.mode!r}")
+
+    def fingerprint(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True, default=repr)
 
 
@@ -64,13 +96,19 @@ class BuildStage:
 
 @dataclass
 class TimingStage:
-    ref_samples: list[float] = field(default_factory=list)  # ms, after side-stream charging
-    cand_samples: list[float] = field(default_factory=list)
+    """The timed calls as measured (statistics are the parent's job, :mod:`cudal1.harness.stats`).
+    ``ref``/``cand``: one row per call, ``[gpu_ms, device_ms, host_ms, blocked, escaped]``; a
+    candidate row adds ``wall_ms``, the reference worker's own clock around that call's exchange.
+    ``blocks``: ``[who, calls, span_ms]`` per timing block, in order."""
+
     clock: str = ""  # cuda_event | cpu_monotonic
-    side_stream: bool = False
-    raw: dict[str, list[float]] = field(default_factory=dict)  # per-clock samples before charging
-    calibration: Any = None  # the timer's calibration (see timer.make_timer)
-    floor_ms: float | None = None  # memory floor (CUDA only)
+    ref: list[list[float]] = field(default_factory=list)
+    cand: list[list[float]] = field(default_factory=list)
+    blocks: list[list[Any]] = field(default_factory=list)
+    overhead_ms: float = 0.0  # the clean side's empty-call span (subtracted from every gpu_ms)
+    calibration: list[float] = field(default_factory=list)  # device_ms - gpu_ms on busy clean calls
+    floor_ms: float | None = None  # memory floor: inputs + outputs at measured copy bandwidth (CUDA only)
+    physics_ms: float | None = None  # outputs written once at the device's peak bandwidth (CUDA only)
 
 
 @dataclass
@@ -110,8 +148,9 @@ class WorkerVerdict:
             build_error=bool(data.get("build_error")),
         )
         timing = None
-        if "ref_samples" in data or "raw" in data:
-            timing = TimingStage(**{f.name: data[f.name] for f in dataclasses.fields(TimingStage) if f.name in data})
+        if isinstance(data.get("timing"), dict):
+            raw = data["timing"]
+            timing = TimingStage(**{f.name: raw[f.name] for f in dataclasses.fields(TimingStage) if f.name in raw})
         kernels = data.get("kernels")
         return cls(
             status=str(data["status"]),

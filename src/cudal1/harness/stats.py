@@ -1,14 +1,36 @@
-"""Statistics on timing samples, computed in the parent from the raw samples a worker sent.
+"""Statistics on timing samples, computed in the parent from the raw times both processes sent.
 
-The speedup is ``median(reference) / median(candidate)``; its 95% confidence interval is a
-percentile bootstrap that resamples both sample sets independently.
+Contract: the parent trusts the reference worker's measurements and bounds the candidate's
+(:func:`figures`).  Two figures per call:
+
+- ``gpu`` (the default speedup figure): the call's span on the GPU, enqueued behind the timer's
+  gate so host latency is out of it (see :mod:`cudal1.harness.timer`), minus the clean side's
+  empty-call span; a call whose device-wide end lies beyond the clean side's join cost by more
+  than the noise is charged to that end (work left on other streams is paid for);
+- ``host``: what a caller issuing calls back to back pays: the larger of the GPU figure and the
+  host's time to issue the call.
+
+The candidate's reported times must fit what the clean side saw (``timing_mismatch``): no call's
+GPU span longer than the wall time of its exchange, no block's calls longer than the block.  No
+call may be faster than writing its outputs once at the device's peak bandwidth
+(``below_physical_limit``).  Work that outlived the call on another stream is ``side_stream``:
+an output that changed after the calling stream finished, or a device-wide excess over the
+clean side's join cost beyond the noise.  ``launch_bound``: the host's issue time exceeds the
+GPU time (for the reference or the candidate), so the figures depend on the host.
+
+The speedup is ``median(reference) / median(candidate)`` of the chosen figure; its 95% confidence
+interval is a percentile bootstrap that resamples both sample sets independently.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+
+FIGURES = ("gpu", "host")
+_FIT_SLACK_MS = 0.05  # events and the host clock are different clocks
 
 
 def bootstrap_speedup_ci(ref_ms: list[float], cand_ms: list[float], samples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
@@ -29,17 +51,6 @@ def speedup(ref_median_ms: float, cand_median_ms: float) -> float:
     return ref_median_ms / max(cand_median_ms, 1e-12)
 
 
-@dataclass
-class Charge:
-    """Charged times and the side-stream decision for one timing run."""
-
-    ref_ms: list[float]
-    cand_ms: list[float]
-    side_stream: bool
-    base_ms: float  # fixed join cost subtracted from device-wide times
-    cand_excess_ms: float  # median device-wide excess of the candidate's calls over the base
-
-
 def _median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else 0.0
 
@@ -48,23 +59,82 @@ def _iqr(xs: list[float]) -> float:
     return float(np.subtract(*np.percentile(xs, [75, 25]))) if len(xs) >= 2 else 0.0
 
 
-def charge(ref_stream: list[float], ref_device: list[float], cand_stream: list[float], cand_device: list[float],
-           calibration: list[float]) -> Charge:
-    """Turn raw two-clock samples into charged times.
+@dataclass
+class Figures:
+    """Both figures for both sides, and the parent's findings about the candidate's times."""
 
-    The join cost ``base`` is the larger of the calibrated busy-call excess and the reference's
-    own median excess (the reference is trusted eager code on the calling stream).  Every call,
-    reference and candidate alike, is charged ``max(stream, device − base)``, so work that
-    escaped the calling stream is paid for.  The candidate is judged ``side_stream`` when its
-    median excess exceeds the base by more than the noise (``max(15 us, 3 × IQR of the
-    reference's excess, 5% of its stream time)``).  On the CPU both clocks agree and nothing
-    changes.
-    """
-    ref_excess = [d - s for s, d in zip(ref_stream, ref_device)]
-    cand_excess = [d - s for s, d in zip(cand_stream, cand_device)]
-    base = max(_median(calibration), _median(ref_excess))
-    slack = max(0.015, 3 * _iqr(ref_excess), 3 * _iqr(calibration), 0.05 * _median(cand_stream))
-    ref_ms = [max(s, d - base) for s, d in zip(ref_stream, ref_device)]
-    cand_ms = [max(s, d - base) for s, d in zip(cand_stream, cand_device)]
-    excess = _median(cand_excess) - base
-    return Charge(ref_ms, cand_ms, excess > slack, base, excess)
+    gpu: dict[str, list[float]] = field(default_factory=dict)  # ref / cand -> ms per call
+    host: dict[str, list[float]] = field(default_factory=dict)
+    side_stream: str = ""  # why work escaped the call ('' when none did)
+    timing_mismatch: str = ""  # why the candidate's times do not fit the clean side's clock
+    below_physics: str = ""  # why a candidate call is faster than physics allows
+    launch_bound: str = ""  # which side's host issue time exceeds its GPU time
+    base_ms: float = 0.0  # the clean side's device-wide join cost
+    cand_excess_ms: float = 0.0  # the candidate's median device-wide excess over it
+
+    def samples(self, figure: str, who: str) -> list[float]:
+        return (self.gpu if figure == "gpu" else self.host)[who]
+
+
+def _sides(stage: Any) -> dict[str, list[list[Any]]]:
+    return {"ref": [list(r) for r in stage.ref], "cand": [list(r) for r in stage.cand]}
+
+
+def figures(stage: Any) -> Figures:
+    """Figures and findings from a :class:`~cudal1.harness.spec.TimingStage`."""
+    rows = _sides(stage)
+    overhead = float(stage.overhead_ms or 0.0)
+    out = Figures()
+    ref_excess = [float(r[1]) - float(r[0]) for r in rows["ref"]]
+    calibration = [float(x) for x in stage.calibration or []]
+    # The join cost: the host's wake-up after the device-wide synchronize plus the output snapshot,
+    # as the reference (trusted, one stream, same outputs) pays it.
+    out.base_ms = max(_median(calibration), _median(ref_excess))
+    per_call = max(0.010, 3 * _iqr(ref_excess))
+    for who, rs in rows.items():
+        gpu = []
+        for r in rs:
+            g = max(float(r[0]) - overhead, 1e-6)
+            extra = float(r[1]) - float(r[0]) - out.base_ms
+            gpu.append(g + extra if extra > per_call else g)  # work on other streams past the call is charged
+        out.gpu[who] = gpu
+        out.host[who] = [g if bool(r[3]) else max(g, float(r[2])) for g, r in zip(gpu, rs)]
+    cand = rows["cand"]
+    escaped = sum(1 for r in cand if bool(r[4]))
+    cand_excess = [float(r[1]) - float(r[0]) for r in cand]
+    slack = max(0.015, 3 * _iqr(ref_excess), 3 * _iqr(calibration), 0.05 * _median(out.gpu["cand"]))
+    out.cand_excess_ms = _median(cand_excess) - out.base_ms
+    if escaped:
+        out.side_stream = f"{escaped} of {len(cand)} timed calls returned before their output was written"
+    elif out.cand_excess_ms > slack:
+        out.side_stream = (f"device work ran {out.cand_excess_ms:.3g} ms per call beyond the calling stream "
+                           f"(noise {slack:.3g} ms)")
+    out.timing_mismatch = _fit(cand, stage.blocks)
+    physics = stage.physics_ms
+    if physics:
+        fastest = min((float(r[0]) for r in cand), default=float("inf"))
+        if fastest < physics:
+            out.below_physics = (f"a call took {fastest * 1e3:.3g} us, below the {physics * 1e3:.3g} us it takes to write "
+                                 f"the outputs once at the device's peak bandwidth")
+    sides = [who for who in ("ref", "cand") if rows[who] and
+             _median([float(r[2]) for r in rows[who] if not bool(r[3])] or [0.0]) > _median(out.gpu[who])]
+    if sides:
+        out.launch_bound = " and ".join({"ref": "reference", "cand": "candidate"}[w] for w in sides)
+    return out
+
+
+def _fit(cand: list[list[Any]], blocks: list[list[Any]]) -> str:
+    """Why the candidate's reported times cannot be right on the clean side's clock ('' if they fit)."""
+    for i, r in enumerate(cand):
+        if len(r) > 5 and float(r[0]) > float(r[5]) + _FIT_SLACK_MS:
+            return f"timed call {i} reported {float(r[0]):.4g} ms on the GPU inside an exchange of {float(r[5]):.4g} ms"
+    i = 0
+    for block in blocks:
+        who, n, span = str(block[0]), int(block[1]), float(block[2])
+        if who != "cand":
+            continue
+        total = sum(float(r[0]) for r in cand[i:i + n])
+        i += n
+        if total > span + _FIT_SLACK_MS:
+            return f"a timing block of {n} calls reported {total:.4g} ms on the GPU inside {span:.4g} ms"
+    return ""

@@ -1,25 +1,38 @@
-"""Per-call timers used inside the worker; they measure, they do not judge.
+"""One timer for every timed call, reference and candidate alike, in whichever process runs it;
+it measures, it does not judge.
 
-CUDA protocol for one timed call (see docs/harness.md):
-  device synchronize → record ``start`` → call → record ``end_stream`` → **device-wide
-  synchronize** (joins every stream on the device, including streams the candidate created) →
-  record ``end_device`` → wait.
-``stream_ms`` (start → end_stream) measures the calling stream precisely; ``device_ms``
-(start → end_device) also covers work left running on other streams, plus the host's wake-up
-from the synchronize and the launch of ``end_device``.  That extra cost is only paid when the
-host really waited, so :meth:`CudaTimer.calibrate` measures it on calls that keep the GPU busy
-(a spin kernel), not on empty calls.  How the two clocks become a charged time and a
-``side_stream`` verdict is decided from the raw samples by :func:`cudal1.harness.stats.charge`.
-Work launched from other host threads after the call returns is not covered here (the
-correctness phase's settle check is).
+CUDA protocol for one call (docs/harness.md, "Timing"):
+  reset persisting L2 lines → **gate** (one kernel that fills every multiprocessor and waits on a
+  host-mapped word, then overwrites twice the L2 with zeros) → ``start`` event → call →
+  ``end`` event → snapshot of the outputs (on the calling stream) → the host opens the gate →
+  device-wide synchronize → ``end_device`` event.
+While the gate holds the GPU, the host issues the whole call, so the ``start → end`` span is the
+call's GPU time without host wake-up or launch latency (the ~40 µs that a synchronize followed by
+a launch puts under every call).  Because the gate occupies every thread slot of every
+multiprocessor, work the call puts on *other* streams cannot start early either: it starts with
+the call and is charged when the calling stream waits for it.  Work left running on other streams
+is not in the span; it is caught by the snapshot (an output still being written when the calling
+stream ended differs from itself after the synchronize: ``escaped``) and by ``device_ms`` (start →
+after the device-wide synchronize, including the host's wake-up: the judge compares its excess
+with the clean side's calibration).  ``host_ms`` is the host's time to issue the call.  A call that
+blocks inside (a synchronize, a ``cudaMalloc`` that waits for the device) cannot finish while the
+gate is closed: a watchdog opens it after ``watchdog_s`` and the sample says so (``blocked``); the
+span then includes the host's gaps after that point, as it does in real use.
 
-CPU protocol: ``time.perf_counter_ns`` around the call; torch CPU ops are synchronous, so the
-stream and device clocks are the same number.
+Raw spans include the cost of the two events around an empty call (``overhead_ms``, calibrated
+here on empty gated calls, about 3 µs on an H200); the statistics subtract the clean side's figure.
+
+CPU protocol: ``time.perf_counter_ns`` around the call; torch CPU ops are synchronous, so every
+figure is the same number.
 """
 
 from __future__ import annotations
 
+import ctypes
+import statistics
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -28,54 +41,225 @@ import torch
 _perf_counter_ns = time.perf_counter_ns
 _synchronize = torch.cuda.synchronize
 _Event = torch.cuda.Event
-_SPIN_CYCLES = 100_000  # about 50 us at H200 clocks
+_current_stream = torch.cuda.current_stream
+
+_GATE_PTX = r"""
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry cudal1_gate(.param .u64 p_flag, .param .u32 p_target, .param .u64 p_buf, .param .u64 p_n)
+{
+    .reg .pred %p<4>;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<10>;
+    ld.param.u64 %rd1, [p_flag];
+    ld.param.u32 %r1, [p_target];
+    ld.param.u64 %rd2, [p_buf];
+    ld.param.u64 %rd3, [p_n];
+    mov.u32 %r2, %tid.x;
+    setp.ne.u32 %p1, %r2, 0;
+    @%p1 bra WAITED;
+POLL:
+    ld.relaxed.sys.u32 %r3, [%rd1];
+    setp.lt.u32 %p2, %r3, %r1;
+    @%p2 bra POLL;
+WAITED:
+    bar.sync 0;
+    mov.u32 %r4, %ctaid.x;
+    mov.u32 %r5, %ntid.x;
+    mov.u32 %r6, %nctaid.x;
+    mul.wide.u32 %rd4, %r4, %r5;
+    cvt.u64.u32 %rd5, %r2;
+    add.u64 %rd4, %rd4, %rd5;
+    mul.wide.u32 %rd6, %r6, %r5;
+    cvta.to.global.u64 %rd7, %rd2;
+    mov.u32 %r7, 0;
+LOOP:
+    setp.ge.u64 %p3, %rd4, %rd3;
+    @%p3 bra DONE;
+    shl.b64 %rd8, %rd4, 4;
+    add.u64 %rd9, %rd7, %rd8;
+    st.global.v4.u32 [%rd9], {%r7, %r7, %r7, %r7};
+    add.u64 %rd4, %rd4, %rd6;
+    bra.uni LOOP;
+DONE:
+    ret;
+}
+"""
+
+
+@dataclass
+class CallTiming:
+    """One timed call.  ``gpu_ms``: start → end on the calling stream; ``device_ms``: start →
+    after a device-wide synchronize; ``host_ms``: the host's time to issue the call; ``blocked``:
+    the call waited inside and the watchdog opened the gate; ``escaped``: an output changed after
+    the calling stream had finished (work on another stream was still writing it)."""
+
+    gpu_ms: float
+    device_ms: float
+    host_ms: float
+    blocked: bool = False
+    escaped: bool = False
+
+
+def _leaf_tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for x in obj for t in _leaf_tensors(x)]
+    if isinstance(obj, dict):
+        return [t for x in obj.values() for t in _leaf_tensors(x)]
+    return []
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    return bool(torch.equal(a.detach().contiguous().view(torch.uint8), b.detach().contiguous().view(torch.uint8)))
+
+
+class Gate:
+    """A full-GPU gate: one kernel that occupies every thread slot of every multiprocessor until
+    the host raises a mapped word, then flushes L2.  ``close()`` enqueues it on the current
+    stream; ``open()`` releases it (idempotent per call)."""
+
+    def __init__(self, device: torch.device, flush_bytes: int) -> None:
+        from cudal1.harness import cuda_api
+
+        self._api = cuda_api
+        self.host, self.dev = cuda_api.host_word()
+        self._word = ctypes.c_uint32.from_address(self.host)
+        self._fn = cuda_api.load_function(_GATE_PTX, "cudal1_gate")
+        per_sm = max(1, cuda_api.attribute("max_threads_per_sm") // 1024)
+        self.grid = cuda_api.attribute("sm_count") * per_sm
+        self._buffer = torch.empty(max(16, flush_bytes) // 16 * 4, dtype=torch.int32, device=device)
+        self._seq = 0
+
+    def close(self) -> None:
+        self._seq += 1
+        params = [ctypes.c_uint64(self.dev), ctypes.c_uint32(self._seq), ctypes.c_uint64(self._buffer.data_ptr()),
+                  ctypes.c_uint64(self._buffer.numel() // 4)]
+        self._api.launch(self._fn, self.grid, 1024, _current_stream().cuda_stream, params)
+
+    def open(self) -> None:
+        self._word.value = self._seq
+
+
+class _Watchdog:
+    """Opens the gate if the call has not returned after ``timeout_s`` (a call that blocks inside
+    would otherwise wait for a gate that only its own return opens)."""
+
+    def __init__(self, gate: Gate) -> None:
+        self.gate = gate
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self.fired = False
+        threading.Thread(target=self._run, name="cudal1-gate-watchdog", daemon=True).start()
+
+    def arm(self, timeout_s: float) -> None:
+        with self._cond:
+            self.fired = False
+            self._deadline = time.monotonic() + timeout_s
+            self._cond.notify()
+
+    def disarm(self) -> bool:
+        with self._cond:
+            self._deadline = None
+            return self.fired
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                if self._deadline is None:
+                    self._cond.wait()
+                    continue
+                left = self._deadline - time.monotonic()
+                if left > 0:
+                    self._cond.wait(left)
+                    continue
+                self.gate.open()
+                self.fired = True
+                self._deadline = None
 
 
 class CudaTimer:
     clock = "cuda_event"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, flush_l2: bool = True) -> None:
         self.device = device
+        l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
+        self.gate = Gate(device, 2 * l2 if flush_l2 else 16)
+        self.watchdog = _Watchdog(self.gate)
+        self.watchdog_s = 0.05
         self._events = [_Event(enable_timing=True) for _ in range(3)]
-        self.calibration: list[float] = []  # device_ms - stream_ms on honest busy calls
+        self.calibration: list[float] = []  # device_ms - gpu_ms on honest busy calls (the join cost)
+        self.overhead_ms = 0.0  # gpu_ms of an empty gated call (the events' own cost)
+        self._reset_l2: Callable[[], None] = self.gate._api.reset_persisting_l2
 
     def calibrate(self, n: int = 30) -> None:
+        """The events' cost on empty calls and the device-wide join cost on busy ones."""
+        empty = [self.time_call(lambda: None, ())[0].gpu_ms for _ in range(n)]
+        self.overhead_ms = statistics.median(empty)
         spin = getattr(torch.cuda, "_sleep", None)
-        if spin is None:
-            return
-        for _ in range(n):
-            stream_ms, device_ms, _ = self.time_call(spin, (_SPIN_CYCLES,))
-            self.calibration.append(device_ms - stream_ms)
+        if spin is not None:
+            for _ in range(n):
+                t, _ = self.time_call(spin, (100_000,))
+                self.calibration.append(t.device_ms - t.gpu_ms)
 
-    def time_call(self, fn: Callable[..., Any], args: tuple) -> tuple[float, float, Any]:
-        """(stream_ms, device_ms, output) of one call."""
-        start, end_stream, end_device = self._events
-        _synchronize(self.device)
+    def set_watchdog(self, host_ms: list[float]) -> None:
+        """Size the watchdog from the host's issue times seen so far (warm-up)."""
+        self.watchdog_s = min(1.0, max(0.005, 4e-3 * max(host_ms, default=0.0)))
+
+    def time_call(self, fn: Callable[..., Any], args: tuple) -> tuple[CallTiming, Any]:
+        start, end, end_device = self._events
+        try:
+            self._reset_l2()
+        except Exception:  # noqa: BLE001 - drivers without persisting L2 support
+            pass
+        self.gate.close()
         start.record()
-        out = fn(*args)
-        end_stream.record()
+        self.watchdog.arm(self.watchdog_s)
+        t0 = _perf_counter_ns()
+        try:
+            out = fn(*args)
+        finally:
+            host_ms = (_perf_counter_ns() - t0) / 1e6
+            end.record()
+            blocked = self.watchdog.disarm()
+            leaves = _leaf_tensors(out) if "out" in locals() else []
+            snapshot = [leaf.clone() if leaf.is_cuda else None for leaf in leaves]
+            self.gate.open()
         _synchronize(self.device)
         end_device.record()
         end_device.synchronize()
-        return start.elapsed_time(end_stream), start.elapsed_time(end_device), out
+        escaped = any(s is not None and not _same_bits(s, leaf) for s, leaf in zip(snapshot, leaves))
+        timing = CallTiming(start.elapsed_time(end), start.elapsed_time(end_device), host_ms, blocked, escaped)
+        return timing, out
 
 
 class CpuTimer:
     clock = "cpu_monotonic"
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, flush_l2: bool = True) -> None:
         self.device = device
         self.calibration: list[float] = []
+        self.overhead_ms = 0.0
 
     def calibrate(self, n: int = 30) -> None:
         return None
 
-    def time_call(self, fn: Callable[..., Any], args: tuple) -> tuple[float, float, Any]:
+    def set_watchdog(self, host_ms: list[float]) -> None:
+        return None
+
+    def time_call(self, fn: Callable[..., Any], args: tuple) -> tuple[CallTiming, Any]:
         t0 = _perf_counter_ns()
         out = fn(*args)
         ms = (_perf_counter_ns() - t0) / 1e6
-        return ms, ms, out
+        return CallTiming(ms, ms, ms), out
 
 
-def make_timer(device: torch.device) -> CudaTimer | CpuTimer:
-    return CudaTimer(device) if device.type == "cuda" else CpuTimer(device)
+def make_timer(device: torch.device, flush_l2: bool = True) -> CudaTimer | CpuTimer:
+    return CudaTimer(device, flush_l2) if device.type == "cuda" else CpuTimer(device, flush_l2)

@@ -1,0 +1,492 @@
+"""The candidate's process: imports (and builds) the candidate, constructs it, and runs the calls
+the clean reference worker asks for.  Nothing it reports is trusted.
+
+Contract: ``candidate_entry(spec, conn, key_holder, link)`` is the process's only entry point.
+It redirects output to ``spec.log_path``, confines the process (:mod:`.confine`: an unprivileged
+uid, no ptrace, own HOME/TMPDIR, writes only to its build directory, no network, as far as the OS
+allows), installs the audit hook (:mod:`cudal1.harness.signing_hook`: frames, ``gc``, the
+parent channel's signer), then imports the candidate.  In ``build`` mode that is all: one signed
+``result`` goes to the parent.  Otherwise it serves the reference worker on ``link`` (requests
+and replies are JSON; tensors live in the reference worker's slots): ``construct``, ``call``
+(an untimed call, checked), ``warmup``, ``time`` (one call under :mod:`cudal1.harness.timer`),
+``reuse`` (the address-reuse probe), ``profile`` (kernel names), ``state`` (persisting-L2
+settings) and ``exit``.  Every reply either carries what was asked or a ``verdict`` that can
+only make the candidate's own verdict worse (the reference worker never takes ``ok`` from it).
+The candidate gets private copies of its inputs, never the slots; its outputs are copied into
+the reference's output slots after the call (and after the timer stopped).  The in-process
+checks (thread inventory, runtime guard, lazy outputs, input mutation, outputs that change
+after return) stay here as the second line that names a cheat.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import json
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from cudal1.harness import compare as cmp
+from cudal1.harness import signing_hook
+from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
+from cudal1.harness.kernels import custom_kernels
+from cudal1.harness.runtime_guard import RuntimeGuard, _sleep, settle_s
+from cudal1.harness.slots import SlotMap
+from cudal1.harness.spec import CandidateSpec
+from cudal1.harness.timer import make_timer
+from cudal1.harness.wire import decode_inputs, encode_outputs
+
+_perf = time.perf_counter
+_audit = sys.audit  # captured before candidate code runs
+_dumps = json.dumps
+_THREAD_GRACE_S = 0.1  # a thread seen right after a call gets this long to finish (its writes are watched)
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+
+
+class Refusal(Exception):
+    """Ends the candidate's protocol with a (never ``ok``) verdict for the reference worker."""
+
+    def __init__(self, status: str, message: str, *flags: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.message, self.flags, self.extra = status, message, list(flags), extra
+
+    def as_reply(self) -> dict[str, Any]:
+        return {"verdict": {"status": self.status, "message": self.message, "flags": self.flags, **self.extra}}
+
+
+def load_module(path: str, name: str) -> Any:
+    """Import a source file as a real module (``@triton.jit`` needs the file for its source)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def runtime_refusal(exc: BaseException, where: str) -> Refusal:
+    text = f"{type(exc).__name__}: {exc}"
+    flags = ["oom"] if is_out_of_memory(exc) else []
+    if is_cuda_fault(text):
+        flags.append("illegal_memory_access")
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
+    return Refusal("runtime_error", f"{where}: {text[:2000]}", *flags, traceback=tb[-4000:])
+
+
+def arm_stall_dump(cfg: Any, phase: str) -> None:
+    """A phase that stalls leaves every thread's stack in the log shortly before the parent's
+    deadline kills the process."""
+    key = {"setup": "setup_timeout_s", "import": "build_timeout_s", "build": "build_timeout_s"}.get(phase, "timeout_s")
+    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(getattr(cfg, key))), repeat=True)
+
+
+class CandidateProcess:
+    def __init__(self, spec: CandidateSpec, link: Any, threads: Any = None,
+                 confinement: dict[str, Any] | None = None) -> None:
+        self.spec = spec
+        self.confinement = confinement or {}
+        self.cfg = spec.config
+        self.link = link
+        self.threads = threads or (lambda: [])
+        self.device = torch.device("cpu")
+        self.guard: RuntimeGuard | None = None
+        self.model: Any = None
+        self.slots: SlotMap | None = None
+        self.timer: Any = None
+        self.log_path = spec.log_path
+        self.in_build = False
+
+    # ---- protocol ---------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self.setup()
+            model_new = self.import_candidate()
+        except Refusal as r:
+            if self.spec.mode == "build":
+                self.finish(r.status, r.message, r.flags, **r.extra)
+            else:
+                self.reply(r.as_reply())
+            return
+        if self.spec.mode == "build":
+            self.finish("ok", "built", [])
+            return
+        self.serve(model_new)
+
+    def serve(self, model_new: Any) -> None:
+        handlers = {"construct": self.construct, "call": self.call, "warmup": self.warmup, "time": self.time_one,
+                    "reuse": self.reuse, "profile": self.profile, "state": self.state}
+        while True:
+            try:
+                request = json.loads(self.link.recv_bytes(MAX_REQUEST_BYTES))
+            except (EOFError, OSError):
+                return
+            op = request.get("op")
+            if op == "exit":
+                return
+            try:
+                self.slots.update(request.get("slots") or [])  # type: ignore[union-attr]
+                reply = handlers[op](request, model_new)
+            except Refusal as r:
+                reply = r.as_reply()
+            except BaseException as exc:  # noqa: BLE001 - every failure becomes a reply
+                reply = runtime_refusal(exc, str(request.get("where") or op)).as_reply()
+            self.reply(reply)
+
+    def reply(self, data: dict[str, Any]) -> None:
+        self.link.send_bytes(_dumps(data, default=str).encode())
+
+    def notify(self, event: str, **data: Any) -> None:
+        self.reply({"event": event, **data})
+
+    def send(self, kind: str, **data: Any) -> None:
+        """A message to the parent on the signed channel (the audit hook signs it only on the
+        judge's own call chain)."""
+        _audit("cudal1.channel", kind, _dumps(data, default=str))
+
+    def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
+        """Build mode's one result, to the parent."""
+        self.send("result", **{"phase": "import", **data, "status": status, "message": message, "flags": flags,
+                               "t": time.time()})
+
+    def building(self, on: bool) -> None:
+        """A ``load_inline`` build started (or ended) outside the import: the reference worker
+        gives it the build deadline."""
+        self.in_build = on
+        if self.spec.mode != "build":
+            self.notify("building", on=on)
+
+    # ---- phases -----------------------------------------------------------------------------
+    def setup(self) -> None:
+        if self.spec.device == "cuda" and self.spec.mode != "build":
+            if not torch.cuda.is_available():
+                raise Refusal("runtime_error", "CUDA requested but no GPU is visible to the candidate's process")
+            torch.cuda.set_device(0)
+            self.device = torch.device("cuda", 0)
+        if self.cfg.math_mode == "strict":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            torch.set_float32_matmul_precision("highest")
+        from cudal1.harness import build
+
+        if self.spec.mode == "build":  # CPU child, no GPU: let candidate code take its GPU (building) path
+            build.pretend_gpu()
+        build.install_memo(self.building)
+        self.slots = SlotMap(self.device)
+        if self.spec.mode != "build":
+            self.timer = make_timer(self.device, self.cfg.flush_l2)
+        self.guard = RuntimeGuard()
+        self.guard.watch_worker(self)
+        from cudal1.harness.envinfo import collect_environment
+
+        self.send("env", **collect_environment(self.device), isolation=self.confinement)
+
+    def import_candidate(self) -> Any:
+        start = os.path.getsize(self.log_path)
+        t0 = _perf()
+        try:
+            if self.spec.mode == "baseline":
+                load_module(self.spec.reference_path, self.spec.reference_module)
+                return None
+            if self.spec.mode == "build":
+                load_module(self.spec.reference_path, self.spec.reference_module)  # the pre-build tail constructs with it
+            path, name = self.spec.candidate_path, self.spec.candidate_module
+            spec = importlib.util.spec_from_file_location(name, path)
+            if spec is None or spec.loader is None:
+                raise ImportError(f"cannot import {path}")
+            module = importlib.util.module_from_spec(spec)
+            _audit("cudal1.candidate", module.__dict__)  # the audit guard attributes this module's frames
+            sys.modules[name] = module  # type: ignore[index]
+            spec.loader.exec_module(module)
+            model_new = getattr(module, "ModelNew", None)
+            if model_new is None or not isinstance(model_new, type):
+                raise ImportError("the candidate defines no class ModelNew")
+        except Refusal:
+            raise
+        except BaseException as exc:  # noqa: BLE001 - import/build failures are compile errors
+            log = self.user_paths(self.read_log(start))
+            detail = self.user_paths(f"{type(exc).__name__}: {exc}")
+            is_build = "Error building extension" in detail or "CalledProcessError" in detail
+            raise Refusal("compile_error", detail[:4000], compile_log=(log + "\n" + detail)[-20000:],
+                          build_error=is_build, build_s=_perf() - t0) from None
+        build_s, log = _perf() - t0, self.read_log(start)[-20000:]
+        self.send("built", build_s=build_s, compile_log=log)
+        self.check("import")
+        self.settle("import")
+        if self.spec.mode != "build":
+            self.reply({"imported": True, "build_s": build_s, "compile_log": log})
+        return model_new
+
+    def construct(self, request: dict[str, Any], model_new: Any) -> dict[str, Any]:
+        init = decode_inputs(request["init"], self.slots, lambda v: v.clone())  # type: ignore[arg-type]
+        torch.manual_seed(int(request["seed"]))
+        try:
+            if self.spec.mode == "baseline":
+                from cudal1.harness.baselines import wrap_baseline
+
+                ref_mod = sys.modules[self.spec.reference_module]
+                model = ref_mod.Model(*init).to(self.device)
+                self.model = wrap_baseline(self.spec.baseline_mode, model, self.device)
+            else:
+                model = model_new(*init)
+                if isinstance(model, torch.nn.Module):
+                    model = model.to(self.device)
+                self.model = model
+        except BaseException as exc:  # noqa: BLE001
+            raise runtime_refusal(exc, "construct") from None
+        self.check("construct")
+        self.settle("construct")
+        from cudal1.harness.build import failed_builds
+
+        return {"ok": True, "fallback": bool(failed_builds)}
+
+    # ---- calls ------------------------------------------------------------------------------
+    def inputs(self, request: dict[str, Any], key: str = "inputs") -> tuple[list, Any]:
+        """(private copies the candidate gets, the slot views they came from)."""
+        desc = request[key]
+        views = decode_inputs(desc, self.slots, lambda v: v)  # type: ignore[arg-type]
+        private = decode_inputs(desc, self.slots, lambda v: v.clone())  # type: ignore[arg-type]
+        return list(private), views
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def run_model(self, args: list) -> tuple[Any, float]:
+        self.sync()
+        t0 = _perf()
+        out = self.model(*args)
+        self.sync()
+        return out, (_perf() - t0) * 1e3
+
+    def after_call(self, where: str, args: list, views: Any, out: Any, busy: list, full: bool = False) -> None:
+        """The second line: lazy outputs, guards, input mutation, work that outlives the call."""
+        problem = cmp.output_problem(out, self.device.type)
+        early = cmp_clone(out) if busy and not problem else None
+        self.check(where)
+        if not cmp.tensors_equal(args, list(views)):
+            raise Refusal("rejected", f"{where}: the candidate modified its inputs", "input_mutation")
+        if problem:
+            raise Refusal("rejected", f"{where}: {problem}", "lazy_output")
+        self.settle(where, out, full=full, busy=busy, snapshot=early)
+
+    def outputs(self, out: Any, request: dict[str, Any]) -> dict[str, Any]:
+        desc = encode_outputs(out, request.get("targets") or [], self.slots, self.device.type)  # type: ignore[arg-type]
+        self.sync()
+        return desc
+
+    def call(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        where = str(request.get("where") or "call")
+        args, views = self.inputs(request)
+        with torch.no_grad():
+            out, ms = self.run_model(args)
+        busy = self.threads()  # first thing after the call: a late writer may be quick
+        self.after_call(where, args, views, out, busy, full=bool(request.get("full")))
+        reply = {"out": self.outputs(out, request), "ms": ms}
+        del out
+        if self.cfg.poison_freed_memory:  # an output element left unwritten next time reads NaN
+            from cudal1.harness.memory import poison_free_blocks
+
+            poison_free_blocks(self.device)
+        return reply
+
+    def warmup(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        """Untimed calls that also measure the host's issue time (sizes the timer's watchdog)."""
+        host: list[float] = []
+        for i, _ in enumerate(request["sets"]):
+            args, views = self.inputs(request["sets"][i], "inputs")
+            with torch.no_grad():
+                self.sync()
+                t0 = _perf()
+                out = self.model(*args)
+                host.append((_perf() - t0) * 1e3)
+                self.sync()
+            self.after_call(f"warm-up call {i}", args, views, out, self.threads())
+            del out
+        self.timer.set_watchdog(host)
+        return {"host_ms": host}
+
+    def time_one(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        where = str(request.get("where") or "timed call")
+        args, views = self.inputs(request)
+        with torch.no_grad():
+            t, out = self.timer.time_call(self.model, tuple(args))
+        busy = self.threads()
+        self.after_call(where, args, views, out, busy)  # after the clocks stopped
+        reply: dict[str, Any] = {"timing": [t.gpu_ms, t.device_ms, t.host_ms, t.blocked, t.escaped]}
+        if request.get("keep"):
+            reply["out"] = self.outputs(out, request)
+        return reply
+
+    def reuse(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        """The address-reuse probe: two calls on the *same* input tensors, new values written into
+        them in between; the second output goes back for a re-check."""
+        args, views = self.inputs(request)
+        with torch.no_grad():
+            out, _ = self.run_model(args)
+            self.after_call("address-reuse probe", args, views, out, self.threads())
+            del out
+            second = decode_inputs(request["second"], self.slots, lambda v: v)  # type: ignore[arg-type]
+            try:
+                for dst, src in zip(args, second):
+                    if isinstance(dst, torch.Tensor):
+                        dst.copy_(src)
+            except RuntimeError:
+                return {"skipped": True}  # inputs that cannot be written in place (e.g. expanded views)
+            out, _ = self.run_model(args)
+        self.after_call("address-reuse probe", args, list(second), out, self.threads())
+        return {"out": self.outputs(out, request)}
+
+    def profile(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        """CUDA kernels launched by one profiled call (informational)."""
+        if self.device.type != "cuda" or self.spec.mode == "baseline":
+            return {"kernels": None}
+        names = self.kernel_names(request)
+        return {"kernels": names, "custom": custom_kernels(names) if names is not None else None}
+
+    def kernel_names(self, request: dict[str, Any]) -> list[str] | None:
+        from torch.profiler import ProfilerActivity, profile
+
+        args, views = self.inputs(request)
+        try:
+            with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+                out = self.model(*args)
+                self.sync()
+                busy = self.threads()
+            events = prof.events()
+        except Exception:  # noqa: BLE001 - informational only
+            return None
+        self.after_call("profiled call", args, views, out, busy)
+        cuda = torch.autograd.DeviceType.CUDA
+        return sorted({e.name for e in events if getattr(e, "device_type", None) == cuda})[:200]
+
+    def state(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        """Device settings a candidate must leave alone: a persisting-L2 set-aside or an
+        access-policy window survives an L2 flush."""
+        from cudal1.harness.build import failed_builds
+
+        fallback = bool(failed_builds)  # it built nothing, yet ran: PyTorch fallback behind try/except
+        if self.device.type != "cuda":
+            return {"persisting_l2": 0, "window": 0, "fallback": fallback}
+        from cudal1.harness import cuda_api
+
+        try:
+            limit = cuda_api.persisting_l2_limit()
+            window = cuda_api.stream_access_window_bytes(torch.cuda.current_stream().cuda_stream)
+        except cuda_api.CudaCallError as exc:
+            return {"persisting_l2": 0, "window": 0, "fallback": fallback, "error": str(exc)}
+        return {"persisting_l2": limit, "window": window, "fallback": fallback}
+
+    # ---- second-line checks -----------------------------------------------------------------
+    def check(self, where: str) -> None:
+        found = self.guard.violation() if self.guard else None
+        if found:
+            raise Refusal("rejected", f"after {where}: {found[1]}", found[0])
+
+    def settle(self, where: str, out: Any = None, full: bool = False, busy: list | None = None,
+               snapshot: Any = None) -> None:
+        """Nothing may still be working for the call after it returned: no thread running
+        candidate code (or a C callable handed to a thread or pool, or a pending Timer), and,
+        for ``full`` checks or when such a thread is seen, an output that stays the same for
+        ``settle_s()``.  Honest code pays one inventory; only a suspicious thread costs a wait."""
+        if busy is None:
+            busy = self.threads()
+        if not busy and not full:
+            return
+        if snapshot is None and out is not None:
+            snapshot = cmp_clone(out)
+        deadline = _perf() + max(settle_s(), _THREAD_GRACE_S)
+        if full:
+            _sleep(settle_s())
+            busy = self.threads()
+        while busy and _perf() < deadline:
+            _sleep(0.0005)
+            busy = self.threads()
+        self.sync()
+        if snapshot is not None and not cmp.tensors_equal(out, snapshot):
+            raise Refusal("rejected", f"{where}: the output changed after forward returned", "side_stream")
+        if busy:
+            what = "; ".join(desc for _, desc in busy[:3])
+            raise Refusal("rejected", f"{where}: a thread was still working for the candidate "
+                                      f"{max(settle_s(), _THREAD_GRACE_S) * 1e3:.0f} ms after it returned ({what})",
+                          "side_stream")
+
+    def user_paths(self, text: str) -> str:
+        """``text`` naming the candidate's file as the user knows it, not the staged copy."""
+        staged, shown = self.spec.candidate_path, self.spec.display_name
+        return text.replace(staged, shown) if staged and shown else text
+
+    def read_log(self, start: int) -> str:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with open(self.log_path, "rb") as f:
+            f.seek(start)
+            return f.read().decode("utf-8", "replace")
+
+
+def cmp_clone(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(cmp_clone(x) for x in obj)
+    return obj
+
+
+def _redirect_output(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def _confine(spec: CandidateSpec) -> dict[str, Any]:
+    """Apply the spec's confinement (an empty policy: none); the report goes to the parent."""
+    if not spec.confine:
+        return {}
+    try:
+        from cudal1.harness.child.confine import ConfinePolicy, confine
+    except ImportError:
+        return {"confinement": "unavailable"}
+    try:
+        return confine(ConfinePolicy(**spec.confine)).as_dict()
+    except Exception as exc:  # noqa: BLE001 - misuse or a half-applied policy: say so, never run unconfined silently
+        print(f"cudal1: confinement failed: {exc!r}", file=sys.stderr)
+        os._exit(3)
+
+
+def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any) -> None:
+    """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``."""
+    for name, value in spec.env.items():
+        os.environ[name] = value
+    if spec.cwd:
+        sys.path[:] = [os.path.abspath(p) for p in sys.path]  # relative entries keep their meaning
+        os.chdir(spec.cwd)
+    _redirect_output(spec.log_path)
+    signing_hook.clear_process_args()
+    confinement = _confine(spec)  # before any other thread exists (the stall dump starts one)
+    arm_stall_dump(spec.config, "setup")
+    fd = os.dup(conn.fileno())
+    conn.close()
+    threads = signing_hook.install(
+        key_holder.pop(), fd, candidate_path=spec.candidate_path, bottom=sys._getframe(),
+        send=CandidateProcess.send, chain=[CandidateProcess.finish, CandidateProcess.setup,
+                                           CandidateProcess.import_candidate, CandidateProcess.run,
+                                           CandidateProcess.serve],
+        building=CandidateProcess.building, register=CandidateProcess.import_candidate,
+        tolerances_fn=CandidateProcess.check, profiled=CandidateProcess.kernel_names, tolerances={})
+    try:
+        CandidateProcess(spec, link, threads, confinement).run()
+    except BaseException as exc:  # noqa: BLE001 - the channel itself failed
+        print(f"cudal1 candidate process: internal failure: {exc!r}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)

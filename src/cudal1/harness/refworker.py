@@ -1,0 +1,300 @@
+"""The clean reference worker: everything the verdict rests on, in a process that never imports
+candidate code.
+
+Contract: ``reference_entry(spec, conn, key_holder, link)`` is the process's only entry point
+(:class:`~cudal1.harness.spec.WorkerSpec`).  It imports the task and builds the reference, draws
+every input from the secret seed, computes the reference's outputs and the float64 answers,
+compares, and times the reference; the candidate's process (:mod:`cudal1.harness.child.worker`)
+is driven over ``link`` and sees only the init inputs, the weights' seed and per-call inputs
+(copies in slots).  Each phase (``setup``, ``reference``, ``import``, ``construct``,
+``correctness``, ``timing``; ``build`` while the candidate compiles an extension outside its
+import; ``lane`` while it waits for the GPU's lease) is announced on a signed channel to the
+parent, which enforces the deadlines; the job ends with one ``result`` message, then
+``os._exit``.  The worker holds the GPU's lease for the whole job (:mod:`cudal1.harness.lease`).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import os
+import sys
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from cudal1.harness.channel import Sender
+from cudal1.harness.degenerate import degenerate_reason, fingerprint
+from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
+from cudal1.harness.kernels import custom_kernels
+from cudal1.harness.lease import Lease
+from cudal1.harness.link import CandidateGone, CandidateLink
+from cudal1.harness.measure import Measurement, clone_tree, scrub
+from cudal1.harness.numerics import ExactAnswers, ExactReference
+from cudal1.harness.slots import SlotPool
+from cudal1.harness.spec import WorkerSpec
+from cudal1.harness.verdict import Verdict
+
+
+def load_module(path: str, name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _oom_flag(exc: BaseException) -> list[str]:
+    return ["oom"] if is_out_of_memory(exc) else []
+
+
+def classify_runtime(exc: BaseException, phase: str) -> Verdict:
+    """An exception of the reference worker's own protocol as a ``runtime_error``."""
+    text = f"{type(exc).__name__}: {exc}"
+    flags = _oom_flag(exc)
+    if is_cuda_fault(text):
+        flags.append("illegal_memory_access")
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
+    return Verdict("runtime_error", f"{phase}: {text[:2000]}", *flags, traceback=tb[-4000:])
+
+
+class RefWorker(Measurement):
+    def __init__(self, spec: WorkerSpec, sender: Sender, link_conn: Any) -> None:
+        self.spec = spec
+        self.cfg = spec.config
+        self.sender = sender
+        self.link_conn = link_conn
+        self.device = torch.device("cpu")
+        self.input_seed = spec.input_seed
+        self.current_phase = ""
+        self.extra_flags: list[str] = []
+        self.degenerate: str | None = None
+        self.ref_mod: Any = None
+        self.exact: ExactReference | None = None
+        self.recheck_limits: dict[str, tuple[float, float]] = {}
+        self.answers = ExactAnswers()
+        self.lease: Lease | None = None
+        self.link: CandidateLink | None = None
+        self.resume_phase = ""
+        self.resume_lease = "none"
+
+    # ---- protocol ---------------------------------------------------------------------------
+    def run(self) -> None:
+        result: dict[str, Any] = {}
+        phase = "setup"
+        try:
+            self.phase(phase)
+            self.setup()
+            ref_mod = self.ref_mod = self.load_reference()
+            phase = "reference"
+            self.enter(phase, "shared")
+            with torch.no_grad():
+                ref_model = self.construct_reference(ref_mod)
+                self.exact = self.exact_reference(ref_model)
+                self.probe_task(ref_mod, ref_model)
+            phase = "import"
+            self.enter(phase, "none")  # the candidate imports (and builds) on the CPU
+            link = self.link = CandidateLink(self.link_conn, SlotPool(self.device, self.spec.slot_dir), self.device,
+                                             self.spec.candidate_pid, self.on_event)
+            imported = link.read()
+            result.update(build_s=imported.get("build_s"), compile_log=str(imported.get("compile_log") or "")[-20000:])
+            phase = "construct"
+            self.enter(phase, "shared")
+            with torch.no_grad():
+                link.construct(self.init_inputs(ref_mod), self.cfg.seed)
+            phase = "correctness"
+            self.phase(phase)
+            with torch.no_grad():
+                est, correctness = self.correctness(ref_model, link, self.input_seed, self.cfg.correctness_trials)
+                result["correctness"] = correctness
+                kernels = self.kernel_names(link)
+                if kernels is not None:
+                    result["kernels"] = kernels
+                    if not custom_kernels(kernels):
+                        self.extra_flags.append("no_custom_kernel")
+                phase = "timing"
+                self.enter(phase, "exclusive")  # nothing else of this judge runs on the GPU now
+                timed = self.timing(ref_model, link, est, self.cfg.recheck_fraction)
+                timed = self.verify_extraordinary(ref_model, link, est, timed)
+                self.check_device_state(link)
+            result["timing"] = timed["timing"]
+            result["correctness"]["rechecked"] = timed.get("rechecked", 0)
+            self.finish("ok", "", self.extra_flags, phase="done", **result)
+        except Verdict as v:
+            self.finish(v.status, v.message, v.flags, phase=phase, **{**result, **v.extra})
+        except CandidateGone as gone:
+            self.finish("runtime_error", str(gone), [], phase=phase, candidate_gone=True, **result)
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes a verdict
+            v = classify_runtime(exc, phase)
+            self.finish(v.status, v.message, v.flags, phase=phase, **{**result, **v.extra})
+        finally:
+            if self.link is not None:
+                self.link.resume()
+                self.link.close()
+
+    def phase(self, name: str) -> None:
+        self.current_phase = name
+        arm_stall_dump(self.cfg, name)
+        self.sender.send("phase", name=name, t=time.time())
+
+    def enter(self, name: str, lease: str) -> None:
+        assert self.lease is not None
+        self.lease.enter(name, lease)
+
+    def on_event(self, event: str, data: dict[str, Any]) -> None:
+        """The candidate compiles an extension outside its import: that runs under the build
+        deadline without the GPU's lease; the interrupted phase resumes once its lease is back."""
+        if event != "building":
+            return
+        if data.get("on") and self.current_phase not in ("import", "build"):
+            self.resume_phase = self.current_phase
+            self.resume_lease = self.lease.held if self.lease else "none"
+            self.enter("build", "none")
+        elif not data.get("on") and self.current_phase == "build" and self.resume_phase:
+            resume, self.resume_phase = self.resume_phase, ""
+            self.enter(resume, self.resume_lease)
+
+    def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
+        # The lease is held until the process exits, after this message.
+        self.sender.send("result", status=status, message=message, flags=flags, t=time.time(), **data)
+
+    def tolerances(self) -> dict[str, tuple[float, float]]:
+        return self.spec.tolerances
+
+    # ---- phases -----------------------------------------------------------------------------
+    def setup(self) -> None:
+        if self.spec.device == "cuda":
+            if not torch.cuda.is_available():
+                raise Verdict("runtime_error", "CUDA requested but no GPU is visible to the worker")
+            torch.cuda.set_device(0)
+            self.device = torch.device("cuda", 0)
+        if self.cfg.math_mode == "strict":
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
+            torch.set_float32_matmul_precision("highest")
+        release = torch.cuda.empty_cache if self.device.type == "cuda" else (lambda: None)
+        self.lease = Lease(self.spec.gpu_lease, self.phase, self.sync, release)
+        from cudal1.harness.envinfo import collect_environment
+
+        self.sender.send("env", **collect_environment(self.device))
+
+    def load_reference(self) -> Any:
+        try:
+            return load_module(self.spec.reference_path, self.spec.reference_module)
+        except BaseException as exc:  # noqa: BLE001
+            raise Verdict("runtime_error", f"reference failed to import: {type(exc).__name__}: {exc}", "reference_error") from None
+
+    def init_inputs(self, ref_mod: Any) -> list:
+        init = list(ref_mod.get_init_inputs())
+        return [x.to(self.device) if isinstance(x, torch.Tensor) else x for x in init]
+
+    def construct_reference(self, ref_mod: Any, seed: int | None = None) -> Any:
+        try:
+            torch.manual_seed(self.cfg.seed if seed is None else seed)
+            return ref_mod.Model(*self.init_inputs(ref_mod)).to(self.device)
+        except BaseException as exc:  # noqa: BLE001
+            raise Verdict("runtime_error", f"reference failed to construct: {type(exc).__name__}: {exc}", "reference_error",
+                          *_oom_flag(exc)) from None
+
+    def probe_task(self, ref_mod: Any, ref_model: Any) -> None:
+        """Degenerate-task check and the float64 answers, on the reference alone."""
+        try:
+            prints = []
+            for i in range(3):
+                out = ref_model(*self.make_inputs(self.input_seed + i))
+                prints.append(fingerprint(out))
+                scrub(out)
+                del out
+            other = None
+            params = [p for p in ref_model.parameters() if p.is_floating_point()]
+            if params:
+                other_model = self.construct_reference(ref_mod, self.cfg.seed + 1)
+                other_params = [p for p in other_model.parameters() if p.is_floating_point()]
+                if any(not torch.equal(a, b) for a, b in zip(params, other_params)):
+                    other = fingerprint(other_model(*self.make_inputs(self.input_seed)))
+                del other_model, other_params
+        except Verdict:
+            raise
+        except BaseException as exc:  # noqa: BLE001
+            raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}", "reference_error",
+                          *_oom_flag(exc)) from None
+        self.degenerate = degenerate_reason(prints, other)
+        if self.exact is not None:
+            cache = self.spec.exact_cache
+            trials = self.cfg.correctness_trials
+            self.answers.prepare(self.exact, [self.input_seed + i for i in range(trials)], self.make_inputs,
+                                 cache.path if cache else None, cache.digest if cache else None)
+        self.sender.send("task", degenerate=self.degenerate, exact_digest=self.answers.digest,
+                         exact_source=self.answers.source)
+
+    def kernel_names(self, link: CandidateLink) -> list[str] | None:
+        """CUDA kernels of one profiled candidate call (informational; None off CUDA)."""
+        if self.device.type != "cuda" or self.spec.mode == "baseline":
+            return None
+        reply = link.request("profile", inputs=link.stage(self.make_inputs(self.input_seed + 80_000)), targets=[])
+        names = reply.get("kernels")
+        if not isinstance(names, list):
+            return None
+        return sorted({str(n)[:300] for n in names})[:200]
+
+    def check_device_state(self, link: CandidateLink) -> None:
+        """After timing: no persisting-L2 set-aside or access-policy window (an L2 flush cannot
+        evict persisting lines), and whether the candidate fell back to PyTorch."""
+        state = link.request("state")
+        if state.get("fallback") is True:
+            self.extra_flags.append("pytorch_fallback")
+        mine = 0
+        if self.device.type == "cuda":
+            from cudal1.harness import cuda_api
+
+            try:
+                mine = cuda_api.persisting_l2_limit()
+            except cuda_api.CudaCallError:
+                mine = 0
+        limit, window = state.get("persisting_l2"), state.get("window")
+        if mine or (isinstance(limit, int) and limit > 0) or (isinstance(window, int) and window > 0):
+            raise Verdict("rejected", f"the candidate set a persisting-L2 limit ({max(mine, limit or 0)} bytes) or an "
+                                      f"access-policy window ({window or 0} bytes)", "persisting_l2")
+
+
+def arm_stall_dump(cfg: Any, phase: str) -> None:
+    """A phase that stalls leaves every thread's stack in the log shortly before the parent's
+    deadline for that phase kills the worker."""
+    key = {"setup": "setup_timeout_s", "import": "build_timeout_s", "build": "build_timeout_s"}.get(phase, "timeout_s")
+    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(getattr(cfg, key))), repeat=True)
+
+
+def _redirect_output(log_path: str) -> None:
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: Any) -> None:
+    """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``."""
+    for name, value in spec.env.items():
+        os.environ[name] = value
+    if spec.cwd:
+        sys.path[:] = [os.path.abspath(p) for p in sys.path]
+        os.chdir(spec.cwd)
+    _redirect_output(spec.log_path)
+    arm_stall_dump(spec.config, "setup")
+    try:
+        RefWorker(spec, Sender(conn, key_holder.pop()), link_conn).run()
+    except BaseException as exc:  # noqa: BLE001 - the channel itself failed
+        print(f"cudal1 reference worker: internal failure: {exc!r}", file=sys.stderr)
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+
+
+__all__ = ["RefWorker", "reference_entry", "clone_tree"]
