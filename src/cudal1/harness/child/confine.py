@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import glob
 import hashlib
 import os
 import platform
@@ -115,6 +116,12 @@ def uid_for(build_dir: str | os.PathLike[str]) -> int:
     return UID_BASE + int.from_bytes(digest[:8], "big") % UID_SPAN
 
 
+def gpu_device_files() -> list[str]:
+    """NVIDIA's device files (``/dev/nvidia*``, ``/dev/nvidia-caps``), for ``writable``: narrower than
+    ``/dev``, whose disks a candidate left at uid 0 could otherwise open for writing."""
+    return sorted(glob.glob("/dev/nvidia*"))
+
+
 def confine(policy: ConfinePolicy) -> ConfineReport:
     """Confine this process for good (see the module docstring); raises :class:`ConfineError` only
     for misuse.  Costs a few milliseconds (plus one ``chown`` per entry of the build directory)."""
@@ -177,8 +184,7 @@ class _Paths:
         if policy.uid is not None and not 0 < policy.uid < 2**32 - 1:
             raise ConfineError(f"uid {policy.uid} is not an unprivileged uid")
         writable = tuple(abs_(p) for p in policy.writable)
-        missing = [str(p) for p in writable if not p.exists()]
-        if missing:
+        if missing := [str(p) for p in writable if not p.exists()]:
             raise ConfineError(f"writable paths do not exist: {', '.join(missing)}")
         readable = None if policy.readable_only is None else tuple(abs_(p) for p in policy.readable_only)
         if policy.must_read is None:
@@ -187,8 +193,7 @@ class _Paths:
             must_read = tuple(sorted(abs_(p) for p in must if os.path.isdir(p)))
         else:
             must_read = tuple(abs_(p) for p in policy.must_read)
-        unknown = sorted(set(policy.deny) - set(_SYSCALLS["x86_64"][2]))
-        if unknown:
+        if unknown := sorted(set(policy.deny) - set(_SYSCALLS["x86_64"][2])):
             raise ConfineError(f"unknown syscalls to deny: {', '.join(unknown)}")
         return cls(build, abs_(policy.home), abs_(policy.tmp), writable, readable, must_read)
 
@@ -291,23 +296,19 @@ def _set_env(policy: ConfinePolicy, paths: _Paths, uid: int | None) -> Measure:
 _SYSCALLS = {  # machine -> (AUDIT_ARCH, foreign x32 range, numbers)
     "x86_64": (0xC000003E, True, {
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
-        "process_madvise": 440, "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144,
-        "sched_setaffinity": 203, "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "prlimit64": 302,
-        "sched_setattr": 314}),
+        "process_madvise": 440, "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
+        "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "prlimit64": 302, "sched_setattr": 314}),
     "aarch64": (0xC00000B7, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
-        "process_madvise": 440, "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119,
-        "sched_setaffinity": 122, "ioprio_set": 30, "migrate_pages": 238, "move_pages": 239, "prlimit64": 261,
-        "sched_setattr": 274}),
+        "process_madvise": 440, "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
+        "ioprio_set": 30, "migrate_pages": 238, "move_pages": 239, "prlimit64": 261, "sched_setattr": 274}),
 }
 _LANDLOCK_CREATE, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT = 444, 445, 446  # same on every architecture
-_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR, _FS_REFER, _FS_TRUNCATE = 1, 2, 4, 8, 1 << 13, 1 << 14
 _FS_WRITE_V1 = _FS_WRITE_FILE | sum(1 << b for b in range(4, 13))  # remove and make_* (dir, reg, sym, ...)
-_FS_REFER, _FS_TRUNCATE = 1 << 13, 1 << 14
 _FS_READ = _FS_EXECUTE | _FS_READ_FILE | _FS_READ_DIR
 _FS_FILE_ONLY = _FS_EXECUTE | _FS_WRITE_FILE | _FS_READ_FILE | _FS_TRUNCATE  # rights a rule on a file may hold
-_NET_TCP = 0b11  # bind, connect
-_SCOPES = 0b11  # abstract unix sockets, signals
+_NET_TCP, _SCOPES = 0b11, 0b11  # TCP bind and connect; abstract unix sockets and signals
 _CLONE_NEWUSER, _CLONE_NEWNET = 0x10000000, 0x40000000
 
 
@@ -348,7 +349,7 @@ class _Os:
     def syscall(self, nr: int, *args: object) -> int:
         return self._call(self.libc.syscall, nr, *args)
 
-    def failed(self, name: str, detail: str = "") -> Measure:
+    def failed(self, name: str, detail: str = "") -> Measure:  # right after the call that failed
         return Measure(name, REFUSED, (detail + ": " if detail else "") + _reason(ctypes.get_errno()))
 
     # -- network ---------------------------------------------------------------------------------
@@ -425,7 +426,8 @@ class _Os:
             return [Measure(names[0], REFUSED, f"ABI {abi}: {problem}"),
                     *(Measure(n, NOT_APPLICABLE, "no Landlock domain") for n in names[1:])]
         reads = "reads everywhere" if paths.readable is None else f"reads only beneath {len(paths.readable)} listed paths and those"
-        return [Measure(names[0], APPLIED, f"ABI {abi}: writes only beneath {len(writable)} paths; {reads}"
+        extra = ", ".join(map(str, paths.writable)) or "nothing else"
+        return [Measure(names[0], APPLIED, f"ABI {abi}: writes only beneath its own directories, /dev/null and {extra}; {reads}"
                                            + ("; renames across directories fail (ABI 1)" if abi == 1 else "")),
                 Measure(names[1], APPLIED, "TCP bind and connect refused") if net else
                 Measure(names[1], NOT_APPLICABLE, "the policy allows network" if policy.network else f"ABI {abi} < 4"),
