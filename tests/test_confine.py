@@ -391,6 +391,7 @@ def home_problem(out: dict, d: dict) -> str:
 
 # ---- tests ------------------------------------------------------------------------------------
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("mode", MODES)
 def test_writes_only_inside_its_own_directories(probes, mode):
     _landlock(probes[f"{mode}_confined"])
@@ -398,6 +399,7 @@ def test_writes_only_inside_its_own_directories(probes, mode):
     assert writes_problem(probes[f"{mode}_control"]) != ""
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("mode", MODES)
 def test_cannot_reach_into_other_processes(probes, mode):
     assert reach_problem(probes[f"{mode}_confined"]) == ""
@@ -408,6 +410,7 @@ def test_cannot_reach_into_other_processes(probes, mode):
     assert control.startswith("reached another process"), control
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("mode", MODES)
 def test_cannot_signal_other_processes(probes, mode):
     out = probes[f"{mode}_confined"]
@@ -417,12 +420,14 @@ def test_cannot_signal_other_processes(probes, mode):
     assert signal_problem(probes[f"{mode}_control"]) != ""
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("mode", MODES)
 def test_no_new_privileges_not_dumpable_seccomp(probes, mode):
     assert privilege_problem(probes[f"{mode}_confined"]) == ""
     assert privilege_problem(probes[f"{mode}_control"]) != ""
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("mode", MODES)
 def test_no_network(probes, mode):
     out = probes[f"{mode}_confined"]
@@ -432,6 +437,7 @@ def test_no_network(probes, mode):
     assert network_problem(probes[f"{mode}_control"]) != ""
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("mode", MODES)
 def test_fresh_home_and_tmp_and_clean_environment(probes, base, mode):
     dirs = {k: str(base / f"{mode}_confined" / k) for k in ("build", "home", "tmp")}
@@ -440,6 +446,7 @@ def test_fresh_home_and_tmp_and_clean_environment(probes, base, mode):
     assert home_problem(probes[f"{mode}_control"], dirs) != ""
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("mode", MODES)
 def test_torch_cpu_ops_still_run_confined(probes, mode):
     out = probes[f"{mode}_confined"]
@@ -450,6 +457,7 @@ def test_torch_cpu_ops_still_run_confined(probes, mode):
     assert control["torch"] is True and "report" not in control  # the control ran torch too, unconfined
 
 
+@pytest.mark.cpu
 @pytest.mark.skipif(not ROOT, reason="the uid drop needs root")
 def test_root_drops_to_the_build_dirs_own_uid(probes, base):
     out = probes["root_confined"]
@@ -463,6 +471,7 @@ def test_root_drops_to_the_build_dirs_own_uid(probes, base):
     assert probes["root_control"]["ids"][0] == [0, 0, 0]
 
 
+@pytest.mark.cpu
 @pytest.mark.skipif(not ROOT, reason="the uid drop needs root")
 def test_root_stays_uid0_without_capabilities_when_the_uid_cannot_read_its_needs(probes, base):
     out = probes["fallback"]
@@ -476,6 +485,7 @@ def test_root_stays_uid0_without_capabilities_when_the_uid_cannot_read_its_needs
     assert probes["root_control"]["reads"] == {"visible": "ok", "hidden": "ok"}
 
 
+@pytest.mark.cpu
 def test_misuse_raises_and_refusals_do_not(probes):
     out = probes["misuse"]
     assert out["no_build_dir"].startswith("ConfineError: build directory"), out
@@ -498,6 +508,7 @@ def test_seccomp_program_is_well_formed(machine, ptrace):
     assert sum(code == 0x06 for code, *_ in program) == 2 + len(SELF_ONLY_SYSCALLS)  # one allow per self-only call
 
 
+@pytest.mark.cpu
 @pytest.mark.slow
 def test_load_inline_builds_inside_a_confined_child(base, targets, port):
     """A real C++ build under the default policy (whatever this machine allows: an unprivileged uid,
