@@ -20,7 +20,7 @@ import traceback
 from typing import Any
 
 from cudal1 import __version__
-from cudal1.cli import analyze, baseline, collect, compare, eval as eval_cmd, eval_suite, export, optimize, report, train, verify
+from cudal1.cli import analyze, baseline, collect, compare, eval as eval_cmd, eval_suite, evaluate, export, optimize, report, train, verify
 from cudal1.cli.common import UsageError
 
 
@@ -96,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cudal1 {__version__}")
     _log_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (optimize, eval_cmd, eval_suite, baseline, verify, report, analyze, export, compare, collect, train):
+    for module in (optimize, eval_cmd, eval_suite, baseline, verify, report, analyze, export, compare, collect, train, evaluate):
         module.register(sub)
     for p in _subparsers(parser):
         _log_flags(p, top=False)

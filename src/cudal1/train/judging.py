@@ -22,7 +22,7 @@ from collections import Counter
 from typing import Any, Callable
 
 from cudal1.config import EvalConfig
-from cudal1.recorded import RecordedJudge
+from cudal1.recorded import JudgeEvent, RecordedJudge
 from cudal1.store import RunStore
 from cudal1.train.reward import FORMAT, Outcome, outcome_of
 from cudal1.types import Candidate, EvalResult, Exemplar, Prompt, Task, reference_candidate
@@ -32,9 +32,13 @@ class RolloutJudge:
     """Parses rollouts and hands them to a :class:`~cudal1.recorded.RecordedJudge` (see the module docstring)."""
 
     def __init__(self, store: RunStore, config: EvalConfig, *, plan: Any = None, policy: str = "train",
-                 on_result: Callable[[EvalResult], None] | None = None) -> None:
+                 on_result: Callable[[EvalResult], None] | None = None,
+                 on_event: Callable[[JudgeEvent], None] | None = None) -> None:
+        """``on_result`` gets each fresh verdict; ``on_event`` (instead) every event of the
+        :class:`~cudal1.recorded.RecordedJudge`, responses without code as ``unjudged``."""
         self.store, self.config, self.plan, self.policy, self.on_result = store, config, plan, policy, on_result
-        on_event = (lambda e: on_result(e.result) if e.kind == "verdict" else None) if on_result else None
+        if on_event is None and on_result is not None:
+            on_event = lambda e: on_result(e.result) if e.kind == "verdict" else None  # noqa: E731
         self.recorded = RecordedJudge(config, store, plan=plan, on_event=on_event)
         self.config_hash = self.recorded.config_hash
         self.counts: Counter[str] = Counter()  # outcome kinds judged since the last drain
@@ -63,6 +67,8 @@ class RolloutJudge:
             prompt_d = dataclasses.asdict(prompt) if prompt is not None else {}
             self.recorded.record_response(task, round_, self.policy, prompt_d, text, parsed.analysis, cand,
                                           problem=parsed.problem)
+            if cand is None:
+                self.recorded.unjudged(task, parsed.problem or "no usable code")
             cands.append(cand)
         pairs = [(task, cand) for (task, _), cand in zip(items, cands) if cand is not None]
         verdicts = iter(self.recorded.judge(pairs) if pairs else [])
