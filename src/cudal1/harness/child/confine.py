@@ -141,13 +141,13 @@ def confine(policy: ConfinePolicy) -> ConfineReport:
     root = os.geteuid() == 0
     deathsig = ctypes.c_int(0)
     os_.prctl(2, ctypes.byref(deathsig))  # PR_GET_PDEATHSIG: any change of ids below clears it
-    uid = gid = os.geteuid() if root else -1
     if root:
         uid, note = _pick_uid(paths, policy.uid if policy.uid is not None else uid_for(paths.build))
         gid, blocked = uid, note if uid == 0 else ""
         changed = sum(_give(d, uid, gid) for d in (paths.build, paths.home, paths.tmp))
         measures.append(Measure("ownership", APPLIED, f"build dir, HOME, TMPDIR owned by {uid}:{gid} ({changed} entries changed)"))
     else:
+        uid = gid = -1
         blocked = note = ""
         measures.append(Measure("ownership", NOT_APPLICABLE, f"not root: the files stay uid {os.geteuid()}'s"))
     measures.append(os_.network_namespace(policy.network, root))
