@@ -103,8 +103,7 @@ class ConfineReport:
     elapsed_s: float
 
     def as_dict(self) -> dict[str, str]:
-        """``{measure: "applied: ..." | "refused: ..." | "not applicable: ..."}`` plus ``uid``, for the
-        verdict's environment."""
+        """For the verdict's environment: ``{measure: "applied[: ...]" | "refused: ..." | ..., "uid": "u:g"}``."""
         out = {m.name: f"{m.outcome}: {m.detail}" if m.detail else m.outcome for m in self.measures}
         out["uid"] = f"{self.uid}:{self.gid}"
         return out
@@ -127,8 +126,7 @@ def confine(policy: ConfinePolicy) -> ConfineReport:
     for misuse.  Costs a few milliseconds (plus one ``chown`` per entry of the build directory)."""
     t0 = time.perf_counter()
     if not sys.platform.startswith("linux"):
-        return ConfineReport(tuple(Measure(n, NOT_APPLICABLE, f"not Linux ({sys.platform})") for n in MEASURES),
-                             os.getuid(), os.getgid(), time.perf_counter() - t0)
+        return ConfineReport(tuple(Measure(n, NOT_APPLICABLE, f"not Linux ({sys.platform})") for n in MEASURES), -1, -1, 0.0)
     paths = _Paths.of(policy)
     tasks = os.listdir("/proc/self/task")
     if len(tasks) != 1:
@@ -336,8 +334,7 @@ def _reason(err: int) -> str:
 class _Os:
     """The raw calls, each returning -1 and leaving the reason in ``errno`` as libc does."""
 
-    def __init__(self) -> None:
-        self.libc = ctypes.CDLL(None, use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None  # loaded in the forkserver
 
     def _call(self, fn: Callable[..., int], *args: object) -> int:
         ctypes.set_errno(0)
@@ -459,7 +456,7 @@ class _Os:
         machine = platform.machine()
         if machine not in _SYSCALLS:
             return Measure("seccomp", NOT_APPLICABLE, f"no syscall table for {machine}")
-        program = seccomp_program(machine, deny)
+        program = _DEFAULT_PROGRAM if tuple(deny) == DENIED_SYSCALLS and _DEFAULT_PROGRAM else seccomp_program(machine, deny)
         filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
         prog = _SockFprog(len(program), filters)
         if self.prctl(22, 2, ctypes.byref(prog)) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
@@ -496,3 +493,7 @@ def seccomp_program(machine: str, deny: Sequence[str] = DENIED_SYSCALLS) -> list
         jt, jf = (labels[j] - at - 1 if isinstance(j, str) else j for j in (jt, jf))
         out.append((op, jt, jf, k))
     return out
+
+
+# built at import (the judge's forkserver imports this module), not in each child
+_DEFAULT_PROGRAM = seccomp_program(platform.machine()) if platform.machine() in _SYSCALLS else []
