@@ -1,4 +1,4 @@
-"""Unit tier: cudal1.report.metrics against hand-computed values."""
+"""Unit tier: cudal1.report.aggregate against hand-computed values."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from cudal1.report.metrics import (CONVENTIONS, Conventions, TaskOutcome, aggregate, conventions, describe, fast_p,
+from cudal1.report.aggregate import (CONVENTIONS, Conventions, TaskOutcome, aggregate, conventions, describe, fast_p,
                                    fast_p_key, geomean, percentile, summarize, verdict_counts)
 from cudal1.types import Status
 

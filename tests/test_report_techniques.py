@@ -234,3 +234,40 @@ ext = load_inline(name="r", cpp_sources="", cuda_sources=cuda, functions=["run"]
     assert "cuda_kernel" in r.techniques and "operation_fusion" not in r.techniques, r.to_dict()
     fused = src.replace("y[i] = fmaxf(x[i], 0.f);", "y[i] = fmaxf(x[i], 0.f) * __expf(x[i]);")
     assert "operation_fusion" in analyze(fused).techniques
+
+
+def test_labels_come_from_the_code_and_the_reference_only_adds():
+    """The builtin policy's candidates are labelled the same with or without their header
+    comments, and a reference never takes a label away (over every example candidate too)."""
+    from cudal1.policy.builtin import render_candidate
+
+    pairs = []
+    for task in ("diag_matmul", "matmul_chain", "linear_relu"):
+        ref = (REPO / "examples" / "tasks" / f"{task}.py").read_text()
+        for name in ("algebraic", "compile-default", "cudagraph"):
+            code = render_candidate(ref, name)
+            if code is not None:
+                stripped = "\n".join(line for line in code.splitlines() if not line.lstrip().startswith("#"))
+                assert analyze(code).techniques == analyze(stripped).techniques, (task, name)
+                pairs.append((stripped, ref))
+    for cand in sorted((REPO / "examples" / "candidates").glob("*.py")):
+        ref = REPO / "examples" / "tasks" / cand.name.replace("_broadcast", "").replace("_addmm", "").replace("_reassociated", "")
+        if ref.exists():
+            pairs.append((cand.read_text(), ref.read_text()))
+    for cand, ref in pairs:
+        alone, with_ref = analyze(cand).techniques, analyze(cand, ref).techniques
+        assert set(alone) <= set(with_ref), (alone, with_ref)
+    chain = render_candidate((REPO / "examples" / "tasks" / "matmul_chain.py").read_text(), "algebraic")
+    got = analyze(chain, (REPO / "examples" / "tasks" / "matmul_chain.py").read_text())
+    assert "algebraic_shortcut" in got.techniques  # (A @ B) @ X re-nested as A @ (B @ X), read from the code
+    assert any(line.startswith("reference: return (A @ B) @ X") for line in got.evidence["algebraic_shortcut"])
+
+
+def test_cli_analyze_refuses_a_file_that_is_not_python(tmp_path, capsys):
+    bad = tmp_path / "notes.py"
+    bad.write_text("this is not ( python\n")
+    assert cli_main(["analyze", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not valid Python (line 1" in err[0]
+    cand = REPO / "examples" / "candidates" / "diag_matmul_broadcast.py"
+    assert cli_main(["analyze", str(cand), "--reference", str(bad)]) == 2

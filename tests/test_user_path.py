@@ -79,7 +79,7 @@ def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tm
 
     with ScriptedLLMServer([ANSWER]) as srv:  # the same --out against a working endpoint
         second = run_cli([*args, "--base-url", srv.url, "--json"], env, tmp_path)
-        asked = len(srv.requests)
+        asked, url = len(srv.requests), srv.url
     assert second.returncode == 0, second.stderr[-3000:]
     assert asked == 1  # the failed generation is asked again; nothing else
     assert "resuming: 1 already judged" in second.stderr  # the reference's verdict was kept
@@ -87,7 +87,7 @@ def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tm
     assert again["generation"] == {"requested": 1, "failed": 0, "last_error": "", "errors": {},
                                    "answered_total": 1, "failed_total": 1}
     assert again["tasks"][0]["evaluated"] == 2
-    assert yaml.safe_load((out / "config.yaml").read_text())["policy"]["base_url"] == srv.url  # the endpoint asked
+    assert yaml.safe_load((out / "config.yaml").read_text())["policy"]["base_url"] == url  # the endpoint asked
 
 
 def test_reused_out_refuses_other_settings_and_summary_agrees_with_report(tmp_path, env):

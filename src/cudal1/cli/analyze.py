@@ -4,15 +4,17 @@ Labels come from a fixed vocabulary (CUDA-L1's eight families ``memory_layout``,
 ``memory_coalescing``, ``operation_fusion``, ``algebraic_shortcut``, ``block_config``,
 ``warp_reduction``, ``smem_register_caching``, ``async_execution``, plus ``torch_compile``,
 ``cuda_graph``, ``library_call``, ``cuda_kernel``, ``triton_kernel``, ``pytorch_rewrite``), found
-statically (Python AST, CUDA and Triton source; with ``--reference`` the two programs' operations
-are compared).  ``--json``: the last stdout line is ``{"techniques": [...], "evidence":
+statically from the code (Python AST, CUDA and Triton source; comments are never read; with
+``--reference`` the two programs' operations are compared, which only adds labels).  A file that
+is not Python is a usage error (exit 2).  ``--json``: the last stdout line is ``{"techniques": [...], "evidence":
 {technique: [source lines]}}``."""
 
 from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import print_json, read_text, table
+from cudal1.cli.options import read_text, UsageError
+from cudal1.cli.output import print_json, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,11 +26,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _python(path: str, what: str) -> str:
+    """The text of ``path``, which must be Python source (a usage error otherwise)."""
+    import ast
+
+    text = read_text(path, what)
+    try:
+        ast.parse(text)
+    except SyntaxError as exc:
+        raise UsageError(f"{what} {path}: not valid Python (line {exc.lineno}: {exc.msg})") from None
+    except ValueError as exc:  # e.g. null bytes
+        raise UsageError(f"{what} {path}: not valid Python ({exc})") from None
+    return text
+
+
 def run(args: argparse.Namespace) -> int:
     from cudal1.report.techniques import analyze
 
-    source = read_text(args.file, "candidate")
-    reference = read_text(args.reference, "reference") if args.reference else None
+    source = _python(args.file, "candidate")
+    reference = _python(args.reference, "reference") if args.reference else None
     analysis = read_text(args.analysis, "analysis") if args.analysis else ""
     result = analyze(source, reference, analysis)
     if args.json:

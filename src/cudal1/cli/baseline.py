@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import UsageError, add_judge_flags, config_from_args, load_suite, out_dir, print_json, progress_for, table
+from cudal1.cli.options import add_judge_flags, config_from_args, load_suite, out_dir, UsageError
+from cudal1.cli.output import print_json, table
+from cudal1.cli.progress import progress_for
 from cudal1.speedup import result_cell
 
 DEFAULT_MODES = "eager,compile-default,compile-reduce-overhead,compile-max-autotune,cudagraph"  # cudal1.compile_modes

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, config_from_args, plan_from_args,
-                               print_json, progress, table)
+from cudal1.cli.options import add_backend_flags, add_judge_flags, config_from_args, plan_from_args, UsageError
+from cudal1.cli.output import print_json, table
+from cudal1.cli.progress import progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:

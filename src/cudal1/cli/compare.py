@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import UsageError, print_json, table
+from cudal1.cli.options import UsageError
+from cudal1.cli.output import print_json, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cudal1.report import ReportError
-    from cudal1.report.compare import compare, read_side
+    from cudal1.report.side_by_side import compare, read_side
 
     try:
         doc = compare(read_side(args.a), read_side(args.b))

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import add_judge_flags, as_user_file, config_from_args, fmt, out_dir, print_json, read_text
+from cudal1.cli.options import add_judge_flags, config_from_args, out_dir, read_text
+from cudal1.cli.output import as_user_file, fmt, print_json
 from cudal1.speedup import faster, result_cell
 from cudal1.types import Candidate, EvalResult
 

@@ -14,9 +14,10 @@ from collections import Counter
 
 from cudal1.tables import geomean
 from cudal1.jsonl import JsonlError, iter_jsonl
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, add_out_flags, as_user_file, batch_line, batch_summary,
-                               config_from_args, default_out, guard_config, load_suite, out_dir, plan_from_args, print_json, progress_for,
-                               table)
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, default_out,
+                                guard_config, load_suite, out_dir, plan_from_args, UsageError)
+from cudal1.cli.output import as_user_file, batch_line, batch_summary, print_json, table
+from cudal1.cli.progress import progress_for
 from cudal1.speedup import LEGEND, faster, noisy, result_cell, uncertain
 from cudal1.types import Candidate, EvalResult, Task
 

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, add_out_flags, config_from_args, config_sections,
-                               default_out, guard_config, load_suite, out_dir, plan_from_args, print_json, progress_for, table)
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, config_sections,
+                                default_out, guard_config, load_suite, out_dir, plan_from_args, UsageError)
+from cudal1.cli.output import print_json, table
+from cudal1.cli.progress import progress_for
 
 POLICIES = ("openai", "hf", "vllm")
 DEFAULT_SAMPLES = 8

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.common import UsageError, print_json
+from cudal1.cli.options import UsageError
+from cudal1.cli.output import print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:

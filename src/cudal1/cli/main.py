@@ -21,7 +21,7 @@ from typing import Any
 
 from cudal1 import __version__
 from cudal1.cli import analyze, baseline, collect, compare, eval as eval_cmd, eval_suite, evaluate, export, optimize, report, train, verify
-from cudal1.cli.common import UsageError
+from cudal1.cli.options import UsageError
 
 
 _RST = re.compile(r"``([^`]+)``|:(?:func|class|meth|mod|data|attr):`~?([^`]+)`")

@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import os
 
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, add_out_flags, config_from_args, config_sections,
-                               default_of, default_out, guard_config, load_suite, out_dir, plan_from_args, print_json, progress_for, table,
-                               with_default)
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, config_sections,
+                                default_of, default_out, guard_config, load_suite, out_dir, plan_from_args,
+                                UsageError, with_default)
+from cudal1.cli.output import print_json, table
+from cudal1.cli.progress import progress_for
 from cudal1.prompts.select import STRATEGIES
 
 POLICIES = ("builtin", "openai", "hf", "replay")
@@ -175,8 +177,8 @@ def run(args: argparse.Namespace) -> int:
         try:
             recorded = RecordedJudge(judge, store, plan=plan, reviewer=reviewer, on_event=on_event)
             summary = optimize(tasks, policy, search, recorded, out,
-                               record={"command": "optimize", "target": args.target, "source": args.source})
-            summary["skipped_tasks"] = [{"path": p, "error": e} for p, e in skipped]
+                               record={"command": "optimize", "target": args.target, "source": args.source},
+                               extra={"skipped_tasks": [{"path": p, "error": e} for p, e in skipped]})
         finally:
             store.close()
             policy.close()

@@ -8,10 +8,14 @@ judged") are printed as lines.  On a terminal the bar shows the count, the rate 
 with the last task and its verdict (``diag_matmul: ok 2.13x``) and the verdicts so far; in a log
 (stderr not a terminal) each new verdict is one line with the count, the elapsed time and an
 ETA.  ``quiet`` prints nothing.  Nothing goes to stdout, so ``--json`` output stays one line.
+
+:func:`progress` is the older counter (a bar with ``update(n)``, or :class:`LogProgress` lines in
+a log) for commands that count work themselves rather than listen to a recorded judge.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 import threading
 import time
@@ -105,3 +109,44 @@ class Progress:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def progress_for(args: argparse.Namespace, desc: str, total: int = 0):
+    """The command's :class:`Progress` (silent with ``-q``; no bar with ``--json``)."""
+    quiet = bool(getattr(args, "quiet", False))
+    return Progress(desc, total, quiet=quiet, bar=False if getattr(args, "json", False) else None)
+
+
+class LogProgress:
+    """Progress for logs (stderr not a terminal): one line ``desc: done/total (elapsed)`` at most
+    every ``every_s`` seconds and at the end, so a long batch in a log file shows it is alive."""
+
+    def __init__(self, total: int, desc: str, every_s: float = 15.0) -> None:
+        import time
+
+        self.total, self.desc, self.every_s, self.n = total, desc, every_s, 0
+        self._clock = time.monotonic
+        self.t0 = self.last = self._clock()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = self._clock()
+        if now - self.last >= self.every_s or (self.total and self.n >= self.total):
+            self.last = now
+            print(f"{self.desc}: {self.n}/{self.total or '?'} ({now - self.t0:.0f} s)", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> "LogProgress":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def progress(total: int, desc: str, enabled: bool = True):
+    """A tqdm bar on stderr when it is a terminal (not for --json); periodic lines
+    (:class:`LogProgress`) when stderr is a log file, --json or not."""
+    from tqdm import tqdm
+
+    if not sys.stderr.isatty():
+        return LogProgress(total, desc)
+    return tqdm(total=total, desc=desc, unit="job", file=sys.stderr, disable=not enabled or None)

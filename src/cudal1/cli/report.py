@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cudal1.cli.common import UsageError
+from cudal1.cli.options import UsageError
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -24,7 +24,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from cudal1.cli.common import UsageError, add_backend_flags, plan_from_args, print_json, table
+from cudal1.cli.options import add_backend_flags, plan_from_args, UsageError
+from cudal1.cli.output import print_json, table
 from cudal1.config import EvalConfig
 
 STAGES = ("sft", "ssl", "grpo")

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import json
 
-from cudal1.cli.common import (UsageError, add_backend_flags, add_judge_flags, add_out_flags, batch_line, batch_summary,
-                               config_from_args, default_out, guard_config, out_dir, plan_from_args, print_json, progress_for,
-                               table)
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, default_out,
+                                guard_config, out_dir, plan_from_args, UsageError)
+from cudal1.cli.output import batch_line, batch_summary, print_json, table
+from cudal1.cli.progress import progress_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -1,11 +1,12 @@
 """Reporting (apps layer): metrics, technique analysis, verify audits, HTML/JSON/Markdown reports,
 exports and comparisons, all read from run stores without writing to them.
 
-Modules: ``metrics`` (pure aggregate functions and conventions), ``techniques`` (static labels),
-``load`` (read-only run reader), ``document`` (the report's JSON document), ``markdown``,
-``html`` + ``plots`` + ``templates/`` (the self-contained page; needs the ``report`` extra),
-``export`` (CUDA-L1 release format), ``compare``, ``verify`` (``cudal1 verify``'s classification),
-``builtin`` (the builtin benchmark's figures), ``trackers`` (``optimize --report-to``).
+Modules: ``aggregate`` (figures over tasks: pure functions and conventions), ``techniques``
+(static labels), ``load`` (read-only run reader), ``document`` (the report's JSON document),
+``markdown``, ``html`` + ``plots`` + ``templates/`` (the self-contained page; needs the
+``report`` extra), ``export`` (CUDA-L1 release format), ``side_by_side`` (``cudal1 compare``),
+``verify`` (``cudal1 verify``'s classification), ``builtin`` (the builtin benchmark's figures),
+``trackers`` (``optimize --report-to``).
 """
 
 from __future__ import annotations

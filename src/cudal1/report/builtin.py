@@ -33,7 +33,7 @@ from pathlib import Path
 from cudal1.config import EvalConfig
 from cudal1.policy.builtin import passes_in
 from cudal1.report.markdown import fmt as _fmt, md_table
-from cudal1.report.metrics import fast_p, geomean
+from cudal1.report.aggregate import fast_p, geomean
 from cudal1.types import reference_candidate
 from cudal1.store import RunStore
 from cudal1.types import Status

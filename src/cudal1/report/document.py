@@ -6,7 +6,7 @@ Contract (``cudal1 report --format json`` prints it; the HTML and Markdown rende
   candidate), ``mean``, ``median``, ``geomean``, ``max``, ``p25``, ``p75`` of the per-task best
   speedup over eager, ``fast_p`` (faster with confidence) and ``fast_p_point`` (KernelBench's
   point-value definition) keyed "0", "1.0", "1.2", "1.5", "2.0" (see
-  :mod:`cudal1.report.metrics`), plus ``n``, ``faster``, ``faster_point``, ``degenerate``, ``candidates``,
+  :mod:`cudal1.report.aggregate`), plus ``n``, ``faster``, ``faster_point``, ``degenerate``, ``candidates``,
   ``statuses`` and ``flags`` (counts over all judged candidates) and ``conventions``;
 * ``levels``: the same figures per level (``level1`` ..., ``other`` for tasks without one), with
   the level's ``candidates``, ``statuses`` and ``flags`` (degenerate tasks left out);
@@ -39,7 +39,7 @@ from collections import Counter
 from typing import Any
 
 from cudal1.report.load import CandidateRecord, RunData, TaskRecord
-from cudal1.report.metrics import CONVENTIONS, TaskOutcome, aggregate, conventions, geomean, level_key, verdict_counts
+from cudal1.report.aggregate import CONVENTIONS, TaskOutcome, aggregate, conventions, geomean, level_key, verdict_counts
 from cudal1.report.techniques import TECHNIQUES, analyze
 from cudal1.report.verify import CLASSES, DEFAULT_SLACK
 from cudal1.speedup import faster as speedup_faster, noisy, uncertain
@@ -197,7 +197,7 @@ def audit_section(audit: dict[str, Any]) -> dict[str, Any]:
         keys = [c for c in CLASSES if c in counts] + sorted(c for c in counts if c not in CLASSES)
         return {c: counts[c] for c in keys}
 
-    slack = audit.get("slack")  # verify reports before session 5 did not record it: the default
+    slack = audit.get("slack")  # verify reports written before commit 4c117d1 did not record it: the default
     return {"summary": audit.get("summary"), "file": audit.get("file"),
             "slack": float(slack) if isinstance(slack, (int, float)) else DEFAULT_SLACK,
             "per_level": {k: ordered(v) for k, v in per_level.items()}, "records": records}

@@ -20,7 +20,7 @@ from cudal1 import __version__
 from cudal1.report import plots
 from cudal1.report.load import RunData
 from cudal1.report.markdown import STAT_KEYS, fmt
-from cudal1.report.metrics import FAST_P, fast_p_key
+from cudal1.report.aggregate import FAST_P, fast_p_key
 from cudal1.report.verify import CLASSES
 from cudal1.speedup import LEGEND, cell
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from cudal1.report.metrics import FAST_P, fast_p_key
+from cudal1.report.aggregate import FAST_P, fast_p_key
 from cudal1.tables import fmt
 from cudal1.report.verify import CLASSES
 from cudal1.speedup import LEGEND, cell

@@ -13,7 +13,7 @@ import io
 import re
 from typing import Any
 
-from cudal1.report.metrics import level_key
+from cudal1.report.aggregate import level_key
 
 _STATUS_COLORS = {"ok": "#2e7d32", "incorrect": "#ef6c00", "compile_error": "#6d4c41", "runtime_error": "#c62828",
                   "timeout": "#7b1fa2", "rejected": "#000000"}

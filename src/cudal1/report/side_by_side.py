@@ -10,7 +10,7 @@ input has no verified program for the task):
 
 Tasks are matched by id (``level1/48``, or a user task's name).  :func:`compare` gives per task
 both values and B / A, and in aggregate each side's figures over its own tasks
-(:func:`cudal1.report.metrics.summarize`) and, over the tasks both hold, the geomeans and B's
+(:func:`cudal1.report.aggregate.summarize`) and, over the tasks both hold, the geomeans and B's
 wins, ties and losses.  For wins a missing program counts 1.0x (the reference is kept) and a
 difference must exceed 1% (CUDA-L1's 1.01x rule) to count.
 """
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cudal1.report.load import ReportError, load_runs
-from cudal1.report.metrics import CONVENTIONS, geomean, summarize
+from cudal1.report.aggregate import CONVENTIONS, geomean, summarize
 
 MARGIN = 1.01
 

@@ -12,16 +12,19 @@ label, the source lines that triggered it (stripped, as they appear in the file;
   vector types, launch bounds, streams, cuBLAS/cuDNN/CUTLASS);
 * with a ``reference``: the PyTorch operations of the two programs (code identical to the
   reference's is not counted as the candidate's own); an operation of the reference that the
-  candidate no longer performs, without a custom kernel to take it over, is an algebraic shortcut;
-* the builtin policy's header comments (``# cudal1-builtin pass: ...``);
+  candidate no longer performs, without a custom kernel to take it over, is an algebraic shortcut,
+  and so is a chain of matrix products nested the other way (``(A @ B) @ X`` → ``A @ (B @ X)``);
+  the reference only adds labels to what the candidate's code shows on its own;
 * the model's Performance Analysis, when given: it can add ``algebraic_shortcut`` or
   ``operation_fusion`` (evidence lines are then prefixed ``analysis:``).
 
+Comments are never read: a candidate is labelled by what its code does, not by what it says.
+
 Limits: these are heuristics over text and syntax.  Code that is never called still counts; an
-algebraic rewrite that keeps the same operations (a re-parenthesised matrix chain) is seen only
-through the builtin header or the analysis; fusion in CUDA C++ is recognised from two or more
-distinct math operations in the device functions of one source block.  Evidence lines prefixed ``reference:`` come from
-the reference.
+algebraic rewrite that keeps the same operations and nesting (a folded weight computed once) is
+seen only through the operations it drops or the analysis; fusion in CUDA C++ is recognised from
+two or more distinct math operations in the device functions of one source block.  Evidence
+lines prefixed ``reference:`` come from the reference.
 """
 
 from __future__ import annotations
@@ -396,17 +399,65 @@ def _python_rules(ev: _Evidence, tree: ast.Module | None, ref_calls: set[str]) -
             ev.add("memory_layout", n)
 
 
-def _builtin_marks(ev: _Evidence) -> None:
-    """The builtin policy names its passes in header comments; they are evidence of themselves."""
-    mapping = {"algebraic": "algebraic_shortcut", "compile": "torch_compile", "cudagraph": "cuda_graph",
-               "channels-last": "memory_layout", "cudnn-autotune": "library_call", "triton-fusion": "operation_fusion",
-               "compile-reduce-overhead": "cuda_graph", "compile-max-autotune": "cuda_graph"}
-    for n, line in enumerate(ev.lines, 1):
-        if line.startswith("# cudal1-builtin pass: "):
-            name = line[len("# cudal1-builtin pass: "):].split(" — ")[0].strip()
-            for key, tech in mapping.items():
-                if name == key or (key == "compile" and name.startswith("compile")):
-                    ev.add(tech, n)
+def _forward_of(tree: ast.Module | None, class_name: str) -> ast.FunctionDef | None:
+    """The ``forward`` method defined in class ``class_name`` at module level (None if not there)."""
+    for node in tree.body if tree is not None else []:
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for fn in node.body:
+                if isinstance(fn, ast.FunctionDef) and fn.name == "forward":
+                    return fn
+    return None
+
+
+def _is_matmul(node: ast.AST) -> bool:
+    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult)) or (
+        isinstance(node, ast.Call) and op_name(node) in ("matmul", "mm", "bmm"))
+
+
+def _matmul_operands(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
+    if isinstance(node, ast.BinOp):
+        return node.left, node.right
+    args = getattr(node, "args", [])
+    return (args[0], args[1]) if len(args) >= 2 else None
+
+
+def _association(fn: ast.FunctionDef) -> tuple[Counter, dict[tuple[bool, bool], int]]:
+    """How the products of a forward nest: for each matrix product, whether its left and right
+    operands are themselves products (through local variables: ``t = a @ b; t @ x``), counted,
+    with a line for each kind."""
+    products: set[str] = set()  # local names holding a product
+    shapes: Counter = Counter()
+    where: dict[tuple[bool, bool], int] = {}
+
+    def product(operand: ast.AST) -> bool:
+        return _is_matmul(operand) or (isinstance(operand, ast.Name) and operand.id in products)
+
+    for stmt in fn.body:
+        for node in ast.walk(stmt):
+            if _is_matmul(node) and (ops := _matmul_operands(node)) is not None:
+                kind = (product(ops[0]), product(ops[1]))
+                shapes[kind] += 1
+                where.setdefault(kind, node.lineno)
+        if isinstance(stmt, ast.Assign) and any(_is_matmul(n) for n in ast.walk(stmt.value)):
+            products.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
+    return shapes, where
+
+
+def _reassociation(ev: _Evidence, tree: ast.Module | None, ref: _Reference) -> None:
+    """The same number of matrix products as the reference's forward, nested the other way
+    (``(A @ B) @ X`` become ``A @ (B @ X)``): an algebraic shortcut by associativity."""
+    mine, theirs = _forward_of(tree, "ModelNew"), _forward_of(ref.tree, "Model")
+    if mine is None or theirs is None:
+        return
+    (own, own_where), (base, base_where) = _association(mine), _association(theirs)
+    if sum(own.values()) < 2 or sum(own.values()) != sum(base.values()) or own == base:
+        return
+    for kind in base:
+        if own[kind] < base[kind]:
+            ev.add("algebraic_shortcut", "reference: " + ref.lines[base_where[kind] - 1].strip())
+    for kind in own:
+        if own[kind] > base[kind]:
+            ev.add("algebraic_shortcut", own_where[kind])
 
 
 def _reference_rules(ev: _Evidence, tree: ast.Module | None, ref_source: str, custom: bool) -> None:
@@ -425,6 +476,7 @@ def _reference_rules(ev: _Evidence, tree: ast.Module | None, ref_source: str, cu
         for op, n in sorted(own_where.items(), key=lambda kv: kv[1]):
             if op in _HEAVY_OPS or op in _FUSED_CALLS:
                 ev.add("algebraic_shortcut", n)
+    _reassociation(ev, tree, ref)
     changed = {op for op in set(ref.ops) | set(own_ops) if ref.ops[op] != own_ops[op]} - {"compile", "super", "__init__"}
     if changed and not inherited:
         for op in sorted(changed, key=lambda o: own_where.get(o, 1 << 30)):
@@ -450,14 +502,13 @@ def analyze(source: str, reference: str | None = None, analysis: str = "") -> Te
     ref = _reference(reference) if reference else None
     ref_calls = set(ref.ops) if ref else set()
     _python_rules(ev, tree, ref_calls)
-    _builtin_marks(ev)
     custom = "cuda_kernel" in ev.found or "triton_kernel" in ev.found
-    if reference:
-        _reference_rules(ev, tree, reference, custom)
-    elif not custom and tree is not None and "torch_compile" not in ev.found and "cuda_graph" not in ev.found:
+    if not custom and tree is not None and "torch_compile" not in ev.found and "cuda_graph" not in ev.found:
         _standalone_rewrite(ev, tree)
-    if analysis and not any(line.startswith("# cudal1-builtin pass: ") for line in lines):
-        _analysis_rules(ev, analysis)  # the builtin policy's own notes name passes, already read
+    if reference:  # only adds labels: what the code shows on its own stays
+        _reference_rules(ev, tree, reference, custom)
+    if analysis:
+        _analysis_rules(ev, analysis)
     return ev.result()
 
 

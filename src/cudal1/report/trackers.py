@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Protocol
 
 from cudal1.extras import MissingExtra, require
-from cudal1.report.metrics import geomean
+from cudal1.report.aggregate import geomean
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from cudal1.releases import ReleaseError as VerifyError  # noqa: F401 - the verify app's name for it
 from cudal1.releases import Record, candidates_of, read_records  # noqa: F401 - re-exported for the app
-from cudal1.report.metrics import describe
+from cudal1.report.aggregate import describe
 from cudal1.types import EvalResult, Status
 
 DEFAULT_SLACK = 0.8  # measured >= DEFAULT_SLACK x claimed counts as verified (cudal1 verify --slack)

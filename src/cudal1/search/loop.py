@@ -156,10 +156,11 @@ class Search:
 
 def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: RecordedJudge | EvalConfig, out: str | Path, *,
              plan: Any = None, hardware: str | None = None, on_result: Callable[[EvalResult], None] | None = None,
-             reviewer: Reviewer | None = None, record: dict[str, Any] | None = None) -> dict[str, Any]:
+             reviewer: Reviewer | None = None, record: dict[str, Any] | None = None,
+             extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the search; writes ``best/``, ``summary.json`` and ``config.yaml`` (judge,
     search, policy and the ``record`` the caller gives, e.g. the target) under ``out`` and
-    returns the summary.
+    returns the summary (with the caller's ``extra`` keys).
 
     ``judge`` is the run's :class:`~cudal1.recorded.RecordedJudge` (its store is the run's; its
     config, plan, reviewer and event listener are the run's; the caller closes the store), or an
@@ -179,13 +180,13 @@ def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: Record
         judge.hardware_name = hardware
     try:
         write_config_file(out, judge=judge.config, search=search, policy=policy_settings(policy), run=record)
-        return _search(Search(tasks, policy, search, judge), out)
+        return _search(Search(tasks, policy, search, judge), out, extra)
     finally:
         if own and judge.store is not None:
             judge.store.close()
 
 
-def _search(s: Search, out: Path) -> dict[str, Any]:
+def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
     from cudal1.search.outputs import write_outputs
 
     judge, tasks, search = s.judge, s.tasks, s.cfg
@@ -220,6 +221,6 @@ def _search(s: Search, out: Path) -> dict[str, Any]:
         status = "interrupted"
         raise
     finally:
-        summary = write_outputs(s, out, stop)
+        summary = write_outputs(s, out, stop, extra)
         store.finish_run(run_id, status)
     return summary

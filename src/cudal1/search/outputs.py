@@ -49,8 +49,9 @@ def task_row(s: Search, task: Any, best_dir: Path) -> tuple[dict[str, Any], dict
     return row, environment
 
 
-def write_outputs(s: Search, out: Path, stop: str) -> dict[str, Any]:
-    """``best/<task>.py`` for each task with a candidate measured faster, and ``summary.json``."""
+def write_outputs(s: Search, out: Path, stop: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``best/<task>.py`` for each task with a candidate measured faster, and ``summary.json``
+    (with the caller's ``extra`` keys)."""
     best_dir = out / "best"
     best_dir.mkdir(exist_ok=True)
     rows, environment = [], {}
@@ -70,6 +71,6 @@ def write_outputs(s: Search, out: Path, stop: str) -> dict[str, Any]:
                "faster_point": sum(1 for r in rows if r["best_speedup"] is not None and r["best_speedup"] > 1.0),
                "generation": {"requested": gen.requested, "failed": gen.failed, "last_error": gen.last_error,
                               "errors": gen.errors, "answered_total": answered, "failed_total": failed},
-               "judge_hash": s.judge.config_hash}
+               "judge_hash": s.judge.config_hash, **(extra or {})}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
