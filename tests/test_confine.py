@@ -30,6 +30,7 @@ from cudal1.harness.child.confine import (DENIED_SYSCALLS, SELF_ONLY_SYSCALLS, U
 ROOT = os.geteuid() == 0
 USER_UID = 54321 if ROOT else os.geteuid()  # the ordinary uid of the non-root path
 MODES = ["root", "user"] if ROOT else ["user"]
+UID0_OPENS = {"dev_full": "/dev/full", "sysctl": "/proc/sys/vm/drop_caches"}  # what uid 0 owns in /dev and /proc
 
 PROBE = textwrap.dedent(r'''
     import ctypes, encodings.idna, errno, json, os, resource, socket, sys, tempfile, threading
@@ -132,6 +133,8 @@ PROBE = textwrap.dedent(r'''
         out["deathsig"] = deathsig.value
         out["writes"] = {name: attempt(lambda p=p: write(p)) for name, p in run["writes"].items()}
         out["reads"] = {name: attempt(lambda p=p: read(p)) for name, p in run.get("reads", {}).items()}
+        # opened for writing, never written: a harmless probe of what uid 0 could change
+        out["opens"] = {name: attempt(lambda p=p: os.close(os.open(p, os.O_WRONLY))) for name, p in run.get("opens", {}).items()}
         pid, addr = run["target"], run["addr"]
         out["other"] = {"ptrace": ptrace_attach(pid), "vm_read": vm_read(pid, addr),
                         "pidfd_getfd": attempt(lambda: pidfd_getfd(pid)), "kill": attempt(lambda: os.kill(pid, 0)),
@@ -320,10 +323,11 @@ def probes(base, targets, port):
     if ROOT:
         d = _job_dirs(base, "fallback", 0)
         runs["fallback"] = {
-            "target": targets["root"], "port": port, "writes": _writes(d),
-            "reads": {"visible": str(base / "visible" / "f"), "hidden": str(private / "f")},
+            "target": targets["root"], "port": port, "writes": {**_writes(d), "comm": "/proc/thread-self/comm"},
+            "reads": {"visible": str(base / "visible" / "f"), "hidden": str(private / "f")}, "opens": UID0_OPENS,
             "policy": {"build_dir": d["build"], "home": d["home"], "tmp": d["tmp"], "must_read": [str(private / "f")],
-                       "readable_only": [str(base / "visible"), "/proc", "/dev"]}}
+                       "readable_only": [str(base / "visible"), "/proc", "/dev"], "writable": ["/proc", "/dev"]}}
+        runs["root_control"]["opens"] = UID0_OPENS
     misuse = base / "misuse"
     (misuse / "build").mkdir(parents=True)
     runs["misuse"] = {"misuse": str(misuse)}
@@ -481,6 +485,11 @@ def test_root_stays_uid0_without_capabilities_when_the_uid_cannot_read_its_needs
     assert reach_problem(out) == ""  # uid 0 but no capabilities: seccomp and Landlock still hold
     assert out["reads"] == {"visible": "ok", "hidden": "EACCES"}  # readable_only
     assert probes["root_control"]["reads"] == {"visible": "ok", "hidden": "ok"}
+    # writable /dev and /proc narrowed: its own /proc entry (CUDA names its threads there), not sysctls or devices
+    assert "uid 0: /proc narrowed to its own /proc/<pid>; /dev narrowed to NVIDIA's device files" in out["report"]["landlock_fs"]
+    assert out["writes"]["comm"] == "ok"
+    assert out["opens"] == {"dev_full": "EACCES", "sysctl": "EACCES"}
+    assert probes["root_control"]["opens"] == {"dev_full": "ok", "sysctl": "ok"}
 
 
 @pytest.mark.cpu
@@ -538,7 +547,8 @@ def test_gpu_confined_child_uses_cuda_and_ipc(tmp_path, drop):
     try:
         (base / "build").mkdir()
         policy = {"build_dir": str(base / "build"), "home": str(base / "home"), "tmp": str(base / "tmp"),
-                  "writable": [*gpu_device_files(), "/dev/shm"], **({"must_read": []} if drop == "forced" else {})}
+                  # device files, torch's IPC files, and its own /proc entry (the driver names its threads there)
+                  "writable": [*gpu_device_files(), "/dev/shm", "/proc/self"], **({"must_read": []} if drop == "forced" else {})}
         script = tmp_path / "gpu_probe.py"
         script.write_text(GPU_PROBE)
         done = subprocess.run([sys.executable, str(script), json.dumps(policy)], capture_output=True, text=True,

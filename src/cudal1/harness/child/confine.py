@@ -4,21 +4,19 @@ candidate code and before CUDA is initialised).
 :func:`confine` applies what the OS allows and reports each measure (:data:`MEASURES`) as
 *applied*, *refused* (with the OS's reason) or *not applicable*; it raises only for misuse.
 
-- ``home_tmp``, ``ownership``: HOME and TMPDIR are new, empty, 0700; as root, the build directory,
-  HOME and TMPDIR are handed to the candidate's uid (no symlink followed; files with several hard
-  links left alone, so a planted link cannot give away someone else's file).
+- ``home_tmp``, ``ownership``: HOME and TMPDIR new, empty, 0700; as root, the build directory,
+  HOME and TMPDIR are handed to the candidate's uid (no symlink followed, no multiply-linked file).
 - ``netns``: an own network namespace with no interface up (as non-root, inside a new user
   namespace that maps only the process's own ids).
 - ``no_new_privs``, ``ids``, ``capabilities``, ``not_dumpable``: as root, drop to an unprivileged
-  uid/gid (real, effective, saved; no supplementary groups) and empty every capability set, the
-  bounding set too; ``PR_SET_DUMPABLE`` 0 after the id change (which resets it, and clears
-  ``PR_SET_PDEATHSIG``: restored).  The uid is :func:`uid_for` the build directory, in a range no
-  system or container allocator uses, so different candidates never share one; identical
-  candidates (same source, same build directory) do, and can touch each other's files there,
-  which can only spoil that source's own verdicts.  Where that uid cannot reach ``must_read``
+  uid/gid (real, effective, saved; no groups), empty every capability set and the bounding set;
+  not dumpable after the id change (which resets that, and clears ``PR_SET_PDEATHSIG``: restored).
+  The uid is :func:`uid_for` the build directory, in a range no system or container allocator
+  uses: different candidates never share one; identical ones (same build directory) do, and can
+  only spoil that source's own verdicts.  Where it cannot reach its directories or ``must_read``
   (default: the interpreter's prefixes, ``sys.path``, the CUDA toolkit; e.g. Python under a 0700
-  ``/root``) or its directories, the process stays uid 0 without capabilities and ``ids`` is
-  refused, naming the directory in the way.
+  ``/root``), the process stays uid 0 without capabilities (``ids`` refused, naming the directory
+  in the way) and ``writable``'s ``/dev`` and ``/proc`` are narrowed (:meth:`_Paths.at_uid0`).
 - ``env``: HOME, TMPDIR (``tempfile``'s cached one too); ``TORCH_EXTENSIONS_DIR``,
   ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``XDG_CACHE_HOME``, ``CUDA_CACHE_PATH`` inside
   the build directory unless ``cache_env`` says otherwise; secret-looking variables removed.
@@ -49,7 +47,7 @@ import stat
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -65,6 +63,7 @@ SELF_ONLY_SYSCALLS: dict[str, tuple[tuple[int, int], ...]] = {
 }
 MEASURES = ("home_tmp", "ownership", "netns", "no_new_privs", "ids", "capabilities", "not_dumpable", "env",
             "landlock_fs", "landlock_net", "landlock_scope", "seccomp")  # the report's names, in order
+_SYSTEM_TREES = ("/", "/bin", "/boot", "/etc", "/lib", "/root", "/run", "/sbin", "/sys", "/usr", "/var")
 _SECRET = re.compile(r"KEY|TOKEN|SECRET|PASSW|CREDENTIAL|AUTH", re.IGNORECASE)
 
 
@@ -128,9 +127,8 @@ def confine(policy: ConfinePolicy) -> ConfineReport:
     if not sys.platform.startswith("linux"):
         return ConfineReport(tuple(Measure(n, NOT_APPLICABLE, f"not Linux ({sys.platform})") for n in MEASURES), -1, -1, 0.0)
     paths = _Paths.of(policy)
-    tasks = os.listdir("/proc/self/task")
-    if len(tasks) != 1:
-        raise ConfineError(f"confine() must run before any other thread starts ({len(tasks)} threads)")
+    if (threads := len(os.listdir("/proc/self/task"))) != 1:
+        raise ConfineError(f"confine() must run before any other thread starts ({threads} threads)")
     os_ = _Os()
     measures: list[Measure] = []
     for d in (paths.home, paths.tmp):
@@ -142,11 +140,11 @@ def confine(policy: ConfinePolicy) -> ConfineReport:
     if root:
         uid, note = _pick_uid(paths, policy.uid if policy.uid is not None else uid_for(paths.build))
         gid, blocked = uid, note if uid == 0 else ""
+        paths = paths.at_uid0() if uid == 0 else paths
         changed = sum(_give(d, uid, gid) for d in (paths.build, paths.home, paths.tmp))
         measures.append(Measure("ownership", APPLIED, f"build dir, HOME, TMPDIR owned by {uid}:{gid} ({changed} entries changed)"))
     else:
-        uid = gid = -1
-        blocked = note = ""
+        uid, gid, blocked, note = -1, -1, "", ""
         measures.append(Measure("ownership", NOT_APPLICABLE, f"not root: the files stay uid {os.geteuid()}'s"))
     measures.append(os_.network_namespace(policy.network, root))
     measures.extend(os_.drop_privileges(root, uid, gid, blocked, note))
@@ -170,6 +168,7 @@ class _Paths:
     writable: tuple[Path, ...]
     readable: tuple[Path, ...] | None
     must_read: tuple[Path, ...]
+    narrowed: str = ""  # what at_uid0 changed
 
     @classmethod
     def of(cls, policy: ConfinePolicy) -> "_Paths":
@@ -185,15 +184,28 @@ class _Paths:
         if missing := [str(p) for p in writable if not p.exists()]:
             raise ConfineError(f"writable paths do not exist: {', '.join(missing)}")
         readable = None if policy.readable_only is None else tuple(abs_(p) for p in policy.readable_only)
-        if policy.must_read is None:
-            cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-            must = {sys.prefix, sys.base_prefix, sys.exec_prefix, cuda, *(p for p in sys.path if p)}
-            must_read = tuple(sorted(abs_(p) for p in must if os.path.isdir(p)))
-        else:
-            must_read = tuple(abs_(p) for p in policy.must_read)
+        cuda = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        default = {sys.prefix, sys.base_prefix, sys.exec_prefix, cuda, *(p for p in sys.path if p)}
+        must = [p for p in default if os.path.isdir(p)] if policy.must_read is None else policy.must_read
+        must_read = tuple(sorted(abs_(p) for p in must))
         if unknown := sorted(set(policy.deny) - set(_SYSCALLS["x86_64"][2])):
             raise ConfineError(f"unknown syscalls to deny: {', '.join(unknown)}")
         return cls(build, abs_(policy.home), abs_(policy.tmp), writable, readable, must_read)
+
+    def at_uid0(self) -> "_Paths":
+        """Left at uid 0 (owner of most system files, capabilities or not): ``/dev`` narrowed to NVIDIA's
+        device files, ``/proc`` to its own entry (CUDA names its threads there), system trees dropped."""
+        keep: list[Path] = []
+        said = []
+        for p in self.writable:
+            if str(p) in ("/dev", "/proc"):
+                keep += [Path(f) for f in gpu_device_files()] if str(p) == "/dev" else [Path("/proc/self")]
+                said.append(f"{p} narrowed to " + ("NVIDIA's device files" if str(p) == "/dev" else "its own /proc/<pid>"))
+            elif str(p) in _SYSTEM_TREES:
+                said.append(f"{p} dropped")
+            else:
+                keep.append(p)
+        return replace(self, writable=tuple(keep), narrowed="; ".join(said))
 
 
 def _fresh_dir(path: Path) -> None:
@@ -201,8 +213,7 @@ def _fresh_dir(path: Path) -> None:
     try:
         os.mkdir(path, 0o700)
     except FileExistsError:
-        st = os.lstat(path)
-        if not stat.S_ISDIR(st.st_mode) or os.listdir(path):
+        if not stat.S_ISDIR(os.lstat(path).st_mode) or os.listdir(path):
             raise ConfineError(f"{path} must be a new or empty directory") from None
     os.chmod(path, 0o700)
 
@@ -238,10 +249,7 @@ def _unreachable(paths: _Paths, uid: int) -> str:
     """'' when the effective ids can reach the candidate's directories and read ``must_read``;
     else the first directory that stops them."""
     def mode_of(path: Path) -> str:
-        try:
-            return f"mode {stat.S_IMODE(os.stat(path).st_mode):04o}"
-        except OSError as exc:
-            return exc.strerror or "missing"
+        return f"mode {stat.S_IMODE(os.stat(path).st_mode):04o}" if os.path.exists(path) else "missing or unreadable"
 
     def check(path: Path, mode: int) -> str:
         if os.access(path, mode, effective_ids=True):
@@ -259,10 +267,7 @@ def _unreachable(paths: _Paths, uid: int) -> str:
 def _give(root: Path, uid: int, gid: int) -> int:
     """chown ``root``'s tree to uid:gid without following symlinks; returns the entries changed."""
     changed = 0
-    st = os.stat(root, follow_symlinks=False)
-    if (st.st_uid, st.st_gid) != (uid, gid):
-        os.chown(root, uid, gid, follow_symlinks=False)
-        changed += 1
+    os.chown(root, uid, gid, follow_symlinks=False)
     for _, dirs, files, dirfd in os.fwalk(root, follow_symlinks=False):
         for name in dirs + files:
             st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
@@ -349,7 +354,6 @@ class _Os:
     def failed(self, name: str, detail: str = "") -> Measure:  # right after the call that failed
         return Measure(name, REFUSED, (detail + ": " if detail else "") + _reason(ctypes.get_errno()))
 
-    # -- network ---------------------------------------------------------------------------------
     def network_namespace(self, allowed: bool, root: bool) -> Measure:
         if allowed:
             return Measure("netns", NOT_APPLICABLE, "the policy allows network")
@@ -369,15 +373,13 @@ class _Os:
             return Measure("netns", APPLIED, f"own user and network namespaces; id maps not written ({exc.strerror})")
         return Measure("netns", APPLIED, "own user and network namespaces (own ids mapped), no interface up")
 
-    # -- ids, capabilities, no_new_privs, dumpable ----------------------------------------------
     def drop_privileges(self, root: bool, uid: int, gid: int, blocked: str, note: str) -> list[Measure]:
         out: list[Measure] = []
         if root:
             for cap in range(64):  # PR_CAPBSET_DROP until EINVAL (past the kernel's last capability)
                 if self.prctl(24, cap) != 0 and ctypes.get_errno() == errno.EINVAL:
                     break
-        nnp = self.prctl(38, 1) == 0  # PR_SET_NO_NEW_PRIVS
-        out.append(Measure("no_new_privs", APPLIED) if nnp else self.failed("no_new_privs"))
+        out.append(Measure("no_new_privs", APPLIED) if self.prctl(38, 1) == 0 else self.failed("no_new_privs"))
         if not root:
             out.append(Measure("ids", NOT_APPLICABLE, f"not root: runs as uid {os.geteuid()}"))
         elif blocked:
@@ -400,11 +402,10 @@ class _Os:
             out.append(Measure("capabilities", APPLIED, "every set empty" + (", bounding set too" if root else "")))
         else:
             out.append(Measure("capabilities", NOT_APPLICABLE, "none held"))
-        ok = self.prctl(4, 0) == 0  # PR_SET_DUMPABLE, after the id change (which resets it)
-        out.append(Measure("not_dumpable", APPLIED) if ok else self.failed("not_dumpable"))
+        # PR_SET_DUMPABLE, after the id change (which resets it)
+        out.append(Measure("not_dumpable", APPLIED) if self.prctl(4, 0) == 0 else self.failed("not_dumpable"))
         return out
 
-    # -- landlock --------------------------------------------------------------------------------
     def landlock(self, policy: ConfinePolicy, paths: _Paths) -> list[Measure]:
         names = ("landlock_fs", "landlock_net", "landlock_scope")
         abi = self.syscall(_LANDLOCK_CREATE, None, 0, 1)  # LANDLOCK_CREATE_RULESET_VERSION
@@ -425,6 +426,7 @@ class _Os:
         reads = "reads everywhere" if paths.readable is None else f"reads only beneath {len(paths.readable)} listed paths and those"
         extra = ", ".join(map(str, paths.writable)) or "nothing else"
         return [Measure(names[0], APPLIED, f"ABI {abi}: writes only beneath its own directories, /dev/null and {extra}; {reads}"
+                                           + (f"; uid 0: {paths.narrowed}" if paths.narrowed else "")
                                            + ("; renames across directories fail (ABI 1)" if abi == 1 else "")),
                 Measure(names[1], APPLIED, "TCP bind and connect refused") if net else
                 Measure(names[1], NOT_APPLICABLE, "the policy allows network" if policy.network else f"ABI {abi} < 4"),
@@ -451,7 +453,6 @@ class _Os:
         finally:
             os.close(ruleset)
 
-    # -- seccomp ---------------------------------------------------------------------------------
     def seccomp(self, deny: Sequence[str]) -> Measure:
         machine = platform.machine()
         if machine not in _SYSCALLS:
@@ -488,11 +489,10 @@ def seccomp_program(machine: str, deny: Sequence[str] = DENIED_SYSCALLS) -> list
             labels[insn[0]] = len(program)
         else:
             program.append(insn)
-    out = []
-    for at, (op, jt, jf, k) in enumerate(program):
-        jt, jf = (labels[j] - at - 1 if isinstance(j, str) else j for j in (jt, jf))
-        out.append((op, jt, jf, k))
-    return out
+    def offset(j: int | str, at: int) -> int:  # jumps count from the next instruction
+        return labels[j] - at - 1 if isinstance(j, str) else j
+
+    return [(op, offset(jt, at), offset(jf, at), k) for at, (op, jt, jf, k) in enumerate(program)]
 
 
 # built at import (the judge's forkserver imports this module), not in each child
