@@ -78,7 +78,7 @@ def shared_dir(repo_root: Path) -> Path:
 # ---- fixture corpora ------------------------------------------------------------------------------
 
 _EXPECT = re.compile(r"#\s*expect:\s*(.+?)\s*$")
-_ALTERNATIVE = re.compile(r"^([a-z_]+)(?:\s+([a-z_]+))?$")
+_ALTERNATIVE = re.compile(r"^([a-z_]+)(?:\s+([a-z0-9_]+))?$")
 _FIELD = re.compile(r"#\s*(task|xfail|max-speedup):\s*(.+?)\s*$")
 
 

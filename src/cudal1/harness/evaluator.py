@@ -136,8 +136,15 @@ class Evaluator:
         slot_dir.mkdir(mode=0o711, exist_ok=True)
         confine: dict[str, Any] = {}
         if self.config.confine_candidates:
-            confine = {"build_dir": str(bdir or workdir / "build"), "home": str(workdir / "home"),
-                       "tmp": str(workdir / "tmp"), "writable": [str(slot_dir), "/dev"]}
+            if bdir is None:  # a baseline: the wrapped reference compiles into the job's own directory
+                bdir = workdir / "build"
+                bdir.mkdir(exist_ok=True)
+            confine = {"build_dir": str(bdir), "home": str(workdir / "home"),
+                       "tmp": str(workdir / "tmp"),
+                       # the GPU's device files, and /proc: the CUDA driver writes there at start-up
+                       # (its init fails with cudaErrorOperatingSystem otherwise); ownership still
+                       # keeps the candidate out of other processes' entries
+                       "writable": [str(slot_dir), "/dev"] + (["/proc"] if device == "cuda" else [])}
         candidate = CandidateSpec(
             mode=mode, device=device, config=self.config, reference_path=str(ref_path),
             reference_module=reference_module, log_path=str(workdir / "candidate.log"), env=cand_env,

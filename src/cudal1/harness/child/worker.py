@@ -88,8 +88,9 @@ def arm_stall_dump(cfg: Any, phase: str) -> None:
 
 class CandidateProcess:
     def __init__(self, spec: CandidateSpec, link: Any, threads: Any = None,
-                 confinement: dict[str, Any] | None = None) -> None:
+                 confinement: dict[str, Any] | None = None, log_fd: int | None = None) -> None:
         self.spec = spec
+        self.log_fd = log_fd  # the log, opened for reading before the process lost the right to
         self.confinement = confinement or {}
         self.cfg = spec.config
         self.link = link
@@ -187,7 +188,7 @@ class CandidateProcess:
         self.send("env", **collect_environment(self.device), isolation=self.confinement)
 
     def import_candidate(self) -> Any:
-        start = os.path.getsize(self.log_path)
+        start = self.log_size()
         t0 = _perf()
         try:
             if self.spec.mode == "baseline":
@@ -421,12 +422,23 @@ class CandidateProcess:
         staged, shown = self.spec.candidate_path, self.spec.display_name
         return text.replace(staged, shown) if staged and shown else text
 
+    def log_size(self) -> int:
+        return os.fstat(self.log_fd).st_size if self.log_fd is not None else os.path.getsize(self.log_path)
+
     def read_log(self, start: int) -> str:
         sys.stdout.flush()
         sys.stderr.flush()
-        with open(self.log_path, "rb") as f:
-            f.seek(start)
-            return f.read().decode("utf-8", "replace")
+        if self.log_fd is None:
+            with open(self.log_path, "rb") as f:
+                f.seek(start)
+                return f.read().decode("utf-8", "replace")
+        chunks = []
+        while True:
+            chunk = os.pread(self.log_fd, 1 << 20, start)
+            if not chunk:
+                return b"".join(chunks).decode("utf-8", "replace")
+            chunks.append(chunk)
+            start += len(chunk)
 
 
 def cmp_clone(obj: Any) -> Any:
@@ -470,6 +482,7 @@ def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any)
         sys.path[:] = [os.path.abspath(p) for p in sys.path]  # relative entries keep their meaning
         os.chdir(spec.cwd)
     _redirect_output(spec.log_path)
+    log_fd = os.open(spec.log_path, os.O_RDONLY)  # an unprivileged uid may not open the parent's file
     signing_hook.clear_process_args()
     confinement = _confine(spec)  # before any other thread exists (the stall dump starts one)
     arm_stall_dump(spec.config, "setup")
@@ -483,7 +496,7 @@ def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any)
         building=CandidateProcess.building, register=CandidateProcess.import_candidate,
         tolerances_fn=CandidateProcess.check, profiled=CandidateProcess.kernel_names, tolerances={})
     try:
-        CandidateProcess(spec, link, threads, confinement).run()
+        CandidateProcess(spec, link, threads, confinement, log_fd).run()
     except BaseException as exc:  # noqa: BLE001 - the channel itself failed
         print(f"cudal1 candidate process: internal failure: {exc!r}", file=sys.stderr)
     finally:
