@@ -14,6 +14,7 @@ when the code changes shape (a new way of writing flags must be taught to the sc
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from cudal1 import flags
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "cudal1"
+README = SRC.parents[1] / "README.md"
 
 
 class TestFlags:
@@ -35,6 +37,27 @@ class TestFlags:
         for name, text in flags.FLAGS.items():
             assert name == name.lower() and " " not in name
             assert text
+
+
+def readme_flags(text: str) -> list[str]:
+    """Flag names in the first column of the table under the README's ``## Flags`` heading."""
+    section = re.search(r"^## Flags\n(.*?)(?=^## )", text, re.S | re.M)
+    assert section, "README.md has no '## Flags' section"
+    rows = [line for line in section.group(1).splitlines() if line.startswith("|") and "---" not in line]
+    return [name for row in rows[1:] for name in re.findall(r"`([a-z][a-z0-9_]*)`", row.split("|")[1])]
+
+
+def test_the_readme_documents_exactly_the_registered_flags():
+    """Users read the flags in the README; a flag added to the registry must be explained there."""
+    documented = readme_flags(README.read_text())
+    assert sorted(documented) == sorted(set(documented)), "a flag is listed twice in README.md"
+    assert set(documented) == set(flags.FLAGS), (f"README.md's flag table: missing {sorted(set(flags.FLAGS) - set(documented))}, "
+                                                 f"unknown {sorted(set(documented) - set(flags.FLAGS))}")
+
+
+def test_the_readme_table_reader_sees_rows_with_several_flags():
+    text = "## Flags\n\n| flag | meaning |\n|---|---|\n| `a_b` | x |\n| `c`, `d_l2` | y `not_me` |\n\n## Next\n"
+    assert readme_flags(text) == ["a_b", "c", "d_l2"]
 
 
 # ---- the scan ------------------------------------------------------------------------------------
@@ -87,6 +110,15 @@ def flag_literals(source, filename="<src>"):
                     out += [c for te, ve in zip(t.elts, node.value.elts) if _flaggy(te) for c in _strings(ve)]
                 elif _flaggy(t) and node.value is not None:
                     out += _strings(node.value)
+        elif isinstance(node, ast.For) and isinstance(node.iter, (ast.Tuple, ast.List)):
+            # `for flag in ("a", "b")` and `for flag, why in (("a", x), ("b", y))`
+            if _flaggy(node.target):
+                out += _strings(node.iter)
+            elif isinstance(node.target, ast.Tuple):
+                slots = [i for i, e in enumerate(node.target.elts) if _flaggy(e)]
+                for item in node.iter.elts:
+                    if isinstance(item, ast.Tuple) and len(item.elts) == len(node.target.elts):
+                        out += [c for i in slots for c in _strings(item.elts[i])]
         elif isinstance(node, ast.Compare):
             sides = [node.left, *node.comparators]
             if any(_flaggy(s) for s in sides):
@@ -132,11 +164,14 @@ def test_every_registered_flag_is_found_in_the_sources():
     'if "made_up" not in r.flags:\n    pass',
     'if mismatch.flag == "made_up":\n    pass',
     'def violation(self):\n    """(flag, message) or None."""\n    return "made_up", "why"',
+    'for flag in ("cpu_timing", "made_up"):\n    pass',
+    'for flag, why in (("cpu_timing", a), ("made_up", b)):\n    pass',
 ], ids=lambda s: s.split("(")[0].split()[-1][:20])
 def test_the_scan_sees_each_way_a_flag_is_written(snippet):
     assert "made_up" in [v for v, _ in flag_literals(snippet)]
 
 
 def test_the_scan_ignores_other_strings():
-    src = 'log.info("made_up")\nraise Verdict("rejected", "made_up message")\nname = "made_up"\nstatus = "made_up"\n'
-    assert flag_literals(src) == []
+    src = ('log.info("made_up")\nraise Verdict("rejected", "made_up message")\nname = "made_up"\nstatus = "made_up"\n'
+           'for flag, why in (("cpu_timing", "made_up"),):\n    pass\nfor name in ("made_up",):\n    pass\n')
+    assert [v for v, _ in flag_literals(src)] == ["cpu_timing"]
