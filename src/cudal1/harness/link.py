@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sys
 import time
 from typing import Any, Callable
 
@@ -34,6 +35,10 @@ _perf = time.perf_counter
 
 class CandidateGone(Exception):
     """The candidate's process ended (or closed the line) before answering."""
+
+
+class _HostFallback(Exception):
+    """The candidate's process could not open a slot's IPC handle: slots move to host memory."""
 
 
 def _verdict_from(data: Any) -> Verdict:
@@ -61,7 +66,7 @@ class CandidateLink:
         self.out_slots: list[Slot | None] = []
         self.init_slots: list[Slot | None] = []
         self._told: set[int] = set()
-        self._staged: list[Any] = []  # the slot views of the inputs of the last request
+        self.host_fallback = False  # slots moved to host memory (IPC handles could not be opened)
 
     # ---- the wire ---------------------------------------------------------------------------
     def request(self, op: str, **payload: Any) -> dict[str, Any]:
@@ -91,7 +96,26 @@ class CandidateLink:
                 continue
             if "verdict" in reply:
                 raise _verdict_from(reply["verdict"])
+            if "slot_error" in reply:
+                if self.pool.transport != "ipc":
+                    raise Verdict("runtime_error", f"the candidate's process cannot open its slots: {reply['slot_error']}"[:2000])
+                raise _HostFallback(str(reply["slot_error"]))
             return reply
+
+    def _retrying(self, build: Callable[[], tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+        """``request(*build())``, staged again in host memory if the candidate's process could not
+        open an IPC handle (measured as the reason, never as the candidate's fault)."""
+        try:
+            op, payload = build()
+            return self.request(op, **payload)
+        except _HostFallback as why:
+            print(f"cudal1: slots moved to host memory: the candidate's process could not open them ({why})",
+                  file=sys.stderr, flush=True)
+            self.pool.use_host()
+            self.in_slots, self.out_slots, self.init_slots = [], [], []
+            self.host_fallback = True
+            op, payload = build()
+            return self.request(op, **payload)
 
     def close(self) -> None:
         try:
@@ -121,28 +145,29 @@ class CandidateLink:
         """The input slots still hold ``inputs`` (the candidate's process only gets copies; a slot
         that changed was written through its mapping)."""
         tensors = tensor_leaves(list(inputs))
-        views = [view(self.in_slots[i].raw, t.dtype, list(t.shape)) for i, t in enumerate(tensors)]  # type: ignore[union-attr]
+        views = [view(self.in_slots[i].raw, t.dtype, list(t.shape)).to(t.device)  # type: ignore[union-attr]
+                 for i, t in enumerate(tensors)]
         return cmp.tensors_equal(tensors, views)
 
     # ---- requests ---------------------------------------------------------------------------
     def construct(self, init: list, seed: int) -> dict[str, Any]:
-        return self.request("construct", init=self.stage(init, self.init_slots), seed=seed)
+        return self._retrying(lambda: ("construct", {"init": self.stage(init, self.init_slots), "seed": seed}))
 
     def call(self, inputs: list, ref_out: Any, where: str, full: bool = False) -> tuple[Any, float]:
-        reply = self.request("call", inputs=self.stage(inputs), targets=self.targets(ref_out), where=where, full=full)
+        reply = self._retrying(lambda: ("call", {"inputs": self.stage(inputs), "targets": self.targets(ref_out),
+                                                 "where": where, "full": full}))
         return self.outputs(reply.get("out")), float(reply.get("ms") or 0.0)
 
     def warmup(self, inputs: list) -> list[float]:
-        reply = self.request("warmup", sets=[{"inputs": self.stage(inputs)}])
+        reply = self._retrying(lambda: ("warmup", {"sets": [{"inputs": self.stage(inputs)}]}))
         return [float(x) for x in reply.get("host_ms") or []]
 
     def time(self, inputs: list, ref_out: Any, keep: bool, where: str) -> tuple[list[Any], Any, float]:
         """One timed call in the candidate's process: (timing row, output or None, the wall time
         of the exchange on this process's clock)."""
         t0 = _perf()
-        desc = self.stage(inputs)
-        reply = self.request("time", inputs=desc, keep=keep, where=where,
-                             targets=self.targets(ref_out) if keep else [])
+        reply = self._retrying(lambda: ("time", {"inputs": self.stage(inputs), "keep": keep, "where": where,
+                                                 "targets": self.targets(ref_out) if keep else []}))
         wall_ms = (_perf() - t0) * 1e3
         row = reply.get("timing")
         if not (isinstance(row, list) and len(row) == 5 and all(isinstance(x, (int, float, bool)) for x in row)):
@@ -153,9 +178,13 @@ class CandidateLink:
     def reuse(self, first: list, second: list, ref_out: Any) -> Any:
         """The address-reuse probe (None when the inputs cannot be written in place)."""
         second_slots: list[Slot | None] = []
-        desc = self.stage(first)
-        desc2 = self.stage(second, second_slots)
-        reply = self.request("reuse", inputs=desc, second=desc2, targets=self.targets(ref_out))
+
+        def build() -> tuple[str, dict[str, Any]]:
+            second_slots.clear()
+            return "reuse", {"inputs": self.stage(first), "second": self.stage(second, second_slots),
+                             "targets": self.targets(ref_out)}
+
+        reply = self._retrying(build)
         if reply.get("skipped"):
             return None
         return self.outputs(reply.get("out"))

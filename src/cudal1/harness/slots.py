@@ -5,7 +5,8 @@ inputs the candidate gets and reads back what the candidate wrote into the outpu
 candidate's process only *opens* slots it is told about (``SlotMap``).  A slot is ``nbytes`` of
 raw memory, viewed as any dtype and shape that fits: on CUDA a ``cudaMalloc`` block shared through
 its IPC handle (so the caching allocator's free lists, which a candidate can walk, never hold
-it); on the CPU a file mapped shared in the job's slot directory.  Descriptions cross processes
+it); on the CPU (and on a GPU whose IPC handles the candidate's process cannot open) a file mapped
+shared in the job's slot directory, which each side copies to and from its device.  Descriptions cross processes
 as JSON-safe dicts (``{"id", "nbytes", "kind", "ref"}``); tensor layouts as ``{"slot", "dtype",
 "shape"}``.  Nothing here trusts what the other side wrote: readers clone before checking.
 """
@@ -87,11 +88,18 @@ class SlotPool:
         self.directory = Path(directory)
         self.slots: dict[int, Slot] = {}
         self._next = 0
+        self.transport = "ipc" if device.type == "cuda" else "file"  # file: host memory, on any device
+
+    def use_host(self) -> None:
+        """From now on slots are shared host files, also for a GPU (the candidate's process could
+        not open an IPC handle: another uid, say); existing slots are dropped."""
+        self.close()
+        self.transport = "file"
 
     def allocate(self, nbytes: int) -> Slot:
         nbytes = max(16, int(nbytes))
         sid, self._next = self._next, self._next + 1
-        if self.device.type == "cuda":
+        if self.transport == "ipc":
             from cudal1.harness import cuda_api
 
             ptr = cuda_api.malloc(nbytes)
@@ -129,6 +137,7 @@ class SlotMap:
         self._ptrs: list[int] = []
 
     def update(self, descriptions: list[dict[str, Any]]) -> None:
+        """Open the slots described (an IPC handle that cannot be opened raises ``CudaCallError``)."""
         for d in descriptions:
             sid, nbytes, kind, ref = int(d["id"]), int(d["nbytes"]), str(d["kind"]), str(d["ref"])
             if sid in self.opened:

@@ -164,7 +164,8 @@ def decode_outputs(desc: Any, pool: SlotPool) -> Any:
             slot = pool.slots.get(int(sid)) if isinstance(sid, int) else None
             if slot is None:
                 raise WireError(f"unknown slot {sid!r}")
-            return view(slot.raw, dtype_of(str(node["dtype"])), [int(s) for s in node["shape"]]).clone()
+            data = view(slot.raw, dtype_of(str(node["dtype"])), [int(s) for s in node["shape"]]).clone()
+            return data.to(pool.device)
         if kind in ("list", "tuple"):
             items = node.get("items")
             if not isinstance(items, list):

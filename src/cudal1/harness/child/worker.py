@@ -131,7 +131,11 @@ class CandidateProcess:
             if op == "exit":
                 return
             try:
-                self.slots.update(request.get("slots") or [])  # type: ignore[union-attr]
+                try:
+                    self.slots.update(request.get("slots") or [])  # type: ignore[union-attr]
+                except Exception as exc:  # noqa: BLE001 - e.g. an IPC handle of another uid: the clean side re-stages
+                    self.reply({"slot_error": f"{type(exc).__name__}: {exc}"[:500]})
+                    continue
                 reply = handlers[op](request, model_new)
             except Refusal as r:
                 reply = r.as_reply()
@@ -224,7 +228,7 @@ class CandidateProcess:
         return model_new
 
     def construct(self, request: dict[str, Any], model_new: Any) -> dict[str, Any]:
-        init = decode_inputs(request["init"], self.slots, lambda v: v.clone())  # type: ignore[arg-type]
+        init = decode_inputs(request["init"], self.slots, self.private)  # type: ignore[arg-type]
         torch.manual_seed(int(request["seed"]))
         try:
             if self.spec.mode == "baseline":
@@ -250,9 +254,17 @@ class CandidateProcess:
     def inputs(self, request: dict[str, Any], key: str = "inputs") -> tuple[list, Any]:
         """(private copies the candidate gets, the slot views they came from)."""
         desc = request[key]
-        views = decode_inputs(desc, self.slots, lambda v: v)  # type: ignore[arg-type]
-        private = decode_inputs(desc, self.slots, lambda v: v.clone())  # type: ignore[arg-type]
+        views = decode_inputs(desc, self.slots, self.on_device)  # type: ignore[arg-type]
+        private = decode_inputs(desc, self.slots, self.private)  # type: ignore[arg-type]
         return list(private), views
+
+    def private(self, view: torch.Tensor) -> torch.Tensor:
+        """The candidate's own copy of a slot, on its device."""
+        return view.to(self.device, copy=True)
+
+    def on_device(self, view: torch.Tensor) -> torch.Tensor:
+        """A slot as a tensor on the candidate's device (itself for device slots, a copy for host ones)."""
+        return view if view.device == self.device else view.to(self.device)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -332,7 +344,7 @@ class CandidateProcess:
             out, _ = self.run_model(args)
             self.after_call("address-reuse probe", args, views, out, self.threads())
             del out
-            second = decode_inputs(request["second"], self.slots, lambda v: v)  # type: ignore[arg-type]
+            second = decode_inputs(request["second"], self.slots, self.on_device)  # type: ignore[arg-type]
             try:
                 for dst, src in zip(args, second):
                     if isinstance(dst, torch.Tensor):

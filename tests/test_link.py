@@ -1,0 +1,97 @@
+"""harness.link / wire / slots: the reference worker's line to the candidate's process, without
+processes (a scripted peer on a real pipe)."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+
+import pytest
+import torch
+
+from cudal1.harness.link import CandidateLink
+from cudal1.harness.slots import SlotMap, SlotPool
+from cudal1.harness.verdict import Verdict
+from cudal1.harness.wire import Described, decode_outputs, encode_outputs
+
+
+def _link(tmp_path, replies):
+    """A link whose peer (a thread) answers each request with the next of ``replies`` (events are
+    sent ahead of the reply they precede), recording what it was asked."""
+    import threading
+
+    mine, theirs = mp.Pipe(duplex=True)
+    asked: list[dict] = []
+    events: list[dict] = []
+    link = CandidateLink(mine, SlotPool(torch.device("cpu"), tmp_path), torch.device("cpu"), 0,
+                         lambda e, d: events.append(d))
+
+    def peer():
+        queue = list(replies)
+        while queue:
+            asked.append(json.loads(theirs.recv_bytes()))
+            while queue:
+                reply = queue.pop(0)
+                theirs.send_bytes(json.dumps(reply).encode())
+                if "event" not in reply:
+                    break
+
+    threading.Thread(target=peer, daemon=True).start()
+    return link, asked, events
+
+
+def test_the_candidate_cannot_declare_itself_ok(tmp_path):
+    link, _, _ = _link(tmp_path, [{"verdict": {"status": "ok", "message": "trust me"}}])
+    with pytest.raises(Verdict) as v:
+        link.request("noop")
+    assert v.value.status == "rejected" and "tampering" in v.value.flags
+
+
+def test_failures_keep_only_known_flags(tmp_path):
+    link, _, _ = _link(tmp_path, [{"verdict": {"status": "incorrect", "flags": ["value_mismatch", "made_up"],
+                                               "compile_log": 3}}])
+    with pytest.raises(Verdict) as v:
+        link.request("noop")
+    assert v.value.status == "incorrect" and v.value.flags == ["value_mismatch"] and "compile_log" not in v.value.extra
+
+
+def test_events_are_handed_on_and_the_reply_returned(tmp_path):
+    link, _, events = _link(tmp_path, [{"event": "building", "on": True}, {"event": "building", "on": False},
+                                       {"imported": True}])
+    assert link.request("noop") == {"imported": True}
+    assert [e.get("on") for e in events] == [True, False]
+
+
+def test_slots_move_to_host_memory_when_the_peer_cannot_open_them(tmp_path):
+    """A slot the candidate's process cannot open (an IPC handle of another uid) is not the
+    candidate's fault: the request is staged again in host memory and sent again."""
+    link, asked, _ = _link(tmp_path, [{"slot_error": "CudaCallError: cudaIpcOpenMemHandle failed"},
+                                      {"out": {"t": "py", "v": 1}, "ms": 0.5}])
+    link.pool.transport = "ipc"  # as on a GPU
+    out, ms = link.call([3], None, "trial 0")
+    assert out == 1 and ms == 0.5 and link.host_fallback and link.pool.transport == "file"
+    assert [a["op"] for a in asked] == ["call", "call"]
+
+
+def test_a_second_slot_failure_is_a_runtime_error(tmp_path):
+    link, _, _ = _link(tmp_path, [{"slot_error": "no"}])
+    with pytest.raises(Verdict) as v:  # host slots failed too: nothing left to try
+        link.call([3], None, "trial 0")
+    assert v.value.status == "runtime_error"
+
+
+def test_outputs_round_trip_through_slots_and_descriptions(tmp_path):
+    pool = SlotPool(torch.device("cpu"), tmp_path)
+    ref = (torch.ones(2, 3), torch.zeros(4))
+    from cudal1.harness.wire import output_targets
+
+    targets = output_targets(ref, pool, [])
+    peer = SlotMap(torch.device("cpu"))
+    peer.update([s.describe() for s in pool.slots.values()])
+    desc = encode_outputs((torch.full((2, 3), 7.0), torch.zeros(5)), targets, peer, "cpu")
+    out = decode_outputs(json.loads(json.dumps(desc)), pool)
+    assert torch.equal(out[0], torch.full((2, 3), 7.0))
+    assert isinstance(out[1], Described)  # another shape: judged from its description, no data sent
+    assert out[1].problem("cpu", ref[1]) == ("shape_mismatch", "shape (5,), want (4,)")
+    with pytest.raises(ValueError):
+        decode_outputs({"t": "tensor", "slot": 99, "dtype": "float32", "shape": [1]}, pool)
