@@ -111,6 +111,20 @@ def test_train_usage_errors_are_one_line(capsys, tmp_path):
     assert "bogus" in capsys.readouterr().err
 
 
+def test_grpo_eval_needs_eval_tasks(capsys, tmp_path):
+    pytest.importorskip("trl")
+    task_file = tmp_path / "diag_scale.py"
+    task_file.write_text(smoke.TASK_SOURCE)
+    base = ["train", "grpo", "--suite", str(task_file), "--model", str(tmp_path / "m"), "--device", "cpu",
+            "--out", str(tmp_path / "o")]
+    assert cli_main(base + ["--eval-every", "2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--eval-split" in err[0]
+    assert cli_main(base + ["--eval-every", "2", "--eval-split", "held-out"]) == 2  # a file has no split
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cudal1: error:")
+
+
 def test_core_imports_without_the_train_extra():
     import subprocess
     import sys

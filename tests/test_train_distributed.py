@@ -5,7 +5,8 @@
   per logged step, no duplicates) and the final model, which loads and runs.
 * GRPO smoke (one step): every rank judges its own rollouts and writes them to the
   one SQLite store (WAL) — all ``group_size x prompts_per_step`` rollouts of the step are recorded,
-  one run is recorded, one summary printed.
+  one run is recorded, one summary printed; the evaluation after the step (``--eval-every 1``)
+  gathers both ranks' samples into one ``metrics.jsonl`` line.
 * SSL smoke: each round's samples are sharded, each rank generates and judges its half into the
   one store, rank 0 writes the round's data; every sample is generated and judged once.
 """
@@ -97,7 +98,8 @@ def test_grpo_smoke_under_two_processes(tmp_path):
     import sqlite3
 
     out = tmp_path / "grpo"
-    proc = _torchrun(["grpo", "--smoke", "--max-steps", "1", "--out", str(out), "--json"], timeout=420)
+    proc = _torchrun(["grpo", "--smoke", "--max-steps", "1", "--eval-every", "1", "--eval-samples", "4", "--out", str(out),
+                      "--json"], timeout=480)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summaries = _summaries(proc.stdout)
     assert len(summaries) == 1, proc.stdout[-4000:]
@@ -107,17 +109,22 @@ def test_grpo_smoke_under_two_processes(tmp_path):
     config = yaml.safe_load((out / "config.yaml").read_text())
     assert config["processes"] == 2
     per_step = config["grpo"]["group_size"] * config["grpo"]["prompts_per_step"]
-    assert [m["step"] for m in _metrics(out)] == [1]
+    assert [(m["step"], m["stage"]) for m in _metrics(out)] == [(1, "grpo"), (1, "eval")]
+    ev = _metrics(out)[1]  # the evaluation after step 1: both ranks' samples gathered into one line
+    assert ev["samples"] == 4 and ev["complete"] and ev["tasks"] == 1 and set(ev["fast_p"]) == {"1.0", "1.2", "1.5", "2.0"}
+    assert summaries[0]["eval"][0]["step"] == 1 and "pass@4" in ev
 
     con = sqlite3.connect(out / "cudal1.sqlite")
     try:
         assert con.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         rows = dict(con.execute("SELECT round, COUNT(*) FROM responses WHERE policy = 'grpo' GROUP BY round"))
+        evals = con.execute("SELECT COUNT(*) FROM responses WHERE policy = 'grpo-eval'").fetchone()[0]
         runs = con.execute("SELECT kind, status FROM runs").fetchall()
     finally:
         con.close()
     # each rank judged and recorded its half of every step's rollouts in the one store
     assert rows == {1: per_step}, rows
+    assert evals == 4  # eval samples are recorded apart from the training rollouts
     assert runs == [("train-grpo", "done")]  # recorded once, by rank 0
     assert (out / "config.json").is_file() and (out / "prime" / "primed" / "config.json").is_file()
 

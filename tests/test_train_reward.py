@@ -126,3 +126,16 @@ def test_strict_keys_and_overrides(tmp_path):
         load_config("grpo", "nonexistent")
     with pytest.raises(ConfigError, match="group_size"):
         load_config("grpo", None, {"group_size": 1})
+
+
+def test_a_runs_saved_config_reproduces_it(tmp_path):
+    from cudal1.train.metrics import write_config
+
+    cfg = load_config("grpo", "smoke", {"max_steps": 3, "reward.clip": 2.0, "trl": {"max_grad_norm": 0.5}})
+    write_config(tmp_path, {"stage": "grpo", "smoke": True, "processes": 1, "grpo": cfg.to_dict(),
+                            "judge": {"device": "cpu"}, "args": {"out": str(tmp_path)}})
+    again = load_config("grpo", tmp_path / "config.yaml")  # the run's OUT/config.yaml: its grpo section
+    assert again == cfg and again.trl == {"max_grad_norm": 0.5}
+    assert load_config("grpo", tmp_path / "config.yaml", {"max_steps": 5}).max_steps == 5
+    with pytest.raises(ConfigError, match="group_size"):
+        GRPOConfig.from_dict({"group_size": "one"})  # the config base coerces and names the key

@@ -33,7 +33,7 @@ STAGES = ("sft", "ssl", "grpo")
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a kernel-writing model: sft, ssl or grpo (needs cudal1[train])",
-                       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       description=__doc__)
     stages = p.add_subparsers(dest="stage", metavar="STAGE")
     for stage, help_ in (("sft", "supervised fine-tuning on verified data (TRL SFTTrainer)"),
                          ("ssl", "self-supervised rounds: generate, judge, keep successes, fine-tune"),
@@ -60,6 +60,13 @@ def _common(p: argparse.ArgumentParser, stage: str) -> None:
     if stage == "ssl":
         p.add_argument("--rounds", type=int, default=None, help="rounds (default from the config)")
         p.add_argument("--samples", type=int, default=None, help="programs per task per round")
+    if stage == "grpo":
+        e = p.add_argument_group("evaluation during training (the figures of cudal1 evaluate, in metrics.jsonl)")
+        e.add_argument("--eval-every", type=int, default=None, metavar="N", help="evaluate every N steps (default: config's, 0 = never)")
+        e.add_argument("--eval-split", default=None, metavar="SPLIT_OR_TASKS",
+                       help="eval tasks: held-out or train (the fixed KernelBench split, within the --suite's level when it "
+                            "names one), or any suite selector, file or directory; --smoke: the smoke task")
+        e.add_argument("--eval-samples", type=int, default=None, metavar="K", help="one-shot samples per eval task (default: 8)")
     p.add_argument("--out", default=f"runs/train-{stage}", metavar="DIR", help="output directory")
     p.add_argument("--config", default=None, metavar="FILE_OR_PRESET",
                    help=f"{stage} config: a YAML file or a packaged preset (smoke, default{', lora' if stage == 'sft' else ''})")
@@ -88,10 +95,22 @@ def judge_config(args: argparse.Namespace) -> EvalConfig:
         config = smoke_judge_config(args.device or "cpu")
     elif args.judge_config:
         config = EvalConfig.from_yaml(args.judge_config)
+    elif _saved_judge(args.config) is not None:
+        config = EvalConfig.from_dict(_saved_judge(args.config))
     else:
         config = EvalConfig.preset(args.judge_preset or "fast")
     return config.replace(device=args.device, correctness_trials=args.trials, timeout_s=args.timeout,
                           workers_per_gpu=args.workers_per_gpu)
+
+
+def _saved_judge(path: str | None) -> dict[str, Any] | None:
+    """The judge section of ``--config`` when it is a run's OUT/config.yaml (None otherwise)."""
+    if not path or not Path(path).is_file():
+        return None
+    from cudal1.config import read_yaml_mapping
+
+    judge = read_yaml_mapping(path).get("judge")
+    return judge if isinstance(judge, dict) else None
 
 
 def stage_config(args: argparse.Namespace) -> Any:
@@ -103,6 +122,8 @@ def stage_config(args: argparse.Namespace) -> Any:
     if args.stage == "ssl":
         overrides = {"rounds": args.rounds, "samples": args.samples, "sft.learning_rate": args.learning_rate,
                      "sft.max_steps": args.max_steps}
+    if args.stage == "grpo":
+        overrides |= {"eval_every": args.eval_every, "eval_samples": args.eval_samples}
     source = args.config or ("smoke" if args.smoke else "default")
     return load_config(args.stage, source, overrides)
 
@@ -161,11 +182,14 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
     assert judge is not None
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
     if args.smoke:
-        fn = smoke_stages.smoke_grpo if args.stage == "grpo" else smoke_stages.smoke_ssl
         plan = plan_from_args(args, judge.device, gpus)  # checks the flags too
         # local: the smoke picks each rank's GPU itself (smoke_stages.judge_plan)
-        return fn(out, config=cfg, resume=args.resume, report_to=report, judge=judge,
-                  plan=plan if plan.backend == "ray" else None)
+        plan = plan if plan.backend == "ray" else None
+        if args.stage == "grpo":
+            evals = [smoke_stages.smoke_task()] if cfg.eval_every else None  # no split in a one-task smoke
+            return smoke_stages.smoke_grpo(out, config=cfg, resume=args.resume, report_to=report, judge=judge, plan=plan,
+                                           eval_tasks=evals)
+        return smoke_stages.smoke_ssl(out, config=cfg, resume=args.resume, report_to=report, judge=judge, plan=plan)
     _need(args, "model", "suite")
     from cudal1.tasks import load_tasks
 
@@ -175,11 +199,41 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
         from cudal1.train.grpo import run_grpo
 
         return run_grpo(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
-                        report_to=report)
+                        report_to=report, eval_tasks=eval_tasks(args, cfg, tasks))
     from cudal1.train.ssl import run_ssl
 
     return run_ssl(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
                    report_to=report)
+
+
+def eval_tasks(args: argparse.Namespace, cfg: Any, tasks: list) -> list | None:
+    """The tasks ``--eval-split`` names (None without evaluation); a warning on stderr when some
+    are also trained on."""
+    import sys
+
+    from cudal1.tasks import SPLITS, load_tasks, parse_selector
+
+    if not cfg.eval_every:
+        return None
+    spec = args.eval_split
+    if not spec:
+        raise UsageError("--eval-every needs --eval-split (held-out, train, or a suite selector, file or directory)")
+    if spec in SPLITS:
+        level = None
+        if args.suite and ":" in args.suite and not Path(args.suite).exists():
+            level = parse_selector(args.suite).level
+        spec = f"kernelbench:level{level}:{spec}" if level is not None else f"kernelbench:{spec}"
+    evals = load_tasks(spec, args.source)
+    both = {t.hash for t in evals} & {t.hash for t in tasks}
+    if both and dist_main():
+        print(f"cudal1: warning: {len(both)} of {len(evals)} eval task(s) from {spec} are also trained on", file=sys.stderr)
+    return evals
+
+
+def dist_main() -> bool:
+    from cudal1.train import dist
+
+    return dist.is_main()
 
 
 def _print(stage: str, summary: dict[str, Any]) -> None:
@@ -187,6 +241,9 @@ def _print(stage: str, summary: dict[str, Any]) -> None:
         rows = [(i + 1, r, s) for i, (r, s) in enumerate(zip(summary["reward_mean"], summary["success_rate"]))]
         print(table(["step", "reward_mean", "success_rate"], rows))
         print(f"\nbest speedups: {summary['best_speedup']}; verdicts: {summary['judged']}")
+        for ev in summary.get("eval") or []:
+            print(f"eval at step {ev['step']}: ok {ev['ok_rate']:.3f}, pass@1 {ev.get('pass@1')}, "
+                  f"fast_1.0 {ev['fast_p']['1.0']}, geomean best {ev['speedup']['geomean']}")
     elif stage == "ssl":
         print(table(["round", "success_rate", "kept", "loss"],
                     [(r["round"], r["success_rate"], r["kept"], r["loss"]) for r in summary["rounds"]]))

@@ -1,10 +1,13 @@
-"""Training configuration: frozen dataclasses, YAML presets, strict keys (no torch, no TRL).
+"""Training configuration on cudal1's config base (:class:`cudal1.config.Config`): frozen
+dataclasses, YAML presets, strict keys (no torch, no TRL).
 
 Contract: :func:`load_config` builds a config from a packaged preset (``configs/<kind>-<name>.yaml``,
-e.g. ``grpo-smoke``) or a YAML file, then applies overrides (CLI flags; ``None`` = not given).
-Unknown keys, at any nesting level, raise :class:`~cudal1.config.ConfigError`; so do bad values.
-The resolved config is written to ``OUT/config.yaml`` by every stage (:func:`to_dict`), together
-with the judge's :class:`~cudal1.config.EvalConfig`.
+e.g. ``grpo-smoke``) or a YAML file — a plain mapping of the stage's fields, or a run's own
+``OUT/config.yaml``, whose ``<kind>`` section is read (so a saved file reproduces the run) — then
+applies overrides (CLI flags; ``None`` = not given; dotted keys reach nested fields).  Unknown
+keys, at any nesting level, raise :class:`~cudal1.config.ConfigError`; so do bad values.  The
+resolved config is written to ``OUT/config.yaml`` by every stage (:func:`to_dict`), together with
+the judge's :class:`~cudal1.config.EvalConfig`.
 
 What each stage reads:
 
@@ -18,21 +21,21 @@ can map them one to one (``group_size`` → ``num_generations``, ``beta`` → ``
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cudal1.config import ConfigError
+from cudal1.config import Config, ConfigError
 from cudal1.train.reward import RewardConfig
 
 
 @dataclass(frozen=True)
-class LoraConfig:
+class LoraConfig(Config):
     """LoRA adapters through peft (used when ``lora`` is on)."""
+
+    SECTION = "lora_config"
 
     r: int = 16  # adapter rank
     alpha: int = 32  # scaling numerator (lora_alpha)
@@ -41,8 +44,10 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
-class SFTConfig:
+class SFTConfig(Config):
     """Supervised fine-tuning with TRL's SFTTrainer (loss on assistant turns only)."""
+
+    SECTION = "sft"
 
     learning_rate: float = 1e-5  # peak learning rate (cosine schedule after warmup)
     epochs: float = 2.0  # passes over the data
@@ -62,7 +67,7 @@ class SFTConfig:
     seed: int = 0
     trl: dict[str, Any] = field(default_factory=dict)  # any other trl.SFTConfig field, passed through (checked by TRL's class)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _positive(self, "learning_rate", "batch_size", "gradient_accumulation_steps", "max_length", "logging_steps",
                   "save_steps")
         if self.epochs <= 0 and self.max_steps <= 0:
@@ -71,8 +76,10 @@ class SFTConfig:
 
 
 @dataclass(frozen=True)
-class SSLConfig:
+class SSLConfig(Config):
     """Self-supervised rounds (CUDA-L1 stage 2): generate, judge, keep the successes, fine-tune."""
+
+    SECTION = "ssl"
 
     rounds: int = 3  # generate → judge → fine-tune cycles
     samples: int = 8  # programs generated per task per round
@@ -87,7 +94,7 @@ class SSLConfig:
     vllm_max_model_length: int | None = None  # vLLM context length (prompt + completion); None: the model's own
     sft: SFTConfig = field(default_factory=SFTConfig)  # the fine-tuning of each round
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _positive(self, "rounds", "samples", "max_new_tokens", "batch_size")
         if self.backend not in ("auto", "vllm", "transformers"):
             raise ConfigError(f"ssl backend must be auto, vllm or transformers, not {self.backend!r}")
@@ -95,8 +102,10 @@ class SSLConfig:
 
 
 @dataclass(frozen=True)
-class GRPOConfig:
+class GRPOConfig(Config):
     """Contrastive GRPO (CUDA-L1 stage 3) with TRL's GRPOTrainer and the judge as the reward."""
+
+    SECTION = "grpo"
 
     group_size: int = 8  # completions per prompt (TRL num_generations); advantages are group-relative
     prompts_per_step: int = 4  # distinct prompts per optimizer step (all devices together)
@@ -134,7 +143,7 @@ class GRPOConfig:
     eval_samples: int = 8  # samples per eval task, one-shot (the k of pass@k and best-of-k)
     trl: dict[str, Any] = field(default_factory=dict)  # any other trl.GRPOConfig field, passed through (checked by TRL's class)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _positive(self, "group_size", "prompts_per_step", "max_steps", "learning_rate", "max_completion_length",
                   "gradient_accumulation_steps", "num_iterations", "logging_steps", "save_steps", "eval_samples")
         _mapping(self, "trl")
@@ -178,38 +187,13 @@ def _positive(obj: Any, *names: str) -> None:
             raise ConfigError(f"{type(obj).__name__}.{name} must be positive")
 
 
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, globals(), {c.__name__: c for c in (LoraConfig, SFTConfig, RewardConfig)})
-
-
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """``cls`` from a mapping; nested dataclass fields from nested mappings; unknown keys are errors."""
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where or cls.__name__}: expected a mapping, got {type(data).__name__}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown {where or cls.__name__} key(s): {', '.join(unknown)}; known: {', '.join(fields)}")
-    hints = _hints(cls)
-    values = {}
-    for key, value in data.items():
-        kind = hints.get(key)
-        if dataclasses.is_dataclass(kind):
-            base = dataclasses.asdict(kind())
-            value = from_dict(kind, base | (value or {}), f"{where + '.' if where else ''}{key}")
-        elif kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        values[key] = value
-    try:
-        return cls(**values)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where or cls.__name__}: {exc}") from None
+    """``cls`` from a mapping (nested configs from nested mappings); unknown keys are errors."""
+    return cls.from_dict(data, where or None)
 
 
-def to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+def to_dict(config: Config) -> dict[str, Any]:
+    return config.to_dict()
 
 
 def presets(kind: str) -> list[str]:
@@ -231,10 +215,21 @@ def _read_yaml(text: str, where: str) -> dict[str, Any]:
     return data
 
 
+def _stage_section(data: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
+    """The ``kind`` settings of a file: its ``kind`` section when it is a run's config.yaml (it
+    has one, next to ``judge``, ``stage`` ...), else the whole mapping."""
+    section = data.get(kind)
+    if isinstance(section, dict) and not set(data) <= {f for f in KINDS[kind].__dataclass_fields__}:
+        return section
+    if kind in data and section is None:
+        raise ConfigError(f"{where}: the {kind} section is empty")
+    return data
+
+
 def load_config(kind: str, source: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Any:
-    """The ``kind`` config from ``source`` — a YAML path, or a preset name such as ``smoke`` or
-    ``default`` — with ``overrides`` (``None`` values ignored; dotted keys reach nested fields,
-    e.g. ``{"reward.clip": 2.0}``)."""
+    """The ``kind`` config from ``source`` — a YAML path (a plain mapping, or a run's
+    ``OUT/config.yaml``), or a preset name such as ``smoke`` or ``default`` — with ``overrides``
+    (``None`` values ignored; dotted keys reach nested fields, e.g. ``{"reward.clip": 2.0}``)."""
     if kind not in KINDS:
         raise ConfigError(f"unknown config kind {kind!r}; known: {', '.join(KINDS)}")
     cls = KINDS[kind]
@@ -243,7 +238,7 @@ def load_config(kind: str, source: str | os.PathLike[str] | None = None, overrid
         path = Path(source)
         if path.suffix in (".yaml", ".yml") or path.exists():
             try:
-                data = _read_yaml(path.read_text(), str(path))
+                data = _stage_section(_read_yaml(path.read_text(), str(path)), kind, str(path))
             except OSError as exc:
                 raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
         else:
@@ -251,12 +246,4 @@ def load_config(kind: str, source: str | os.PathLike[str] | None = None, overrid
             if not ref.is_file():
                 raise ConfigError(f"unknown {kind} preset {str(source)!r}; known: {', '.join(presets(kind))}")
             data = _read_yaml(ref.read_text(), f"preset {kind}-{source}")
-    for key, value in (overrides or {}).items():
-        if value is None:
-            continue
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return from_dict(cls, data, kind)
+    return cls.from_dict(data, kind).replace(**(overrides or {}))

@@ -46,6 +46,7 @@ from cudal1.train.checkpoint import check_engine, last_checkpoint, save_final
 from cudal1.train.common import cuda_or_cpu_kwargs, peft_config, trainer_arguments, world_size
 from cudal1.train.config import GRPOConfig
 from cudal1.train.contrast import ContrastivePrompts
+from cudal1.train.grpo_eval import EVAL_POLICY, PHASE, EvalSet, eval_callback
 from cudal1.train.judging import RolloutJudge, reference_candidate
 from cudal1.train.metrics import metrics_callback, read_metrics
 from cudal1.train.reward import RewardConfig, RunningStats, outcome_of, shape_rewards
@@ -61,15 +62,19 @@ class JudgeReward:
 
     __name__ = "judge"  # TRL names the reward's metrics after it
 
-    def __init__(self, judge: RolloutJudge, contrast: ContrastivePrompts, cfg: RewardConfig, stats: RunningStats) -> None:
-        self.judge, self.contrast, self.cfg, self.stats = judge, contrast, cfg, stats
+    def __init__(self, judge: RolloutJudge, contrast: ContrastivePrompts, cfg: RewardConfig, stats: RunningStats,
+                 evalset: EvalSet | None = None) -> None:
+        self.judge, self.contrast, self.cfg, self.stats, self.evalset = judge, contrast, cfg, stats, evalset
         self._speedups: list[float] = []
         self._rollouts = 0
         self._successes = 0
         self._evaluated_at_drain = 0
 
-    def __call__(self, prompts: list, completions: list, task: list[str], trainer_state: Any = None, **_: Any) -> list[float]:
+    def __call__(self, prompts: list, completions: list, task: list[str], trainer_state: Any = None,
+                 phase: list[str] | None = None, **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        if phase and phase[0] == PHASE and self.evalset is not None:  # TRL's evaluation loop: eval rows
+            return self.evalset.score(list(task), texts, int(getattr(trainer_state, "global_step", 0) or 0), self)
         tasks = [self.contrast.tasks[t] for t in task]
         issued = [self.contrast.lookup(t, p) for t, p in zip(task, prompts)]
         step = int(getattr(trainer_state, "global_step", 0) or 0) + 1
@@ -172,9 +177,11 @@ def judge_references(judge: RolloutJudge, tasks: list[Task]) -> list[EvalResult]
 
 def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: str | Path, *,
              plan: Any = None, hardware: str = "CPU", resume: bool = False, report_to: Any = "none",
-             on_result: Callable[[EvalResult], None] | None = None, callbacks: tuple = ()) -> dict[str, Any]:
+             on_result: Callable[[EvalResult], None] | None = None, callbacks: tuple = (),
+             eval_tasks: list[Task] | None = None) -> dict[str, Any]:
     """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring).  Returns a summary.
-    ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline)."""
+    ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline).
+    ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`.grpo_eval`)."""
     require_train("cudal1 train grpo")
     from cudal1.store import RunStore
 
@@ -186,14 +193,14 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
         store = RunStore(out / "cudal1.sqlite")
     try:
         return _train(model, tasks, cfg, judge_config, out, store, plan=plan, hardware=hardware, resume=resume,
-                      report_to=report_to, on_result=on_result, callbacks=callbacks)
+                      report_to=report_to, on_result=on_result, callbacks=callbacks, eval_tasks=eval_tasks or [])
     finally:
         store.close()
 
 
 def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: Path, store, *, plan: Any,
            hardware: str, resume: bool, report_to: Any, on_result: Callable[[EvalResult], None] | None,
-           callbacks: tuple = ()) -> dict[str, Any]:
+           callbacks: tuple = (), eval_tasks: list[Task] = ()) -> dict[str, Any]:
     import trl
     from transformers import AutoTokenizer
 
@@ -214,15 +221,22 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
         if checkpoint is not None:
             log.info("resuming from %s (%d recorded successes restore the reward statistics)", checkpoint,
                      restore_stats(judge, stats, cfg.reward))
-        reward = JudgeReward(judge, contrast, cfg.reward, stats)
+        evalset = None
+        if eval_tasks and cfg.eval_every:
+            evalset = EvalSet(list(eval_tasks), cfg.eval_samples, hardware)
+            evalset.judge = RolloutJudge(store, judge_config, plan=plan, policy=EVAL_POLICY, on_result=on_result)
+        reward = JudgeReward(judge, contrast, cfg.reward, stats, evalset)
         tokenizer = AutoTokenizer.from_pretrained(model)
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         trainer = trl.GRPOTrainer(
-            model=str(model), reward_funcs=[reward], args=grpo_arguments(cfg, out, report_to, world_size()),
+            model=str(model), reward_funcs=[reward],
+            args=grpo_arguments(cfg, out, report_to, world_size(), eval_tasks=len(evalset.tasks) if evalset else 0),
             train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16), processing_class=tokenizer,
-            peft_config=peft_config(cfg.lora, cfg.lora_config), callbacks=[metrics_callback(out, "grpo", reward.metrics), *callbacks],
+            eval_dataset=evalset.dataset() if evalset else None, peft_config=peft_config(cfg.lora, cfg.lora_config),
+            callbacks=[metrics_callback(out, "grpo", reward.metrics), *([eval_callback(evalset, out)] if evalset else []),
+                       *callbacks],
         )
         check_engine(trainer)
         result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
@@ -241,9 +255,10 @@ def summarize(out: Path, store, tasks: list[Task], judge_config: EvalConfig) -> 
     for t in tasks:
         res = store.best(t.hash)
         best[t.task_id] = res.speedup if res is not None and res.config_hash == judge_config.hash() else None
+    evals = sorted((m for m in read_metrics(out) if m.get("stage") == "eval"), key=lambda m: m["step"])
     return {"out": str(out), "reward_mean": [r.get("reward_mean") for r in rows],
             "success_rate": [r.get("success_rate") for r in rows], "best_speedup": best,
-            "judged": store.counts()}
+            "judged": store.counts(), "eval": [{k: v for k, v in m.items() if k not in ("time", "stage")} for m in evals]}
 
 
 def _asdict(cfg: GRPOConfig) -> dict[str, Any]:

@@ -30,14 +30,18 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Iterable
 
+from cudal1.config import Config, ConfigError
+
 # Outcome kinds besides the Status values: a response with no usable code.
 FORMAT = "format"
 FAILURE_KINDS = (FORMAT, "compile_error", "runtime_error", "timeout", "incorrect", "rejected")
 
 
 @dataclass(frozen=True)
-class RewardConfig:
+class RewardConfig(Config):
     """How verdicts become rewards (see the module docstring).  Field comments are the help text."""
+
+    SECTION = "reward"
 
     clip: float = 1.5  # k: normalised speedups are clipped to [-k, +k] (CUDA-L1: 1.5)
     window: int = 1024  # running statistics over the last N successes (all tasks)
@@ -51,18 +55,18 @@ class RewardConfig:
     rejected: float = -3.0  # cheating caught by a guard: must be the lowest reward
     degenerate: float = 0.0  # ok on a task whose output ignores its inputs (speedup means nothing)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         if not self.clip > 0:
-            raise ValueError("reward clip must be positive")
+            raise ConfigError("reward clip must be positive")
         if self.window < 1:
-            raise ValueError("reward window must be at least 1")
+            raise ConfigError("reward window must be at least 1")
         if not self.min_std > 0:
-            raise ValueError("reward min_std must be positive")
+            raise ConfigError("reward min_std must be positive")
         others = [getattr(self, k) for k in FAILURE_KINDS if k != "rejected"] + [self.degenerate, -self.clip]
         if not all(math.isfinite(v) for v in others + [self.rejected]):
-            raise ValueError("rewards must be finite")
+            raise ConfigError("rewards must be finite")
         if not self.rejected < min(others):
-            raise ValueError(f"reward for rejected ({self.rejected}) must be below every other reward "
+            raise ConfigError(f"reward for rejected ({self.rejected}) must be below every other reward "
                              f"(lowest other: {min(others)}, including -clip)")
 
     def failure(self, kind: str) -> float:

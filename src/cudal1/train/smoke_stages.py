@@ -32,6 +32,9 @@ from cudal1.train import dist
 from cudal1.train.config import SFTConfig, load_config
 from cudal1.train.smoke import VARIANTS, priming_records, smoke_judge_config, smoke_task
 
+__all__ = ["PRIME", "judge_plan", "primed_model", "smoke_grpo", "smoke_sft", "smoke_ssl", "smoke_task", "tiny_base",
+           "verified_records"]
+
 log = logging.getLogger(__name__)
 
 PRIME_EXAMPLES = 128
@@ -85,7 +88,7 @@ def judge_plan(judge: Any) -> tuple[Any, str]:
 
 
 def _judged_stage(stage: str, run: Any, out: str | Path, config: Any, resume: bool, report_to: Any,
-                  on_result: Any, judge: Any = None, plan: Any = None) -> dict[str, Any]:
+                  on_result: Any, judge: Any = None, plan: Any = None, **extra: Any) -> dict[str, Any]:
     """``run`` (``run_grpo`` or ``run_ssl``) on the smoke task from the primed tiny model; ``judge``
     (an ``EvalConfig``) defaults to :func:`smoke_judge_config` on the CPU; ``plan`` (e.g. a Ray
     cluster's) defaults to :func:`judge_plan`."""
@@ -94,7 +97,7 @@ def _judged_stage(stage: str, run: Any, out: str | Path, config: Any, resume: bo
     plan, hardware = (plan, plan.hardware_name()) if plan is not None else judge_plan(judge)
     model = primed_model(out / "prime")
     summary = run(str(model), [smoke_task()], config or load_config(stage, "smoke"), judge, out, plan=plan,
-                  hardware=hardware, resume=resume, report_to=report_to, on_result=on_result)
+                  hardware=hardware, resume=resume, report_to=report_to, on_result=on_result, **extra)
     return summary | {"base_model": str(model), "judge_device": plan.device if plan else "cpu",
                       "judge_backend": plan.backend if plan else "local",
                       "judge_gpus": list(plan.lanes) if plan and plan.device == "cuda" else [],
@@ -102,12 +105,13 @@ def _judged_stage(stage: str, run: Any, out: str | Path, config: Any, resume: bo
 
 
 def smoke_grpo(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
-               on_result=None, judge: Any = None, plan: Any = None) -> dict[str, Any]:
+               on_result=None, judge: Any = None, plan: Any = None, eval_tasks: list | None = None) -> dict[str, Any]:
     """GRPO smoke; ``judge`` (an ``EvalConfig``, e.g. ``smoke_judge_config("cuda")``) and ``plan``
-    pick how and where rollouts are judged (default: the CPU, this machine)."""
+    pick how and where rollouts are judged (default: the CPU, this machine); ``eval_tasks`` are
+    evaluated every ``eval_every`` steps of the config."""
     from cudal1.train.grpo import run_grpo
 
-    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result, judge, plan)
+    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result, judge, plan, eval_tasks=eval_tasks)
 
 
 def verified_records() -> list[dict[str, Any]]:
