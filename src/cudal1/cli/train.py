@@ -61,6 +61,11 @@ def _common(p: argparse.ArgumentParser, stage: str) -> None:
         p.add_argument("--rounds", type=int, default=None, help="rounds (default from the config)")
         p.add_argument("--samples", type=int, default=None, help="programs per task per round")
     if stage == "grpo":
+        p.add_argument("--exemplars-from", nargs="+", default=None, metavar="RUN",
+                       help="seed the exemplar pool with the verified programs of earlier runs (collect DATA.jsonl, ssl/grpo/"
+                            "optimize/evaluate run directories or run stores), judged here first")
+        p.add_argument("--exemplars-per-task", type=int, default=4, metavar="N",
+                       help="seeded programs per task, fastest first (default: 4; 0 = all)")
         e = p.add_argument_group("evaluation during training (the figures of cudal1 evaluate, in metrics.jsonl)")
         e.add_argument("--eval-every", type=int, default=None, metavar="N", help="evaluate every N steps (default: config's, 0 = never)")
         e.add_argument("--eval-split", default=None, metavar="SPLIT_OR_TASKS",
@@ -148,6 +153,14 @@ def run(args: argparse.Namespace) -> int:
     if getattr(args, "backend", "local") == "ray" and dist.world_size() > 1 and not args.ray_address:
         raise UsageError("--backend ray under several training processes needs --ray-address (one cluster for all ranks)")
     cfg = stage_config(args)
+    if getattr(args, "exemplars_from", None):
+        from cudal1.train.exemplars import SeedError, store_file
+
+        try:
+            for source in args.exemplars_from:  # before anything is trained or judged
+                store_file(source)
+        except SeedError as exc:
+            raise UsageError(str(exc)) from None
     out = Path(args.out)
     judge = judge_config(args) if args.stage != "sft" else None
     resolved = {"stage": args.stage, "smoke": args.smoke, "processes": dist.world_size(), args.stage: to_dict(cfg),
@@ -188,7 +201,8 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
         if args.stage == "grpo":
             evals = [smoke_stages.smoke_task()] if cfg.eval_every else None  # no split in a one-task smoke
             return smoke_stages.smoke_grpo(out, config=cfg, resume=args.resume, report_to=report, judge=judge, plan=plan,
-                                           eval_tasks=evals)
+                                           eval_tasks=evals, exemplars_from=args.exemplars_from,
+                                           exemplars_per_task=args.exemplars_per_task)
         return smoke_stages.smoke_ssl(out, config=cfg, resume=args.resume, report_to=report, judge=judge, plan=plan)
     _need(args, "model", "suite")
     from cudal1.tasks import load_tasks
@@ -199,7 +213,8 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
         from cudal1.train.grpo import run_grpo
 
         return run_grpo(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
-                        report_to=report, eval_tasks=eval_tasks(args, cfg, tasks))
+                        report_to=report, eval_tasks=eval_tasks(args, cfg, tasks), exemplars_from=args.exemplars_from,
+                        exemplars_per_task=args.exemplars_per_task)
     from cudal1.train.ssl import run_ssl
 
     return run_ssl(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,

@@ -178,10 +178,13 @@ def judge_references(judge: RolloutJudge, tasks: list[Task]) -> list[EvalResult]
 def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: str | Path, *,
              plan: Any = None, hardware: str = "CPU", resume: bool = False, report_to: Any = "none",
              on_result: Callable[[EvalResult], None] | None = None, callbacks: tuple = (),
-             eval_tasks: list[Task] | None = None) -> dict[str, Any]:
+             eval_tasks: list[Task] | None = None, exemplars_from: list[str] | None = None,
+             exemplars_per_task: int = 4) -> dict[str, Any]:
     """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring).  Returns a summary.
     ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline).
-    ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`.grpo_eval`)."""
+    ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`.grpo_eval`).
+    ``exemplars_from``: earlier runs whose verified programs seed the exemplar pool, at most
+    ``exemplars_per_task`` per task, judged here first (:mod:`.exemplars`)."""
     require_train("cudal1 train grpo")
     from cudal1.store import RunStore
 
@@ -193,14 +196,15 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
         store = RunStore(out / "cudal1.sqlite")
     try:
         return _train(model, tasks, cfg, judge_config, out, store, plan=plan, hardware=hardware, resume=resume,
-                      report_to=report_to, on_result=on_result, callbacks=callbacks, eval_tasks=eval_tasks or [])
+                      report_to=report_to, on_result=on_result, callbacks=callbacks, eval_tasks=eval_tasks or [],
+                      seeds=(list(exemplars_from or []), exemplars_per_task))
     finally:
         store.close()
 
 
 def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: Path, store, *, plan: Any,
            hardware: str, resume: bool, report_to: Any, on_result: Callable[[EvalResult], None] | None,
-           callbacks: tuple = (), eval_tasks: list[Task] = ()) -> dict[str, Any]:
+           callbacks: tuple = (), eval_tasks: list[Task] = (), seeds: tuple[list[str], int] = ([], 4)) -> dict[str, Any]:
     import trl
     from transformers import AutoTokenizer
 
@@ -210,8 +214,13 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
     status = "interrupted"
     try:
         judge = RolloutJudge(store, judge_config, plan=plan, policy=POLICY, on_result=on_result)
-        with dist.main_first():  # the other ranks then find the references' verdicts in the store
+        seeded = None
+        with dist.main_first():  # the other ranks then find the references' (and seeds') verdicts in the store
             judge_references(judge, tasks)
+            if seeds[0] and main:
+                from cudal1.train.exemplars import seed_pool
+
+                seeded = seed_pool(judge.recorded, tasks, seeds[0], seeds[1])
         contrast = ContrastivePrompts(judge, tasks, exemplars=cfg.exemplars, strategy=cfg.strategy, tau=cfg.tau,
                                       feedback=cfg.feedback, hardware=hardware, seed=cfg.seed)
         stats = RunningStats(cfg.reward.window)
@@ -245,7 +254,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
     finally:
         if run_id is not None:
             store.finish_run(run_id, status)
-    return summarize(out, store, tasks, judge_config) | {"steps": int(result.global_step),
+    return summarize(out, store, tasks, judge_config) | {"steps": int(result.global_step), "seeded": seeded,
                                                          "resumed_from": str(checkpoint) if checkpoint else None}
 
 

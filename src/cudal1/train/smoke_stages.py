@@ -105,13 +105,15 @@ def _judged_stage(stage: str, run: Any, out: str | Path, config: Any, resume: bo
 
 
 def smoke_grpo(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
-               on_result=None, judge: Any = None, plan: Any = None, eval_tasks: list | None = None) -> dict[str, Any]:
+               on_result=None, judge: Any = None, plan: Any = None, eval_tasks: list | None = None,
+               exemplars_from: list | None = None, exemplars_per_task: int = 4) -> dict[str, Any]:
     """GRPO smoke; ``judge`` (an ``EvalConfig``, e.g. ``smoke_judge_config("cuda")``) and ``plan``
     pick how and where rollouts are judged (default: the CPU, this machine); ``eval_tasks`` are
     evaluated every ``eval_every`` steps of the config."""
     from cudal1.train.grpo import run_grpo
 
-    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result, judge, plan, eval_tasks=eval_tasks)
+    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result, judge, plan, eval_tasks=eval_tasks,
+                         exemplars_from=exemplars_from, exemplars_per_task=exemplars_per_task)
 
 
 def verified_records() -> list[dict[str, Any]]:
