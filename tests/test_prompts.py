@@ -266,7 +266,7 @@ def test_parse_format_failures(text, problem):
 
 def test_parse_unfenced_python_and_indented_blocks():
     assert parse_response(MODELNEW).code == MODELNEW
-    indented = "1. Code Implementation:\n" + "\n".join("   " + l if l else "" for l in FENCED.splitlines()) + "\n"
+    indented = "1. Code Implementation:\n" + "\n".join("   " + line if line else "" for line in FENCED.splitlines()) + "\n"
     assert parse_response(indented).code == MODELNEW
 
 
@@ -469,3 +469,42 @@ def test_prompts_package_imports_neither_torch_nor_the_harness():
             "print(bad); sys.exit(1 if bad else 0)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# ---- the Performance Analysis check ---------------------------------------------------------------
+
+
+def _contrastive_user() -> str:
+    shown = [ok(MODELNEW.replace("mul_", "mul"), 0.8, "a"), ok(MODELNEW, 1.5, "b"), ok(MODELNEW + "\n# v3\n", 2.13, "c")]
+    return build_prompt(TASK, shown, "NVIDIA H200").user
+
+
+def test_analysis_check_reads_what_the_prompt_showed():
+    from cudal1.prompts import check_analysis
+    from cudal1.prompts.analysis import shown_implementations
+
+    user = _contrastive_user()
+    assert shown_implementations(user) == [(1, "0.80x"), (2, "1.50x"), (3, "2.13x")]
+    full = check_analysis("Implementation 3 (2.13x) beats Implementation 1 because it scales in place: one kernel instead of "
+                          "two, so half the memory traffic and one launch less.", user)
+    assert (full.present, full.best, full.names_best, full.cites_speedups, full.compares) == (True, 3, True, True, True)
+    assert {"memory", "launches"} <= set(full.reasons) and full.score == 1.0
+    by_speedup = check_analysis("The fastest one, at 2.13x, avoids a second pass over the output tensor and its memory "
+                                "traffic; the slower ones allocate a temporary.", user)
+    assert by_speedup.names_best and by_speedup.cites_speedups and not by_speedup.compares
+    generic = check_analysis("The reference can be made faster by writing a custom CUDA kernel that uses shared memory and "
+                             "many threads per block to keep the GPU busy.", user)
+    assert generic.present and not generic.names_best and not generic.cites_speedups and generic.score == 0.5
+    assert check_analysis("It is faster.", user).score == 0.0  # too short to count
+    assert not check_analysis(" ".join(["word"] * 20) + " 12.13x faster", user).cites_speedups  # 12.13x is not 2.13x
+
+
+def test_analysis_check_of_a_one_shot_prompt():
+    from cudal1.prompts import check_analysis
+
+    user = build_prompt(TASK, [], "CPU").user
+    reasons = check_analysis("The reference reads the input twice and writes a temporary; fusing relu and the scaling into one "
+                             "pass halves the memory traffic.", user)
+    assert reasons.shown == 0 and reasons.best is None and reasons.score == 1.0 and "fusion" in reasons.reasons
+    bare = check_analysis(" ".join(["this analysis says nothing specific at all about the reference"] * 3), user)
+    assert bare.present and bare.reasons == [] and bare.score == 0.5

@@ -139,3 +139,33 @@ def test_a_runs_saved_config_reproduces_it(tmp_path):
     assert load_config("grpo", tmp_path / "config.yaml", {"max_steps": 5}).max_steps == 5
     with pytest.raises(ConfigError, match="group_size"):
         GRPOConfig.from_dict({"group_size": "one"})  # the config base coerces and names the key
+
+
+def test_analysis_bonus_is_off_by_default_and_keeps_the_orderings():
+    stats = RunningStats(16)
+    plain = shape_rewards([Outcome("format", analysis=1.0)], stats, RewardConfig())
+    assert plain == [RewardConfig().format]  # off by default
+    cfg = RewardConfig(analysis_bonus=0.05)
+    got = shape_rewards([Outcome("format", analysis=1.0), Outcome("rejected", analysis=0.5)], stats, cfg)
+    assert got == [pytest.approx(-2.0 + 0.05), pytest.approx(-3.0 + 0.025)]
+    with pytest.raises(ConfigError, match="outrank"):
+        RewardConfig(analysis_bonus=0.2)  # incorrect (-1.6) + 0.2 would reach -clip (-1.5)
+    with pytest.raises(ConfigError, match=">= 0"):
+        RewardConfig(analysis_bonus=-0.1)
+    with pytest.raises(ConfigError, match="rejected"):
+        RewardConfig(analysis_bonus=0.05, rejected=-2.01, format=-2.0)
+
+
+def test_rollouts_carry_their_analysis_score(tmp_path):
+    from cudal1.prompts import build_prompt
+    from cudal1.store import RunStore
+    from cudal1.train import smoke
+    from cudal1.train.judging import RolloutJudge
+
+    task = smoke.smoke_task()
+    prompt = build_prompt(task, [], "CPU")
+    text = ("### Performance Analysis\nThe reference materialises an N x N diagonal matrix and multiplies it: cubic work and "
+            "a lot of memory traffic for a row scaling.\n\nNo code this time.")
+    with RunStore(tmp_path / "s.sqlite") as store:
+        [(res, outcome)] = RolloutJudge(store, smoke.smoke_judge_config()).judge([(task, text)], prompts=[prompt])
+    assert res is None and outcome.kind == FORMAT and outcome.analysis == 1.0

@@ -6,10 +6,13 @@
   ``templates/``) into a :class:`cudal1.types.Prompt`.
 * :func:`parse_response` (:mod:`.parse`) splits an answer into analysis, design and ``ModelNew``
   code, or says why there is no usable code.
+* :func:`check_analysis` (:mod:`.analysis`) checks the answer's Performance Analysis against the
+  implementations its prompt showed (does it name the best one, cite speedups, give reasons).
 
 Pure Python: nothing here imports torch or the judge (:mod:`cudal1.harness`).
 """
 
+from cudal1.prompts.analysis import AnalysisCheck, check_analysis
 from cudal1.prompts.build import (
     DEFAULT_TEMPLATE,
     PromptTemplate,
@@ -31,6 +34,7 @@ from cudal1.prompts.select import (
 )
 
 __all__ = [
+    "AnalysisCheck",
     "DEFAULT_BUCKET_WIDTH",
     "DEFAULT_TEMPLATE",
     "STRATEGIES",
@@ -38,6 +42,7 @@ __all__ = [
     "available_templates",
     "bucket_probabilities",
     "build_prompt",
+    "check_analysis",
     "eligible",
     "exemplar_hash",
     "failed_feedback",

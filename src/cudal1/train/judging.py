@@ -55,15 +55,18 @@ class RolloutJudge:
     def judge(self, items: list[tuple[Task, str]], *, round_: int = 0, prompts: list[Prompt | None] | None = None,
               label: str = "") -> list[tuple[EvalResult | None, Outcome]]:
         """Judge ``(task, response)`` pairs; results in input order."""
-        from cudal1.prompts import parse_response
+        from cudal1.prompts import check_analysis, parse_response
 
         prompts = prompts or [None] * len(items)
         cands: list[Candidate | None] = []
+        scores: list[float] = []
         for (task, text), prompt in zip(items, prompts):
             parsed = parse_response(text)
+            check = check_analysis(parsed.analysis, prompt.user if prompt is not None else "")
+            scores.append(check.score)
             cand = Candidate(parsed.code, task_hash=task.hash, label=label or self.policy) if parsed.code else None
-            if cand is not None:
-                self.recorded.propose(task, cand, {"round": round_, "policy": self.policy})
+            if cand is not None:  # the check travels with the candidate (its first response's, for a repeated program)
+                self.recorded.propose(task, cand, {"round": round_, "policy": self.policy, "analysis_check": check.to_dict()})
             prompt_d = dataclasses.asdict(prompt) if prompt is not None else {}
             self.recorded.record_response(task, round_, self.policy, prompt_d, text, parsed.analysis, cand,
                                           problem=parsed.problem)
@@ -73,9 +76,9 @@ class RolloutJudge:
         pairs = [(task, cand) for (task, _), cand in zip(items, cands) if cand is not None]
         verdicts = iter(self.recorded.judge(pairs) if pairs else [])
         out = []
-        for cand in cands:
+        for cand, score in zip(cands, scores):
             res = next(verdicts) if cand is not None else None
-            outcome = outcome_of(res)
+            outcome = dataclasses.replace(outcome_of(res), analysis=score)
             self.counts[outcome.kind] += 1
             out.append((res, outcome))
         return out

@@ -17,6 +17,11 @@ Contract (CUDA-L1, section 3.3, with our choices where the paper leaves room):
 * A success on a **degenerate task** (the reference output is constant or ignores its inputs:
   no speedup on it means anything) gets ``degenerate`` (default 0) and is not added to the
   statistics.
+* Optionally (``analysis_bonus`` > 0; off by default, cudal1's choice, not the paper's) every
+  rollout gets ``analysis_bonus x`` the score of its Performance Analysis check
+  (:func:`cudal1.prompts.check_analysis`: does it name the best shown implementation, cite the
+  measured speedups, give reasons).  Validation keeps the two orderings below with the bonus
+  added: ``rejected`` stays the lowest, and every failure stays below ``-clip``.
 
 Not covered: per-task statistics (the window is shared by all tasks, as in the paper), and
 timing noise (``speedup_ci`` is not consulted).  Validation (:meth:`RewardConfig.__post_init__`)
@@ -54,6 +59,7 @@ class RewardConfig(Config):
     incorrect: float = -1.6  # wrong outputs on fresh inputs
     rejected: float = -3.0  # cheating caught by a guard: must be the lowest reward
     degenerate: float = 0.0  # ok on a task whose output ignores its inputs (speedup means nothing)
+    analysis_bonus: float = 0.0  # cudal1's format term, off by default: + bonus x the Performance Analysis check's score
 
     def validate(self) -> None:
         if not self.clip > 0:
@@ -65,9 +71,16 @@ class RewardConfig(Config):
         others = [getattr(self, k) for k in FAILURE_KINDS if k != "rejected"] + [self.degenerate, -self.clip]
         if not all(math.isfinite(v) for v in others + [self.rejected]):
             raise ConfigError("rewards must be finite")
-        if not self.rejected < min(others):
-            raise ConfigError(f"reward for rejected ({self.rejected}) must be below every other reward "
-                             f"(lowest other: {min(others)}, including -clip)")
+        bonus = self.analysis_bonus
+        if not (math.isfinite(bonus) and bonus >= 0):
+            raise ConfigError("reward analysis_bonus must be finite and >= 0")
+        if not self.rejected + bonus < min(others):
+            raise ConfigError(f"reward for rejected ({self.rejected}, plus an analysis_bonus of {bonus}) must be below every "
+                              f"other reward (lowest other: {min(others)}, including -clip)")
+        worst_fail = max(getattr(self, k) for k in FAILURE_KINDS if k != "rejected")
+        if bonus and not worst_fail + bonus < -self.clip:
+            raise ConfigError(f"reward analysis_bonus {bonus} would lift a failure ({worst_fail}) to -clip ({-self.clip}) "
+                              "or above: a verified program must outrank every failing one")
 
     def failure(self, kind: str) -> float:
         """The fixed reward of a failure ``kind`` (one of :data:`FAILURE_KINDS`)."""
@@ -83,6 +96,7 @@ class Outcome:
     kind: str  # "ok", or one of FAILURE_KINDS
     speedup: float | None = None  # measured speedup (ok only)
     degenerate: bool = False  # the task was flagged degenerate_task
+    analysis: float = 0.0  # the Performance Analysis check's score in [0, 1] (cudal1.prompts.check_analysis)
 
     @property
     def success(self) -> bool:
@@ -141,9 +155,10 @@ def shape_rewards(outcomes: list[Outcome], stats: RunningStats, cfg: RewardConfi
     rewards = []
     for o in outcomes:
         if o.success:
-            rewards.append(normalized(o.speedup, stats, cfg))  # type: ignore[arg-type]
+            base = normalized(o.speedup, stats, cfg)  # type: ignore[arg-type]
         elif o.kind == "ok":
-            rewards.append(cfg.degenerate)
+            base = cfg.degenerate
         else:
-            rewards.append(cfg.failure(o.kind))
+            base = cfg.failure(o.kind)
+        rewards.append(base + cfg.analysis_bonus * o.analysis)
     return rewards
