@@ -4,7 +4,7 @@ What it runs (no network, no downloaded weights): a small Qwen2-config model bui
 (``--hidden``/``--layers``; a BPE tokenizer trained on the spot), primed with a short SFT on real
 contrastive prompts for the bundled ``diag_scale`` task (N = ``--size``) answered with fast, slow,
 wrong, crashing and cheating programs — on a GPU also a custom CUDA kernel (``load_inline``) and a
-Triton kernel (``cudal1.train.smoke.GPU_VARIANTS``) — then every variant is judged once on the GPU
+Triton kernel (``benchmarks/train_gpu_programs.py``) — then every variant is judged once on the GPU
 (the warm-up: builds the CUDA extension before GRPO starts and fills the run store, so the
 variants are exemplars from the first prompt on), then ``cudal1.train.grpo.run_grpo`` — TRL's GRPOTrainer,
 contrastive prompts from the run store, every rollout judged by the real judge on the GPU
@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_gpu_programs, beside this script
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     from cudal1.train.grpo import run_grpo
     from cudal1.train.sft import run_sft
     from cudal1.train.judging import RolloutJudge
-    from cudal1.train.smoke import (CHEATS, FAILURES, GPU_VARIANTS, VARIANTS, fixed_strings, priming_records, program_kind,
+    from train_gpu_programs import GPU_VARIANTS, program_kind
+
+    from cudal1.train.smoke import (CHEATS, FAILURES, VARIANTS, fixed_strings, priming_records,
                                     short_answer, smoke_task)
     from cudal1.train.tiny import build_tiny_model
     from cudal1.store import RunStore
@@ -244,13 +247,13 @@ def summarize_json(path: Path) -> str:
 
 
 def rollout_kinds(store_path: Path, config_hash: str) -> dict[str, dict]:
-    """GRPO rollouts per program kind (``cudal1.train.smoke.program_kind``): how many, how many
+    """GRPO rollouts per program kind (``train_gpu_programs.program_kind``): how many, how many
     distinct programs, verdict statuses, and for cuda/triton how many ``ok`` verdicts ran a custom
     kernel (no ``no_custom_kernel`` flag)."""
     from collections import Counter, defaultdict
 
     from cudal1.store import RunStore
-    from cudal1.train.smoke import program_kind
+    from train_gpu_programs import program_kind
 
     store = RunStore(store_path)
     try:

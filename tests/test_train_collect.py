@@ -38,11 +38,10 @@ def test_collect_keeps_only_verified_programs(tmp_path, monkeypatch, capsys):
         assert r["config_hash"] and r["environment"]["device"] == "cpu" and r["candidate_hash"]
     speedups = [r["speedup"] for r in records]
     assert speedups == sorted(speedups, reverse=True)  # fastest first
-    if importlib.util.find_spec("datasets"):
-        from datasets import load_dataset
+    from datasets import load_dataset  # the test extra installs it: what train sft reads the file with
 
-        ds = load_dataset("json", data_files=str(out), split="train")
-        assert len(ds) == 3 and ds[0]["messages"][2]["role"] == "assistant"
+    ds = load_dataset("json", data_files=str(out), split="train")
+    assert len(ds) == 3 and ds[0]["messages"][2]["role"] == "assistant"
 
     # --per-task 1 from the same store: no new teacher requests are needed to re-select (resume)
     out1 = tmp_path / "data.jsonl"

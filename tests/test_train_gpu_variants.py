@@ -1,6 +1,6 @@
 """CPU tier: what ``benchmarks/train_gpu.py`` adds for its GPU run, checked without a GPU.
 
-* The CUDA (``load_inline``) and Triton programs of ``cudal1.train.smoke.GPU_VARIANTS`` parse,
+* The CUDA (``load_inline``) and Triton programs of ``benchmarks/train_gpu_programs.py`` parse,
   survive the answer format the tiny model is primed on, and are classified by ``program_kind``;
   the tokenizer's fixed strings and the priming records can include them (the CPU smokes do not).
 * ``train_gpu.py``'s helpers: per-kind rollout counts from a run store, the one-line summaries
@@ -23,40 +23,47 @@ from cudal1.train import smoke
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _train_gpu():
-    spec = importlib.util.spec_from_file_location("train_gpu_bench", ROOT / "benchmarks" / "train_gpu.py")
+def _load(name: str, path: Path):
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("train_gpu_bench", mod)
+    sys.modules.setdefault(name, mod)
     spec.loader.exec_module(mod)
     return mod
+
+
+def _train_gpu():
+    return _load("train_gpu_bench", ROOT / "benchmarks" / "train_gpu.py")
+
+
+programs = _load("train_gpu_programs", ROOT / "benchmarks" / "train_gpu_programs.py")
 
 
 def test_gpu_variants_parse_and_are_classified():
     from cudal1.prompts import parse_response
 
-    assert set(smoke.GPU_VARIANTS) == {"cuda_row_scale", "triton_row_scale"}
-    for name, code in smoke.GPU_VARIANTS.items():
+    assert set(programs.GPU_VARIANTS) == {"cuda_row_scale", "triton_row_scale"}
+    for name, code in programs.GPU_VARIANTS.items():
         ast.parse(code)
         parsed = parse_response(smoke.short_answer(code))
         assert parsed.code and "class ModelNew" in parsed.code
-        assert smoke.program_kind(parsed.code) == name.split("_")[0]
-    assert "__global__ void row_scale_vec4" in smoke.CUDA_ROW_SCALE and "C10_CUDA_KERNEL_LAUNCH_CHECK" in smoke.CUDA_ROW_SCALE
-    assert "@triton.jit" in smoke.TRITON_ROW_SCALE
-    assert all(smoke.program_kind(c) == "pytorch" for c in [*smoke.VARIANTS.values(), *smoke.CHEATS.values()])
-    assert smoke.program_kind(None) == "none"
+        assert programs.program_kind(parsed.code) == name.split("_")[0]
+    assert "__global__ void row_scale_vec4" in programs.CUDA_ROW_SCALE and "C10_CUDA_KERNEL_LAUNCH_CHECK" in programs.CUDA_ROW_SCALE
+    assert "@triton.jit" in programs.TRITON_ROW_SCALE
+    assert all(programs.program_kind(c) == "pytorch" for c in [*smoke.VARIANTS.values(), *smoke.CHEATS.values()])
+    assert programs.program_kind(None) == "none"
     # the CPU smokes' variant set is unchanged
-    assert not set(smoke.GPU_VARIANTS) & set(smoke.VARIANTS)
+    assert not set(programs.GPU_VARIANTS) & set(smoke.VARIANTS)
 
 
 def test_priming_can_include_gpu_variants():
     task = smoke.smoke_task()
-    answers = {**smoke.VARIANTS, **smoke.GPU_VARIANTS}
+    answers = {**smoke.VARIANTS, **programs.GPU_VARIANTS}
     records = smoke.priming_records(task, 40, answers=answers,
-                                    exemplars={k: (v, (3.0, 5.0)) for k, v in smoke.GPU_VARIANTS.items()}, max_exemplars=2)
-    assert {r["variant"] for r in records} & set(smoke.GPU_VARIANTS)
+                                    exemplars={k: (v, (3.0, 5.0)) for k, v in programs.GPU_VARIANTS.items()}, max_exemplars=2)
+    assert {r["variant"] for r in records} & set(programs.GPU_VARIANTS)
     prompts = " ".join(m["content"] for r in records for m in r["messages"] if m["role"] == "user")
     assert "load_inline" in prompts or "triton.jit" in prompts  # GPU programs shown as exemplars too
-    fixed = smoke.fixed_strings(records, programs=list(smoke.GPU_VARIANTS.values()))
+    fixed = smoke.fixed_strings(records, programs=list(programs.GPU_VARIANTS.values()))
     assert "        return _ext.row_scale(A, B)\n" in fixed
     assert "@triton.jit\n" in fixed
     assert "@triton.jit\n" not in smoke.fixed_strings(records)  # default: as before
@@ -70,7 +77,7 @@ def test_rollout_kinds_counts_per_kind_and_status(tmp_path):
     task = smoke.smoke_task()
     store = RunStore(tmp_path / "cudal1.sqlite")
     try:
-        for code in (smoke.CUDA_ROW_SCALE, smoke.TRITON_ROW_SCALE, smoke.VARIANTS["broadcast"], smoke.CUDA_ROW_SCALE):
+        for code in (programs.CUDA_ROW_SCALE, programs.TRITON_ROW_SCALE, smoke.VARIANTS["broadcast"], programs.CUDA_ROW_SCALE):
             cand = Candidate(code, task_hash=task.hash, label="grpo")
             store.add_candidate(cand, task.hash, {"round": 1, "policy": "grpo"})
             store.record_response(task.hash, 1, "grpo", {}, "text", "", cand.hash)
@@ -117,6 +124,7 @@ def test_describe_and_judge_plan_in_one_process(monkeypatch):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("trl") is None, reason="needs trl")
-def test_train_gpu_script_parses_its_arguments():
+def test_train_gpu_summarize_json_of_a_missing_file_prints_a_line(capsys):
     tg = _train_gpu()
     assert tg.main(["--summarize-json", "/nonexistent/train_gpu.json"]) == 0
+    assert capsys.readouterr().out.strip().splitlines() == ["no train_gpu.json"]

@@ -1,7 +1,7 @@
 """What ``--smoke`` runs need: a bundled task, programs for it, a judge preset and a scripted teacher.
 
 * :data:`TASK_SOURCE` — ``diag_scale``: ``diag(A) @ B`` for a 512-vector and a 512×512 matrix
-  (KernelBench level-1 #12 in miniature).  The judge runs it in a second or so on a CPU.
+  (KernelBench level1/12 in miniature).  The judge runs it in a second or so on a CPU.
 * :data:`VARIANTS` — correct ``ModelNew`` programs that differ in speed (a matrix product with a
   materialised diagonal, a Python loop over rows, ``einsum``, broadcasting); :data:`FAILURES` —
   wrong or crashing ones; :data:`CHEATS` — correct-looking ones the judge rejects (input mutation,
@@ -78,7 +78,6 @@ VARIANTS: dict[str, str] = {
     "broadcast": _program("return A.unsqueeze(1) * B"),
     "broadcast_rhs": _program("return B * A[:, None]"),
 }
-FAST = ("einsum", "broadcast", "broadcast_rhs")
 
 FAILURES: dict[str, str] = {
     "wrong": _program("return torch.diag(A) + B"),  # incorrect
@@ -104,81 +103,6 @@ class ModelNew(nn.Module):
         return self.last
 ''',
 }
-
-
-# GPU-only correct programs (``benchmarks/train_gpu.py`` adds them to the variant set; the CPU smokes
-# never see them): a custom CUDA kernel built with ``load_inline`` at import (so the judge's CPU
-# pre-build compiles it) and a ``@triton.jit`` kernel.  Both scale row i of B by A[i] in one pass
-# over B (float4 loads/stores in the CUDA kernel when B's rows allow it), launched on the current
-# stream; fast, like ``broadcast``.  float32 on CUDA only (the task's inputs).  Written without blank
-# lines and with every line unique to its program (after the first import): the smoke tokenizer makes
-# each line one token, so the tiny policy reproduces a program when each line has one successor;
-# shared or repeated lines would let it splice programs together (new sources, each a fresh build).
-CUDA_ROW_SCALE = '''import torch
-from torch.utils.cpp_extension import load_inline
-CUDA_SRC = r"""
-#include <c10/cuda/CUDAStream.h>
-#include <c10/cuda/CUDAException.h>
-#include <algorithm>
-#include <cstdint>
-__global__ void row_scale_vec4(const float* __restrict__ a, const float4* __restrict__ b, float4* __restrict__ out, int64_t cols4, int64_t n4) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n4; i += (int64_t)gridDim.x * blockDim.x) {
-        const float s = a[i / cols4]; const float4 v = b[i]; out[i] = make_float4(v.x * s, v.y * s, v.z * s, v.w * s); } }
-__global__ void row_scale_scalar(const float* __restrict__ a, const float* __restrict__ b, float* __restrict__ out, int64_t cols, int64_t n) {
-    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) out[i] = b[i] * a[i / cols]; }
-torch::Tensor row_scale(torch::Tensor a, torch::Tensor b) {
-    TORCH_CHECK(a.is_cuda() && b.is_cuda() && a.dim() == 1 && b.dim() == 2 && a.size(0) == b.size(0), "row_scale: a (N,) and b (N, M) on CUDA");
-    TORCH_CHECK(a.scalar_type() == torch::kFloat32 && b.scalar_type() == torch::kFloat32, "row_scale: float32 expected");
-    auto ac = a.contiguous(); auto bc = b.contiguous(); auto out = torch::empty_like(bc);
-    const int64_t n = bc.numel(), cols = bc.size(1);
-    if (n == 0) return out;
-    cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-    const bool vec4 = cols % 4 == 0 && ((reinterpret_cast<uintptr_t>(bc.data_ptr<float>()) | reinterpret_cast<uintptr_t>(out.data_ptr<float>())) % 16 == 0);
-    const unsigned blocks = (unsigned)std::min<int64_t>(((vec4 ? n / 4 : n) + 255) / 256, 65536);
-    if (vec4) row_scale_vec4<<<blocks, 256, 0, stream>>>(ac.data_ptr<float>(), reinterpret_cast<const float4*>(bc.data_ptr<float>()), reinterpret_cast<float4*>(out.data_ptr<float>()), cols / 4, n / 4);
-    else row_scale_scalar<<<blocks, 256, 0, stream>>>(ac.data_ptr<float>(), bc.data_ptr<float>(), out.data_ptr<float>(), cols, n);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-    return out; }
-"""
-_ext = load_inline(name="cudal1_smoke_row_scale", cpp_sources="torch::Tensor row_scale(torch::Tensor a, torch::Tensor b);", cuda_sources=CUDA_SRC, functions=["row_scale"], extra_cuda_cflags=["-O3"], verbose=False)
-class ModelNew(torch.nn.Module):  # the custom CUDA kernel
-    def forward(self, A, B):  # one CUDA launch per call
-        return _ext.row_scale(A, B)
-'''
-
-TRITON_ROW_SCALE = '''import torch
-import triton
-import triton.language as tl
-@triton.jit
-def _row_scale_kernel(a_ptr, b_ptr, out_ptr, cols, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    col = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = col < cols
-    s = tl.load(a_ptr + row)
-    x = tl.load(b_ptr + row * cols + col, mask=mask)
-    tl.store(out_ptr + row * cols + col, x * s, mask=mask)
-class ModelNew(torch.nn.Module):  # one Triton launch per call
-    def forward(self, A, B):  # row i of B times A[i]
-        A, B = A.contiguous(), B.contiguous()
-        out = torch.empty_like(B)
-        _row_scale_kernel[(B.shape[0], triton.cdiv(B.shape[1], 1024))](A, B, out, B.shape[1], BLOCK=1024)
-        return out  # written by the Triton kernel
-'''
-
-GPU_VARIANTS: dict[str, str] = {"cuda_row_scale": CUDA_ROW_SCALE, "triton_row_scale": TRITON_ROW_SCALE}
-
-
-def program_kind(code: str | None) -> str:
-    """``cuda`` (a ``load_inline`` extension called in the program), ``triton`` (a ``@triton.jit``
-    kernel launched), ``pytorch`` (anything else), ``none`` (no code).  A textual heuristic for
-    reports: the judge's ``no_custom_kernel`` flag says what actually ran."""
-    if not code:
-        return "none"
-    if "load_inline" in code and "_ext." in code:
-        return "cuda"
-    if "@triton.jit" in code and "](" in code:
-        return "triton"
-    return "pytorch"
 
 
 def smoke_task(size: int = 512) -> Task:
@@ -345,7 +269,7 @@ def fixed_strings(records: list[dict[str, Any]], programs: tuple[str, ...] | lis
     line of the bundled task and programs (with its newline).  The tiny model then sees short
     sequences (a CPU pays per token) and chooses between programs line by line, not character
     by character — which keeps priming and GRPO to a few dozen steps.  ``programs``: more programs
-    whose lines are kept whole (e.g. :data:`GPU_VARIANTS`)."""
+    whose lines are kept whole (e.g. ``benchmarks/train_gpu_programs.py``'s GPU programs)."""
     from cudal1.train.tiny import common_lines
 
     by_role = lambda role: [m["content"] for r in records for m in r["messages"] if m["role"] == role]  # noqa: E731
