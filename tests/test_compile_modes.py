@@ -9,7 +9,8 @@ import inspect
 import pytest
 import torch
 
-from cudal1.compile_modes import ALIASES, COMPILE_MODES, CUDA_GRAPH, EAGER, canonical, cuda_graph_source
+from cudal1.compile_modes import (ALIASES, COMPILE_CUDAGRAPH, COMPILE_MODES, CUDA_GRAPH, EAGER, INDUCTOR_SETTINGS,
+                                  canonical, cuda_graph_source, inductor_name)
 from cudal1.cuda_graph import CudaGraphReplay
 from cudal1.harness import baselines
 from cudal1.policy.builtin import PASSES, render_candidate
@@ -38,7 +39,9 @@ def get_init_inputs():
 
 def test_baselines_and_builtin_exec_passes_share_the_names():
     exec_passes = {n for n, p in PASSES.items() if p.kind == "exec"}
-    assert exec_passes == set(COMPILE_MODES) | {CUDA_GRAPH}
+    candidates_only = {COMPILE_CUDAGRAPH} | {inductor_name([s]) for s in INDUCTOR_SETTINGS}
+    assert exec_passes == set(COMPILE_MODES) | {CUDA_GRAPH} | candidates_only
+    assert not candidates_only & set(baselines.MODES)  # no baseline of that name: nothing to confuse
     assert list(baselines.MODES) == [EAGER, *COMPILE_MODES, CUDA_GRAPH]
     for name, mode in COMPILE_MODES.items():
         assert PASSES[name].description == mode.description and PASSES[name].cuda_only == mode.cuda_only

@@ -94,6 +94,26 @@ def test_folded_weights_follow_parameter_updates():
     torch.testing.assert_close(new(x.double()), ref.double()(x.double()), rtol=1e-6, atol=1e-6)
 
 
+def test_folded_batchnorm_guards_training_mode():
+    source = (FIXTURES / "batchnorm_eval.py").read_text()
+    code = compose(source, None, "algebraic")
+    assert "if self.bn.training or self.bn1.training:" in code
+    mod = load(code, "bn")
+    torch.manual_seed(0)
+    ref = mod.Model(*mod.get_init_inputs())
+    new = mod.ModelNew(*mod.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 3, 8, 8)
+    torch.testing.assert_close(new(x), ref(x), rtol=1e-5, atol=1e-5)
+    ref.train(), new.train()  # batch statistics: the reference forward runs, running stats update alike
+    torch.testing.assert_close(new(x), ref(x), rtol=0, atol=0)
+    torch.testing.assert_close(new.bn.running_mean, ref.bn.running_mean, rtol=0, atol=0)
+    ref.eval(), new.eval()  # the updated statistics are folded again
+    torch.testing.assert_close(new(x), ref(x), rtol=1e-5, atol=1e-5)
+    training = source.replace("        self.eval()\n", "")
+    assert "fold-batchnorm" not in rewrite_task(training).applied  # batch statistics cannot be folded
+
+
 def test_folding_is_declined_when_it_would_cost_more():
     source = (FIXTURES / "fold_two_linears.py").read_text().replace("return [48, 256, 24]", "return [512, 16, 512]")
     outcome = rewrite_task(source)

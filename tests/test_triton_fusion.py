@@ -115,9 +115,26 @@ def test_conv_mish_mish_and_inplace_relu(tmp_path, monkeypatch):
                forward="x = self.conv(x)\nx = self.act(x)\nx = F.mish(x)\nreturn torch.nn.functional.mish(x)\n",
                inputs="torch.randn(2, 3, 10, 9)")
     notes, cls = fuse(src)
-    assert len(notes) == 1 and notes[0].startswith("relu → mish → mish"), notes
-    assert "self.act" not in cls[cls.index("def forward"):]
+    # the convolution's bias joins the chain: cuDNN's convolution, then one kernel for the rest
+    assert len(notes) == 1 and notes[0].startswith("add → relu → mish → mish"), notes
+    assert "with the Conv2d bias, taken out of the convolution" in notes[0]
+    forward = cls[cls.index("def forward"):]
+    assert "self.act" not in forward and "torch.conv2d(x, conv_weight, None" in forward
     compare(src, cls, tmp_path, monkeypatch)
+
+
+def test_conv_bias_stays_in_the_convolution_unless_its_add_is_fused_cost_model():
+    src = task(init="self.conv = nn.Conv2d(3, 8, 3)\n", forward="return torch.softmax(self.conv(x), dim=1)\n",
+               inputs="torch.randn(2, 3, 10, 9)")
+    assert fuse(src) == ([], "")  # nothing elementwise after the convolution: no split, no candidate
+    # bias + relu on a tiny tensor is two cheap ops (the cost model declines); the chain on x is fused
+    src = task(init="self.conv = nn.Conv2d(3, 8, 3)\n", signature="x, z",
+               forward="y = torch.relu(self.conv(x))\nreturn y, torch.tanh(torch.sigmoid(z) * 2.0)\n",
+               inputs="torch.randn(2, 3, 10, 9), torch.randn(4, 5)")
+    notes, cls = fuse(src)
+    forward = cls[cls.index("def forward"):]
+    assert len(notes) == 1 and notes[0].startswith("sigmoid → mul → tanh") and "bias" not in notes[0]
+    assert "torch.conv2d(x, conv_weight, conv_bias" in forward
 
 
 # ---- per-channel / per-feature constants, several inputs -------------------------------------------
@@ -181,7 +198,7 @@ def test_half_precision_output_dtype(tmp_path, monkeypatch):
 # ---- declined -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("forward,init", [
-    ("return torch.relu(self.conv(x))\n", "self.conv = nn.Conv2d(8, 4, 1)\n"),  # a single op gains nothing
+    ("return torch.relu(self.conv(x))\n", "self.conv = nn.Conv2d(8, 4, 1, bias=False)\n"),  # a single op gains nothing
     ("return torch.softmax(x @ x.transpose(-1, -2), dim=-1)\n", ""),  # nothing elementwise
     ("return self.lin(x.flatten(1)).sum(dim=1)\n", "self.lin = nn.Linear(240, 3)\n"),
     ("return torch.relu(x.transpose(1, 3)) * 2.0\n", ""),  # non-contiguous input

@@ -1,10 +1,17 @@
-"""Shared cases of the ``triton-fusion`` tests (CPU interpreter and GPU): a task-source builder and
-every elementwise spelling the pass must fuse.  A helper module, not a test module: test modules
-import it (``from triton_cases import ...``) so that none imports another."""
+"""Shared cases of the generated-Triton tests (CPU interpreter and GPU): a task-source builder,
+every elementwise spelling the ``triton-fusion`` pass must fuse, and :func:`compare_interpreted`,
+which runs a candidate against its reference in a fresh interpreter process.  A helper module, not
+a test module: test modules import it (``from triton_cases import ...``) so that none imports
+another."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import textwrap
+from pathlib import Path
 
 TASK_TAIL = """
 
@@ -49,3 +56,47 @@ ACTIVATIONS = {
     "add_alpha": "torch.add(x, x, alpha=0.5)", "maximum": "torch.maximum(x, x * 0.5)",
     "min_binary": "torch.min(x, -x)",
 }
+
+
+_COMPARE = """
+import importlib.util, json, sys
+import torch
+spec = importlib.util.spec_from_file_location("cand", sys.argv[1])
+mod = importlib.util.module_from_spec(spec)
+sys.modules["cand"] = mod
+spec.loader.exec_module(mod)
+errors = []
+for seed in json.loads(sys.argv[2]):
+    torch.manual_seed(seed)
+    ref = mod.Model(*mod.get_init_inputs())
+    new = mod.ModelNew(*mod.get_init_inputs())
+    new.load_state_dict(ref.state_dict())
+    torch.manual_seed(seed + 1)
+    inputs = mod.get_inputs()
+    with torch.no_grad():
+        want, got = ref(*[t.clone() for t in inputs]), new(*[t.clone() for t in inputs])
+    want = want if isinstance(want, (tuple, list)) else [want]
+    got = got if isinstance(got, (tuple, list)) else [got]
+    for w, g in zip(want, got):
+        same = w.shape == g.shape and w.dtype == g.dtype
+        nan = bool(torch.equal(w.isnan(), g.isnan())) if w.is_floating_point() and same else same
+        err = (g.double() - w.double()).nan_to_num().abs().max().item() if same and w.numel() else 0.0
+        errors.append({"same_kind": same, "nan_positions": nan, "max_abs": err,
+                       "scale": w.double().nan_to_num().abs().max().item() if w.numel() else 0.0})
+print(json.dumps(errors))
+"""
+
+
+def compare_interpreted(candidate: str, tmp_path: Path, seeds: tuple[int, ...] = (0, 7)) -> list[dict]:
+    """Run ``candidate`` (task source + ModelNew) against its ``Model`` in a new process with
+    ``TRITON_INTERPRET=1`` set before Triton is imported (kernels calling Triton's own jitted
+    helpers, ``tl.sum`` and the like, need that), on the task's inputs for each seed; one dict per
+    output and seed: ``same_kind`` (shape and dtype), ``nan_positions``, ``max_abs`` error and the
+    reference's ``scale``."""
+    path = tmp_path / "interpreted_candidate.py"
+    path.write_text(candidate)
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run([sys.executable, "-c", _COMPARE, str(path), json.dumps(list(seeds))], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])

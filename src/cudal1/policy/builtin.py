@@ -17,213 +17,34 @@ Generated modules are plain Python a person could keep: the reference source unc
 ``ModelNew`` class per pass (each subclassing the previous stage), with a header comment naming the
 passes; they import nothing from cudal1.
 
-Pass kinds: ``graph`` passes rewrite the traced reference (torch.fx, in a child process; see
-:mod:`cudal1.rewrite`) and only apply to the reference itself (``algebraic``; and
-``triton-fusion``, the same rewrites plus generated Triton kernels for elementwise chains, a
-separate candidate so the judge decides whether the kernels beat the eager chain); ``layout`` passes
-(channels_last, scoped cuDNN autotuning) may stack under one ``exec`` pass (torch.compile modes,
-CUDA-graph capture), which always comes last.  Exec pass names, their torch.compile modes and the
-CUDA-graph wrapper are :mod:`cudal1.compile_modes`'s, shared with the judge's baselines.
+Passes and their kinds are :mod:`cudal1.policy.builtin_passes`'s: ``graph`` passes rewrite the
+traced reference (torch.fx, in a child process; see :mod:`cudal1.rewrite`) and apply to the
+reference only (``algebraic``; ``triton-fusion``, ``gemm-3xtf32`` and ``triton-reduce``, the same
+rewrites plus generated Triton kernels, each a separate candidate so the judge decides whether its
+kernels win); ``layout`` passes (channels_last, scoped cuDNN autotuning) may stack under one
+``exec`` pass (torch.compile modes, Inductor setting sets ``inductor[...]``, CUDA-graph capture,
+a compiled forward inside one CUDA graph), which always comes last.  ``inductor-search`` in the
+pass list is the search over Inductor's settings: on each base chain it proposes the fastest
+verified setting set plus one more setting (:func:`_neighbours`), so the sets grow round by round,
+each judged like any candidate.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
-import textwrap
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable
 
-from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH, CUDA_GRAPH_DESCRIPTION, CompileMode, cuda_graph_source
+from cudal1.compile_modes import INDUCTOR_SETTINGS, inductor_name, inductor_settings
 from cudal1.policy.base import PoolPrompt, Proposal
+from cudal1.policy.builtin_passes import (GRAPH_VARIANTS, PASSES, Pass, pass_named, prepare_rewrites, rewrite_detail,
+                                          set_rewrite_cache)
 from cudal1.types import Completion, Prompt
 
+__all__ = ["PASSES", "BuiltinPolicy", "Pass", "compose", "passes_in", "prepare_rewrites", "render_candidate",
+           "set_rewrite_cache"]
+
 _MARK = "# cudal1-builtin pass: "
-
-
-@dataclass(frozen=True)
-class Pass:
-    name: str
-    description: str
-    kind: str  # graph | layout | exec
-    cuda_only: bool
-    render: Callable[[str, str], str | None]  # (task source, base class name) -> ModelNew class source, None = declines
-
-
-# ---- exec passes (names, torch.compile modes and the CUDA-graph wrapper: cudal1.compile_modes) -----
-
-def _compile_class(mode: CompileMode) -> Callable[[str, str], str]:
-    def render(_source: str, base: str) -> str:
-        mode_arg = f', mode="{mode.torch_mode}"' if mode.torch_mode else ""
-        label = mode.torch_mode or "default"
-        return textwrap.dedent(f'''
-            class ModelNew({base}):
-                """The {base} forward compiled by torch.compile (mode {label}); same parameters."""
-
-                def __init__(self, *args, **kwargs):
-                    super().__init__(*args, **kwargs)
-                    self._compiled_forward = torch.compile(super().forward{mode_arg})
-
-                def forward(self, *args):
-                    return self._compiled_forward(*args)
-            ''')
-    return render
-
-
-def _cudagraph_class(_source: str, base: str) -> str:
-    wrapper = cuda_graph_source()  # the judge's cudagraph baseline runs the same class
-    return wrapper + "\n" + textwrap.dedent(f'''
-        class ModelNew({base}):
-            """The {base} forward captured in a CUDA graph and replayed (CudaGraphReplay above).
-
-            Inputs are copied into static buffers on every call; outputs are cloned, so a caller
-            never sees them change on the next call.  Falls back to eager for non-CUDA inputs;
-            new input shapes are captured anew.
-            """
-
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, **kwargs)
-                self._replay = CudaGraphReplay(super().forward)
-
-            def forward(self, *args):
-                return self._replay(*args)
-        ''')
-
-
-# ---- layout passes --------------------------------------------------------------------------------
-
-_CONV_RE = re.compile(r"\b(?:nn\.)?Conv(?:Transpose)?([123])d\b")
-
-
-def _conv_dims(source: str) -> set[str]:
-    return set(_CONV_RE.findall(source))
-
-
-def _channels_last_class(source: str, base: str) -> str | None:
-    dims = _conv_dims(source)
-    if not dims or not dims <= {"2", "3"} or len(dims) != 1:
-        return None  # no convolution, 1-D ones, or a mix of 2-D and 3-D
-    fmt, rank = ("channels_last", 4) if dims == {"2"} else ("channels_last_3d", 5)
-    return textwrap.dedent(f'''
-        class ModelNew({base}):
-            """{base} with {rank}-D weights and inputs in torch.{fmt} memory format (NHWC-style),
-            the layout cuDNN's fastest convolution kernels use.  Values are unchanged."""
-
-            def __init__(self, *args, **kwargs):
-                super().__init__(*args, **kwargs)
-                for p in list(self.parameters()) + list(self.buffers()):
-                    if p.dim() == {rank}:
-                        p.data = p.data.contiguous(memory_format=torch.{fmt})
-
-            def forward(self, *args):
-                args = [a.contiguous(memory_format=torch.{fmt}) if isinstance(a, torch.Tensor) and a.dim() == {rank} else a
-                        for a in args]
-                return super().forward(*args)
-        ''')
-
-
-def _cudnn_autotune_class(source: str, base: str) -> str | None:
-    if not _conv_dims(source):
-        return None
-    return textwrap.dedent(f'''
-        class ModelNew({base}):
-            """{base} with cuDNN autotuning (benchmark mode) switched on for this forward only.
-
-            The switch is scoped: every other cuDNN setting (including TF32) keeps its current
-            value, and the previous settings are restored when forward returns, so nothing else
-            in the process (the reference included) runs differently."""
-
-            def forward(self, *args):
-                cudnn = torch.backends.cudnn
-                with cudnn.flags(enabled=cudnn.enabled, benchmark=True, deterministic=cudnn.deterministic,
-                                 allow_tf32=cudnn.allow_tf32):
-                    return super().forward(*args)
-        ''')
-
-
-# ---- graph passes ---------------------------------------------------------------------------------
-
-class _GraphRewrites:
-    """Per-task cache of child-process graph rewrites (one child per task source, thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._cache: dict[str, object] = {}
-
-    def get(self, source: str, fuse: bool = False) -> object:
-        from cudal1.rewrite import ALGEBRAIC_PASSES, rewrite_task
-
-        key = hashlib.sha256(source.encode()).hexdigest() + (":fuse" if fuse else "")
-        with self._lock:
-            if key in self._cache:
-                return self._cache[key]
-        outcome = rewrite_task(source, ALGEBRAIC_PASSES + (("triton-fusion",) if fuse else ()))
-        with self._lock:
-            self._cache[key] = outcome
-        return outcome
-
-
-_REWRITES = _GraphRewrites()
-
-
-def prepare_rewrites(sources: list[str], workers: int | None = None, fuse: bool = False) -> list[object]:
-    """Trace ``sources`` in parallel child processes (cached for this process); the outcomes.
-    ``fuse``: the algebraic passes followed by Triton fusion (the ``triton-fusion`` pass)."""
-    with ThreadPoolExecutor(max(1, workers or (os.cpu_count() or 2) // 2)) as pool:
-        return list(pool.map(lambda src: _REWRITES.get(src, fuse), sources))
-
-
-def _algebraic_class(source: str, base: str) -> str | None:
-    if base != "Model":
-        return None  # graph rewrites trace the reference itself
-    outcome = _REWRITES.get(source)
-    return outcome.class_source if outcome.ok else None  # type: ignore[attr-defined]
-
-
-def _triton_fusion_class(source: str, base: str) -> str | None:
-    if base != "Model":
-        return None
-    outcome = _REWRITES.get(source, fuse=True)
-    ok = outcome.ok and "triton-fusion" in outcome.applied  # type: ignore[attr-defined]
-    return outcome.class_source if ok else None  # type: ignore[attr-defined]
-
-
-def algebraic_detail(source: str, fuse: bool = False) -> str:
-    """One line on what the graph passes did (or why they declined) for ``source``."""
-    outcome = _REWRITES.get(source, fuse)
-    if outcome.ok:  # type: ignore[attr-defined]
-        return "; ".join(n for notes in outcome.notes.values() for n in notes)  # type: ignore[attr-defined]
-    return outcome.error  # type: ignore[attr-defined]
-
-
-def _exec_pass(name: str) -> Pass:
-    if name == CUDA_GRAPH:
-        return Pass(CUDA_GRAPH, CUDA_GRAPH_DESCRIPTION, "exec", True, _cudagraph_class)
-    mode = COMPILE_MODES[name]
-    return Pass(name, mode.description, "exec", mode.cuda_only, _compile_class(mode))
-
-
-PASSES: dict[str, Pass] = {
-    p.name: p
-    for p in (
-        Pass("algebraic", "torch.fx algebraic rewrites (diag broadcast, matrix-chain order, linear folding, "
-             "reductions through linear maps, fused attention, redundant-op removal)", "graph", False, _algebraic_class),
-        _exec_pass("compile-default"),
-        Pass("triton-fusion", "the algebraic rewrites, then elementwise chains fused into generated Triton kernels",
-             "graph", True, _triton_fusion_class),
-        Pass("channels-last", "convolution weights and inputs in channels_last memory format", "layout", True,
-             _channels_last_class),
-        _exec_pass(CUDA_GRAPH),
-        Pass("cudnn-autotune", "scoped cuDNN autotuning (benchmark mode for this forward only)", "layout", True,
-             _cudnn_autotune_class),
-        _exec_pass("compile-max-autotune-no-cudagraphs"),
-        _exec_pass("compile-reduce-overhead"),
-        _exec_pass("compile-max-autotune"),
-    )
-}
+INDUCTOR_SEARCH = "inductor-search"  # the --passes entry that grows Inductor setting sets (see _neighbours)
 
 
 def passes_in(code: str) -> list[str]:
@@ -231,10 +52,17 @@ def passes_in(code: str) -> list[str]:
     return [line[len(_MARK):].split(" — ")[0].strip() for line in code.splitlines() if line.startswith(_MARK)]
 
 
+def _known(name: str) -> Pass | None:
+    try:
+        return pass_named(name)
+    except KeyError:
+        return None
+
+
 def compose(task_source: str, base_code: str | None, pass_name: str) -> str | None:
     """The candidate module applying ``pass_name`` on top of ``base_code`` (a builtin candidate) or
     on the reference when ``base_code`` is None; None when the pass declines."""
-    p = PASSES[pass_name]
+    p = pass_named(pass_name)
     chain = passes_in(base_code) if base_code else []
     if not _compatible(chain, pass_name):
         return None
@@ -242,8 +70,8 @@ def compose(task_source: str, base_code: str | None, pass_name: str) -> str | No
     cls = p.render(task_source, base_class)
     if cls is None:
         return None
-    header = "".join(f"{_MARK}{name} — {PASSES[name].description}\n" for name in chain + [pass_name]
-                     if name in PASSES)
+    header = "".join(f"{_MARK}{name} — {_known(name).description}\n"  # type: ignore[union-attr]
+                     for name in chain + [pass_name] if _known(name))
     if not chain:
         return f"{header}{task_source.rstrip()}\n\n\n{cls.strip()}\n"
     body = "\n".join(line for line in base_code.splitlines() if not line.startswith(_MARK)).rstrip()
@@ -256,26 +84,58 @@ def render_candidate(task_source: str, pass_name: str) -> str | None:
 
 
 def _compatible(chain: list[str], name: str) -> bool:
-    if name in chain or any(PASSES[c].kind == "exec" for c in chain if c in PASSES):
+    if name in chain or any(p.kind == "exec" for p in map(_known, chain) if p):
         return False  # each pass once; nothing stacks on top of an exec pass
-    kind = PASSES[name].kind
-    return kind != "graph" or not chain
+    return pass_named(name).kind != "graph" or not chain
+
+
+def default_passes() -> list[str]:
+    """Every registered pass in registry order, with the Inductor setting search right after the
+    single settings it starts from."""
+    names = list(PASSES)
+    last_single = max(i for i, n in enumerate(names) if inductor_settings(n) is not None)
+    return names[:last_single + 1] + [INDUCTOR_SEARCH] + names[last_single + 1:]
+
+
+def _neighbours(pool: PoolPrompt, chain: tuple[str, ...]) -> list[str]:
+    """The Inductor setting search on ``chain``: from the fastest verified ``chain + inductor[S]``
+    (faster than ``chain + compile-default`` when that was verified), the sets S plus one more
+    setting, in registry order.  Nothing before some single setting has been verified: the singles
+    are registry passes of their own.  Greedy forward selection, one setting per step, judged like
+    any candidate."""
+    measured: dict[tuple[str, ...], float] = {}
+    for entry in pool.pool:
+        got = passes_in(entry.code)
+        if tuple(got[:-1]) != chain or not got or entry.speedup is None:
+            continue
+        settings = () if got[-1] == "compile-default" else inductor_settings(got[-1]) if got[-1].startswith(
+            "inductor[") else None
+        if settings is not None:
+            measured[settings] = max(entry.speedup, measured.get(settings, 0.0))
+    best = max(measured, key=measured.__getitem__, default=())
+    if not best:
+        return []
+    return [inductor_name(set(best) | {s}) for s in INDUCTOR_SETTINGS if s not in best]
 
 
 class BuiltinPolicy:
-    """No-LLM policy over ``PASSES`` (see module docstring).  ``device`` decides CUDA-only passes."""
+    """No-LLM policy over ``PASSES`` (see module docstring).  ``device`` decides CUDA-only passes;
+    ``rewrite_cache``: where graph rewrites are cached (default: the user cache)."""
 
     name = "builtin"
 
     def __init__(self, device: str = "cuda", passes: list[str] | None = None, workers: int | None = None,
-                 **_: object) -> None:
-        names = passes or list(PASSES)
-        unknown = [n for n in names if n not in PASSES]
+                 rewrite_cache: str | None = None, **_: object) -> None:
+        names = passes or default_passes()
+        unknown = [n for n in names if n != INDUCTOR_SEARCH and _known(n) is None]
         if unknown:
-            raise ValueError(f"unknown builtin pass(es) {', '.join(unknown)}; known: {', '.join(PASSES)}")
+            raise ValueError(f"unknown builtin pass(es) {', '.join(unknown)}; known: {', '.join(default_passes())}, "
+                             "inductor[SETTING,...] (settings: " + ", ".join(INDUCTOR_SETTINGS) + ")")
         self.device = device
-        self.passes = [n for n in names if device == "cuda" or not PASSES[n].cuda_only]
+        self.passes = [n for n in names if device == "cuda" or not (n == INDUCTOR_SEARCH or pass_named(n).cuda_only)]
         self.workers = max(1, workers or (os.cpu_count() or 2) // 2)  # tracing children at once
+        if rewrite_cache:
+            set_rewrite_cache(rewrite_cache)
         self._proposed: dict[str, set[tuple[str, ...]]] = {}
         self._lock = threading.Lock()
 
@@ -285,10 +145,9 @@ class BuiltinPolicy:
 
     def generate(self, prompts: list[Prompt], n: int = 1) -> list[list[Completion]]:
         sources = list({p.task_source: None for p in prompts if p.task_source})
-        if "algebraic" in self.passes:  # trace every distinct task once, in parallel child processes
-            prepare_rewrites(sources, self.workers)
-        if "triton-fusion" in self.passes:
-            prepare_rewrites(sources, self.workers, fuse=True)
+        variants = [v for v in GRAPH_VARIANTS if v in self.passes]
+        if variants:  # trace every distinct task once, in parallel child processes
+            prepare_rewrites(sources, self.workers, variants)
         return [[self._next(prompt) for _ in range(n)] for prompt in prompts]
 
     @staticmethod
@@ -300,6 +159,12 @@ class BuiltinPolicy:
         """Builtin candidates that beat the reference anchor, best first, then the reference."""
         return [e.code for e in prompt.above_reference() if passes_in(e.code)] + [None]
 
+    def _names(self, prompt: PoolPrompt, chain: tuple[str, ...]) -> list[str]:
+        out: list[str] = []
+        for name in self.passes:
+            out += _neighbours(prompt, chain) if name == INDUCTOR_SEARCH else [name]
+        return out
+
     def _next(self, prompt: Prompt) -> Completion:
         if not prompt.task_source:
             return Completion(text="", policy=self.name, error="builtin: the prompt carries no task source")
@@ -310,7 +175,7 @@ class BuiltinPolicy:
                 tried.add(tuple(passes_in(entry.code)))
             for base in self._bases(prompt):
                 chain = tuple(passes_in(base)) if base else ()
-                for name in self.passes:
+                for name in self._names(prompt, chain):
                     if chain + (name,) in tried:
                         continue
                     code = compose(prompt.task_source, base, name)
@@ -324,9 +189,10 @@ class BuiltinPolicy:
     @staticmethod
     def _account(task_source: str, chain: list[str]) -> str:
         """What the candidate does, for the record (the run store's response and analysis)."""
-        lines = [f"- `{name}`: {PASSES[name].description}." for name in chain]
-        if "algebraic" in chain or "triton-fusion" in chain:
-            lines.append(f"- rewrites: {algebraic_detail(task_source, 'triton-fusion' in chain)}")
+        lines = [f"- `{name}`: {pass_named(name).description}." for name in chain]
+        for name in chain:
+            if name in GRAPH_VARIANTS:
+                lines.append(f"- rewrites: {rewrite_detail(task_source, name)}")
         return ("Builtin passes, applied in order:\n" + "\n".join(lines) + "\n"
                 "The same function as the reference; each pass changes how it is computed or executed, never what.\n")
 

@@ -7,10 +7,11 @@ produced.  Tracing executes the task's code, so it always happens in a child pro
 rule: untrusted code never runs in the calling process) with no GPU visible, bounded by
 ``timeout_s``.  The outcome is plain data; nothing here imports the judge.
 
-Outcomes are cached on disk (``$CUDAL1_CACHE_DIR/rewrites``, default ``~/.cache/cudal1``), keyed
-by the task source, the passes, the torch version and a digest of this package's code, so a
-resumed or repeated run does not trace again; ``cache=False`` bypasses it.  Timeouts and child
-crashes are not cached.
+Outcomes are cached on disk (``cache_dir``, default ``$CUDAL1_CACHE_DIR/rewrites``, i.e.
+``~/.cache/cudal1/rewrites``), one JSON file per (task source, pass list, digest of this package's
+code), so a resumed or repeated run does not trace again and a cache built on a CPU machine serves
+a GPU run; ``cache=False`` bypasses it.  Timeouts and child crashes are not cached.
+:func:`rewrite_variants` computes several pass lists for one task in one child process.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ALGEBRAIC_PASSES = ("simplify", "diag-broadcast", "matmul-chain", "fold-linear", "reduce-through-linear", "sdpa")
-GRAPH_PASS_NAMES = ALGEBRAIC_PASSES + ("triton-fusion",)
+ALGEBRAIC_PASSES = ("simplify", "diag-broadcast", "matmul-chain", "fold-batchnorm", "fold-linear", "reduce-through-linear",
+                    "sdpa")
+GRAPH_PASS_NAMES = ALGEBRAIC_PASSES + ("triton-fusion", "gemm-3xtf32", "triton-reduce")
 
 
 @dataclass
@@ -43,63 +45,90 @@ class RewriteOutcome:
 
 
 def rewrite_task(source: str, passes: list[str] | tuple[str, ...] = ALGEBRAIC_PASSES, timeout_s: float = 180.0,
-                 cache: bool = True) -> RewriteOutcome:
+                 cache: bool = True, cache_dir: str | os.PathLike[str] | None = None) -> RewriteOutcome:
     """Trace ``source`` in a child process and apply ``passes`` (see module docstring)."""
-    unknown = [p for p in passes if p not in GRAPH_PASS_NAMES]
-    if unknown:
-        raise ValueError(f"unknown graph pass(es) {', '.join(unknown)}; known: {', '.join(GRAPH_PASS_NAMES)}")
-    path = _cache_path(source, passes) if cache else None
-    if path is not None and path.is_file():
-        try:
-            return RewriteOutcome(**json.loads(path.read_text()))
-        except (OSError, ValueError, TypeError):
-            pass  # unreadable entry: trace again and overwrite it
-    outcome, cacheable = _run_child(source, passes, timeout_s)
-    if path is not None and cacheable:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(dataclasses.asdict(outcome)))
-            os.replace(tmp, path)  # atomic: concurrent runs never read half an entry
-        except OSError:
-            pass  # a read-only cache only costs a re-trace
-    return outcome
+    return rewrite_variants(source, [tuple(passes)], timeout_s, cache, cache_dir)[0]
 
 
-def _run_child(source: str, passes: list[str] | tuple[str, ...], timeout_s: float) -> tuple[RewriteOutcome, bool]:
+def rewrite_variants(source: str, variants: list[tuple[str, ...]], timeout_s: float = 180.0, cache: bool = True,
+                     cache_dir: str | os.PathLike[str] | None = None) -> list[RewriteOutcome]:
+    """One outcome per pass list in ``variants`` (in order), each as :func:`rewrite_task` would give
+    it; the variants not in the cache are computed by one child process (the task is executed and
+    torch imported once), which may take ``timeout_s`` per variant."""
+    for passes in variants:
+        unknown = [p for p in passes if p not in GRAPH_PASS_NAMES]
+        if unknown:
+            raise ValueError(f"unknown graph pass(es) {', '.join(unknown)}; known: {', '.join(GRAPH_PASS_NAMES)}")
+    paths = [_cache_path(source, passes, cache_dir) if cache else None for passes in variants]
+    outcomes: list[RewriteOutcome | None] = [_read(path) for path in paths]
+    todo = [i for i, o in enumerate(outcomes) if o is None]
+    if todo:
+        fresh = _run_child(source, [tuple(variants[i]) for i in todo], timeout_s * len(todo))
+        for i, (outcome, cacheable) in zip(todo, fresh):
+            outcomes[i] = outcome
+            if paths[i] is not None and cacheable:
+                _write(paths[i], outcome)
+    return [o for o in outcomes if o is not None]
+
+
+def _read(path: Path | None) -> RewriteOutcome | None:
+    if path is None or not path.is_file():
+        return None
+    try:
+        return RewriteOutcome(**json.loads(path.read_text()))
+    except (OSError, ValueError, TypeError):
+        return None  # unreadable entry: trace again and overwrite it
+
+
+def _write(path: Path, outcome: RewriteOutcome) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(dataclasses.asdict(outcome), indent=0, sort_keys=True))
+        os.replace(tmp, path)  # atomic: concurrent runs never read half an entry
+    except OSError:
+        pass  # a read-only cache only costs a re-trace
+
+
+def _run_child(source: str, variants: list[tuple[str, ...]], timeout_s: float) -> list[tuple[RewriteOutcome, bool]]:
+    """(outcome, cacheable) per variant; a timeout or a crash fails every variant, uncached."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
     try:
         proc = subprocess.run([sys.executable, "-m", "cudal1.rewrite.child"],
-                              input=json.dumps({"source": source, "passes": list(passes)}),
+                              input=json.dumps({"source": source, "variants": [list(v) for v in variants]}),
                               capture_output=True, text=True, timeout=timeout_s, env=env, start_new_session=True)
     except subprocess.TimeoutExpired:
-        return RewriteOutcome(error=f"graph rewrite timed out after {timeout_s:.0f} s"), False
+        return [(RewriteOutcome(error=f"graph rewrite timed out after {timeout_s:.0f} s"), False)] * len(variants)
     try:
-        data = json.loads(proc.stdout)
-    except json.JSONDecodeError:
+        answers = json.loads(proc.stdout)["outcomes"]
+    except (json.JSONDecodeError, KeyError, TypeError):
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [f"exit status {proc.returncode}"]
-        return RewriteOutcome(error=f"graph rewrite child failed: {tail[0][:300]}"), False
-    return RewriteOutcome(class_source=data.get("class_source", ""), applied=data.get("applied", []),
-                          notes=data.get("notes", {}), declined=data.get("declined", {}),
-                          error=data.get("error", "")), True
+        return [(RewriteOutcome(error=f"graph rewrite child failed: {tail[0][:300]}"), False)] * len(variants)
+    return [(RewriteOutcome(class_source=d.get("class_source", ""), applied=d.get("applied", []),
+                            notes=d.get("notes", {}), declined=d.get("declined", {}), error=d.get("error", "")), True)
+            for d in answers]
 
 
 @functools.lru_cache(maxsize=1)
 def _code_key() -> str:
-    """torch version + digest of this package's sources (a code change invalidates the cache)."""
-    import importlib.metadata
-
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        torch_version = "none"
-    digest = hashlib.sha256(torch_version.encode())
+    """Digest of this package's sources: a change to any pass invalidates the cache.  The torch
+    version is not part of the key, so a cache built on one machine (e.g. a CPU one preparing a GPU
+    run) serves another: a rewrite is verified by the judge wherever it runs, so an entry made
+    under another torch can cost a candidate (a failed verdict), never a wrong verdict."""
+    digest = hashlib.sha256()
     for f in sorted(Path(__file__).parent.glob("*.py")):
         digest.update(f.name.encode() + f.read_bytes())
     return digest.hexdigest()
 
 
-def _cache_path(source: str, passes: list[str] | tuple[str, ...]) -> Path:
-    root = Path(os.environ.get("CUDAL1_CACHE_DIR") or "~/.cache/cudal1").expanduser()
+def cache_root(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """Where outcomes are cached: ``cache_dir``, else ``$CUDAL1_CACHE_DIR/rewrites`` (default
+    ``~/.cache/cudal1/rewrites``)."""
+    if cache_dir:
+        return Path(cache_dir)
+    return Path(os.environ.get("CUDAL1_CACHE_DIR") or "~/.cache/cudal1").expanduser() / "rewrites"
+
+
+def _cache_path(source: str, passes: tuple[str, ...] | list[str], cache_dir: str | os.PathLike[str] | None) -> Path:
     key = hashlib.sha256("\0".join([_code_key(), ",".join(passes), source]).encode()).hexdigest()
-    return root / "rewrites" / f"{key[:40]}.json"
+    return cache_root(cache_dir) / f"{key[:40]}.json"

@@ -1,8 +1,9 @@
 """Child-process entry point: trace a task, apply graph passes, emit and check ``ModelNew``.
 
-Protocol: reads one JSON object ``{"source": str, "passes": [names]}`` from stdin and writes one
-JSON object to stdout: ``{"ok": bool, "class_source": str, "applied": [names], "notes": {name:
-[str]}, "declined": {name: reason}, "error": str}``.  Task code is untrusted: this module runs
+Protocol: reads one JSON object ``{"source": str, "variants": [[names], ...]}`` from stdin and
+writes one JSON object to stdout, ``{"outcomes": [...]}``, one per variant (each traced afresh):
+``{"ok": bool, "class_source": str, "applied": [names], "notes": {name: [str]}, "declined": {name:
+reason}, "error": str}``.  Task code is untrusted: this module runs
 only in a child process started by :func:`cudal1.rewrite.rewrite_task`, on the meta device
 (no GPU is touched, no real memory is allocated for weights or inputs).  A rewrite that breaks
 tracing, shape propagation, code generation, or changes the output's shapes/dtypes on the meta
@@ -110,12 +111,14 @@ def check_candidate(source: str, class_source: str) -> str:
 def main() -> None:
     warnings.simplefilter("ignore")
     request = json.loads(sys.stdin.read())
-    try:
-        result = run(request["source"], list(request.get("passes", [])))
-    except Exception as exc:  # noqa: BLE001 - always answer in JSON
-        result = {"ok": False, "class_source": "", "applied": [], "notes": {}, "declined": {},
-                  "error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    sys.stdout.write(json.dumps(result))
+    outcomes = []
+    for passes in request["variants"]:
+        try:
+            outcomes.append(run(request["source"], list(passes)))
+        except Exception as exc:  # noqa: BLE001 - always answer in JSON
+            outcomes.append({"ok": False, "class_source": "", "applied": [], "notes": {}, "declined": {},
+                             "error": f"{type(exc).__name__}: {str(exc)[:300]}"})
+    sys.stdout.write(json.dumps({"outcomes": outcomes}))
     sys.stdout.flush()
 
 

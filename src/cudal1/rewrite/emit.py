@@ -182,7 +182,11 @@ def emit_class(gm: fx.GraphModule, task_globals: dict[str, Any], notes: list[str
         outs = [fold.call_method("to", (env[n], param_dtype)) if _narrow_float(n) and param_dtype is not None
                 else env[n] for n in frontier]
         fold.output(tuple(outs))
-        sources = sorted({n.target for n in fold.nodes if n.op == "get_attr"})
+        # the refresh key: every parameter or buffer the folded values come from, plus the ones a
+        # pass names (``cudal1_refresh_keys``: e.g. a BatchNorm's batch counter, whose in-place
+        # increment marks a running-statistics update that leaves their own version counters alone)
+        extra = [k for k in getattr(gm, "meta", {}).get("cudal1_refresh_keys", []) if _has_attr(gm, k)]
+        sources = sorted({n.target for n in fold.nodes if n.op == "get_attr"} | set(extra))
         fold_code = fold.python_code(root_module="self")
         fold_globals = dict(fold_code.globals)
         fold_src = "\n".join(_function_body(fold_code.src))
@@ -203,11 +207,16 @@ def emit_class(gm: fx.GraphModule, task_globals: dict[str, Any], notes: list[str
         own = getattr(obj, "__name__", None)
         if name not in defined and own in defined and callable(obj):
             body = [re.sub(rf"(?<![\w.]){re.escape(name)}\b", own, ln) for ln in body]
+    guards = list(getattr(gm, "meta", {}).get("cudal1_eval_guards", []))
+    if guards:  # rewrites valid in eval mode only (folded BatchNorm): training mode runs the reference
+        params = ", ".join(str(n.target) for n in graph.nodes if n.op == "placeholder")
+        cond = " or ".join(f"{attr_expr('self', g)}.training" for g in guards)
+        body = [f"    if {cond}:", f"        return super().forward({params})"] + body
     text = signature + "\n" + "\n".join(body) + "\n" + fold_src  # annotations in the signature need imports too
     imports = _imports(_used({**fold_globals, **code.globals}, text), task_globals, defined)
     imports = [ln for ln in imports if not any(ln in src.splitlines() for src in prelude)]
 
-    doc = [f"Algebraic rewrite of Model.forward (cudal1 builtin: {', '.join(passes)})."]
+    doc = [f"Graph rewrite of Model.forward (cudal1 builtin: {', '.join(passes)})."]
     doc += [""] + [f"- {n}" for n in notes]
     if frontier:
         doc += ["", "Weights derived from parameters are computed once (``_cudal1_fold``) and again",
@@ -226,12 +235,20 @@ def emit_class(gm: fx.GraphModule, task_globals: dict[str, Any], notes: list[str
                 "            with torch.no_grad():",
                 f"                {names} = self._cudal1_fold()",
                 "            self._cudal1_key = key", ""]
-        body = ["    self._cudal1_refresh()"] + body
+        at = 2 if guards else 0  # the eval-mode guard first: training mode needs no folded weights
+        body = body[:at] + ["    self._cudal1_refresh()"] + body[at:]
     out += ["    " + signature] + ["    " + ln for ln in body]
     top = imports + ([""] if imports else [])
     for src in prelude:
         top += [src, "", ""]
     return "\n".join(top + out) + "\n"
+
+
+def _has_attr(gm: fx.GraphModule, target: str) -> bool:
+    obj = gm
+    for atom in target.split("."):
+        obj = getattr(obj, atom, None)
+    return isinstance(obj, torch.Tensor)
 
 
 def _narrow_float(node: fx.Node) -> bool:

@@ -15,11 +15,14 @@ from __future__ import annotations
 
 from cudal1.rewrite.diag_broadcast import DIAG_BROADCAST
 from cudal1.rewrite.fold_affine import FOLD_LINEAR, REDUCE_THROUGH_LINEAR
+from cudal1.rewrite.fold_batchnorm import FOLD_BATCHNORM
 from cudal1.rewrite.graph_pass import GraphPass
 from cudal1.rewrite.matmul_chain import MATMUL_CHAIN
 from cudal1.rewrite.sdpa import SDPA
 from cudal1.rewrite.simplify import SIMPLIFY
 from cudal1.rewrite.triton_fusion import TRITON_FUSION
+from cudal1.rewrite.triton_gemm import GEMM_3XTF32
+from cudal1.rewrite.triton_reduce import TRITON_REDUCE
 
 __all__ = ["GRAPH_PASSES", "GraphPass"]
 
@@ -29,9 +32,12 @@ GRAPH_PASSES: dict[str, GraphPass] = {
         SIMPLIFY,
         DIAG_BROADCAST,
         MATMUL_CHAIN,
+        FOLD_BATCHNORM,  # before fold-linear, which may then fold the result further
         FOLD_LINEAR,
         REDUCE_THROUGH_LINEAR,
         SDPA,
-        TRITON_FUSION,  # last: fuses what the algebraic passes left
+        TRITON_FUSION,  # the Triton passes last: they work on what the algebraic passes left
+        GEMM_3XTF32,
+        TRITON_REDUCE,
     )
 }

@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from cudal1.rewrite.conv_epilogue import split_biases, undo
 from cudal1.rewrite.emit import eliminate_dead_code
 from cudal1.rewrite.graph_pass import GraphPass
 from cudal1.rewrite.patterns import is_inplace, module_of
@@ -210,8 +211,14 @@ def run(gm: fx.GraphModule) -> list[str]:
         import triton.language  # noqa: F401
     except ImportError:
         return []
+    splits = split_biases(gm)
     regions, ops = find_regions(gm)
+    fused = {n for r in regions for n in r.nodes}
+    for split in splits:
+        if split.add not in fused:
+            undo(split)
     if not regions:
+        eliminate_dead_code(gm.graph)
         return []
     prelude: list[str] = gm.meta.setdefault(PRELUDE_KEY, [])
     start = sum(1 for src in prelude if "def _cudal1_fused_" in src)  # fresh names on a second run
@@ -225,15 +232,20 @@ def run(gm: fx.GraphModule) -> list[str]:
         if src not in prelude:
             prelude.append(src)
     graph, notes = gm.graph, []
+    replaced: dict[fx.Node, fx.Node] = {}  # a region's output read by a later region: read the kernel's
     for region, gen in zip(regions, generated):
         with graph.inserting_before(region.out):
-            new = graph.create_node("call_function", namespace[gen.name], tuple(gen.args), {}, name="fused")
+            args = tuple(replaced.get(a, a) for a in gen.args)
+            new = graph.create_node("call_function", namespace[gen.name], args, {}, name="fused")
         new.meta = dict(region.out.meta)
         region.out.replace_all_uses_with(new)
+        replaced[region.out] = new
         for n in reversed(region.nodes):  # in-place ops among them are not dead code to the DCE
             graph.erase_node(n)
-        eager, fused = estimate(region, ops)
-        notes.append(f"{gen.note}, est. {eager * 1e6:.0f} → {fused * 1e6:.0f} µs")
+        eager, fused_s = estimate(region, ops)
+        moved = [s.label for s in splits if s.add in region.nodes]
+        bias = f" (with the {moved[0]} bias, taken out of the convolution)" if moved else ""
+        notes.append(f"{gen.note}{bias}, est. {eager * 1e6:.0f} → {fused_s * 1e6:.0f} µs")
     eliminate_dead_code(graph)
     return notes
 

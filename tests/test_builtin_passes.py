@@ -1,0 +1,146 @@
+"""The builtin policy's exec passes beyond the torch.compile modes (CPU): Inductor setting sets
+(``inductor[...]``) and their search, and the compiled forward inside one CUDA graph
+(``compile-cudagraph``).  Generated code is checked for what it asks of torch.compile and run on
+the CPU; on a GPU the judge times it (``benchmarks/builtin_kernelbench.py``)."""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+import torch
+
+from cudal1.compile_modes import INDUCTOR_SETTINGS, inductor_name, inductor_settings
+from cudal1.policy.base import PoolEntry, PoolPrompt
+from cudal1.policy.builtin import INDUCTOR_SEARCH, BuiltinPolicy, compose, default_passes, passes_in, render_candidate
+from cudal1.policy.builtin_passes import pass_named
+
+WEIGHTS = """import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.lin = nn.Linear(n, n)
+
+    def forward(self, x):
+        return torch.relu(self.lin(x)) * 2.0
+
+
+def get_inputs():
+    return [torch.randn(16, 32)]
+
+
+def get_init_inputs():
+    return [32]
+"""
+ELEMENTWISE = WEIGHTS.replace("self.lin = nn.Linear(n, n)", "self.n = n").replace("self.lin(x)", "x")
+
+
+def _options(code: str) -> dict:
+    """The options= mapping of the candidate's one torch.compile call (helper calls unparsed)."""
+    (call,) = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.compile"]
+    (kw,) = [k for k in call.keywords if k.arg == "options"]
+    return {ast.literal_eval(k): (ast.literal_eval(v) if not isinstance(v, ast.Call) else ast.unparse(v))
+            for k, v in zip(kw.value.keys, kw.value.values)}
+
+
+def test_setting_names_are_canonical():
+    assert inductor_name({"freezing", "cd"}) == "inductor[cd,freezing]"
+    assert inductor_settings("inductor[cd,freezing]") == ("cd", "freezing") and inductor_settings("cudagraph") is None
+    for bad in ("inductor[freezing,cd]", "inductor[]", "inductor[cd,cd]", "inductor[warp]"):
+        with pytest.raises(ValueError):
+            inductor_settings(bad)
+    assert pass_named("inductor[cd,gemm,freezing]").kind == "exec"  # any set, not only the registered singles
+    with pytest.raises(KeyError):
+        pass_named("inductor[gemm,cd]")
+
+
+def test_inductor_sets_compile_with_scoped_options_only_where_they_can_matter():
+    code = render_candidate(WEIGHTS, "inductor[cd,gemm,freezing]")
+    assert passes_in(code) == ["inductor[cd,gemm,freezing]"]
+    assert _options(code) == {"coordinate_descent_tuning": True, "max_autotune_gemm": True,
+                              "max_autotune_gemm_backends": "_cudal1_gemm_backends()",
+                              "benchmark_epilogue_fusion": True, "freezing": True}
+    assert "def _cudal1_gemm_backends" in code and "torch._inductor.config." not in code.replace(
+        "import torch._inductor.config as inductor_config", "")  # read, never assigned: nothing global changes
+    assert render_candidate(ELEMENTWISE, "inductor[freezing]") is None  # no weights to freeze
+    assert render_candidate(ELEMENTWISE, "inductor[gemm]") is None and render_candidate(ELEMENTWISE, "inductor[padding]") is None
+    assert render_candidate(ELEMENTWISE, "inductor[cd,aggressive]") is not None
+    from cudal1.harness.static_guard import run_static_guards
+
+    assert [f for f in run_static_guards(code, reference=WEIGHTS) if f.reject] == []
+
+
+def test_every_setting_is_an_option_this_torch_knows():
+    """torch.compile(options=...) refuses unknown keys when it compiles; compiling is the GPU tier's
+    job (tests/gpu/test_builtin_kernels_gpu.py), so here every key is looked up in Inductor's config."""
+    import torch._inductor.config as inductor_config
+
+    for setting in INDUCTOR_SETTINGS.values():
+        for key in setting.options:
+            obj = inductor_config
+            for atom in key.split("."):
+                assert hasattr(obj, atom), (setting.name, key)
+                obj = getattr(obj, atom)
+
+
+def test_compile_cudagraph_wraps_the_compiled_forward_in_the_one_replay_class(monkeypatch):
+    code = render_candidate(WEIGHTS, "compile-cudagraph")
+    tree = ast.parse(code)
+    assert sum(isinstance(n, ast.ClassDef) and n.name == "CudaGraphReplay" for n in ast.walk(tree)) == 1
+    assert "CudaGraphReplay(torch.compile(super().forward))" in code
+    monkeypatch.setattr(torch, "compile", lambda fn, **_: fn)  # the wiring, not Inductor, on the CPU
+    ns: dict = {}
+    exec(compile(code, "cand", "exec"), ns)
+    torch.manual_seed(0)
+    ref = ns["Model"](32)
+    new = ns["ModelNew"](32)
+    new.load_state_dict(ref.state_dict())
+    x = torch.randn(16, 32)
+    torch.testing.assert_close(new(x), ref(x), rtol=0, atol=0)
+    assert new._replay.graph is None  # CPU inputs are never captured
+    assert compose(WEIGHTS, code, "cudagraph") is None  # one exec pass per chain
+
+
+def _prompt(source: str, pool: tuple[PoolEntry, ...]) -> PoolPrompt:
+    return PoolPrompt("t", "h" * 64, "s", "u", "v", task_source=source, pool=pool)
+
+
+def test_the_setting_search_grows_the_fastest_set_one_setting_at_a_time():
+    anchor = PoolEntry(WEIGHTS + "\n\nModelNew = Model\n", 1.0, reference=True)
+    singles = [inductor_name([s]) for s in INDUCTOR_SETTINGS]
+    policy = BuiltinPolicy(device="cuda", passes=["compile-default", *singles, INDUCTOR_SEARCH])
+    measured = (anchor, PoolEntry(render_candidate(WEIGHTS, "compile-default"), 1.2),
+                PoolEntry(render_candidate(WEIGHTS, "inductor[cd]"), 1.3),
+                PoolEntry(render_candidate(WEIGHTS, "inductor[freezing]"), 1.5))
+    # the singles not yet judged come first (registry order), then the best single plus one setting
+    got = [c.meta["passes"] for c in policy.generate([_prompt(WEIGHTS, measured)], n=5)[0]]
+    assert got == [["inductor[gemm]"], ["inductor[padding]"], ["inductor[aggressive]"], ["inductor[cd,freezing]"],
+                   ["inductor[gemm,freezing]"]]
+    # a pair beat the best single: the search goes on from the pair
+    better = measured + (PoolEntry(render_candidate(WEIGHTS, "inductor[gemm,freezing]"), 1.8),)
+    fresh = BuiltinPolicy(device="cuda", passes=[INDUCTOR_SEARCH])
+    assert fresh.generate([_prompt(WEIGHTS, better)], n=1)[0][0].meta["passes"] == ["inductor[cd,gemm,freezing]"]
+    # nothing measured yet: the search has nothing to grow (the singles are passes of their own)
+    assert BuiltinPolicy(device="cuda", passes=[INDUCTOR_SEARCH]).generate([_prompt(WEIGHTS, (anchor,))], n=1)[0][0].error
+
+
+def test_the_search_runs_on_each_base_chain_and_skips_settings_that_cannot_matter():
+    anchor = PoolEntry(ELEMENTWISE + "\n\nModelNew = Model\n", 1.0, reference=True)
+    base = render_candidate(ELEMENTWISE, "inductor[cd]")
+    pool = (anchor, PoolEntry(base, 1.4))
+    got = BuiltinPolicy(device="cuda", passes=[INDUCTOR_SEARCH]).generate([_prompt(ELEMENTWISE, pool)], n=2)[0]
+    assert [c.meta.get("passes") for c in got] == [["inductor[cd,aggressive]"], None]  # no weights, no GEMMs
+    assert got[1].error == "builtin: no pass left for this task"
+
+
+def test_policy_names_and_cpu_passes():
+    names = default_passes()
+    assert names.index(INDUCTOR_SEARCH) == max(i for i, n in enumerate(names) if n.startswith("inductor[")) + 1
+    cpu = BuiltinPolicy(device="cpu").passes
+    assert INDUCTOR_SEARCH not in cpu and all(not pass_named(n).cuda_only for n in cpu)
+    assert BuiltinPolicy(device="cuda", passes=["inductor[cd,freezing]"]).passes == ["inductor[cd,freezing]"]
+    with pytest.raises(ValueError, match="inductor\\[SETTING"):
+        BuiltinPolicy(passes=["inductor[warp]"])
