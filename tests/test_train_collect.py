@@ -88,9 +88,13 @@ def test_unreachable_teacher_is_one_line_naming_the_url(tmp_path, capsys):
     assert "URL=MODEL" in capsys.readouterr().err
 
 
-def test_missing_train_extra_names_the_extra(monkeypatch, capsys, tmp_path):
+def test_missing_train_extra_names_the_extra(monkeypatch, capsys, tmp_path, request):
+    from cudal1 import extras
+
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("trl", "peft") else real(name, *a))
+    extras.is_available.cache_clear()  # probes are cached per process: ask again, and forget the answers after
+    request.addfinalizer(extras.is_available.cache_clear)
     for stage in ("sft", "ssl", "grpo"):
         assert cli_main(["train", stage, "--smoke", "--out", str(tmp_path / stage)]) == 2
         err = capsys.readouterr().err.strip().splitlines()

@@ -22,8 +22,7 @@ from cudal1.cli.progress import progress
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("collect", help="verified training data from teachers or a published set", description=__doc__,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser("collect", help="verified training data from teachers or a published set", description=__doc__)
     p.add_argument("--suite", default=None, help="tasks: a .py, a directory, a JSONL or kernelbench:level1/1-20")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
     p.add_argument("--teacher", action="append", default=[], metavar="URL=MODEL",

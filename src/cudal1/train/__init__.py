@@ -15,24 +15,18 @@ this package import without it.  :func:`require_train` gives the one-line error 
 
 from __future__ import annotations
 
-import importlib.util
+from cudal1.extras import EXTRAS, MissingExtra, missing, require
 
-TRAIN_MODULES = ("trl", "transformers", "peft", "datasets", "accelerate", "tokenizers")
-
-
-class MissingExtra(ImportError):
-    """An optional dependency of the ``train`` extra is not installed."""
+TRAIN_MODULES = EXTRAS["train"]
 
 
 def missing_modules(modules: tuple[str, ...] = TRAIN_MODULES) -> list[str]:
-    return [m for m in modules if importlib.util.find_spec(m) is None]
+    return missing(*modules)
 
 
 def require_train(what: str = "cudal1 train", modules: tuple[str, ...] = TRAIN_MODULES) -> None:
-    """Raise :class:`MissingExtra` (one line, naming the extra) unless ``modules`` are importable."""
-    missing = missing_modules(modules)
-    if missing:
-        raise MissingExtra(f"{what} needs {', '.join(missing)}: pip install \"cudal1[train]\"")
+    """Raise :class:`~cudal1.extras.MissingExtra` (one line, naming the extra) unless ``modules`` are importable."""
+    require(what, *modules, extra="train")
 
 
 __all__ = ["MissingExtra", "TRAIN_MODULES", "missing_modules", "require_train"]
