@@ -176,6 +176,7 @@ class RefWorker(Measurement):
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
+        self.l2_start = self.persisting_l2()  # before the candidate exists
         release = torch.cuda.empty_cache if self.device.type == "cuda" else (lambda: None)
         self.lease = Lease(self.spec.gpu_lease, self.phase, self.sync, release)
         from cudal1.harness.envinfo import collect_environment
@@ -247,18 +248,24 @@ class RefWorker(Measurement):
         state = link.request("state")
         if state.get("fallback") is True:
             self.extra_flags.append("pytorch_fallback")
-        mine = 0
-        if self.device.type == "cuda":
-            from cudal1.harness import cuda_api
+        mine = self.persisting_l2()
+        limit, start, window = state.get("persisting_l2"), state.get("persisting_l2_start"), state.get("window")
+        theirs_changed = isinstance(limit, int) and isinstance(start, int) and limit != start
+        if mine != self.l2_start or theirs_changed or (isinstance(window, int) and window > 0):
+            raise Verdict("rejected", f"the candidate changed the persisting-L2 limit ({start} -> {limit} bytes in its "
+                                      f"process, {self.l2_start} -> {mine} here) or set an access-policy window "
+                                      f"({window or 0} bytes)", "persisting_l2")
 
-            try:
-                mine = cuda_api.persisting_l2_limit()
-            except cuda_api.CudaCallError:
-                mine = 0
-        limit, window = state.get("persisting_l2"), state.get("window")
-        if mine or (isinstance(limit, int) and limit > 0) or (isinstance(window, int) and window > 0):
-            raise Verdict("rejected", f"the candidate set a persisting-L2 limit ({max(mine, limit or 0)} bytes) or an "
-                                      f"access-policy window ({window or 0} bytes)", "persisting_l2")
+    def persisting_l2(self) -> int:
+        """The device's persisting-L2 limit as this process sees it (0 off CUDA)."""
+        if self.device.type != "cuda":
+            return 0
+        from cudal1.harness import cuda_api
+
+        try:
+            return cuda_api.persisting_l2_limit()
+        except cuda_api.CudaCallError:
+            return 0
 
 
 def arm_stall_dump(cfg: Any, phase: str) -> None:

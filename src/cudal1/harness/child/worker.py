@@ -185,6 +185,7 @@ class CandidateProcess:
         self.slots = SlotMap(self.device)
         if self.spec.mode != "build":
             self.timer = make_timer(self.device, self.cfg.flush_l2)
+        self.l2_start = self.persisting_l2()  # the device's own setting (nonzero by default on some GPUs)
         self.guard = RuntimeGuard()
         self.guard.watch_worker(self)
         from cudal1.harness.envinfo import collect_environment
@@ -384,16 +385,26 @@ class CandidateProcess:
         from cudal1.harness.build import failed_builds
 
         fallback = bool(failed_builds)  # it built nothing, yet ran: PyTorch fallback behind try/except
+        window = 0
+        if self.device.type == "cuda":
+            from cudal1.harness import cuda_api
+
+            try:
+                window = cuda_api.stream_access_window_bytes(torch.cuda.current_stream().cuda_stream)
+            except cuda_api.CudaCallError:
+                window = 0
+        return {"persisting_l2": self.persisting_l2(), "persisting_l2_start": self.l2_start, "window": window,
+                "fallback": fallback}
+
+    def persisting_l2(self) -> int:
         if self.device.type != "cuda":
-            return {"persisting_l2": 0, "window": 0, "fallback": fallback}
+            return 0
         from cudal1.harness import cuda_api
 
         try:
-            limit = cuda_api.persisting_l2_limit()
-            window = cuda_api.stream_access_window_bytes(torch.cuda.current_stream().cuda_stream)
-        except cuda_api.CudaCallError as exc:
-            return {"persisting_l2": 0, "window": 0, "fallback": fallback, "error": str(exc)}
-        return {"persisting_l2": limit, "window": window, "fallback": fallback}
+            return cuda_api.persisting_l2_limit()
+        except cuda_api.CudaCallError:
+            return 0
 
     # ---- second-line checks -----------------------------------------------------------------
     def check(self, where: str) -> None:
