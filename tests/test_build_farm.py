@@ -350,3 +350,23 @@ def test_worker_runs_in_the_candidates_own_directory(tmp_path, cpu_judge_config)
     written = Path(spec.cwd) / "written_by_candidate.txt"
     assert written.read_text() == spec.cwd
     assert not (Path.cwd() / "written_by_candidate.txt").exists()
+
+
+def test_a_symbolic_link_left_in_a_build_directory_is_not_written_through(tmp_path, cpu_judge_config):
+    """A confined candidate owns its build directory: had it replaced ``cwd`` by a link to
+    somewhere else, the judge (maybe root) must not write the next candidate file there."""
+    from cudal1.tasks import load_task_file
+
+    task = load_task_file(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "diag_matmul.py")
+    cand = Candidate("class ModelNew: pass\n", task_hash=task.hash, label="link")
+    ev = Evaluator(cpu_judge_config(tmp_path / "cache"), DevicePlan("cpu", (None,), ""))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cwd = ev.build_dir(Job(task, cand)) / "cwd"
+    cwd.parent.mkdir(parents=True)
+    cwd.symlink_to(elsewhere)
+    work = tmp_path / "work"
+    work.mkdir()
+    _, spec = ev._specs(Job(task, cand), work, "cpu", None, "eval")
+    assert Path(spec.cwd) == cwd and cwd.is_dir() and not cwd.is_symlink()
+    assert list(elsewhere.iterdir()) == []

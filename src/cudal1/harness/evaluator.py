@@ -44,6 +44,15 @@ def _limits(config: EvalConfig) -> dict[str, float]:
     }
 
 
+def _own_dir(path: Path) -> Path:
+    """``path`` as a real directory: a confined candidate owns its build directory, so what it left
+    there may be a symbolic link, and this process must not write through it."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _chmod(path: Path, mode: int) -> None:
     try:
         os.chmod(path, mode)
@@ -120,8 +129,7 @@ class Evaluator:
             bdir = build.build_dir(self.cache_root, cand, self.plan.arch_list)
             # The candidate's own directory, shared by its pre-build and every evaluation: a relative
             # ``build_directory=`` or one next to ``__file__`` finds what the pre-build compiled.
-            cwd = bdir / "cwd"
-            cwd.mkdir(parents=True, exist_ok=True)
+            cwd = _own_dir(bdir / "cwd")
             cand_path = cwd / f"cand_{cand.hash[:12]}_{mode}.py"
             text = build.prebuild_source(cand.source, reference_module) if mode == "build" else cand.source
             staged = workdir / cand_path.name

@@ -359,9 +359,10 @@ class ExactAnswers:
         buf = io.BytesIO()
         torch.save({str(k): v for k, v in self.answers.items()}, buf)
         data = buf.getvalue()
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)  # answers: not the candidate's to read
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)
         self.digest = hashlib.sha256(data).hexdigest()
