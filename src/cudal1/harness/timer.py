@@ -19,8 +19,9 @@ blocks inside (a synchronize, a ``cudaMalloc`` that waits for the device) cannot
 gate is closed: a watchdog opens it after ``watchdog_s`` and the sample says so (``blocked``); the
 span then includes the host's gaps after that point, as it does in real use.
 
-Raw spans include the cost of the two events around an empty call (``overhead_ms``, calibrated
-here on empty gated calls, about 3 µs on an H200); the statistics subtract the clean side's figure.
+Raw spans include the cost of the two events and of one kernel launch (``overhead_ms``, the span
+of a gated call that launches one empty kernel); the statistics subtract the clean side's figure,
+so a single-kernel call reads as its kernel's duration.
 
 CPU protocol: ``time.perf_counter_ns`` around the call; torch CPU ops are synchronous, so every
 figure is the same number.
@@ -200,10 +201,12 @@ class CudaTimer:
         self._reset_l2: Callable[[], None] = self.gate._api.reset_persisting_l2
 
     def calibrate(self, n: int = 30) -> None:
-        """The events' cost on empty calls and the device-wide join cost on busy ones."""
-        empty = [self.time_call(lambda: None, ())[0].gpu_ms for _ in range(n)]
-        self.overhead_ms = statistics.median(empty)
+        """The span of a call that launches one empty kernel (the events' cost and one launch's
+        gap: what a single-kernel call adds to its kernel's own duration), and the device-wide
+        join cost on busy calls."""
         spin = getattr(torch.cuda, "_sleep", None)
+        null = (lambda: spin(0)) if spin is not None else (lambda: None)
+        self.overhead_ms = statistics.median(self.time_call(null, ())[0].gpu_ms for _ in range(n))
         if spin is not None:
             for _ in range(n):
                 t, _ = self.time_call(spin, (100_000,))
