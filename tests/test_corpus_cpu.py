@@ -30,7 +30,7 @@ from cudal1.types import Candidate, EvalResult, Status
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "cpu_more"
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"
-TIMEOUT_S = 15.0  # per-phase limit, as in test_harness_cpu
+TIMEOUT_S = 25.0  # per-phase limit, as in test_harness_cpu
 
 
 CORPUS = sorted(FIXTURES.glob("*.py")) + sorted(p for p in GPU_FIXTURES.glob("*.py")

@@ -22,8 +22,9 @@ from cudal1.types import Candidate, EvalResult, Status
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "cpu"
 TASK_FILE = SMALL_DIAG
-TIMEOUT_S = 15.0  # per-phase limit: the hang fixture's cost, and headroom (the strict "verify" pass of a
-# >10x candidate runs ~80 reference calls in one phase) on a loaded 2-core box
+TIMEOUT_S = 25.0  # per-phase limit: the hang fixture's cost, and headroom (the strict "verify" pass of a
+# >10x candidate runs ~80 reference calls and as many exchanges with the candidate's process in one
+# phase) on a loaded 2-core box
 CORPUS = sorted(FIXTURES.glob("*.py"))
 CORPUS_TASK = TASK_FILE
 

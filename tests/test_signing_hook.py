@@ -1,4 +1,4 @@
-"""harness.signing_hook, in a child interpreter (a hook cannot be removed once installed)."""
+"""harness.child.signing_hook, in a child interpreter (a hook cannot be removed once installed)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from cudal1.harness.channel import Message, Receiver
 
 _AUDIT_SCRIPT = r'''
 import os, sys, traceback
-from cudal1.harness import signing_hook
+from cudal1.harness.child import signing_hook
 
 CAND = "/nonexistent/cand_under_test.py"
 scenario, fd = sys.argv[1], int(sys.argv[2])

@@ -7,7 +7,7 @@ descriptors, therefore cannot produce a verdict: unsigned, mis-signed, replayed 
 messages are reported as tampering.
 
 Inside the worker the key is not held by a :class:`Sender`: the worker's audit hook
-(:mod:`cudal1.harness.signing_hook`) writes the same wire format (4-byte length, MAC, JSON with
+(:mod:`cudal1.harness.child.signing_hook`) writes the same wire format (4-byte length, MAC, JSON with
 ``seq``/``kind``/``data``) and signs only for the judge's own call chain; ``Sender`` remains the
 reference implementation of the format (tests, tools).
 

@@ -10,7 +10,7 @@ and the candidate's process (:mod:`cudal1.harness.child.worker`), joined by a pr
 only the two of them hold.  A build job is the candidate's process alone.  Messages from both are
 read raw by reader threads and verified by :class:`~cudal1.harness.channel.Receiver`; a forged,
 malformed or replayed message ends the job with ``tampering``, and so does a ``tamper`` report
-from the candidate's audit hook (:mod:`cudal1.harness.signing_hook`).  Phases, deadlines and the
+from the candidate's audit hook (:mod:`cudal1.harness.child.signing_hook`).  Phases, deadlines and the
 verdict come from the reference worker; from the candidate's process the parent takes only its
 environment (with what confined it), its build report and tamper reports.  The parent re-checks
 what it can of an ``ok`` verdict with its own copy of the job (:func:`verdict_problem`).  Mapping

@@ -4,7 +4,7 @@ the clean reference worker asks for.  Nothing it reports is trusted.
 Contract: ``candidate_entry(spec, conn, key_holder, link)`` is the process's only entry point.
 It redirects output to ``spec.log_path``, confines the process (:mod:`.confine`: an unprivileged
 uid, no ptrace, own HOME/TMPDIR, writes only to its build directory, no network, as far as the OS
-allows), installs the audit hook (:mod:`cudal1.harness.signing_hook`: frames, ``gc``, the
+allows), installs the audit hook (:mod:`cudal1.harness.child.signing_hook`: frames, ``gc``, the
 parent channel's signer), then imports the candidate.  In ``build`` mode that is all: one signed
 ``result`` goes to the parent.  Otherwise it serves the reference worker on ``link`` (requests
 and replies are JSON; tensors live in the reference worker's slots): ``construct``, ``call``
@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from cudal1.harness import compare as cmp
-from cudal1.harness import signing_hook
+from cudal1.harness.child import signing_hook
 from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
 from cudal1.harness.kernels import custom_kernels
-from cudal1.harness.runtime_guard import RuntimeGuard, _sleep, settle_s
+from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.slots import SlotMap
 from cudal1.harness.spec import CandidateSpec
 from cudal1.harness.timer import make_timer
@@ -123,11 +123,13 @@ class CandidateProcess:
         handlers = {"construct": self.construct, "call": self.call, "warmup": self.warmup, "time": self.time_one,
                     "reuse": self.reuse, "profile": self.profile, "state": self.state}
         while True:
+            faulthandler.cancel_dump_traceback_later()  # idle between requests is not a stall
             try:
                 request = json.loads(self.link.recv_bytes(MAX_REQUEST_BYTES))
             except (EOFError, OSError):
                 return
             op = request.get("op")
+            arm_stall_dump(self.cfg, str(op))  # a request that hangs leaves its stacks in the log
             if op == "exit":
                 return
             try:
@@ -164,6 +166,7 @@ class CandidateProcess:
         gives it the build deadline."""
         self.in_build = on
         if self.spec.mode != "build":
+            arm_stall_dump(self.cfg, "build" if on else "construct")
             self.notify("building", on=on)
 
     # ---- phases -----------------------------------------------------------------------------
@@ -193,6 +196,7 @@ class CandidateProcess:
         self.send("env", **collect_environment(self.device), isolation=self.confinement)
 
     def import_candidate(self) -> Any:
+        arm_stall_dump(self.cfg, "import")
         start = self.log_size()
         t0 = _perf()
         try:

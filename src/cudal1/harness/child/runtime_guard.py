@@ -13,7 +13,7 @@ Checked after the candidate is imported, after it is constructed and after every
   (a Python signal handler receives the interrupted frame without any audited call).
 
 These checks run *after* the fact; what must be stopped before it happens (obtaining frames,
-walking ``gc``, signing a message) is the audit hook's job (:mod:`cudal1.harness.signing_hook`).
+walking ``gc``, signing a message) is the audit hook's job (:mod:`cudal1.harness.child.signing_hook`).
 
 Limits: identity checks catch rebinding, not in-place mutation of a function's ``__code__``
 of pure-Python helpers we do not list, nor anything native code does.
@@ -85,7 +85,7 @@ def math_flags() -> dict[str, Any]:
 _JUDGE: list[tuple[str, str]] = [
     ("cudal1.harness.timer.CudaTimer", "time_call"), ("cudal1.harness.timer.CpuTimer", "time_call"),
     ("cudal1.harness.timer.Gate", "close"), ("cudal1.harness.timer.Gate", "open"),
-    ("cudal1.harness.runtime_guard.RuntimeGuard", "violation"),
+    ("cudal1.harness.child.runtime_guard.RuntimeGuard", "violation"),
 ] + [
     ("cudal1.harness.child.worker.CandidateProcess", n) for n in (
         "call", "time_one", "warmup", "reuse", "state", "profile", "kernel_names", "after_call", "settle", "check",
@@ -137,8 +137,7 @@ class RuntimeGuard:
 
     def __init__(self) -> None:
         import torch._dynamo  # noqa: F401 - importing Dynamo rebinds torch.manual_seed; snapshot after it
-        import cudal1.harness.child.worker  # noqa: F401 - the judge's modules are guarded too
-        import cudal1.harness.compare  # noqa: F401
+        import cudal1.harness.compare  # noqa: F401 - the judge's modules are guarded too
 
         try:  # torch.compile patches nn.Module.__init__ on first use; let it happen before the snapshot
             from torch._dynamo.mutation_guard import install_generation_tagging_init
