@@ -15,7 +15,7 @@ reward_mean rose, and the GRPO rollouts per program kind (cuda / triton / pytorc
 verdict status.  Writes ``OUT/train_gpu.json`` and keeps ``OUT/grpo`` (metrics.jsonl, store).
 
 Needs: torch with CUDA, transformers, peft, accelerate, datasets, trl (``pip install
-"cudal1[train]"``, or wheels carried to an offline machine: see docs/training.md).
+"cudal1[train]"``, or wheels copied to an offline machine: see docs/training.md).
 
     PYTHONPATH=src python benchmarks/train_gpu.py --out /tmp/train_gpu --steps 12
 """
@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="priming SFT steps (default 240 with the GPU variants: their long programs need them to come "
                         "out intact, each changed CUDA program being a fresh build; 120 without)")
     p.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
-    p.add_argument("--beta", type=float, default=0.05, help="GRPO KL coefficient (session 6's H200 run: 0.05)")
+    p.add_argument("--beta", type=float, default=0.05, help="GRPO KL coefficient (the 2026-11-30 H200 run in docs/benchmarks.md: 0.05)")
     p.add_argument("--judge-preset", default="fast")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="stop GRPO after the first step that ends this many seconds after the script started "
@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
 
     missing = [m for m in ("torch", "transformers", "trl", "peft", "accelerate", "datasets") if importlib.util.find_spec(m) is None]
     if missing:
-        print(f"train_gpu: missing {', '.join(missing)} (pip install \"cudal1[train]\" or carry wheels)", file=sys.stderr)
+        print(f"train_gpu: missing {', '.join(missing)} (pip install \"cudal1[train]\" or copy wheels there)", file=sys.stderr)
         return 2
     import torch
 
