@@ -6,7 +6,7 @@ Contract:
   (our contrastive prompt, no exemplars), judges every program, and keeps only **verified** ones:
   status ``ok`` and the task not flagged ``degenerate_task`` — never ``rejected``, incorrect or
   failing code.  At most ``per_task`` distinct programs per task are kept, fastest first
-  (CUDA-L1: 20 attempts per teacher, at most 2 kept per task).  A teacher that does not answer
+  (cudal1's defaults: 20 attempts per teacher, at most 2 kept per task).  A teacher that does not answer
   at all raises :class:`CollectError` naming its URL before anything is spent.
 * :func:`collect_file` admits a published kernel set (CUDA-L1's release format, or ``task``/``code``
   lines resolved against a suite) only after re-judging every record on this machine.

@@ -1,10 +1,11 @@
 """Reward shaping for GRPO: a judge verdict → one float.  Pure functions, no torch, no judge.
 
-Contract (CUDA-L1, section 3.3, with our choices where the paper leaves room):
+Contract (CUDA-L1's reward is the measured speedup; its normalisation, clipping bound, window
+and failure values below are cudal1's choices, not restated from the paper):
 
 * A **success** (``ok``, task not flagged ``degenerate_task``, finite positive speedup) is
   rewarded by its speedup normalised with running statistics, ``(s - mean) / std``, clipped to
-  ``[-clip, +clip]`` (CUDA-L1: ``clip = k = 1.5``).  The statistics are over the last ``window``
+  ``[-clip, +clip]`` (``clip = k = 1.5`` by default).  The statistics are over the last ``window``
   successes (all tasks together), *including the batch being scored* (so the first batch is
   normalised by itself); ``std`` is floored at ``min_std`` so a batch of near-identical timings
   does not turn noise into ±k.  With ``log_speedup`` the statistics are of ``ln s`` instead (a
@@ -23,7 +24,7 @@ Contract (CUDA-L1, section 3.3, with our choices where the paper leaves room):
   measured speedups, give reasons).  Validation keeps the two orderings below with the bonus
   added: ``rejected`` stays the lowest, and every failure stays below ``-clip``.
 
-Not covered: per-task statistics (the window is shared by all tasks, as in the paper), and
+Not covered: per-task statistics (the window is shared by all tasks), and
 timing noise (``speedup_ci`` is not consulted).  Validation (:meth:`RewardConfig.__post_init__`)
 guarantees ``rejected`` is strictly the lowest reward any outcome can get.
 """
@@ -48,7 +49,7 @@ class RewardConfig(Config):
 
     SECTION = "reward"
 
-    clip: float = 1.5  # k: normalised speedups are clipped to [-k, +k] (CUDA-L1: 1.5)
+    clip: float = 1.5  # k: normalised speedups are clipped to [-k, +k] (cudal1's default)
     window: int = 1024  # running statistics over the last N successes (all tasks)
     min_std: float = 0.1  # floor on the running std (in speedup units, or log units with log_speedup)
     log_speedup: bool = False  # normalise ln(speedup) instead of speedup

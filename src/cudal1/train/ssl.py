@@ -1,4 +1,4 @@
-"""Stage 2: self-supervised rounds — generate, judge, keep the successes, fine-tune (CUDA-L1 §3.2).
+"""Stage 2 (CUDA-L1's second): self-supervised rounds — generate, judge, keep the successes, fine-tune.
 
 Contract: :func:`run_ssl` runs ``cfg.rounds`` rounds starting from ``model``.  Each round ``r``:
 
@@ -6,8 +6,9 @@ Contract: :func:`run_ssl` runs ``cfg.rounds`` rounds starting from ``model``.  E
    installed (``backend: auto``/``vllm``), else transformers (the ``hf`` policy) — for the task's
    prompt (the contrastive template without exemplars; :mod:`.generation`);
 2. judges them all (:class:`~cudal1.train.judging.RolloutJudge`; records in ``OUT/cudal1.sqlite``);
-3. keeps the successes: ``ok`` and not on a degenerate task, speed ignored (as in CUDA-L1); one
-   per distinct program, at most ``max_keep_per_task`` per task when set;
+3. keeps the successes: ``ok`` and not on a degenerate task, speed ignored (the paper's stage keeps
+   programs that are executable and correct); one per distinct program, at most
+   ``max_keep_per_task`` per task when set;
 4. writes them to ``OUT/round<r>/data.jsonl`` (chat format with provenance, like ``collect``) and
    fine-tunes on them with :func:`~cudal1.train.sft.run_sft` into ``OUT/round<r>/model``.
 
@@ -57,7 +58,7 @@ def generation_settings(cfg: SSLConfig) -> GenerationSettings:
 
 
 def _success(res: EvalResult | None, outcome: Any) -> bool:
-    """A kept program: ``ok`` and not on a degenerate task (speed ignored, as in CUDA-L1)."""
+    """A kept program: ``ok`` and not on a degenerate task (speed ignored: executable and correct is the bar)."""
     return res is not None and outcome.kind == "ok" and not outcome.degenerate
 
 
