@@ -9,7 +9,6 @@ batch (one forkserver, one timing lane).
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -138,11 +137,8 @@ def test_cpp_load_inline_candidate_and_build_cache(task, batch, corpus, corpus_c
     assert first.build_s > 0
 
     source = corpus["honest_cpp_kernel"].path.read_text()
-    t0 = time.monotonic()
     (second,) = evaluate(task, [Candidate(source, task_hash=task.hash, label="again")], corpus_config)
-    elapsed = time.monotonic() - t0
     assert second.status is Status.OK, _describe(second)
     assert "build_cached" in second.flags
-    assert second.build_s < 5, f"cached build took {second.build_s:.1f}s"
+    assert second.build_s < first.build_s, f"the cached build ({second.build_s:.1f}s) was no faster than the build"
     assert second.candidate_hash == first.candidate_hash
-    assert elapsed < first.wall_s + 60

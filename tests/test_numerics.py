@@ -297,9 +297,19 @@ def test_corpus_through_the_judge(corpus, corpus_results, corpus_name, check_ver
 
 
 def test_fixed_presets_still_judge_as_published():
-    """kernelbench-v0 stays comparable with published numbers: it accepts the scaled output."""
+    """kernelbench-v0 stays comparable with published numbers: it accepts an output scaled by
+    1.0005 (within its 1e-2), which the strict table and the exact rule both refuse."""
     assert EvalConfig.preset("kernelbench-v0").tolerance == "kernelbench-v0"
     assert EvalConfig().tolerance == "exact" and EvalConfig.preset("default").tolerance == "exact"
+    torch.manual_seed(0)
+    ref = torch.randn(256, 256)
+    scaled = ref * 1.0005
+    published, _ = cmp.compare(ref, scaled, TOLERANCES["kernelbench-v0"], "cpu")
+    strict, _ = cmp.compare(ref, scaled, TOLERANCES["strict"], "cpu")
+    exact, _ = cmp.compare(ref, scaled, TOLERANCES["exact"], "cpu", exact=ref.double())
+    assert published is None
+    assert strict is not None and strict.flag == "value_mismatch"
+    assert exact is not None and exact.flag == "value_mismatch"
 
 
 # ---- answers shared across candidates ---------------------------------------------------------

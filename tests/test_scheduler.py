@@ -97,16 +97,17 @@ def test_lane_takes_ready_work_first_and_never_waits_on_a_queued_build(fake, tmp
     assert starts["b1"] < starts["b2"] < starts["b3"]  # one build process (build_workers=1): in order
     s = stats[0]
     assert s.max_concurrent_builds == 1
-    assert s.per_job[1].build_queue_s >= BUILD_S * 0.9  # b2 waited for b1
-    assert s.lane_startup_s < 0.1  # the lane started on ready work at once
+    assert s.per_job[1].build_queue_s >= BUILD_S * 0.9  # b2 waited for b1 (a sleep never ends early)
+    assert judged["p1"] < built["b1"]  # the lane started on ready work while the first build still ran
 
 
 def test_builds_start_at_once_up_to_the_budget_not_the_lanes(fake, tmp_path):
     jobs = [job(f"b{i}", True) for i in range(4)]
     stats = []
     run_jobs(jobs, config(tmp_path, 4), plan=DevicePlan("cpu", (None,), ""), on_stats=stats.append)
-    starts = sorted(times(fake.log, "build_start").values())
-    assert starts[-1] - starts[0] < BUILD_S / 2, "builds were serialised behind the single lane"
+    starts = times(fake.log, "build_start").values()
+    ends = times(fake.log, "build_end").values()
+    assert max(starts) < min(ends), "builds were serialised behind the single lane"
     assert stats[0].max_concurrent_builds == 4
 
 
@@ -129,8 +130,7 @@ def test_batch_stats_add_up(fake, tmp_path):
         assert lane.startup_s + lane.busy_s + lane.idle_s == pytest.approx(lane.wall_s, abs=1e-6)
         assert lane.wall_s <= s.wall_s + 1e-6
     assert s.judge_s == pytest.approx(sum(x.busy_s for x in s.lanes), abs=1e-6) == pytest.approx(s.lane_busy_s)
-    assert s.judge_s == pytest.approx(6 * JUDGE_S, rel=0.5)
-    assert s.build_s == pytest.approx(3 * BUILD_S, rel=0.5)
+    assert s.judge_s >= 6 * JUDGE_S * 0.99 and s.build_s >= 3 * BUILD_S * 0.99  # what the sleeps took, at least
     assert s.builds == 3 and s.builds_shared == 0 and s.build_workers == 1
     assert s.lane_idle_s > 0  # three plain jobs over two lanes, then waiting on serial builds
     assert 0 < s.idle_share < 1
@@ -152,13 +152,21 @@ def test_a_lane_failure_surfaces(fake, tmp_path, monkeypatch):
 
 class MemoryBoundEvaluator(FakeEvaluator):
     """Judging needs the GPU's memory: a job that runs while another runs on its GPU is out of
-    memory (its verdict says ``oom``); alone, it is ``ok``.  The log records how many ran."""
+    memory (its verdict says ``oom``); alone, it is ``ok``.  The log records how many ran.  The
+    first two jobs wait for each other (``meet``), so neighbours really overlap."""
 
     running: dict = {}
+    meet: threading.Barrier = threading.Barrier(2)
+    judged = 0
 
     def evaluate_job(self, j: Job, gpu, prebuilt) -> EvalResult:
         with self.lock:
+            type(self).judged += 1
+            first_two = self.judged <= 2
             self.running[gpu] = self.running.get(gpu, 0) + 1
+        if first_two:
+            self.meet.wait(timeout=30)  # both are running now
+        with self.lock:
             neighbours = self.running[gpu] - 1
             self.log.append(("judge_start", j.label, neighbours))
         time.sleep(JUDGE_S)
@@ -176,7 +184,8 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     """With several workers per GPU, an OOM verdict may be the neighbours' doing: the job is
     judged again with the GPU to itself (new jobs held back, running ones finished first), and
     that verdict stands.  With one worker per GPU an OOM is the job's own: no second run."""
-    MemoryBoundEvaluator.running = {}
+    MemoryBoundEvaluator.running, MemoryBoundEvaluator.judged = {}, 0
+    MemoryBoundEvaluator.meet = threading.Barrier(2 if share > 1 else 1)
     monkeypatch.setattr(batch, "Evaluator", MemoryBoundEvaluator)
     jobs = [job(f"p{i}", False) for i in range(6)]
     cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=share)
@@ -208,7 +217,9 @@ def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():
         time.sleep(0.01)
     newcomer = threading.Thread(target=lambda: (gate.enter(never), order.append("new"), gate.leave()))
     newcomer.start()
-    time.sleep(0.1)
+    while not gate.held_back and time.monotonic() < deadline:  # the newcomer is held at the gate
+        time.sleep(0.01)
+    assert gate.held_back == 1
     assert order == []  # the solo job waits for the neighbour; the newcomer waits for the solo job
     gate.leave()
     alone.join(5)

@@ -63,11 +63,14 @@ class GpuGate:
         self.cond = threading.Condition()
         self.active = 0  # jobs running on the GPU
         self.solo = 0  # jobs waiting to run alone, or running alone
+        self.held_back = 0  # jobs waiting to enter because one waits to run alone
 
     def enter(self, stopping: Callable[[], bool]) -> None:
         with self.cond:
             while self.solo and not stopping():
+                self.held_back += 1
                 self.cond.wait(timeout=1.0)
+                self.held_back -= 1
             self.active += 1
 
     def leave(self) -> None:
