@@ -131,7 +131,7 @@ class ModelNew(nn.Module):
 '''
 
 _DIAG_KERNELS = r"""
-// C = diag(A) @ B == A[:, None] * B  (KernelBench level 1 #12): one multiply per element.
+// C = diag(A) @ B == A[:, None] * B  (KernelBench level1/12): one multiply per element.
 __global__ void diag_mul_vec4(const float* __restrict__ a, const float4* __restrict__ b,
                               float4* __restrict__ out, int64_t total4, int64_t m4) {
     int64_t stride = (int64_t)gridDim.x * blockDim.x;
@@ -180,7 +180,7 @@ torch::Tensor diag_mul(torch::Tensor a, torch::Tensor b) {
 """
 
 _GELU_KERNELS = r"""
-// minGPT's tanh GELU (KernelBench level 1 #88), same operation order as the reference.
+// minGPT's tanh GELU (KernelBench level1/88), same operation order as the reference.
 __device__ __forceinline__ float gelu_tanh(float x) {
     const float k = 0.7978845608028654f;  // sqrt(2 / pi)
     float inner = k * (x + 0.044715f * (x * x * x));
@@ -565,7 +565,7 @@ def fresh_compiler_caches(root: Path) -> None:
         os.environ[var] = str(root / sub)
 
 
-class Session:
+class BenchRun:
     """Everything one invocation measures; written to disk after every run and on SIGTERM, so a
     ``timeout`` kill still leaves the finished runs (and the verdicts of the unfinished one)."""
 
@@ -703,29 +703,29 @@ def main(argv: list[str] | None = None) -> int:
     config = EvalConfig.preset(args.preset).replace(
         device=args.device, tolerance=args.tolerance, timing_budget_s=args.timing_budget, timeout_s=args.timeout,
         build_timeout_s=args.build_timeout, cache_dir=cache_dir, keep_samples=not args.no_samples)
-    session = Session(args, pairs, config, plan)
+    bench = BenchRun(args, pairs, config, plan)
 
     def on_term(signum: int, _frame: Any) -> None:
         # Lane threads are busy inside evaluate_pairs: write what is known and leave at once
         # (the workers die with the forkserver).  `timeout` signals the process group too: once.
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        with session.lock:
-            session.write(interrupted=True)
-            session.report(interrupted=True)
+        with bench.lock:
+            bench.write(interrupted=True)
+            bench.report(interrupted=True)
         shutil.rmtree(scratch, ignore_errors=True)
         os._exit(128 + signum)
 
     signal.signal(signal.SIGTERM, on_term)
     print(f"harness_bench: {len(pairs)} pairs, {args.runs} runs, {len(plan.lanes)} lane(s) on {plan.device}, "
-          f"config {config.hash()}, cache {cache_dir}, results {session.out_path}", file=sys.stderr)
+          f"config {config.hash()}, cache {cache_dir}, results {bench.out_path}", file=sys.stderr)
     try:
         for i in range(args.runs):
-            session.run_batch(i + 1)
+            bench.run_batch(i + 1)
         if args.compare_tolerance:
-            session.run_batch(args.runs + 1, config.replace(tolerance=args.compare_tolerance))
+            bench.run_batch(args.runs + 1, config.replace(tolerance=args.compare_tolerance))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    session.report()
+    bench.report()
     return 0
 
 

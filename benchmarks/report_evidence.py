@@ -10,7 +10,7 @@ Stages (run from the repository root on the CUDA machine; each writes under ``--
   ``verify_report.json`` once verify finished.  At ~18 s per record and lane (session 2), 250
   records take ~75 lane-minutes: about 4 calls of 9 minutes on nvidia-h200-x2.
 * ``builtin``: the report of a builtin-policy KernelBench run directory (``--run``, e.g. the
-  ``$OUT/builtin`` store of ``benchmarks/gpu_session.sh builtin``): ``builtin_report.html`` /
+  ``$OUT/builtin`` store of ``benchmarks/gpu_checks.sh builtin``): ``builtin_report.html`` /
   ``.md`` / ``.json``.  Needs no GPU (it reads the store).
 
     python benchmarks/report_evidence.py h100 --out $OUT [--resume .runs/h100] [--budget 500]

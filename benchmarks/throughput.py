@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Judge throughput (issue #12): candidates judged per GPU-hour with fresh caches, builds included,
+"""Judge throughput: candidates judged per GPU-hour with fresh caches, builds included,
 at several build-process counts; the timing lanes' idle share; the second-pass time; and the
 whole CUDA-L1 H100 release through ``cudal1 verify``.
 

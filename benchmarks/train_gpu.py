@@ -207,7 +207,7 @@ def _deadline_callback(deadline: float):
 
 
 def summarize_log(log: Path) -> str:
-    """One line about a ``cudal1 train STAGE --json`` log (gpu_session.sh's train stage): the
+    """One line about a ``cudal1 train STAGE --json`` log (gpu_checks.sh's train stage): the
     summary's key figures and what ran where (``distributed``), or the log's last error line."""
     text = log.read_text(errors="replace") if log.is_file() else ""
     found = []

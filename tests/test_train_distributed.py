@@ -67,7 +67,7 @@ def test_sft_smoke_under_two_processes(tmp_path):
     summary = summaries[0]
     assert summary["processes"] == 2  # the trainer's own world size: one group of two ranks trained
     assert summary["steps"] == 12 and summary["examples"] == 6
-    # what ran where, gathered from both ranks (gpu_session.sh's train stage prints it)
+    # what ran where, gathered from both ranks (gpu_checks.sh's train stage prints it)
     assert summary["distributed"]["world_size"] == 2 and "gloo" in summary["distributed"]["backend"]
     assert [r["rank"] for r in summary["distributed"]["ranks"]] == [0, 1]
 

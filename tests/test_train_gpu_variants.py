@@ -4,7 +4,7 @@
   survive the answer format the tiny model is primed on, and are classified by ``program_kind``;
   the tokenizer's fixed strings and the priming records can include them (the CPU smokes do not).
 * ``train_gpu.py``'s helpers: per-kind rollout counts from a run store, the one-line summaries
-  ``gpu_session.sh train`` prints.
+  ``gpu_checks.sh train`` prints.
 * Single-process ``dist.describe()`` and the smoke judge's device plan on the CPU.
 """
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import signal
 from cudal1.config import EvalConfig
+from cudal1.flags import check as check_flag
 from cudal1.harness.sandbox import JobOutcome
 from cudal1.harness.spec import TimingStage
 from cudal1.harness.stats import FIGURES, _median, bootstrap_speedup_ci, figures, speedup
@@ -50,6 +51,8 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
         if degenerate:
             r.flags.append("degenerate_task")
             r.message = (r.message + "\n" if r.message else "") + f"degenerate task: {degenerate}"
+        for name in r.flags:  # the registry is the contract: a misspelt flag is the judge's bug, loudly
+            check_flag(name)
 
 
 def _logs(outcome: JobOutcome) -> str:

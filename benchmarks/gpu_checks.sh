@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device-tool call's worth of GPU checks.  Usage: bash benchmarks/gpu_session.sh STAGE
+# GPU checks in named stages, each sized to a few minutes.  Usage: bash benchmarks/gpu_checks.sh STAGE
 #   smoke : environment, gpu-marked tests, Triton launch overheads, eval of the bundled example on CUDA, verify
 #   tests : the smoke stage without verify
 #   verify: cudal1 verify over CUDA-L1's sample
@@ -12,10 +12,10 @@
 #           from 256 K to 64 M elements, and a 2x faster kernel's reading (~2 min)
 #   builtin: the builtin policy over KernelBench (benchmarks/builtin_kernelbench.py $BUILTIN_ARGS;
 #            run dir $BUILTIN_DIR, resumable; its store and report are copied to $OUT/builtin)
-#   train : multi-GPU training (run on nvidia-h200-x2): (a) torchrun --nproc_per_node 2 GRPO smoke
+#   train : multi-GPU training (two GPUs): (a) torchrun --nproc_per_node 2 GRPO smoke
 #           (NCCL), (b) accelerate launch (DDP config, 2 processes) SFT smoke, (c) benchmarks/train_gpu.py
 #           (GRPO whose rollouts include CUDA and Triton programs judged on the GPU).  trl, datasets,
-#           dill, multiprocess come from the carried wheels in .data/wheels.  Run dirs stay in
+#           dill, multiprocess come from the wheels in .data/wheels (copied there for a machine without network).  Run dirs stay in
 #           $TRAIN_DIR; $OUT gets 3 logs and train_gpu.json.  ~5-6 min.  No DeepSpeed there: no ZeRO.
 #           TRAIN_PARTS picks parts (default "a b c").
 #   host_load: benchmarks/host_load.py: launch-bound release records timed quiet, under CPU load,
@@ -25,8 +25,8 @@
 #   mixed : the mixed set of benchmarks/throughput.py at $MIXED_WORKERS build processes (default 1),
 #           second pass $MIXED_SECOND (default none), stopped at $MIXED_DEADLINE s (default 440);
 #           throughput.json and a tarball of the logs come back
-# Several stages: bash benchmarks/gpu_session.sh "tests builtin"
-# Expects KernelBench/CUDA-L1 JSONL copies in .data/ (carried; see docs/benchmarks.md).
+# Several stages: bash benchmarks/gpu_checks.sh "tests builtin"
+# Expects KernelBench/CUDA-L1 JSONL copies in .data/ (copied there; see docs/contributing.md, GPU checks).
 # Full logs go to $OUT; a short table is printed last.
 set -u
 OUT=${OUT:-/tmp/cudal1_out}
@@ -63,7 +63,7 @@ fi
 if has builtin; then
   # The run directory stays out of $OUT (its best/*.py would crowd the 8 files that come back):
   # $OUT/builtin gets the store, the report and state.tgz (tasks.txt, confirm.json, rewrites/).
-  # BUILTIN_RESUME: a folder holding an earlier call's $OUT/builtin files (carried): the store
+  # BUILTIN_RESUME: a folder holding an earlier run's $OUT/builtin files: the store
   # is resumed (nothing judged twice) and the graph-rewrite cache reused (no tracing again).
   dir=${BUILTIN_DIR:-/tmp/cudal1_builtin}
   state=/tmp/cudal1_builtin_state
@@ -135,7 +135,7 @@ if has mixed; then
   tail -8 "$OUT/mixed.log"
 fi
 if has train; then
-  # NVLink multicast stays off (device rules); set here too in case the environment lacks them.
+  # NVLink multicast stays off (it can take a shared host's GPUs out of service); set here too in case the environment lacks it.
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TOKENIZERS_PARALLELISM=false
   tdir=${TRAIN_DIR:-/tmp/cudal1_train}
   rm -rf "$tdir" && mkdir -p "$tdir" "$CUDAL1_CACHE_DIR"
