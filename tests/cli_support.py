@@ -37,3 +37,51 @@ def last_json(stdout: str) -> dict:
     lines = [line for line in stdout.splitlines() if line.strip()]
     assert lines, "no output on stdout"
     return json.loads(lines[-1])
+
+
+# ---- the processes a CLI run started (Linux /proc) --------------------------------------------------
+
+
+def _children_map() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    return children
+
+
+def descendants(pid: int) -> list[int]:
+    children = _children_map()
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def worker_running(pid: int) -> bool:
+    """Whether ``pid`` has a live descendant in its own session: a judge worker (they call setsid),
+    i.e. a candidate job in flight."""
+    for child in descendants(pid):
+        try:
+            if os.getsid(child) == child and alive(child):
+                return True
+        except OSError:
+            continue
+    return False

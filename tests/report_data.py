@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cudal1.report.load import load_runs
 from cudal1.search import reference_candidate
 from cudal1.store import RunStore
 from cudal1.types import Candidate, Correctness, Environment, EvalResult, Status, Task, Timing

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
+from cli_support import SMALL_DIAG, cli_env, descendants, last_json, run_cli, small_config, worker_running
 
 from cudal1.cli.main import main as cli_main
 from cudal1.store import RunStore
@@ -231,39 +231,6 @@ def test_eval_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_en
 # resume after SIGKILL
 
 
-def _children_map() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry))
-    return children
-
-
-def _descendants(pid: int) -> list[int]:
-    children = _children_map()
-    out, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            out.append(child)
-            todo.append(child)
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _started_with_env(name: str, value: str) -> list[int]:
     """Processes whose initial environment has ``name=value`` (a value unique to one test)."""
     needle = f"{name}={value}".encode() + b"\0"
@@ -278,17 +245,6 @@ def _started_with_env(name: str, value: str) -> list[int]:
         except OSError:
             continue
     return found
-
-
-def _own_session_descendant(pid: int) -> bool:
-    """Whether ``pid`` has a live descendant in its own session: a worker (they call setsid)."""
-    for child in _descendants(pid):
-        try:
-            if os.getsid(child) == child and _alive(child):
-                return True
-        except OSError:
-            continue
-    return False
 
 
 def _count_evaluations(db: Path) -> int:
@@ -322,12 +278,12 @@ def test_resume_after_kill(tmp_path, cli_env, config_file):
     try:
         deadline = time.monotonic() + 180
         # Wait until the first verdict is recorded and the hanging candidate's worker is running.
-        while _count_evaluations(db) < 1 or not _own_session_descendant(proc.pid):
+        while _count_evaluations(db) < 1 or not worker_running(proc.pid):
             assert proc.poll() is None, f"eval-suite exited early: rc={proc.returncode} {proc.communicate()}"
             assert time.monotonic() < deadline, "no evaluation recorded / no worker running within 180 s"
             time.sleep(0.1)
         time.sleep(0.3)
-        spawned = _descendants(proc.pid)
+        spawned = descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:

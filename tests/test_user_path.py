@@ -232,3 +232,33 @@ def test_an_offline_kernelbench_selector_fails_in_one_line(tmp_path, env):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == _errors(done.stderr), done.stderr  # no retry warnings around it
     assert "not reachable" in done.stderr and "--source" in done.stderr
+
+
+def test_the_progress_display_in_a_log():
+    """Stderr not a terminal: one line per settled slot with the count, the task, the verdict and
+    an ETA; notes as lines; verdicts read back from the store advance the count silently; -q
+    prints nothing."""
+    import io
+    from types import SimpleNamespace
+
+    from cudal1.cli.progress import Progress
+    from cudal1.recorded import JudgeEvent
+    from cudal1.types import Status
+
+    ok = SimpleNamespace(status=Status.OK, speedup=1.02, speedup_ci=(0.41, 2.28), flags=["high_variance"])
+    events = [JudgeEvent("expect", count=3), JudgeEvent("note", note="resuming: 1 already judged"),
+              JudgeEvent("recorded", "t0", ok), JudgeEvent("verdict", "diag_matmul", ok),
+              JudgeEvent("unjudged", "matmul_chain", None, "generation failed: HTTP 500")]
+    log = io.StringIO()
+    with Progress("optimize", stream=log, bar=False) as progress:
+        for e in events:
+            progress(e)
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "optimize: resuming: 1 already judged"
+    assert lines[1].startswith("optimize 2/3 diag_matmul: ok 1.02x?* (") and "ETA" in lines[1]
+    assert lines[2].startswith("optimize 3/3 matmul_chain: generation failed: HTTP 500 (") and len(lines) == 3
+    silent = io.StringIO()
+    with Progress("optimize", stream=silent, quiet=True) as progress:
+        for e in events:
+            progress(e)
+    assert silent.getvalue() == ""

@@ -146,44 +146,47 @@ def run(args: argparse.Namespace) -> int:
     policy_cfg = policy_config(args, "auto")
     out = out_dir(args.out or default_out("optimize", args.target, judge, search, policy_cfg.name))
     guard_config(out, args.allow_config_change, judge, search)
+    # everything that can refuse the run comes before the first progress line: bad input is one line
     tasks, skipped = load_suite(args, args.target, args.source)
-    plan = plan_from_args(args, judge.device)
-    tracker = None
     if args.report_to:
-        from cudal1.report.trackers import TrackerUnavailable, make_tracker
+        from cudal1.report.trackers import TrackerUnavailable, check_tracker
 
         try:
-            tracker = make_tracker(args.report_to, out, {"judge": judge.to_dict(), "target": args.target}, tasks)
-        except TrackerUnavailable as exc:
+            check_tracker(args.report_to)
+        except (TrackerUnavailable, ValueError) as exc:
             raise UsageError(str(exc)) from None
+    plan = plan_from_args(args, judge.device)
     policy = make_policy(policy_config(args, plan.device), plan.device)
-    reviewer = None
-    if args.review:
-        if policy.name not in ("openai", "hf"):
-            raise UsageError("--review needs an LLM policy (openai or hf)")
-        from cudal1.policy.reviewer import LLMReviewer
+    summary, tracker = None, None
+    try:
+        reviewer = None
+        if args.review:
+            if policy.name not in ("openai", "hf"):
+                raise UsageError("--review needs an LLM policy (openai or hf)")
+            from cudal1.policy.reviewer import LLMReviewer
 
-        reviewer = LLMReviewer(policy)
-    summary = None
-    with progress_for(args, "optimize") as progress:
-        progress.line(f"{len(tasks)} task(s), policy {policy.name}, judged on {plan.hardware_name()}; out {out}")
+            reviewer = LLMReviewer(policy)
+        if args.report_to:
+            from cudal1.report.trackers import make_tracker
 
-        def on_event(event) -> None:
-            progress(event)
-            if tracker is not None and event.kind == "verdict":
-                tracker(event.result)
+            tracker = make_tracker(args.report_to, out, {"judge": judge.to_dict(), "target": args.target}, tasks)
+        with progress_for(args, "optimize") as progress:
+            progress.line(f"{len(tasks)} task(s), policy {policy.name}, judged on {plan.hardware_name()}; out {out}")
 
-        store = RunStore(out / "cudal1.sqlite")
-        try:
-            recorded = RecordedJudge(judge, store, plan=plan, reviewer=reviewer, on_event=on_event)
-            summary = optimize(tasks, policy, search, recorded, out,
-                               record={"command": "optimize", "target": args.target, "source": args.source},
-                               extra={"skipped_tasks": [{"path": p, "error": e} for p, e in skipped]})
-        finally:
-            store.close()
-            policy.close()
-            if tracker is not None:
-                tracker.close(summary)
+            def on_event(event) -> None:
+                progress(event)
+                if tracker is not None and event.kind == "verdict":
+                    tracker(event.result)
+
+            with RunStore(out / "cudal1.sqlite") as store:
+                recorded = RecordedJudge(judge, store, plan=plan, reviewer=reviewer, on_event=on_event)
+                summary = optimize(tasks, policy, search, recorded, out,
+                                   record={"command": "optimize", "target": args.target, "source": args.source},
+                                   extra={"skipped_tasks": [{"path": p, "error": e} for p, e in skipped]})
+    finally:
+        policy.close()
+        if tracker is not None:
+            tracker.close(summary)
     return report_summary(args, summary, policy.name, out)
 
 

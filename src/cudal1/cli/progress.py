@@ -47,7 +47,7 @@ class Progress:
         if use_bar and not quiet:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total or None, desc=desc, unit="candidate", file=self.stream, dynamic_ncols=True)
+            self._bar = tqdm(total=total or None, desc=desc, unit="cand", file=self.stream, dynamic_ncols=True)
 
     # ---- events -------------------------------------------------------------------------
     def __call__(self, event: Any) -> None:
@@ -71,9 +71,9 @@ class Progress:
             text = event.note.splitlines()[0][:120] if event.note else "not judged"
             self.counts["not judged"] += 1
         if self._bar is not None:
-            self._bar.update(1)
             tally = ", ".join(f"{k} {v}" for k, v in self.counts.most_common())
-            self._bar.set_postfix_str(f"{event.task}: {text} | {tally}", refresh=True)
+            self._bar.set_postfix_str(f"{event.task[:40]}: {text[:40]} | {tally}", refresh=False)
+            self._bar.update(1)
         elif not self.quiet and event.kind != "recorded":
             self._print(f"{self.desc} {self.done}/{self.total or '?'} {event.task}: {text} ({self._timing()})")
 

@@ -94,7 +94,7 @@ class OpenAIPolicy:
                 except Exception as exc:  # a bug here must still not lose the prompt's samples
                     log.exception("openai policy: unexpected failure")
                     results[i].append(error_completion(self.name, f"{type(exc).__name__}: {exc}", self.model))
-        for i, comps in enumerate(results):  # exactly n per prompt, whatever happened above
+        for comps in results:  # exactly n per prompt, whatever happened above
             comps[n:] = []
             while len(comps) < n:
                 comps.append(error_completion(self.name, "missing sample", self.model))
@@ -174,7 +174,7 @@ class OpenAIPolicy:
                 status, error = None, f"timeout after {cfg.timeout_s:g}s"
             except openai.APIConnectionError as exc:
                 status, error = None, f"connection error: {_message(exc)}"
-            except Exception as exc:  # malformed response and the like: not transient, not retried
+            except Exception as exc:  # noqa: BLE001 - malformed response and the like: not transient, not retried
                 return _Result(error=f"bad response: {type(exc).__name__}: {str(exc)[:_ERROR_CHARS]}")
             else:
                 return self._parse(response, k, latency, attempt + 1, time.monotonic() - start)
@@ -222,7 +222,7 @@ class OpenAIPolicy:
         try:
             models = self._client.models.list(timeout=min(self.config.timeout_s, 30.0))
             first = next(iter(models), None)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to list is one usage error
             raise ValueError(f"no --model given and listing the server's models failed: {_message(exc)}") from None
         if first is None:
             raise ValueError("no --model given and the server lists no models")

@@ -70,7 +70,7 @@ def distribution(per_level: dict[str, list[float]]) -> str:
     fig = _figure(7.5, 3.6)
     ax = fig.add_subplot()
     rng = random.Random(0)
-    for i, (name, values) in enumerate(groups):
+    for i, (_, values) in enumerate(groups):
         ax.boxplot([values], positions=[i], widths=0.5, showfliers=False, medianprops={"color": "#c62828"})
         ax.scatter([i + rng.uniform(-0.18, 0.18) for _ in values], values, s=10, alpha=0.6, color=_PALETTE[i % len(_PALETTE)])
     ax.axhline(1.0, color="#888", lw=0.8, ls="--")

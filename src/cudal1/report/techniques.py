@@ -30,11 +30,10 @@ lines prefixed ``reference:`` come from the reference.
 from __future__ import annotations
 
 import ast
-import functools
 import re
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Callable
+
+from cudal1.report.reference_diff import FUSED_CALLS, parse_source, reference_of, walk, dotted, op_name, reference_rules
 
 TECHNIQUES: tuple[str, ...] = (
     "memory_layout", "memory_coalescing", "operation_fusion", "algebraic_shortcut", "block_config",
@@ -78,13 +77,6 @@ _TL_REDUCE = {"sum", "max", "min", "reduce", "argmax", "argmin", "xor_sum"}
 _LIBRARY_CALLS = {"addmm", "baddbmm", "addbmm", "addmv", "addr", "scaled_dot_product_attention", "cdist",
                   "addcmul", "addcdiv", "linear", "mm", "bmm", "matmul", "einsum", "conv1d", "conv2d", "conv3d",
                   "conv_transpose2d", "layer_norm", "batch_norm", "group_norm"}
-_FUSED_CALLS = {"addmm", "baddbmm", "addbmm", "addmv", "addcmul", "addcdiv", "scaled_dot_product_attention"}
-# operations whose removal relative to the reference signals an algebraic shortcut
-_HEAVY_OPS = {"matmul", "mm", "bmm", "einsum", "diag", "diag_embed", "linear", "conv1d", "conv2d", "conv3d",
-              "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "sum", "mean", "softmax", "log_softmax",
-              "exp", "repeat", "expand", "clone", "transpose", "permute", "cumsum", "cumprod", "triu", "tril",
-              "max", "min", "norm", "var", "std", "maxpool2d", "avgpool2d", "addmm", "baddbmm", "addbmm",
-              "scaled_dot_product_attention"}
 _ANALYSIS_RULES = {
     "algebraic_shortcut": r"algebraic|mathematical(?:ly)? (?:identity|equivalen)|associativ|closed[- ]form|"
                           r"re-?parenthes|simplif(?:y|ies|ied|ication) the (?:math|computation|expression)|fold(?:s|ed|ing)? the",
@@ -125,47 +117,12 @@ class _Evidence:
 # ---- AST features -----------------------------------------------------------------------------
 
 
-def dotted(node: ast.AST) -> str:
-    """``torch.cuda.CUDAGraph`` for an attribute chain, ``x.sum`` for a method call on a name
-    (the receiver kept), '' for anything else."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-    elif isinstance(node, ast.Call):
-        parts.append(dotted(node.func) + "()")
-    else:
-        parts.append("?")
-    return ".".join(reversed(parts))
-
-
-def op_name(call: ast.Call) -> str:
-    """The operation a call performs, receiver dropped: ``torch.matmul`` → ``matmul``."""
-    name = dotted(call.func)
-    return name.rsplit(".", 1)[-1]
-
-
-@functools.lru_cache(maxsize=8)
-def _walk(tree: ast.Module) -> tuple[ast.AST, ...]:
-    """All nodes of ``tree`` (one walk shared by the rules; trees are cached by identity)."""
-    return tuple(ast.walk(tree))
-
-
-def _parse(source: str) -> ast.Module | None:
-    try:
-        return ast.parse(source)
-    except (SyntaxError, ValueError):
-        return None
-
-
 def _cuda_blocks(tree: ast.Module | None, source: str) -> list[tuple[int, int]]:
     """Line ranges (1-based, inclusive) of string constants holding CUDA C++."""
     if tree is None:
         return [(1, len(source.splitlines()))] if "__global__" in source else []
     out = []
-    for node in _walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(
                 r"__global__|__device__|#include|cudaStream|__shared__", node.value):
             out.append((node.lineno, node.end_lineno or node.lineno))
@@ -175,113 +132,15 @@ def _cuda_blocks(tree: ast.Module | None, source: str) -> list[tuple[int, int]]:
 def _triton_functions(tree: ast.Module | None) -> list[ast.FunctionDef]:
     if tree is None:
         return []
-    from_triton = any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("triton") for n in _walk(tree))
+    from_triton = any(isinstance(n, ast.ImportFrom) and (n.module or "").startswith("triton") for n in walk(tree))
     out = []
-    for node in _walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.FunctionDef):
             for dec in node.decorator_list:
                 name = dotted(dec.func if isinstance(dec, ast.Call) else dec)
                 if name.startswith("triton.") or (name in ("jit", "autotune", "heuristics") and from_triton):
                     out.append(node)
                     break
-    return out
-
-
-def _node_key(node: ast.stmt) -> tuple:
-    """Identity of a top-level statement for matching against the reference (cheap; the AST
-    dump decides only between statements with equal keys)."""
-    name = getattr(node, "name", None)
-    if name is None and isinstance(node, ast.Assign):
-        name = tuple(dotted(t) for t in node.targets)
-    return (type(node).__name__, name)
-
-
-@dataclass(frozen=True)
-class _Reference:
-    tree: ast.Module
-    lines: tuple[str, ...]
-    dumps: dict  # _node_key -> set of AST dumps of the reference's top-level statements
-    ops: Counter
-    where: dict
-    class_ops: dict  # class name -> operations of its body
-
-
-@functools.lru_cache(maxsize=256)
-def _reference(source: str) -> _Reference | None:
-    tree = _parse(source)
-    if tree is None:
-        return None
-    dumps: dict[tuple, set[str]] = {}
-    for n in tree.body:
-        dumps.setdefault(_node_key(n), set()).add(ast.dump(n))
-    ops, where = _forward_ops(tree)
-    class_ops = {n.name: _forward_ops(ast.Module(body=[n], type_ignores=[]))[0] for n in tree.body if isinstance(n, ast.ClassDef)}
-    return _Reference(tree, tuple(source.splitlines()), dumps, ops, where, class_ops)
-
-
-def _shared_with(ref: _Reference) -> Callable[[ast.stmt], bool]:
-    return lambda n: _node_key(n) in ref.dumps and ast.dump(n) in ref.dumps[_node_key(n)]
-
-
-def _forward_ops(tree: ast.Module | None, skip: Callable[[ast.stmt], bool] = lambda n: False) -> tuple[Counter, dict[str, int]]:
-    """Operations the program performs (calls and ``@``), leaving out top-level statements for
-    which ``skip`` holds (code shared with the reference); with the first line of each."""
-    ops: Counter = Counter()
-    where: dict[str, int] = {}
-    if tree is None:
-        return ops, where
-    modules = _module_types(tree)
-    for top in tree.body:
-        if skip(top):
-            continue
-        for node in ast.walk(top):
-            name = None
-            if isinstance(node, ast.Call):
-                name = op_name(node)
-                target = dotted(node.func)
-                if target.startswith("self.") and target.count(".") == 1:  # a submodule call: its type
-                    name = modules.get(name, "module:" + name)
-                elif name[:1].isupper():  # a constructor, not an operation
-                    name = None
-            elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-                name = "matmul"
-            if name:
-                ops[name] += 1
-                where.setdefault(name, node.lineno)
-    return ops, where
-
-
-def _module_types(tree: ast.Module) -> dict[str, str]:
-    """``self.fc = nn.Linear(...)`` → {"fc": "linear"}: submodule calls are named by their type."""
-    out = {}
-    for node in _walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
-            kind = op_name(node.value)
-            for t in node.targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and kind[:1].isupper():
-                    out[t.attr] = kind.lower()
-    return out
-
-
-def _inherited(tree: ast.Module | None, ref_tree: ast.Module | None) -> set[str]:
-    """Reference classes whose forward a candidate class still runs: subclassed without
-    overriding forward, or with a forward that calls ``super().forward`` / ``Base.forward``."""
-    if tree is None or ref_tree is None:
-        return set()
-    ref_classes = {n.name for n in ref_tree.body if isinstance(n, ast.ClassDef)}
-    out = set()
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Name) and node.value.id in ref_classes:
-            out.add(node.value.id)  # ModelNew = Model
-        if isinstance(node, ast.ClassDef):
-            overrides = any(isinstance(b, ast.FunctionDef) and b.name == "forward" for b in node.body)
-            for base in node.bases:
-                if not (isinstance(base, ast.Name) and base.id in ref_classes):
-                    continue
-                delegates = any(isinstance(n, ast.Attribute) and n.attr == "forward" and (
-                    dotted(n.value) in ("super()", base.id)) for n in ast.walk(node))
-                if not overrides or delegates:  # runs the base's forward (possibly compiled or captured)
-                    out.add(base.id)
     return out
 
 
@@ -366,7 +225,7 @@ def _triton_rules(ev: _Evidence, funcs: list[ast.FunctionDef]) -> None:
 def _python_rules(ev: _Evidence, tree: ast.Module | None, ref_calls: set[str]) -> None:
     if tree is None:
         return
-    for node in _walk(tree):
+    for node in walk(tree):
         if isinstance(node, ast.Call):
             name, short = dotted(node.func), op_name(node)
             kw = {k.arg: k.value for k in node.keywords if k.arg}
@@ -385,9 +244,9 @@ def _python_rules(ev: _Evidence, tree: ast.Module | None, ref_calls: set[str]) -
                 ev.add("async_execution", node.lineno)
             if "memory_format" in kw or short in ("as_strided",):
                 ev.add("memory_layout", node.lineno)
-            if short in _FUSED_CALLS and short not in ref_calls:
+            if short in FUSED_CALLS and short not in ref_calls:
                 ev.add("operation_fusion", node.lineno)
-            if short in _FUSED_CALLS or (ref_calls and short in _LIBRARY_CALLS and short not in ref_calls):
+            if short in FUSED_CALLS or (ref_calls and short in _LIBRARY_CALLS and short not in ref_calls):
                 ev.add("library_call", node.lineno)
         elif isinstance(node, ast.Attribute):
             if node.attr in ("channels_last", "channels_last_3d"):
@@ -397,91 +256,6 @@ def _python_rules(ev: _Evidence, tree: ast.Module | None, ref_calls: set[str]) -
     for n, line in enumerate(ev.lines, 1):
         if re.search(r"\.(?:t|transpose\([^)]*\)|permute\([^)]*\))\(?\)?\.contiguous\(\)", line) and "__global__" not in line:
             ev.add("memory_layout", n)
-
-
-def _forward_of(tree: ast.Module | None, class_name: str) -> ast.FunctionDef | None:
-    """The ``forward`` method defined in class ``class_name`` at module level (None if not there)."""
-    for node in tree.body if tree is not None else []:
-        if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for fn in node.body:
-                if isinstance(fn, ast.FunctionDef) and fn.name == "forward":
-                    return fn
-    return None
-
-
-def _is_matmul(node: ast.AST) -> bool:
-    return (isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult)) or (
-        isinstance(node, ast.Call) and op_name(node) in ("matmul", "mm", "bmm"))
-
-
-def _matmul_operands(node: ast.AST) -> tuple[ast.AST, ast.AST] | None:
-    if isinstance(node, ast.BinOp):
-        return node.left, node.right
-    args = getattr(node, "args", [])
-    return (args[0], args[1]) if len(args) >= 2 else None
-
-
-def _association(fn: ast.FunctionDef) -> tuple[Counter, dict[tuple[bool, bool], int]]:
-    """How the products of a forward nest: for each matrix product, whether its left and right
-    operands are themselves products (through local variables: ``t = a @ b; t @ x``), counted,
-    with a line for each kind."""
-    products: set[str] = set()  # local names holding a product
-    shapes: Counter = Counter()
-    where: dict[tuple[bool, bool], int] = {}
-
-    def product(operand: ast.AST) -> bool:
-        return _is_matmul(operand) or (isinstance(operand, ast.Name) and operand.id in products)
-
-    for stmt in fn.body:
-        for node in ast.walk(stmt):
-            if _is_matmul(node) and (ops := _matmul_operands(node)) is not None:
-                kind = (product(ops[0]), product(ops[1]))
-                shapes[kind] += 1
-                where.setdefault(kind, node.lineno)
-        if isinstance(stmt, ast.Assign) and any(_is_matmul(n) for n in ast.walk(stmt.value)):
-            products.update(t.id for t in stmt.targets if isinstance(t, ast.Name))
-    return shapes, where
-
-
-def _reassociation(ev: _Evidence, tree: ast.Module | None, ref: _Reference) -> None:
-    """The same number of matrix products as the reference's forward, nested the other way
-    (``(A @ B) @ X`` become ``A @ (B @ X)``): an algebraic shortcut by associativity."""
-    mine, theirs = _forward_of(tree, "ModelNew"), _forward_of(ref.tree, "Model")
-    if mine is None or theirs is None:
-        return
-    (own, own_where), (base, base_where) = _association(mine), _association(theirs)
-    if sum(own.values()) < 2 or sum(own.values()) != sum(base.values()) or own == base:
-        return
-    for kind in base:
-        if own[kind] < base[kind]:
-            ev.add("algebraic_shortcut", "reference: " + ref.lines[base_where[kind] - 1].strip())
-    for kind in own:
-        if own[kind] > base[kind]:
-            ev.add("algebraic_shortcut", own_where[kind])
-
-
-def _reference_rules(ev: _Evidence, tree: ast.Module | None, ref_source: str, custom: bool) -> None:
-    ref = _reference(ref_source)
-    if tree is None or ref is None or custom:  # a custom kernel takes over operations: nothing to infer
-        return
-    inherited = _inherited(tree, ref.tree)
-    own_ops, own_where = _forward_ops(tree, _shared_with(ref))
-    for name in inherited:  # a subclass still running the base's forward performs its operations
-        own_ops.update(ref.class_ops.get(name, {}))
-    heavy = lambda ops: sum(n for op, n in ops.items() if op in _HEAVY_OPS)  # noqa: E731
-    dropped = [op for op in ref.ops if op in _HEAVY_OPS and own_ops[op] < ref.ops[op]]
-    if dropped and heavy(own_ops) < heavy(ref.ops):
-        for op in dropped:
-            ev.add("algebraic_shortcut", "reference: " + ref.lines[ref.where[op] - 1].strip())
-        for op, n in sorted(own_where.items(), key=lambda kv: kv[1]):
-            if op in _HEAVY_OPS or op in _FUSED_CALLS:
-                ev.add("algebraic_shortcut", n)
-    _reassociation(ev, tree, ref)
-    changed = {op for op in set(ref.ops) | set(own_ops) if ref.ops[op] != own_ops[op]} - {"compile", "super", "__init__"}
-    if changed and not inherited:
-        for op in sorted(changed, key=lambda o: own_where.get(o, 1 << 30)):
-            if op in own_where:
-                ev.add("pytorch_rewrite", own_where[op])
 
 
 def _analysis_rules(ev: _Evidence, analysis: str) -> None:
@@ -496,17 +270,17 @@ def analyze(source: str, reference: str | None = None, analysis: str = "") -> Te
     """Label ``source`` (a candidate module) with techniques; see the module docstring."""
     lines = source.splitlines()
     ev = _Evidence(lines)
-    tree = _parse(source)
+    tree = parse_source(source)
     _cuda_rules(ev, _cuda_blocks(tree, source))
     _triton_rules(ev, _triton_functions(tree))
-    ref = _reference(reference) if reference else None
+    ref = reference_of(reference) if reference else None
     ref_calls = set(ref.ops) if ref else set()
     _python_rules(ev, tree, ref_calls)
     custom = "cuda_kernel" in ev.found or "triton_kernel" in ev.found
     if not custom and tree is not None and "torch_compile" not in ev.found and "cuda_graph" not in ev.found:
         _standalone_rewrite(ev, tree)
     if reference:  # only adds labels: what the code shows on its own stays
-        _reference_rules(ev, tree, reference, custom)
+        reference_rules(ev, tree, reference, custom)
     if analysis:
         _analysis_rules(ev, analysis)
     return ev.result()
