@@ -44,6 +44,10 @@ def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("ju
                    help=with_default("correctness trials with fresh inputs", EvalConfig, "correctness_trials"))
     g.add_argument("--timing-trials", type=int, default=None, metavar="N",
                    help=with_default("maximum timed calls per model", EvalConfig, "timing_trials"))
+    g.add_argument("--timing-figure", choices=["gpu", "host"], default=None,
+                   help=with_default("what the speedup compares: gpu = the call's device time without host latency, "
+                                     "host = host-inclusive (the larger of the GPU time and the host's time to issue "
+                                     "the call)", EvalConfig, "timing_figure"))
     g.add_argument("--preset", default=None, help="judge preset: default, fast, thorough, kernelbench-v0 (default: default)")
     g.add_argument("--config", default=None, metavar="YAML",
                    help=f"settings file ({', '.join(sections)} section{'s' * (len(sections) > 1)}), e.g. a run's OUT/config.yaml, which "
@@ -125,6 +129,7 @@ def config_from_args(args: argparse.Namespace) -> EvalConfig:
         build_timeout_s=args.build_timeout,
         correctness_trials=args.trials,
         timing_trials=args.timing_trials,
+        timing_figure=getattr(args, "timing_figure", None),
         input_seed=args.seed,
         workers_per_gpu=getattr(args, "workers_per_gpu", None),
     )
