@@ -213,3 +213,12 @@ def test_number_format():
         ["123", "100", "1.00", "2.00", "0.955", "0.0001", "3", "-"]
     assert fmt(0.75, pct=True) == "75%" and fmt(None, pct=True) == "-"
     assert md_table(["a", "b"], [[1.5, "x|y"]]) == "| a | b |\n|---|---|\n| 1.50 | x\\|y |"
+
+
+def test_the_analysis_check_line_of_a_candidate():
+    from cudal1.report.html import analysis_check
+
+    check = {"present": True, "score": 0.5, "names_best": True, "cites_speedups": False, "reasons": True}
+    assert analysis_check({"analysis_check": check}) == ("analysis check: score 0.500; names the best earlier program; "
+                                                         "gives reasons")
+    assert analysis_check({}) == "" and analysis_check({"analysis_check": {"present": False}}) == ""

@@ -2,11 +2,15 @@
 
 Round 0 judges the reference (1.00x); each round builds contrastive prompts from the task's
 measured pool, samples a policy, judges every candidate and records everything in
-``OUT/cudal1.sqlite``.  Writes ``OUT/best/<task>.py``, ``OUT/summary.json`` and the resolved
-configuration ``OUT/config.yaml`` (judge, search, policy; no API key) and prints a table.
-Re-running with the same ``--out`` resumes.  With no ``--policy`` and no endpoint (``--base-url``
-or ``$CUDAL1_BASE_URL``), the builtin no-LLM policy is used.  Search settings: the
-``SearchConfig`` defaults, then ``--search-config YAML``, then the flags given."""
+``OUT/cudal1.sqlite``.  Writes ``OUT/best/<task>.py`` (only a candidate measured faster than the
+reference), ``OUT/summary.json`` and the resolved configuration ``OUT/config.yaml`` (judge,
+search, policy; no API key) and prints a table.  Re-running with the same ``--out`` resumes
+(generations that failed are asked again); other judge or search settings in an existing
+``--out`` are refused unless ``--allow-config-change``.  With no ``--policy`` and no endpoint
+(``--base-url`` or ``$CUDAL1_BASE_URL``), the builtin no-LLM policy is used.  Settings: the
+defaults, then ``--config`` (a run's ``config.yaml``: judge, search and policy sections), then
+``--search-config YAML`` for the search, then the flags given.  Exit 1 when the policy produced
+no completion at all."""
 
 from __future__ import annotations
 
@@ -115,6 +119,8 @@ def make_policy(cfg, device: str):
     from cudal1.policy import make_policy as _make
 
     name = cfg.name
+    if name == "vllm":
+        raise UsageError("policy vllm (offline vLLM generation) is for cudal1 evaluate; optimize takes builtin, openai, hf or replay")
     if name == "replay" and not cfg.replay_path:
         raise UsageError("--policy replay needs --replay FILE.jsonl")
     if name == "hf" and not cfg.model_path:

@@ -35,7 +35,7 @@ from cudal1.config import Config, ConfigError
 from cudal1.types import Completion, Prompt
 
 
-POLICY_NAMES = ("builtin", "openai", "hf", "replay")
+POLICY_NAMES = ("builtin", "openai", "hf", "replay", "vllm")  # vllm: offline generation, built by `cudal1 evaluate` only
 
 
 @dataclass
@@ -108,7 +108,7 @@ class PolicyConfig(Config):
 
     SECTION = "policy"
 
-    name: str = ""  # builtin | openai | hf | replay; "" = openai when an endpoint is configured, else builtin
+    name: str = ""  # builtin | openai | hf | replay (| vllm: cudal1 evaluate); "" = openai when an endpoint is configured, else builtin
     base_url: str = ""  # OpenAI-compatible endpoint, e.g. http://localhost:8000/v1; "" = client default
     model: str = ""  # model name sent to the endpoint; "" = the server's first listed model
     api_key_env: str = "OPENAI_API_KEY"  # name of the env var holding the API key

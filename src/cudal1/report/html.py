@@ -46,6 +46,20 @@ def _diff(reference: str, best: str) -> list[tuple[str, str]]:
     return out
 
 
+def analysis_check(meta: dict[str, Any]) -> str:
+    """One line on the recorded check of the model's Performance Analysis (``meta["analysis_check"]``,
+    written by training runs; "" when the candidate has none)."""
+    check = meta.get("analysis_check") if isinstance(meta, dict) else None
+    if not isinstance(check, dict) or not check.get("present"):
+        return ""
+    met = [label for key, label in (("names_best", "names the best earlier program"),
+                                    ("cites_speedups", "cites measured speedups"), ("reasons", "gives reasons"))
+           if check.get(key)]
+    score = check.get("score")
+    return (f"analysis check: score {fmt(float(score)) if isinstance(score, (int, float)) else '-'}; "
+            + ("; ".join(met) if met else "none of: names the best earlier program, cites speedups, gives reasons"))
+
+
 def task_details(doc: dict[str, Any], data: RunData) -> dict[str, dict[str, Any]]:
     """Per task id: reference and best sources, their diff, the model's analysis."""
     by_id = {rec.task.task_id: rec for rec in data.tasks}
@@ -55,6 +69,7 @@ def task_details(doc: dict[str, Any], data: RunData) -> dict[str, dict[str, Any]
         best = next((c for c in rec.candidates if c.hash == t["best_candidate"]), None)
         out[t["task"]] = {"reference": rec.task.source, "best": best.source if best else None,
                           "label": best.label if best else "", "analysis": best.analysis if best else "",
+                          "analysis_check": analysis_check(best.meta if best else {}),
                           "diff": _diff(rec.task.source, best.source) if best else []}
     return out
 
