@@ -46,7 +46,7 @@ from typing import Any
 
 # Worker children re-import this file as ``__mp_main__``: keep module level free of heavy imports
 # and side effects (everything below runs only from main()).  cudal1.figures is light (math only).
-from cudal1.tables import table  # noqa: E402
+from cudal1.tables import table
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"

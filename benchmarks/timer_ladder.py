@@ -72,7 +72,7 @@ def profiler_us(expr: str, n: int, calls: int = 30) -> float:
 
     x = torch.randn(n // 1024, 1024, device="cuda")
     b = torch.randn(1024, device="cuda")
-    fn = eval(f"lambda x, b: {expr}", {"torch": torch})  # noqa: S307 - our own two expressions
+    fn = eval(f"lambda x, b: {expr}", {"torch": torch})
     flush = torch.empty(2 * torch.cuda.get_device_properties(0).L2_cache_size // 4, dtype=torch.int32, device="cuda")
     for _ in range(5):
         fn(x, b)

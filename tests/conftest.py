@@ -3,7 +3,7 @@ and the one runner of the adversarial fixture corpora (so no test module imports
 
 Markers (``gpu``, ``slow``) are registered in ``pyproject.toml``.
 
-Fixture corpora (``tests/fixtures/cpu``, ``cpu_more``, ``gpu``): one candidate per file, whose
+Fixture corpora (``tests/fixtures/cpu``, ``gpu``, ``numerics``): one candidate per file, whose
 leading comment block is its header::
 
     # expect: <status> [flag] [| <status> [flag] ...]   first line; alternatives when the same cheat

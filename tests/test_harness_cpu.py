@@ -1,9 +1,9 @@
 """CPU tier: the real subprocess judge against ``examples/tasks/diag_matmul.py`` (its small copy,
 ``cli_support.SMALL_DIAG``: the same verdicts, an eighth of the reference's work).
 
-Every fixture in ``tests/fixtures/cpu`` starts with ``# expect: <status> [flag]``: the exact verdict
-it must get (header format and runner: ``tests/conftest.py``).  All fixtures are judged in one
-batch (one forkserver, one timing lane).
+Every fixture in ``tests/fixtures/cpu`` starts with ``# expect: <status> [flag]``: the verdict it
+must get; a ``# task:`` line judges it against another task (header format and runner:
+``tests/conftest.py``).  All fixtures are judged in one batch (one forkserver, one timing lane).
 """
 
 from __future__ import annotations
@@ -52,12 +52,20 @@ def test_fixture_verdict(corpus, batch, corpus_name, check_verdict):
     assert not problem, problem
 
 
-def test_verdicts_carry_identity(batch, task):
+def test_verdicts_carry_identity(batch, task, corpus):
     for name, r in batch.items():
-        assert r.task_hash == task.hash and r.task_name == task.name, name
+        if corpus[name].task is None:  # judged against the default task
+            assert r.task_hash == task.hash and r.task_name == task.name, name
         assert r.config_hash, name
         if r.phase != "static":  # static-guard rejections never start a worker
             assert r.wall_s > 0, name
+
+
+def test_degenerate_task_flags_every_result(corpus, batch):
+    degenerate = [name for name, e in corpus.items() if e.task is not None and e.task.name == "degenerate_mean.py"]
+    assert degenerate
+    for name in degenerate:
+        assert "degenerate_task" in batch[name].flags, f"{name}: {_describe(batch[name])}"
 
 
 def test_the_strict_second_pass_runs_in_the_corpus(batch):

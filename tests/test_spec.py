@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from cudal1.config import TOLERANCES, EvalConfig
@@ -17,7 +19,7 @@ def _spec(**changes) -> WorkerSpec:
 
 def test_spec_is_frozen_and_validates_its_mode():
     spec = _spec()
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         spec.mode = "build"  # type: ignore[misc]
     with pytest.raises(ValueError, match="mode"):
         _spec(mode="timing")

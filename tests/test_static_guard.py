@@ -41,5 +41,5 @@ def test_frames_guard_flags_frame_and_closure_walking_only():
     assert flags_of("import signal as s\ns.signal(s.SIGUSR1, print)\n") == ["frames"]
     assert flags_of("import sys\nx = sys._current_frames()\n") == ["frames"]
     assert flags_of("def f():\n    pass\nc = f.__closure__\n") == ["frames"]
-    honest = (REPO / "tests" / "fixtures" / "cpu_more" / "honest_thread_queue_handoff.py").read_text()
+    honest = (REPO / "tests" / "fixtures" / "cpu" / "honest_thread_queue_handoff.py").read_text()
     assert flags_of(honest) == []

@@ -260,7 +260,7 @@ class ExactReference:
         self.model: Any = None
         try:
             self.model = float64_model(model, device)
-        except Exception as exc:  # noqa: BLE001 - any failure means: fall back
+        except Exception as exc:
             if shared and is_out_of_memory(exc):
                 raise
             self.unavailable = f"the reference cannot be copied to float64: {type(exc).__name__}: {exc}"[:300]
@@ -274,7 +274,7 @@ class ExactReference:
             torch.set_default_dtype(_f64)
             try:
                 return self.model(*self._args(inputs))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 if self.device.type == "cpu" or (self.shared and is_out_of_memory(exc)):
                     raise
                 first = f"{type(exc).__name__}: {exc}"
@@ -285,7 +285,7 @@ class ExactReference:
                     return self.model(*self._args(inputs))
                 except Exception:  # noqa: BLE001
                     raise RuntimeError(first) from None
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             if self.shared and is_out_of_memory(exc):
                 raise
             self.unavailable = f"the reference does not run in float64: {type(exc).__name__}: {exc}"[:300]
