@@ -65,10 +65,13 @@ def _log_flags(p: argparse.ArgumentParser, top: bool) -> None:
     """``-v``/``-q``, accepted before or after the subcommand (a subcommand's own copy leaves the
     value alone when not given there)."""
     default = 0 if top else argparse.SUPPRESS
-    p.add_argument("-v", "--verbose", action="count", default=default,
-                   help="log more: -v progress details (INFO), -vv debugging (DEBUG); also $CUDAL1_LOG_LEVEL")
-    p.add_argument("-q", "--quiet", action="store_true", default=False if top else argparse.SUPPRESS,
-                   help="no progress display; errors only")
+    taken = set(p._option_string_actions)  # a subcommand that defines its own spelling keeps it
+    if not taken & {"-v", "--verbose"}:
+        p.add_argument("-v", "--verbose", action="count", default=default,
+                       help="log more: -v progress details (INFO), -vv debugging (DEBUG); also $CUDAL1_LOG_LEVEL")
+    if not taken & {"-q", "--quiet"}:
+        p.add_argument("-q", "--quiet", action="store_true", default=False if top else argparse.SUPPRESS,
+                       help="no progress display; errors only")
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
