@@ -86,12 +86,12 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
 DESCRIPTION = """Trustworthy GPU-kernel evaluation and optimization.
 
 Conventions shared by every command: --out is where the command writes (a run directory for
-commands that make a run: optimize, eval-suite, verify, baseline, train; a file for commands
-that make one file: report --out, export, collect); --json prints one JSON document as the last
-stdout line; --config FILE is the command's settings file, in the format of the OUT/config.yaml
-that its runs save (feeding that file back reproduces the run); -v/-q anywhere; exit 0 when the
-command completed, 2 for bad input, 1 for a failure (a run that got no completion, an internal
-error), 130 when interrupted."""
+commands that make a run: optimize, eval-suite, verify, evaluate, baseline, train; a file for
+commands that make one file: report --out, export, collect); --json prints one JSON document as
+the last stdout line; --config FILE is the command's settings file, in the format of the
+OUT/config.yaml that its runs save (feeding that file back reproduces the run); -v/-q anywhere;
+exit 0 when the command completed, 2 for bad input, 1 for a failure (a run that got no
+completion, an internal error), 130 when interrupted."""
 
 
 def build_parser() -> argparse.ArgumentParser:
