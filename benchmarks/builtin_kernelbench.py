@@ -1,127 +1,306 @@
-"""Run the builtin (no-LLM) policy over KernelBench tasks on this machine's GPUs and report.
+"""The builtin (no-LLM) policy over KernelBench tasks against eager and every torch.compile mode, on
+this machine's GPUs; resumable across calls and machines from the run directory alone.
 
-Usage (from the repository root, on a CUDA machine)::
+Usage (from the repository root; see docs/builtin.md for the recorded runs and their commands)::
 
-    python benchmarks/builtin_kernelbench.py kernelbench:level1/1-100 kernelbench:level2/1-100 \
-        --rounds 2 --samples 2 --out runs/builtin_kb [--budget-minutes 8] [--subset stride:10]
+    python benchmarks/builtin_kernelbench.py kernelbench:level1 kernelbench:level2 kernelbench:level3 \\
+        --subset stride:5+2 --exclude benchmarks/builtin_design_tasks.txt \\
+        --rounds 2 --samples 2 --confirm --out benchmarks/runs/stride5
 
-``--subset stride:N`` keeps every N-th task of each selector (by problem id), ``algebraic`` keeps
-the tasks where a graph pass applies (traced in child processes on the CPU, no GPU needed), and
-both may be given (union).  The selection is written to ``OUT/tasks.txt`` (task id and the
-rules that kept it) and reused when the run is resumed (``--reselect`` applies the rules again).
-The search is ``cudal1.search.optimize`` with ``BuiltinPolicy`` (``--passes`` picks and orders
-its passes) and the judge preset ``--preset`` (``default``: strict fp32 tolerance;
-``kernelbench-v0``: KernelBench's atol = rtol = 1e-2, comparable with published numbers);
-resumable with the same ``--out``.  The report (printed, and written to ``OUT/report.json`` and
-``OUT/report.md``) is :func:`cudal1.report.builtin.builtin_report` (its docstring defines every
-figure); ``--confirm`` re-times each task's winner and its torch.compile candidate with fresh
-inputs (:func:`cudal1.report.builtin.confirm`).  ``OUT/report.html`` is the general report of the
-same run store (``cudal1 report OUT``), written when the ``report`` extra is installed.
+Selection: ``--subset stride:N[+K]`` keeps the tasks at positions K, K+N, ... of each selector (by
+problem id), ``algebraic`` the tasks a graph pass rewrites, ``all`` everything (rules unite);
+``--exclude FILE`` drops the task ids it lists (e.g. the tasks used to design the passes).  The
+selection and the task sources are written to ``OUT/tasks.jsonl`` and reused on every later call
+(``--reselect`` applies the rules again), so a resumed run needs no dataset.
+
+Each call, in chunks of tasks (``--chunk``; every chunk finished before the next starts, so a run
+cut short leaves whole tasks behind): the search (``cudal1.search.optimize`` with
+``BuiltinPolicy``, ``--passes`` picks and orders its passes), the baselines of ``--modes`` (the
+reference under each torch.compile mode and CUDA-graph replay, timed by the same judge), and with
+``--confirm`` the re-timing of each task's winner and best compile mode with fresh inputs
+(:mod:`builtin_confirm`).  The report (:mod:`builtin_figures`, which defines every figure) is
+printed last and written to ``OUT/report.md`` / ``report.json``; ``OUT/report.html`` is
+``cudal1 report OUT`` when the ``report`` extra is installed; ``OUT/run.json`` records each batch's
+GPU idle share.  ``--prepare`` only selects and traces the graph rewrites (CPU, no judge) into
+``OUT/rewrites``; ``--report-only`` judges nothing; ``--pack FILE`` writes the run directory's state
+(selection, store snapshot, confirmations, rewrites, reports) to one tar.gz, for a machine that
+returns few files.
+
+Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` (restored when the plain file is
+missing or older; rewritten at the end of every call, also when SIGINT or SIGTERM cut it short),
+so ``OUT`` can live in git and move between machines: run the same command again.
 """
 
 from __future__ import annotations
 
 import argparse
 import faulthandler
+import gzip
+import json
+import os
+import shutil
+import signal
+import sqlite3
 import sys
 import time
 from pathlib import Path
 
-from cudal1.config import EvalConfig
-from cudal1.harness import DevicePlan
-from cudal1.policy.builtin import BuiltinPolicy, prepare_rewrites
-from cudal1.report import ReportError, render_report
-from cudal1.report.builtin import builtin_markdown, builtin_report, confirm
-from cudal1.search import SearchConfig, optimize
-from cudal1.tasks import load_tasks
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's helper modules beside it
+
+from builtin_confirm import confirm  # noqa: E402
+from builtin_figures import builtin_figures, markdown  # noqa: E402
+
+from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH  # noqa: E402
+from cudal1.config import EvalConfig  # noqa: E402
+from cudal1.tasks import load_tasks  # noqa: E402
+from cudal1.types import Task  # noqa: E402
+
+STORE, SNAPSHOT = "cudal1.sqlite", "cudal1.sqlite.gz"
 
 
-def select(selectors: list[str], subset: list[str]) -> tuple[list, dict[str, list[str]]]:
-    """The tasks of ``selectors`` kept by the ``subset`` rules, and for each task id the rules that
-    kept it (so a report can separate an unbiased stride sample from tasks chosen for a pass)."""
+def select(selectors: list[str], subset: list[str], exclude: set[str], source: str | None) -> tuple[list, dict]:
+    """The tasks of ``selectors`` kept by the ``subset`` rules and not excluded, and for each task
+    id the rules that kept it."""
+    from cudal1.policy.builtin_passes import prepare_rewrites
+
     tasks, rules_of = [], {}
     for sel in selectors:
-        got = sorted(load_tasks(sel), key=lambda t: (t.level or 0, int(t.problem_id or 0)))
+        got = sorted(load_tasks(sel, source), key=lambda t: (t.level or 0, int(t.problem_id or 0)))
         keep: dict[str, list[str]] = {}
         for rule in subset or ["all"]:
             if rule == "all":
                 hit = {t.hash for t in got}
             elif rule.startswith("stride:"):
-                n = int(rule.split(":")[1])
-                hit = {t.hash for i, t in enumerate(got) if i % n == 0}
-            elif rule == "algebraic":  # the policy's own cache: traced once for selection and search
-                outcomes = prepare_rewrites([t.source for t in got])
-                hit = {t.hash for t, o in zip(got, outcomes) if o.ok}
+                n, _, k = rule.removeprefix("stride:").partition("+")
+                hit = {t.hash for i, t in enumerate(got) if i % int(n) == int(k or 0)}
+            elif rule == "algebraic":
+                hit = {t.hash for t, o in zip(got, prepare_rewrites([t.source for t in got], variants=["algebraic"]))
+                       if o.ok}
             else:
-                raise SystemExit(f"unknown --subset rule {rule!r} (all | stride:N | algebraic)")
+                raise SystemExit(f"unknown --subset rule {rule!r} (all | stride:N[+K] | algebraic)")
             for h in hit:
                 keep.setdefault(h, []).append(rule)
         for t in got:
-            if t.hash in keep:
+            if t.hash in keep and t.task_id not in exclude:
                 tasks.append(t)
                 rules_of[t.task_id] = keep[t.hash]
     return tasks, rules_of
 
 
+def read_exclusions(paths: list[str]) -> set[str]:
+    out: set[str] = set()
+    for p in paths:
+        out |= {line.split("#")[0].strip() for line in Path(p).read_text().splitlines()} - {""}
+    return out
+
+
+def load_selection(out: Path) -> tuple[list, dict]:
+    tasks, rules_of = [], {}
+    for line in (out / "tasks.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        tasks.append(Task(name=row["name"], source=row["code"], level=row["level"], problem_id=row["problem_id"],
+                          origin=row.get("origin", "")))
+        rules_of[tasks[-1].task_id] = row["rules"]
+    return tasks, rules_of
+
+
+def save_selection(out: Path, tasks: list, rules_of: dict) -> None:
+    (out / "tasks.jsonl").write_text("".join(json.dumps(
+        {"name": t.name, "level": t.level, "problem_id": t.problem_id, "origin": t.origin, "rules": rules_of[t.task_id],
+         "code": t.source}) + "\n" for t in tasks))
+
+
+def restore_store(out: Path) -> None:
+    """``OUT/cudal1.sqlite`` from its snapshot when the plain file is missing or older."""
+    snap, store = out / SNAPSHOT, out / STORE
+    if snap.exists() and (not store.exists() or snap.stat().st_mtime > store.stat().st_mtime):
+        with gzip.open(snap, "rb") as src, open(store, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+
+
+def snapshot_store(out: Path) -> None:
+    """A consistent copy of the store (SQLite's backup API), gzipped next to it."""
+    store = out / STORE
+    if not store.exists():
+        return
+    tmp = out / (STORE + ".copy")
+    src, dst = sqlite3.connect(store), sqlite3.connect(tmp)
+    try:
+        src.backup(dst)
+    finally:
+        src.close()
+        dst.close()
+    with open(tmp, "rb") as f, gzip.GzipFile(out / (SNAPSHOT + ".tmp"), "wb", mtime=0) as g:
+        shutil.copyfileobj(f, g)
+    os.replace(out / (SNAPSHOT + ".tmp"), out / SNAPSHOT)
+    tmp.unlink()
+
+
+class Batches:
+    """Every judged batch's BatchStats, summarized for OUT/run.json and the report."""
+
+    def __init__(self, out: Path) -> None:
+        self.path = out / "run.json"
+        self.run = json.loads(self.path.read_text()) if self.path.exists() else {"batches": []}
+
+    def add(self, what: str, stats) -> None:
+        self.run["batches"].append({"what": what, "jobs": stats.jobs, "wall_s": stats.wall_s,
+                                    "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
+                                    "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+        self.path.write_text(json.dumps(self.run, indent=1))
+
+
+def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) -> None:
+    from cudal1.harness import DevicePlan
+    from cudal1.policy.builtin import BuiltinPolicy
+    from cudal1.recorded import RecordedJudge
+    from cudal1.search import SearchConfig, optimize
+    from cudal1.store import RunStore
+
+    plan = DevicePlan.detect(args.device)
+    passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None
+    policy = BuiltinPolicy(device=plan.device, passes=passes, rewrite_cache=str(out / "rewrites"))
+    t0, count = time.monotonic(), [0]
+
+    def tick(r) -> None:
+        count[0] += 1
+        print(f"[{time.monotonic() - t0:6.0f}s] {count[0]:4d} {r.task_name[:44]:44s} {r.status.value:14s} "
+              f"{'-' if r.speedup is None else round(r.speedup, 3)} {','.join(r.flags)}", flush=True)
+
+    class Judge(RecordedJudge):  # every batch's stats to run.json
+        def judge(self, pairs, **kw):
+            kw.setdefault("on_stats", lambda s: batches.add("search", s))
+            return super().judge(pairs, **kw)
+
+    modes = [m for m in args.modes.split(",") if m and m != "none"]
+    size = args.chunk or max(8, 4 * len(plan.lanes) * judge.workers_per_gpu)
+    print(f"{len(tasks)} tasks on {plan.device} lanes {plan.lanes}, {judge.workers_per_gpu} worker(s) per GPU, "
+          f"chunks of {size}", flush=True)
+    search_cfg = SearchConfig(rounds=args.rounds, samples=args.samples, budget_minutes=args.budget_minutes)
+    store = RunStore(out / STORE)
+    try:
+        rj = Judge(judge, store, plan=plan, on_event=lambda e: tick(e.result) if e.kind == "verdict" else None)
+        for start in range(0, len(tasks), size):
+            chunk = tasks[start:start + size]
+            optimize(chunk, policy, search_cfg, rj, out, hardware="GPU", record={"benchmark": "builtin_kernelbench"})
+            if modes:
+                rj.baselines(chunk, modes, on_result=tick)
+            if args.confirm:
+                from builtin_figures import task_rows
+
+                rows = task_rows(out, chunk, judge.hash(), {}, modes)
+                confirm(out, chunk, rows, judge.replace(workers_per_gpu=args.confirm_workers_per_gpu), plan,
+                        on_stats=batches.add, tick=tick)
+        optimize(tasks, policy, search_cfg, rj, out, hardware="GPU", record={"benchmark": "builtin_kernelbench"})
+    finally:
+        store.close()
+
+
+def prepare(out: Path, tasks: list) -> None:
+    """Trace every graph pass of every task into OUT/rewrites (CPU child processes, no judge)."""
+    from cudal1.policy.builtin_passes import GRAPH_VARIANTS, REWRITES, prepare_rewrites, set_rewrite_cache
+
+    set_rewrite_cache(out / "rewrites")
+    t0 = time.monotonic()
+    prepare_rewrites([t.source for t in tasks])
+    applies = {v: sum(1 for t in tasks if _applies(REWRITES.get(t.source, v), GRAPH_VARIANTS[v].requires))
+               for v in GRAPH_VARIANTS}
+    print(f"traced {len(tasks)} tasks in {time.monotonic() - t0:.0f} s; graph passes that apply: "
+          + ", ".join(f"{v} {n}" for v, n in applies.items()), flush=True)
+
+
+def _applies(outcome, requires: str | None) -> bool:
+    return outcome.ok and (requires is None or requires in outcome.applied)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("selectors", nargs="+")
-    ap.add_argument("--subset", action="append", default=[], help="all | stride:N | algebraic (repeatable: union)")
+    ap.add_argument("--source", default=None, help="KernelBench JSONL for kernelbench: selectors (default: cudal1's rule)")
+    ap.add_argument("--subset", action="append", default=[], help="all | stride:N[+K] | algebraic (repeatable: union)")
+    ap.add_argument("--exclude", action="append", default=[], help="file of task ids to leave out (repeatable)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=2)
-    ap.add_argument("--budget-minutes", type=float, default=None)
-    ap.add_argument("--passes", default=None,
-                    help="comma-separated builtin passes in proposal order (default: all registered, in order)")
+    ap.add_argument("--budget-minutes", type=float, default=None, help="search budget per chunk (checked between rounds)")
+    ap.add_argument("--passes", default=None, help="comma-separated builtin passes in proposal order (default: all)")
+    ap.add_argument("--modes", default=",".join([*COMPILE_MODES, CUDA_GRAPH]),
+                    help="baselines timed beside the search (comma-separated; none: no baselines)")
     ap.add_argument("--out", default="runs/builtin_kb")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--preset", default="default", help="judge preset: default (strict fp32) | kernelbench-v0 | ...")
-    ap.add_argument("--workers-per-gpu", type=int, default=1,
-                    help="judge workers sharing each GPU (timing stays exclusive: EvalConfig.workers_per_gpu)")
-    ap.add_argument("--report-only", action="store_true", help="recompute the report from OUT without judging")
-    ap.add_argument("--confirm", action="store_true",
-                    help="after the search, re-judge each task's winner and torch.compile candidate with fresh inputs")
-    ap.add_argument("--reselect", action="store_true",
-                    help="apply the selectors and --subset again even when OUT/tasks.txt lists the run's tasks")
+    ap.add_argument("--preset", default="default", help="judge preset: default (exact-answer rule) | kernelbench-v0 | ...")
+    ap.add_argument("--workers-per-gpu", type=int, default=2,
+                    help="judge workers sharing each GPU in the search and baselines (timing stays exclusive)")
+    ap.add_argument("--confirm-workers-per-gpu", type=int, default=1,
+                    help="workers per GPU for the re-timing (default 1: a quiet host)")
+    ap.add_argument("--chunk", type=int, default=0, help="tasks per chunk (0: 4 x GPUs x workers per GPU, at least 8)")
+    ap.add_argument("--confirm", action="store_true", help="re-time each winner and best compile mode with fresh inputs")
+    ap.add_argument("--prepare", action="store_true", help="select and trace the graph rewrites only (CPU)")
+    ap.add_argument("--report-only", action="store_true", help="the report of OUT, judging nothing")
+    ap.add_argument("--reselect", action="store_true", help="apply the selection rules again")
+    ap.add_argument("--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)")
     args = ap.parse_args()
     faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` stops it like Ctrl-C: store kept
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    listed = out / "tasks.txt"
-    if listed.exists() and not args.reselect:  # the tasks of the run being resumed or reported
-        rules_of = {line.split()[0]: (line.split()[1].split(",") if len(line.split()) > 1 else [])
-                    for line in listed.read_text().splitlines() if line.strip()}
-        tasks = [t for sel in args.selectors for t in load_tasks(sel) if t.task_id in rules_of]
+    if (out / "tasks.jsonl").exists() and not args.reselect:
+        tasks, rules_of = load_selection(out)
     else:
-        tasks, rules_of = select(args.selectors, args.subset)
-        listed.write_text("".join(f"{t.task_id}\t{','.join(rules_of[t.task_id])}\n" for t in tasks))
-    judge = EvalConfig.preset(args.preset).replace(device=args.device, workers_per_gpu=args.workers_per_gpu)
-    if not args.report_only:
-        plan = DevicePlan.detect(args.device)
-        passes = [p.strip() for p in args.passes.split(",") if p.strip()] if args.passes else None
-        policy = BuiltinPolicy(device=plan.device, passes=passes)
-        t0 = time.monotonic()
-        done = [0]
+        tasks, rules_of = select(args.selectors, args.subset, read_exclusions(args.exclude), args.source)
+        save_selection(out, tasks, rules_of)
+    print(f"{len(tasks)} tasks selected ({out / 'tasks.jsonl'})", flush=True)
+    if args.prepare:
+        prepare(out, tasks)
+        return 0
+    restore_store(out)
+    judge = EvalConfig.preset(args.preset).replace(device=args.device, workers_per_gpu=args.workers_per_gpu,
+                                                   keep_samples=False)
+    modes = [m for m in args.modes.split(",") if m and m != "none"]
+    batches = Batches(out)
+    code = 0
+    try:
+        if not args.report_only:
+            search(args, out, tasks, judge, batches)
+    except KeyboardInterrupt:
+        print("\ncut short: every verdict so far is kept; run the same command again to resume", flush=True)
+        code = 130
+    finally:
+        snapshot_store(out)
+    report(out, tasks, judge, rules_of, modes, batches.run)
+    if args.pack:
+        pack(out, Path(args.pack))
+    return code
 
-        def tick(r):
-            done[0] += 1
-            print(f"[{time.monotonic() - t0:6.0f}s] {done[0]:4d} {r.task_name[:48]:48s} {r.status.value:14s} "
-                  f"{r.speedup if r.speedup is None else round(r.speedup, 3)} {','.join(r.flags)}", flush=True)
 
-        print(f"{len(tasks)} tasks on {plan.device} lanes {plan.lanes}", flush=True)
-        optimize(tasks, policy, SearchConfig(rounds=args.rounds, samples=args.samples,
-                                             budget_minutes=args.budget_minutes), judge, out, plan=plan,
-                 hardware="GPU", on_result=tick)
-        if args.confirm:
-            confirm(out, tasks, judge, plan, builtin_report(out, tasks, judge, rules_of)["rows"], tick)
-    text = builtin_markdown(builtin_report(out, tasks, judge, rules_of))
+PACKED = ("tasks.jsonl", SNAPSHOT, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md", "report.json",
+          "rewrites", "best")
+
+
+def pack(out: Path, archive: Path) -> None:
+    """The run directory's state as one tar.gz (what a machine that returns few files sends back):
+    unpack it into the run directory to resume or report there."""
+    import tarfile
+
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive, "w:gz") as tar:
+        for name in PACKED:
+            if (out / name).exists():
+                tar.add(out / name, arcname=name)
+    print(f"packed {out} into {archive} ({archive.stat().st_size // 1024} KiB)", flush=True)
+
+
+def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str], run: dict) -> None:
+    summary = builtin_figures(out, tasks, judge.hash(), rules_of, modes)
+    text = markdown(summary, modes, run)
     (out / "report.md").write_text(text + "\n")
-    print(text)
-    try:  # the general report of the same store, when the report extra is installed
+    try:
+        from cudal1.report import ReportError, render_report
+
         (out / "report.html").write_text(render_report([str(out)], "html"))
-        print(f"\nHTML report: {out / 'report.html'}")
+        print(f"HTML report: {out / 'report.html'}")
     except (ImportError, ReportError) as exc:
-        print(f"\nno HTML report: {exc}")
-    return 0
+        print(f"no HTML report: {exc}")
+    print(text)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""benchmarks/builtin_kernelbench.py end to end on the CPU: selection rules recorded per task,
-the search, the re-timing of winners (``--confirm``) and a report recomputed from the store."""
+"""benchmarks/builtin_kernelbench.py on the CPU: the selection rules (stride with offset,
+exclusions, recorded per task with the task sources), and end to end: the search, a torch.compile
+baseline on the same judge, the re-timing of the winner and the best compile mode (``--confirm``),
+the store snapshot a later call resumes from, and a report recomputed from the run directory."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from cli_support import SMALL_DIAG
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "builtin_kernelbench.py"
-TASK = SMALL_DIAG
+FIXTURES = REPO / "tests" / "fixtures" / "rewrite"
 
 
 def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
@@ -22,26 +24,54 @@ def run(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def test_benchmark_selects_searches_confirms_and_reports(tmp_path):
+def test_selection_rules_offsets_and_exclusions(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import builtin_kernelbench as bk
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    for path in sorted(FIXTURES.glob("*.py")):  # seven tasks
+        (suite / path.name).write_text(path.read_text())
+    every = [t.task_id for t in bk.select([str(suite)], ["all"], set(), None)[0]]
+    assert len(every) == 7
+    tasks, rules = bk.select([str(suite)], ["stride:3+1"], set(), None)
+    assert [t.task_id for t in tasks] == every[1::3]
+    (tmp_path / "design.txt").write_text(f"# used to design the passes\n{every[4]}  # a comment\n")
+    tasks, rules = bk.select([str(suite)], ["stride:3+1", "stride:2+1"], bk.read_exclusions([str(tmp_path / "design.txt")]),
+                             None)
+    assert [t.task_id for t in tasks] == [every[1], every[3], every[5]]  # union of both rules, minus the excluded
+    assert rules[every[1]] == ["stride:3+1", "stride:2+1"] and rules[every[3]] == ["stride:2+1"]
+    bk.save_selection(tmp_path, tasks, rules)
+    again, again_rules = bk.load_selection(tmp_path)  # the run directory carries the sources: no dataset needed
+    assert [(t.task_id, t.hash) for t in again] == [(t.task_id, t.hash) for t in tasks] and again_rules == rules
+
+
+def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path):
     out = tmp_path / "kb"
-    done = run([str(TASK), "--subset", "stride:3", "--subset", "algebraic", "--rounds", "1", "--samples", "1",
-                "--device", "cpu", "--out", str(out), "--confirm"], tmp_path)
+    done = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", "compile-default",
+                "--workers-per-gpu", "1", "--out", str(out), "--confirm"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert (out / "tasks.txt").read_text().split() == ["diag_matmul", "stride:3,algebraic"]
     report = json.loads((out / "report.json").read_text())
-    assert report["success"] == 1 and report["unfinished"] == []
+    assert report["finished"] == 1 and report["unfinished"] == [] and report["degenerate"] == []
     row = report["rows"][0]
     # how much faster depends on the machine's load; that the algebraic rewrite won, verified and
-    # re-timed, does not (it is the only builtin candidate of one CPU round)
+    # re-timed, and that the compile baseline was timed by the same judge, does not
     assert row["best_passes"] == "algebraic" and row["best"] > 0
-    assert row["best_confirmed"]["status"] == "ok" and row["best_confirmed"]["speedup"] > 0
-    assert report["confirmed"]["best"]["n"] == 1 and report["confirmed"]["failed"] == []
-    confirmations = json.loads((out / "confirm.json").read_text())
-    assert list(confirmations) == [f"diag_matmul|{row['best_hash']}"]
-    assert "re-timed with fresh inputs" in (out / "report.md").read_text()
-    page = (out / "report.html").read_text()  # the general report of the same store
-    assert "diag_matmul" in page and "<svg" in page
-    # the report is recomputed from the store and the confirmations alone, judging nothing
-    again = run([str(TASK), "--device", "cpu", "--out", str(out), "--report-only"], tmp_path)
+    assert row["mode_status"] == {"compile-default": "ok"} and row["best_mode"] == "compile-default"
+    assert row["best_confirmed"]["status"] == "ok" and row["mode_confirmed"]["status"] == "ok"
+    assert set(json.loads((out / "confirm.json").read_text())) == {f"diag_matmul|{row['best_hash']}",
+                                                                     "diag_matmul|mode:compile-default"}
+    assert report["over"]["compile-default"]["n"] == 1 and report["per_chain"]["algebraic"]["ok"] == 1
+    batches = json.loads((out / "run.json").read_text())["batches"]
+    assert {b["what"] for b in batches} == {"search", "confirm winners"} and all("gpu_idle_share" in b for b in batches)
+    text = (out / "report.md").read_text()
+    assert "builtin over the best compile mode" in text and text == done.stdout[done.stdout.index(text.splitlines()[0]):].rstrip() + "\n"
+    headers = [line.split()[0] for line in text.splitlines() if line.startswith(("task ", "chain ", "figure "))]
+    assert headers == ["task", "chain", "figure"]  # per task first, the summary table last
+    assert "diag_matmul" in (out / "report.html").read_text()
+    # the gzipped store is the run: without the plain file, a report-only call restores and reads it
+    (out / "cudal1.sqlite").unlink()
+    again = run([str(SMALL_DIAG), "--device", "cpu", "--modes", "compile-default", "--out", str(out), "--report-only"],
+                tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert json.loads((out / "report.json").read_text())["rows"][0]["best_confirmed"] == row["best_confirmed"]
+    assert json.loads((out / "report.json").read_text())["rows"] == report["rows"]
