@@ -142,5 +142,7 @@ def test_policy_names_and_cpu_passes():
     cpu = BuiltinPolicy(device="cpu").passes
     assert INDUCTOR_SEARCH not in cpu and all(not pass_named(n).cuda_only for n in cpu)
     assert BuiltinPolicy(device="cuda", passes=["inductor[cd,freezing]"]).passes == ["inductor[cd,freezing]"]
+    assert BuiltinPolicy(device="cuda").compiles() and BuiltinPolicy(device="cpu").compiles()
+    assert not BuiltinPolicy(device="cuda", passes=["algebraic", "cudagraph", "channels-last"]).compiles()
     with pytest.raises(ValueError, match="inductor\\[SETTING"):
         BuiltinPolicy(passes=["inductor[warp]"])

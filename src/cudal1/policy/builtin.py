@@ -139,6 +139,11 @@ class BuiltinPolicy:
         self._proposed: dict[str, set[tuple[str, ...]]] = {}
         self._lock = threading.Lock()
 
+    def compiles(self) -> bool:
+        """Whether some pass it may propose runs torch.compile in the judge's workers (minutes of
+        CPU-bound compilation per candidate, which more workers per GPU overlap with timing)."""
+        return any(n == INDUCTOR_SEARCH or n.startswith(("compile-", "inductor[")) for n in self.passes)
+
     def settings(self) -> dict[str, object]:
         """What a run saves about this policy: the device and the passes it may propose, in order."""
         return {"device": self.device, "passes": list(self.passes)}
