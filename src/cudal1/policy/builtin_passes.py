@@ -140,8 +140,8 @@ def _inductor_class(settings: tuple[str, ...]) -> Callable[[str, str], str | Non
         items = ", ".join(f'"{k}": ' + ("_cudal1_gemm_backends()" if v == "GEMM_BACKENDS" else repr(v))
                           for k, v in options.items())
         what = "; ".join(INDUCTOR_SETTINGS[n].description for n in settings)
-        doc = (f"The {base} forward compiled by torch.compile (default mode) with Inductor settings: {what}.\n\n"
-               "    The options are scoped to this compilation; nothing global changes.")
+        doc = (f"The {base} forward compiled by torch.compile (default mode) with Inductor settings scoped to "
+               f"this compilation (nothing global changes): {what}.")
         prelude = _GEMM_BACKENDS if "GEMM_BACKENDS" in options.values() else ""
         return _compiled_class(base, doc, f"torch.compile(super().forward, options={{{items}}})", prelude)
     return render
