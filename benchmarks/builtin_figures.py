@@ -8,7 +8,8 @@ list.  Only verdicts under the run's judge configuration count.  Definitions:
 
 - **best** (per task): the highest speedup over eager among the policy's verified (``ok``)
   candidates; 1.0 when none verified (the user keeps the reference).  Each **mode** likewise: its
-  baseline's speedup, 1.0 when it failed.  **best compile mode**: the highest of the torch.compile
+  baseline's speedup, 1.0 when it failed (without a baseline, the policy's own candidate of that
+  mode alone, when it was judged).  **best compile mode**: the highest of the torch.compile
   modes (CUDA-graph replay is reported on its own).
 - Aggregates over tasks that finished (reference judged, nothing sampled but unjudged, at least
   one policy round) and are not degenerate: mean, median, geomean and fast_p (share of tasks whose
@@ -102,6 +103,9 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
         best = max(ok, key=lambda prh: prh[1].speedup) if ok else None
         base = {m: rec.baselines.get(m) for m in modes} if rec else {}
         base = {m: (r if mine(r) else None) for m, r in base.items()}
+        for m in modes:  # no baseline (e.g. --modes none): the policy's own candidate of that mode, if judged
+            if base.get(m) is None:
+                base[m] = next((r for p, r, _, _ in cands if p == [m]), None)
         mode_value = {m: (r.speedup if _ok(r) else (1.0 if r is not None else None)) for m, r in base.items()}
         judged_modes = [m for m in compile_modes if base.get(m) is not None]
         best_mode = max(judged_modes, key=lambda m: mode_value[m], default=None)

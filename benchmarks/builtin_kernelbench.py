@@ -26,9 +26,10 @@ GPU idle share.  ``--prepare`` only selects and traces the graph rewrites (CPU, 
 (selection, store snapshot, confirmations, rewrites, reports) to one tar.gz, for a machine that
 returns few files.
 
-Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` (restored when the plain file is
-missing or older; rewritten at the end of every call, also when SIGINT or SIGTERM cut it short),
-so ``OUT`` can live in git and move between machines: run the same command again.
+Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` and the rewrite cache as
+``OUT/rewrites.tgz`` (restored when the plain files are missing or older; rewritten at the end of
+every call, also when SIGINT or SIGTERM cut it short), so ``OUT`` can live in git and move between
+machines (``benchmarks/runs/.gitignore`` leaves the plain copies out): run the same command again.
 """
 
 from __future__ import annotations
@@ -47,15 +48,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's helper modules beside it
 
-from builtin_confirm import confirm  # noqa: E402
-from builtin_figures import builtin_figures, markdown  # noqa: E402
+from builtin_confirm import confirm
+from builtin_figures import builtin_figures, markdown
 
-from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH  # noqa: E402
-from cudal1.config import EvalConfig  # noqa: E402
-from cudal1.tasks import load_tasks  # noqa: E402
-from cudal1.types import Task  # noqa: E402
+from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
+from cudal1.config import EvalConfig
+from cudal1.tasks import load_tasks
+from cudal1.types import Task
 
-STORE, SNAPSHOT = "cudal1.sqlite", "cudal1.sqlite.gz"
+STORE, SNAPSHOT, REWRITES_TGZ = "cudal1.sqlite", "cudal1.sqlite.gz", "rewrites.tgz"
 
 
 def select(selectors: list[str], subset: list[str], exclude: set[str], source: str | None) -> tuple[list, dict]:
@@ -134,6 +135,29 @@ def snapshot_store(out: Path) -> None:
         shutil.copyfileobj(f, g)
     os.replace(out / (SNAPSHOT + ".tmp"), out / SNAPSHOT)
     tmp.unlink()
+
+
+def restore_rewrites(out: Path) -> None:
+    """``OUT/rewrites/`` from ``OUT/rewrites.tgz`` (entries not there yet)."""
+    import tarfile
+
+    if (out / REWRITES_TGZ).exists():
+        with tarfile.open(out / REWRITES_TGZ) as tar:
+            tar.extractall(out, members=[m for m in tar.getmembers() if m.name.startswith("rewrites/") and m.isfile()
+                                         and not (out / m.name).exists()], filter="data")
+
+
+def snapshot_rewrites(out: Path) -> None:
+    """``OUT/rewrites/`` as one ``OUT/rewrites.tgz`` (the entries repeat the kernel sources: it
+    packs well, and one file is what a repository wants)."""
+    import tarfile
+
+    if not (out / "rewrites").is_dir():
+        return
+    with tarfile.open(out / (REWRITES_TGZ + ".tmp"), "w:gz") as tar:
+        for f in sorted((out / "rewrites").glob("*.json")):
+            tar.add(f, arcname=f"rewrites/{f.name}")
+    os.replace(out / (REWRITES_TGZ + ".tmp"), out / REWRITES_TGZ)
 
 
 class Batches:
@@ -239,7 +263,6 @@ def main() -> int:
     ap.add_argument("--reselect", action="store_true", help="apply the selection rules again")
     ap.add_argument("--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)")
     args = ap.parse_args()
-    faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` stops it like Ctrl-C: store kept
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -249,10 +272,13 @@ def main() -> int:
         tasks, rules_of = select(args.selectors, args.subset, read_exclusions(args.exclude), args.source)
         save_selection(out, tasks, rules_of)
     print(f"{len(tasks)} tasks selected ({out / 'tasks.jsonl'})", flush=True)
+    restore_rewrites(out)
     if args.prepare:
         prepare(out, tasks)
+        snapshot_rewrites(out)
         return 0
     restore_store(out)
+    faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
     judge = EvalConfig.preset(args.preset).replace(device=args.device, workers_per_gpu=args.workers_per_gpu,
                                                    keep_samples=False)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
@@ -266,14 +292,15 @@ def main() -> int:
         code = 130
     finally:
         snapshot_store(out)
+        snapshot_rewrites(out)
     report(out, tasks, judge, rules_of, modes, batches.run)
     if args.pack:
         pack(out, Path(args.pack))
     return code
 
 
-PACKED = ("tasks.jsonl", SNAPSHOT, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md", "report.json",
-          "rewrites", "best")
+PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
+          "report.json")
 
 
 def pack(out: Path, archive: Path) -> None:

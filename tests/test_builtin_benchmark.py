@@ -71,6 +71,7 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     assert "diag_matmul" in (out / "report.html").read_text()
     # the gzipped store is the run: without the plain file, a report-only call restores and reads it
     (out / "cudal1.sqlite").unlink()
+    assert (out / "rewrites.tgz").exists() and (out / "cudal1.sqlite.gz").exists()
     again = run([str(SMALL_DIAG), "--device", "cpu", "--modes", "compile-default", "--out", str(out), "--report-only"],
                 tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]

@@ -16,11 +16,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from cudal1.rewrite.emit import emit_class  # noqa: E402
-from cudal1.rewrite.trace import propagate_shapes, trace_task  # noqa: E402
-from cudal1.rewrite import triton_fusion  # noqa: E402
-from cudal1.rewrite.triton_fusion import NAME, PRELUDE_KEY, run  # noqa: E402
-from triton_cases import ACTIVATIONS, task  # noqa: E402
+from cudal1.rewrite.emit import emit_class
+from cudal1.rewrite.trace import propagate_shapes, trace_task
+from cudal1.rewrite import triton_fusion
+from cudal1.rewrite.triton_fusion import NAME, PRELUDE_KEY, run
+from triton_cases import ACTIVATIONS, task
 
 @pytest.fixture(autouse=True)
 def every_chain_is_worth_it(request, monkeypatch):

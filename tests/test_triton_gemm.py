@@ -17,11 +17,11 @@ import torch
 
 pytest.importorskip("triton")
 
-from cudal1.rewrite.emit import emit_class  # noqa: E402
-from cudal1.rewrite.trace import propagate_shapes, trace_task  # noqa: E402
-from cudal1.rewrite import triton_gemm  # noqa: E402
-from cudal1.rewrite.triton_gemm import MIN_MACS, NAME  # noqa: E402
-from triton_cases import compare_interpreted, task  # noqa: E402
+from cudal1.rewrite.emit import emit_class
+from cudal1.rewrite.trace import propagate_shapes, trace_task
+from cudal1.rewrite import triton_gemm
+from cudal1.rewrite.triton_gemm import MIN_MACS, NAME
+from triton_cases import compare_interpreted, task
 
 PRECISION = Path(__file__).parent / "fixtures" / "rewrite" / "precision"
 
@@ -70,6 +70,22 @@ def test_products_become_split_precision_kernels_and_match(tmp_path):
     assert forward.count("_cudal1_linear(") == 2 and forward.count("_cudal1_matmul(") == 2
     assert 'input_precision="tf32x3"' in cls and "allow_tf32" not in cls  # nothing global is switched
     for out in compare_interpreted(GEMMS + "\n\n" + cls, tmp_path):
+        assert out["same_kind"] and out["max_abs"] <= 1e-5 * out["scale"] + 1e-5, out
+
+
+CONVS = task(init="self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)\nself.depthwise = nn.Conv2d(8, 8, 3, groups=8)\n",
+             forward="""\
+                 y = torch.relu(self.conv(x))
+                 z = F.conv2d(y, self.conv.weight[:, :3].repeat(1, 3, 1, 1)[:, :8], None, 1, (2, 1), 2)
+                 return self.depthwise(z)
+                 """, inputs="torch.randn(2, 3, 17, 15)")
+
+
+def test_convolutions_become_implicit_gemm_kernels_and_match(tmp_path):
+    notes, cls = rewrite(CONVS)
+    forward = cls[cls.index("def forward"):]
+    assert forward.count("_cudal1_conv2d(") == 2 and "self.depthwise(" in forward, notes  # groups: left to cuDNN
+    for out in compare_interpreted(CONVS + "\n\n" + cls, tmp_path, seeds=(0,)):
         assert out["same_kind"] and out["max_abs"] <= 1e-5 * out["scale"] + 1e-5, out
 
 

@@ -9,10 +9,10 @@ import pytest
 
 pytest.importorskip("triton")
 
-from cudal1.rewrite import triton_reduce  # noqa: E402
-from cudal1.rewrite.emit import emit_class  # noqa: E402
-from cudal1.rewrite.trace import propagate_shapes, trace_task  # noqa: E402
-from triton_cases import compare_interpreted, task  # noqa: E402
+from cudal1.rewrite import triton_reduce
+from cudal1.rewrite.emit import emit_class
+from cudal1.rewrite.trace import propagate_shapes, trace_task
+from triton_cases import compare_interpreted, task
 
 
 @pytest.fixture(autouse=True)

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-import torch  # noqa: E402
+import torch
 
-from cudal1.policy.builtin import render_candidate  # noqa: E402
-from cudal1.rewrite import ALGEBRAIC_PASSES, rewrite_task  # noqa: E402
-from triton_cases import task  # noqa: E402
+from cudal1.policy.builtin import render_candidate
+from cudal1.rewrite import ALGEBRAIC_PASSES, rewrite_task
+from triton_cases import task
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("triton")
-import torch  # noqa: E402
+import torch
 
-from cudal1.rewrite import triton_fusion  # noqa: E402
-from cudal1.rewrite.emit import emit_class  # noqa: E402
-from cudal1.rewrite.trace import propagate_shapes, trace_task  # noqa: E402
-from triton_cases import ACTIVATIONS, task  # noqa: E402
+from cudal1.rewrite import triton_fusion
+from cudal1.rewrite.emit import emit_class
+from cudal1.rewrite.trace import propagate_shapes, trace_task
+from triton_cases import ACTIVATIONS, task
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]

@@ -312,10 +312,10 @@ PASSES: dict[str, Pass] = {
                     "reductions through linear maps, fused attention, BatchNorm folding in eval mode, "
                     "redundant-op removal)", False),
         _exec_pass("compile-default"),
+        _graph_pass("gemm-3xtf32", "the algebraic rewrites, then fp32 matrix products and 2-D convolutions as "
+                    "generated Triton kernels with split-precision (3xTF32) tensor-core math, accurate to fp32", True),
         _graph_pass("triton-fusion", "the algebraic rewrites, then elementwise chains (and a convolution's bias) fused "
                     "into generated Triton kernels", True),
-        _graph_pass("gemm-3xtf32", "the algebraic rewrites, then fp32 matrix products as generated Triton kernels "
-                    "with split-precision (3xTF32) tensor-core math, accurate to fp32", True),
         _graph_pass("triton-reduce", "the algebraic rewrites, then softmax, normalizations and reductions as "
                     "generated Triton kernels with autotuned block sizes", True),
         Pass("channels-last", "convolution weights and inputs in channels_last memory format", "layout", True,

@@ -67,7 +67,7 @@ def matmul_chain(gm: fx.GraphModule) -> list[str]:
         if cost[0][n - 1] * 1.5 > current:
             continue
 
-        def build(i: int, j: int) -> object:
+        def build(i: int, j: int, ops: list = ops, split: list = split) -> object:
             if i == j:
                 return ops[i]
             k = split[i][j]

@@ -207,7 +207,7 @@ def find_regions(gm: fx.GraphModule) -> tuple[list[Region], dict[fx.Node, Op]]:
 def run(gm: fx.GraphModule) -> list[str]:
     """The pass: fuse every worthwhile region; one note per fused region ([] when none)."""
     try:
-        import triton  # noqa: F401
+        import triton
         import triton.language  # noqa: F401
     except ImportError:
         return []

@@ -170,7 +170,7 @@ def _shape_text(x: fx.Node) -> str:
 def run(gm: fx.GraphModule) -> list[str]:
     """The pass: every operation listed in the module docstring → its launcher; one note each."""
     try:
-        import triton  # noqa: F401
+        import triton
         import triton.language  # noqa: F401
     except ImportError:
         return []
