@@ -1,17 +1,18 @@
-"""The GPU evidence of issue #11 as reports: one resumable step per device-tool call.
+"""GPU evidence as reports, in resumable steps.
 
 Stages (run from the repository root on the CUDA machine; each writes under ``--out``):
 
 * ``h100``: ``cudal1 verify`` over CUDA-L1's H100 release (``--release``, default
-  ``.data/h100.jsonl``, a carried copy of ``../shared/cuda-l1/h100.jsonl``: 250 records) on all
-  local GPUs, stopped after ``--budget`` seconds and resumed by the next call from the carried
-  store (``--resume DIR``: a folder holding an earlier call's ``verify/cudal1.sqlite``), then the
+  ``.data/h100.jsonl``, a copy of ``../shared/cuda-l1/h100.jsonl``: 250 records) on all
+  local GPUs, stopped after ``--budget`` seconds and resumed by the next run from that
+  store (``--resume DIR``: a folder holding an earlier run's ``verify/cudal1.sqlite``), then the
   report of what is judged so far: ``h100_report.html`` / ``.md`` / ``.json``, and
-  ``verify_report.json`` once verify finished.  At ~18 s per record and lane (session 2), 250
-  records take ~75 lane-minutes: about 4 calls of 9 minutes on nvidia-h200-x2.
+  ``verify_report.json`` once verify finished.  At ~18 s per record and lane (2026-11-30), 250
+  records take ~75 lane-minutes: about 40 minutes on two H200s.
 * ``builtin``: the report of a builtin-policy KernelBench run directory (``--run``, e.g. the
-  ``$OUT/builtin`` store of ``benchmarks/gpu_checks.sh builtin``): ``builtin_report.html`` /
-  ``.md`` / ``.json``.  Needs no GPU (it reads the store).
+  ``benchmarks/runs/stride5`` directory of ``benchmarks/builtin_kernelbench.py``): ``builtin_report.html`` /
+  ``.md`` / ``.json``.  Needs no GPU (it reads the store; a run directory from git holds it as
+  ``cudal1.sqlite.gz``, which ``builtin_kernelbench.py ... --report-only`` unpacks).
 
     python benchmarks/report_evidence.py h100 --out $OUT [--resume .runs/h100] [--budget 500]
     python benchmarks/report_evidence.py builtin --run .runs/kb --out $OUT
@@ -59,7 +60,7 @@ def h100(args: argparse.Namespace, out: Path) -> int:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        rc = 124  # cut short: the next call resumes from the store
+        rc = 124  # cut short: the next run resumes from the store
     print(f"verify rc={rc}" + (" (budget reached; resume with --resume)" if rc == 124 else ""), flush=True)
     if (vdir / "verify_report.json").exists():
         shutil.copy(vdir / "verify_report.json", out / "verify_report.json")
@@ -80,8 +81,8 @@ def main() -> int:
     ap.add_argument("stage", choices=["h100", "builtin"])
     ap.add_argument("--out", required=True)
     ap.add_argument("--release", default=".data/h100.jsonl", help="CUDA-L1 release JSONL (h100)")
-    ap.add_argument("--resume", default=None, help="folder with an earlier call's verify/cudal1.sqlite (h100)")
-    ap.add_argument("--budget", type=float, default=500, help="seconds of verify in this call (h100)")
+    ap.add_argument("--resume", default=None, help="folder with an earlier run's verify/cudal1.sqlite (h100)")
+    ap.add_argument("--budget", type=float, default=500, help="seconds of verify in this run (h100)")
     ap.add_argument("--device", default="cuda", help="judge device (h100; cpu only to try the script)")
     ap.add_argument("--run", default=None, help="builtin run directory or store (builtin)")
     ap.add_argument("--verify-args", default="", help='extra cudal1 verify flags, e.g. "--preset kernelbench-v0 --gpus 0,1"')

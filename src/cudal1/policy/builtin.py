@@ -35,7 +35,7 @@ import os
 import threading
 
 from cudal1.compile_modes import INDUCTOR_SETTINGS, inductor_name, inductor_settings
-from cudal1.policy.base import PoolPrompt, Proposal
+from cudal1.policy.base import PoolPrompt, Proposal, declined_completion
 from cudal1.policy.builtin_passes import (GRAPH_VARIANTS, PASSES, Pass, pass_named, prepare_rewrites, rewrite_detail,
                                           set_rewrite_cache)
 from cudal1.types import Completion, Prompt
@@ -172,7 +172,7 @@ class BuiltinPolicy:
 
     def _next(self, prompt: Prompt) -> Completion:
         if not prompt.task_source:
-            return Completion(text="", policy=self.name, error="builtin: the prompt carries no task source")
+            return declined_completion(self.name, "builtin: the prompt carries no task source", "builtin")
         prompt = self._pool(prompt)
         with self._lock:
             tried = self._proposed.setdefault(prompt.task_hash, set())
@@ -189,7 +189,7 @@ class BuiltinPolicy:
                     tried.add(chain + (name,))
                     return Proposal(text=self._account(prompt.task_source, list(chain) + [name]), code=code,
                                     policy=self.name, model="builtin", meta={"passes": list(chain) + [name]})
-        return Completion(text="", policy=self.name, error="builtin: no pass left for this task")
+        return declined_completion(self.name, "builtin: no pass left for this task", "builtin")
 
     @staticmethod
     def _account(task_source: str, chain: list[str]) -> str:
