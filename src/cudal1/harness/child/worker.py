@@ -200,22 +200,21 @@ class CandidateProcess:
         start = self.log_size()
         t0 = _perf()
         try:
-            if self.spec.mode == "baseline":
+            model_new = None
+            if self.spec.mode in ("baseline", "build"):  # the wrapped reference; the pre-build tail constructs with it
                 load_module(self.spec.reference_path, self.spec.reference_module)
-                return None
-            if self.spec.mode == "build":
-                load_module(self.spec.reference_path, self.spec.reference_module)  # the pre-build tail constructs with it
-            path, name = self.spec.candidate_path, self.spec.candidate_module
-            spec = importlib.util.spec_from_file_location(name, path)
-            if spec is None or spec.loader is None:
-                raise ImportError(f"cannot import {path}")
-            module = importlib.util.module_from_spec(spec)
-            _audit("cudal1.candidate", module.__dict__)  # the audit guard attributes this module's frames
-            sys.modules[name] = module  # type: ignore[index]
-            spec.loader.exec_module(module)
-            model_new = getattr(module, "ModelNew", None)
-            if model_new is None or not isinstance(model_new, type):
-                raise ImportError("the candidate defines no class ModelNew")
+            if self.spec.mode != "baseline":
+                path, name = self.spec.candidate_path, self.spec.candidate_module
+                spec = importlib.util.spec_from_file_location(name, path)
+                if spec is None or spec.loader is None:
+                    raise ImportError(f"cannot import {path}")
+                module = importlib.util.module_from_spec(spec)
+                _audit("cudal1.candidate", module.__dict__)  # the audit guard attributes this module's frames
+                sys.modules[name] = module  # type: ignore[index]
+                spec.loader.exec_module(module)
+                model_new = getattr(module, "ModelNew", None)
+                if model_new is None or not isinstance(model_new, type):
+                    raise ImportError("the candidate defines no class ModelNew")
         except Refusal:
             raise
         except BaseException as exc:  # noqa: BLE001 - import/build failures are compile errors
