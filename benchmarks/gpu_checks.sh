@@ -10,8 +10,9 @@
 #            by the pass's own count; the old fixed 1e-4 rule rejected it)
 #   timer : benchmarks/timer_ladder.py: the judge's GPU figure against the profiler's kernel time
 #           from 256 K to 64 M elements, and a 2x faster kernel's reading (~2 min)
-#   builtin: the builtin policy over KernelBench (benchmarks/builtin_kernelbench.py $BUILTIN_ARGS;
-#            run dir $BUILTIN_DIR, resumable; its store and report are copied to $OUT/builtin)
+#   builtin: the builtin policy over KernelBench against every torch.compile mode
+#            (benchmarks/builtin_kernelbench.py $BUILTIN_ARGS; run dir $BUILTIN_DIR, resumable; the
+#            pack comes back as $OUT/builtin_state.tgz)
 #   train : multi-GPU training (two GPUs): (a) torchrun --nproc_per_node 2 GRPO smoke
 #           (NCCL), (b) accelerate launch (DDP config, 2 processes) SFT smoke, (c) benchmarks/train_gpu.py
 #           (GRPO whose rollouts include CUDA and Triton programs judged on the GPU).  trl, datasets,
@@ -61,33 +62,17 @@ if has smoke || has verify; then
   tail -32 "$OUT/verify.log"
 fi
 if has builtin; then
-  # The run directory stays out of $OUT (its best/*.py would crowd the 8 files that come back):
-  # $OUT/builtin gets the store, the report and state.tgz (tasks.txt, confirm.json, rewrites/).
-  # BUILTIN_RESUME: a folder holding an earlier run's $OUT/builtin files: the store
-  # is resumed (nothing judged twice) and the graph-rewrite cache reused (no tracing again).
-  dir=${BUILTIN_DIR:-/tmp/cudal1_builtin}
-  state=/tmp/cudal1_builtin_state
-  args=${BUILTIN_ARGS:-kernelbench:level2/1-100 --subset algebraic}
-  mkdir -p "$dir" "$CUDAL1_CACHE_DIR" && rm -rf "$state" && mkdir -p "$state"
-  if [ -n "${BUILTIN_RESUME:-}" ]; then
-    cp "$BUILTIN_RESUME"/cudal1.sqlite "$dir/" 2>/dev/null
-    tar xzf "$BUILTIN_RESUME/state.tgz" -C "$state" 2>/dev/null
-    cp "$state"/tasks.txt "$state"/confirm.json "$dir/" 2>/dev/null
-    [ -d "$state/rewrites" ] && cp -r "$state/rewrites" "$CUDAL1_CACHE_DIR/"
-    rm -rf "$state" && mkdir -p "$state"
-  fi
+  # The run directory carries itself (tasks.jsonl with the task sources, cudal1.sqlite.gz,
+  # rewrites.tgz) and is meant to live in git under benchmarks/runs/: a later run with the same
+  # --out resumes it.  SIGINT at the deadline: the script snapshots the store, writes its report
+  # and the pack ($OUT/builtin_state.tgz) itself.  Resuming elsewhere: tar xzf the pack into the
+  # run directory.
+  dir=${BUILTIN_DIR:-benchmarks/runs/stride5}
+  args=${BUILTIN_ARGS:-kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2 --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm --workers-per-gpu 2}
   t0=$SECONDS
-  timeout ${BUILTIN_TIMEOUT:-400} python3 benchmarks/builtin_kernelbench.py $args --out "$dir" >"$OUT/builtin.log" 2>&1
-  rc=$?
-  # killed by the timeout or not: report what was judged (closing the store checkpoints its WAL)
-  python3 benchmarks/builtin_kernelbench.py $args --out "$dir" --report-only >>"$OUT/builtin.log" 2>&1
-  mkdir -p "$OUT/builtin"
-  cp "$dir"/cudal1.sqlite "$dir"/report.md "$OUT/builtin/" 2>/dev/null
-  cp "$dir"/tasks.txt "$dir"/confirm.json "$state/" 2>/dev/null
-  [ -d "$CUDAL1_CACHE_DIR/rewrites" ] && cp -r "$CUDAL1_CACHE_DIR/rewrites" "$state/"
-  tar czf "$OUT/builtin/state.tgz" -C "$state" .
-  summary+=("builtin: rc=$rc ($((SECONDS-t0)) s) $(head -1 "$dir/report.md" 2>/dev/null)")
-  head -16 "$dir/report.md" 2>/dev/null
+  timeout -s INT ${BUILTIN_TIMEOUT:-540} python3 benchmarks/builtin_kernelbench.py $args --out "$dir" --pack "$OUT/builtin_state.tgz" >"$OUT/builtin.log" 2>&1
+  summary+=("builtin: rc=$? ($((SECONDS-t0)) s)")
+  tail -24 "$OUT/builtin.log"
 fi
 if has bench; then
   t0=$SECONDS

@@ -13,6 +13,7 @@ from typing import Callable
 
 from cudal1.config import EvalConfig
 from cudal1.harness.batch import run_jobs
+from cudal1.harness.batchstats import BatchStats
 from cudal1.harness.plan import DevicePlan, HarnessError, Job
 from cudal1.types import Candidate, EvalResult, Task
 
@@ -54,7 +55,8 @@ def environment_key(plan: DevicePlan) -> str:
 
 
 def time_baselines(items: list[tuple[Task, str]], config: EvalConfig, *, plan: DevicePlan | None = None,
-                   on_result: Callable[[EvalResult], None] | None = None) -> list[EvalResult]:
+                   on_result: Callable[[EvalResult], None] | None = None,
+                   on_stats: Callable[[BatchStats], None] | None = None) -> list[EvalResult]:
     """Time each (task, mode): the task's reference wrapped by ``mode`` (``torch.compile`` modes,
     CUDA-graph replay) against the eager reference.  Results in input order."""
     from cudal1.harness.baselines import check_modes
@@ -63,7 +65,8 @@ def time_baselines(items: list[tuple[Task, str]], config: EvalConfig, *, plan: D
     check_modes(sorted({mode for _, mode in items}), plan.device)
     if not items:
         return []
-    return run_jobs([Job(task, None, mode) for task, mode in items], config, plan=plan, on_result=_each(on_result))
+    return run_jobs([Job(task, None, mode) for task, mode in items], config, plan=plan, on_result=_each(on_result),
+                    on_stats=on_stats)
 
 
 def measure_baselines(tasks: list[Task], modes: list[str], config: EvalConfig, *, plan: DevicePlan | None = None,
