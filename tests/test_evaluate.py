@@ -126,6 +126,12 @@ def test_evaluate_through_an_endpoint(tmp_path, monkeypatch, capsys):
         s3 = _summary(capsys)
         assert len(srv.requests) == 11 and s3["requests"] == 2 and s3["samples_per_task"] == 10
 
+    # the same --out for another model is refused: its answers would count as this one's
+    assert cli_main(["evaluate", str(task), "--base-url", "http://127.0.0.1:9/v1", "--model", "other", "--out", str(out),
+                     *JUDGE]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "another model" in err[0] and "'m' -> 'other'" in err[0]
+
     from cudal1.store import RunStore
 
     with RunStore(out / "cudal1.sqlite") as store:

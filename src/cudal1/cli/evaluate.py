@@ -94,6 +94,26 @@ def make_policy(cfg, args: argparse.Namespace):
         raise UsageError(str(exc).splitlines()[0]) from None
 
 
+MODEL_KEYS = ("base_url", "model", "model_path", "temperature", "top_p", "max_tokens", "seed", "dtype")
+
+
+def guard_model(out, cfg, name: str) -> None:
+    """Refuse an ``--out`` that holds answers of another model or other sampling settings: they
+    would be counted as this model's (``--allow-config-change`` does not apply: answers, unlike
+    verdicts, cannot be redone under new settings)."""
+    from cudal1.config import saved_config
+
+    saved = saved_config(out) if (out / "cudal1.sqlite").exists() else None
+    if not saved:
+        return
+    before = dict(saved.get("policy") or {}) | {"name": (saved.get("run") or {}).get("policy")}
+    now = cfg.to_dict() | {"name": name}
+    changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in ("name",) + MODEL_KEYS if before.get(k) != now.get(k)]
+    if changed:
+        raise UsageError(f"{out} holds an evaluation of another model or sampling ({'; '.join(changed[:3])}): "
+                         "give another --out")
+
+
 def run(args: argparse.Namespace) -> int:
     from cudal1.config import write_config_file
     from cudal1.train.evaluate import run_evaluate
@@ -104,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
     policy_cfg = policy_config(args)
     out = out_dir(args.out or default_out("evaluate", args.target, judge, policy_cfg, args.samples))
     guard_config(out, args.allow_config_change, judge)
+    guard_model(out, policy_cfg, policy_name(args, policy_cfg))
     tasks, _ = load_suite(args, args.target, args.source)
     plan = plan_from_args(args, judge.device)
     policy = make_policy(policy_cfg, args)
