@@ -10,7 +10,7 @@
 #          that model on the smoke task with --policy hf (8 one-shot samples judged on the GPU); (3) train grpo
 #          --smoke --exemplars-from the evaluate run and the first GRPO run (their verified programs seed the pool)
 # Packages the machine lacks travel as wheels in $WHEELS (default .whl: trl, datasets, dill, multiprocess,
-# deepspeed built with its ops off, hjson, pydantic and its three dependencies), installed with --target into
+# deepspeed built with its ops off, hjson, pydantic and its dependencies, typing-extensions), installed with --target into
 # /tmp/site and put first on PYTHONPATH.  Logs and a summary go to $OUT.
 set -u
 OUT=${OUT:-/tmp/cudal1_train_checks}
