@@ -152,7 +152,28 @@ def test_outcomes_are_cached_on_disk_keyed_by_source_and_passes(tmp_path, monkey
     assert rewrite_task(source) == first and json.loads(entry.read_text())["class_source"] == first.class_source
     crashed = "import torch\nraise SystemExit(3)\n"
     assert not rewrite_task(crashed).ok
-    assert len(list((tmp_path / "rewrites").glob("*.json"))) == 1  # child failures are not cached
+    assert len(list((tmp_path / "rewrites").glob("*.json"))) == 1  # child crashes are not cached
+    slow = source.replace("def get_inputs():", "import time\ntime.sleep(60)\n\n\ndef get_inputs():")
+    timed_out = rewrite_task(slow, timeout_s=1)
+    assert "timed out" in timed_out.error and len(list((tmp_path / "rewrites").glob("*.json"))) == 2
+    monkeypatch.setattr(rw, "_run_child", no_child)
+    assert rewrite_task(slow, timeout_s=1) == timed_out  # a timeout is cached: later runs do not wait again
+
+
+def test_variants_of_one_task_share_one_child_and_match_single_runs(tmp_path, monkeypatch):
+    import cudal1.rewrite as rw
+
+    source = (FIXTURES / "residual_scale.py").read_text()
+    variants = [ALGEBRAIC_PASSES, ALGEBRAIC_PASSES[:2], ("sdpa",)]
+    children = []
+    real = rw._run_child
+    monkeypatch.setattr(rw, "_run_child", lambda *a: children.append(a) or real(*a))
+    together = rw.rewrite_variants(source, variants, cache_dir=tmp_path / "c1")
+    assert len(children) == 1  # one process: traced once, the shared prefix applied once
+    alone = [rewrite_task(source, v, cache=False) for v in variants]
+    assert together == alone
+    assert together[0].applied == ["simplify", "fold-linear"] and together[1].applied == ["simplify"]
+    assert not together[2].ok and together[2].error == "no graph pass applies"
 
 
 def _prompt(source: str, pool: tuple[PoolEntry, ...] = ()) -> PoolPrompt:

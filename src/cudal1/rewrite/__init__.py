@@ -10,7 +10,8 @@ rule: untrusted code never runs in the calling process) with no GPU visible, bou
 Outcomes are cached on disk (``cache_dir``, default ``$CUDAL1_CACHE_DIR/rewrites``, i.e.
 ``~/.cache/cudal1/rewrites``), one JSON file per (task source, pass list, digest of this package's
 code), so a resumed or repeated run does not trace again and a cache built on a CPU machine serves
-a GPU run; ``cache=False`` bypasses it.  Timeouts and child crashes are not cached.
+a GPU run; ``cache=False`` bypasses it.  A timeout is cached (a task that slow to trace declines in
+every later run of the same code); a child crash is not.
 :func:`rewrite_variants` computes several pass lists for one task in one child process.
 """
 
@@ -91,14 +92,14 @@ def _write(path: Path, outcome: RewriteOutcome) -> None:
 
 
 def _run_child(source: str, variants: list[tuple[str, ...]], timeout_s: float) -> list[tuple[RewriteOutcome, bool]]:
-    """(outcome, cacheable) per variant; a timeout or a crash fails every variant, uncached."""
+    """(outcome, cacheable) per variant; a timeout or a crash fails every variant (a crash uncached)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
     try:
         proc = subprocess.run([sys.executable, "-m", "cudal1.rewrite.child"],
                               input=json.dumps({"source": source, "variants": [list(v) for v in variants]}),
                               capture_output=True, text=True, timeout=timeout_s, env=env, start_new_session=True)
-    except subprocess.TimeoutExpired:
-        return [(RewriteOutcome(error=f"graph rewrite timed out after {timeout_s:.0f} s"), False)] * len(variants)
+    except subprocess.TimeoutExpired:  # cached: a task this slow to trace is not traced again by every run
+        return [(RewriteOutcome(error=f"graph rewrite timed out after {timeout_s:.0f} s"), True)] * len(variants)
     try:
         answers = json.loads(proc.stdout)["outcomes"]
     except (json.JSONDecodeError, KeyError, TypeError):
