@@ -300,7 +300,7 @@ def main() -> int:
 
 
 PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
-          "report.json")
+          "report.json", "report.html")
 
 
 def pack(out: Path, archive: Path) -> None:
