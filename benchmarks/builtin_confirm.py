@@ -72,5 +72,6 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
         key_of_mode = {(t.hash, m): f"{t.task_id}|mode:{m}" for t, m in modes}
         time_baselines(modes, judge, plan=plan,
                        on_result=lambda res: record(key_of_mode[(res.task_hash, res.candidate_hash.removeprefix(
-                           "baseline:"))], res))
+                           "baseline:"))], res),
+                       on_stats=(lambda s: on_stats("confirm modes", s)) if on_stats else None)
     return len(pairs) + len(modes)

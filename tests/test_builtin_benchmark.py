@@ -63,7 +63,8 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
                                                                      "diag_matmul|mode:compile-default"}
     assert report["over"]["compile-default"]["n"] == 1 and report["per_chain"]["algebraic"]["ok"] == 1
     batches = json.loads((out / "run.json").read_text())["batches"]
-    assert {b["what"] for b in batches} == {"search", "confirm winners"} and all("gpu_idle_share" in b for b in batches)
+    assert {"search", "confirm winners", "confirm modes"} <= {b["what"] for b in batches} <= {
+        "search", "baselines", "confirm winners", "confirm modes"} and all("gpu_idle_share" in b for b in batches)
     text = (out / "report.md").read_text()
     assert "builtin over the best compile mode" in text and text == done.stdout[done.stdout.index(text.splitlines()[0]):].rstrip() + "\n"
     headers = [line.split()[0] for line in text.splitlines() if line.startswith(("task ", "chain ", "figure "))]
