@@ -49,7 +49,7 @@ def test_selection_rules_offsets_and_exclusions(tmp_path, monkeypatch):
 def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path):
     out = tmp_path / "kb"
     done = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", "compile-default",
-                "--workers-per-gpu", "1", "--out", str(out), "--confirm"], tmp_path)
+                "--workers-per-gpu", "1", "--preset", "fast", "--out", str(out), "--confirm"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["finished"] == 1 and report["unfinished"] == [] and report["degenerate"] == []
@@ -73,7 +73,7 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     # the gzipped store is the run: without the plain file, a report-only call restores and reads it
     (out / "cudal1.sqlite").unlink()
     assert (out / "rewrites.tgz").exists() and (out / "cudal1.sqlite.gz").exists()
-    again = run([str(SMALL_DIAG), "--device", "cpu", "--modes", "compile-default", "--out", str(out), "--report-only"],
-                tmp_path)
+    again = run([str(SMALL_DIAG), "--device", "cpu", "--modes", "compile-default", "--preset", "fast", "--out", str(out),
+                 "--report-only"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["rows"] == report["rows"]
