@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU checks in named stages, each sized to a few minutes.  Usage: bash benchmarks/gpu_checks.sh STAGE
-#   smoke : environment, gpu-marked tests, Triton launch overheads, eval of the bundled example on CUDA, verify
+#   smoke : environment, the gpu-marked tests (pytest -m gpu), Triton launch overheads, eval of the bundled example on CUDA, verify
 #   tests : the smoke stage without verify
 #   verify: cudal1 verify over CUDA-L1's sample
 #   bench : the harness benchmark (benchmarks/harness_bench.py)
@@ -40,7 +40,7 @@ summary=()
 if has smoke || has tests; then
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())"; git rev-parse HEAD; } >"$OUT/env.txt" 2>&1
   t0=$SECONDS
-  timeout ${GPU_TEST_TIMEOUT:-250} python3 -m pytest tests/gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
+  timeout ${GPU_TEST_TIMEOUT:-300} python3 -m pytest -m gpu -q -rA -p no:cacheprovider >"$OUT/gpu_tests.log" 2>&1
   summary+=("gpu tests: rc=$? $(tail -1 "$OUT/gpu_tests.log") ($((SECONDS-t0)) s)")
   timeout 120 python3 benchmarks/triton_launch_overhead.py >"$OUT/triton_launch_overhead.json" 2>&1
   summary+=("triton launch overhead: $(tail -1 "$OUT/triton_launch_overhead.json" | head -c 300)")

@@ -5,9 +5,11 @@ For each size N it builds two tasks over fp32 ``x`` (N/1024 x 1024) and a 1024-w
 * ``add``: ``x + b``, one kernel, judged against itself (``ModelNew = Model``): the judge's GPU
   figure for the reference and for the candidate should equal the kernel's duration from
   ``torch.profiler`` (CUPTI) within max(1 us, 5%);
-* ``twice``: ``(x + b) * 1.0`` (two kernels, two equal passes over memory) against ``x + b`` (one
-  kernel, one pass; the same values): a candidate with a 2x faster kernel, which should read at
-  least 1.8x at every size.
+* ``twice``: ``(x + b) + b`` (the same broadcast-add kernel twice) against
+  ``torch.add(x, b, alpha=2)`` (that kernel once; equal values within rounding): a candidate with
+  a 2x faster kernel, which should read at least 1.8x.  Where the first kernel's output is still
+  in L2 when the second reads it (below ~16 M elements on an H200) the profiler itself reads
+  less than 2x; the table then shows whether the judge reads at least 0.9x the profiler's ratio.
 
 The profiler side runs first, in this process (L2 flushed before every call, 30 calls, median
 per call of the kernels' summed durations); then every pair is judged by the real judge
@@ -55,7 +57,7 @@ import torch.nn as nn
 
 class ModelNew(nn.Module):
     def forward(self, x, b):
-        return x + b
+        return torch.add(x, b, alpha=2)
 """
 
 
@@ -89,6 +91,26 @@ def profiler_us(expr: str, n: int, calls: int = 30) -> float:
     return statistics.median(per_call)
 
 
+def timer_us(n: int, calls: int = 30) -> dict[str, float]:
+    """The timer alone, in this process: the median raw span of ``x + b`` and the two candidate
+    overhead figures (a gated call launching one empty kernel, the judge's choice; a gated call
+    launching nothing, the events' cost alone), so the subtraction can be checked against the
+    profiler without another run."""
+    import torch
+
+    from cudal1.harness.timer import CudaTimer
+
+    timer = CudaTimer(torch.device("cuda"))
+    x = torch.randn(n // 1024, 1024, device="cuda")
+    b = torch.randn(1024, device="cuda")
+    for _ in range(5):
+        timer.time_call(torch.add, (x, b))
+    raw = statistics.median(timer.time_call(torch.add, (x, b))[0].gpu_ms for _ in range(calls)) * 1e3
+    empty = statistics.median(timer.time_call(lambda: torch.cuda._sleep(0), ())[0].gpu_ms for _ in range(calls)) * 1e3
+    nothing = statistics.median(timer.time_call(lambda: None, ())[0].gpu_ms for _ in range(calls)) * 1e3
+    return {"raw_us": raw, "empty_kernel_us": empty, "no_launch_us": nothing}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="256K,1M,4M,16M,64M")
@@ -107,11 +129,12 @@ def main(argv: list[str] | None = None) -> int:
     from cudal1.types import Candidate, Task, reference_candidate
 
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-    prof = {n: {"add": profiler_us("x + b", n), "twice": profiler_us("(x + b) * 1.0", n)} for n in sizes}
+    prof = {n: {"add": profiler_us("x + b", n), "twice": profiler_us("(x + b) + b", n), "once": profiler_us("torch.add(x, b, alpha=2)", n), **timer_us(n)}
+            for n in sizes}
     pairs = []
     for n in sizes:
         add = Task(f"ladder_add_{n}", ADD.format(n=n, expr="x + b"))
-        twice = Task(f"ladder_twice_{n}", ADD.format(n=n, expr="(x + b) * 1.0"))
+        twice = Task(f"ladder_twice_{n}", ADD.format(n=n, expr="(x + b) + b"))
         pairs += [(add, reference_candidate(add)), (twice, Candidate(FAST, task_hash=twice.hash, label="fast"))]
     config = EvalConfig(device="cuda", timing_budget_s=args.timing_budget)
     runs = []
@@ -134,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({
             "numel": n, "profiler_add_us": prof[n]["add"], "judge_ref_us": ref_us, "judge_cand_us": cand_us,
             "err_us": max(abs(ref_us - prof[n]["add"]), abs(cand_us - prof[n]["add"])),
-            "profiler_ratio": prof[n]["twice"] / max(prof[n]["add"], 1e-9),
+            "profiler_ratio": prof[n]["twice"] / max(prof[n]["once"], 1e-9),
             "judge_speedup": statistics.median(speedups) if speedups else None,
             "judge_host_speedup": statistics.median(h for h in host if h) if any(host) else None,
             "repeatability": (abs(speedups[1] - speedups[0]) / speedups[0]) if len(speedups) >= 2 else None,
@@ -148,14 +171,20 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"rows": rows, "profiler": prof, "runs": runs}, indent=1, default=str))
     print(f"environment: {env.get('gpu_name')} driver {env.get('driver')} torch {env.get('torch')} CUDA {env.get('cuda')}")
     print(f"{'N':>9} {'prof us':>8} {'ref us':>8} {'cand us':>8} {'err us':>7} {'ok':>3} | {'prof 2x':>7} "
-          f"{'judge':>6} {'host':>6} {'>=1.8':>5} {'rep %':>6} {'wall s':>6}  verdicts")
+          f"{'judge':>6} {'host':>6} {'>=1.8':>5} {'>=.9p':>5} {'rep %':>6} {'wall s':>6}  verdicts")
     for r in rows:
         within = r["err_us"] <= max(1.0, 0.05 * r["profiler_add_us"])
         js = r["judge_speedup"]
         print(f"{r['numel']:>9} {r['profiler_add_us']:8.2f} {r['judge_ref_us']:8.2f} {r['judge_cand_us']:8.2f} "
               f"{r['err_us']:7.2f} {'yes' if within else 'NO':>3} | {r['profiler_ratio']:7.2f} "
               f"{js or 0:6.2f} {r['judge_host_speedup'] or 0:6.2f} {'yes' if js and js >= 1.8 else 'NO':>5} "
+              f"{'yes' if js and js >= 0.9 * r['profiler_ratio'] else 'NO':>5} "
               f"{(r['repeatability'] or 0) * 100:6.2f} {r['wall_s']:6.2f}  {','.join(r['statuses'])} {','.join(r['flags'])}")
+    print("timer alone (us): N, profiler, raw span, raw - empty-kernel call, raw - no-launch call")
+    for n in sizes:
+        p = prof[n]
+        print(f"{n:>9} {p['add']:8.2f} {p['raw_us']:8.2f} {p['raw_us'] - p['empty_kernel_us']:8.2f} "
+              f"{p['raw_us'] - p['no_launch_us']:8.2f}")
     return 0
 
 

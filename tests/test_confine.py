@@ -24,8 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.harness.child.confine import (DENIED_SYSCALLS, SELF_ONLY_SYSCALLS, UID_BASE, UID_SPAN, gpu_device_files,
-                                          seccomp_program, uid_for)
+from cudal1.harness.child.confine import (DENIED_SYSCALLS, SELF_ONLY_SYSCALLS, UID_BASE, UID_SPAN, seccomp_program, uid_for)
+from cudal1.harness.spec import CUDA_WRITABLE
 
 ROOT = os.geteuid() == 0
 USER_UID = 54321 if ROOT else os.geteuid()  # the ordinary uid of the non-root path
@@ -547,8 +547,8 @@ def test_gpu_confined_child_uses_cuda_and_ipc(tmp_path, drop):
     try:
         (base / "build").mkdir()
         policy = {"build_dir": str(base / "build"), "home": str(base / "home"), "tmp": str(base / "tmp"),
-                  # device files, torch's IPC files, and its own /proc entry (the driver names its threads there)
-                  "writable": [*gpu_device_files(), "/dev/shm", "/proc/self"], **({"must_read": []} if drop == "forced" else {})}
+                  # what the judge gives a confined CUDA candidate (narrowed again at uid 0)
+                  "writable": list(CUDA_WRITABLE), **({"must_read": []} if drop == "forced" else {})}
         script = tmp_path / "gpu_probe.py"
         script.write_text(GPU_PROBE)
         done = subprocess.run([sys.executable, str(script), json.dumps(policy)], capture_output=True, text=True,

@@ -82,3 +82,4 @@ def test_isolation_report_names_every_measure(tmp_path, cpu_judge_config):
         assert name in measures, sorted(measures)
         assert measures[name].split(":")[0] in ("applied", "refused", "not applicable"), measures[name]
     assert unconfined.environment.isolation == {}
+    assert confined.environment.slots == unconfined.environment.slots == "host_files"  # CPU: shared host files

@@ -152,6 +152,7 @@ class Environment:
     cudal1: str | None = None
     hostname: str | None = None
     isolation: dict[str, str] = field(default_factory=dict)  # what confined the candidate's process (measure -> applied / refused: why)
+    slots: str = ""  # how inputs and outputs crossed the two processes: cuda_ipc, host_files (and why)
 
     def key(self) -> str:
         """Identity used for caching baselines: device, GPU, torch and CUDA versions."""

@@ -189,6 +189,18 @@ def test_side_stream_work_is_charged(fixture_results, name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("name", ["cuda_inline_ok", "triton_ok", "cuda_graph_honest"])
+def test_slots_cross_by_cuda_ipc_from_a_confined_candidate(fixture_results, name):
+    """Inputs and outputs cross the two processes through CUDA IPC, also when the candidate's
+    process runs confined under another uid: host memory is a fallback, never the normal path."""
+    if uses_triton(FIXTURES / f"{name}.py"):
+        pytest.importorskip("triton")
+    r = fixture_results[name]
+    assert r.status is Status.OK, describe(r)
+    assert r.environment.slots == "cuda_ipc", (r.environment.slots, r.environment.isolation.get("ids"))
+
+
+@pytest.mark.gpu
 def test_illegal_access_is_named(fixture_results):
     r = fixture_results["illegal_access"]
     assert r.status is Status.RUNTIME_ERROR, describe(r)

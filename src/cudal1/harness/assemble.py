@@ -38,6 +38,8 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
     r.phase_s = {k: round(v, 4) for k, v in outcome.phase_times.items()}
     r.environment = Environment(**{k: v for k, v in outcome.env.items() if k in _ENV_FIELDS})
     r.environment.isolation = {str(k): str(v) for k, v in outcome.isolation.items()}
+    if outcome.result is not None:
+        r.environment.slots = outcome.result.slots
     r.stderr_tail = _logs(outcome)
     r.config_hash = config.hash()
     r.build_s = r.phase_s.get("build", 0.0)  # extensions built inside ModelNew.__init__

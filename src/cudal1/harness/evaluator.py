@@ -23,7 +23,7 @@ from cudal1.harness.assemble import assemble
 from cudal1.harness.lease import lease_path
 from cudal1.harness.plan import DevicePlan, HarnessError, Job
 from cudal1.harness.sandbox import JobOutcome, run_job
-from cudal1.harness.spec import CandidateSpec, ExactCacheSpec, WorkerSpec
+from cudal1.harness.spec import CUDA_WRITABLE, CandidateSpec, ExactCacheSpec, WorkerSpec
 from cudal1.types import Candidate, EvalResult, Status, Task, content_hash
 
 
@@ -149,10 +149,7 @@ class Evaluator:
                 bdir.mkdir(exist_ok=True)
             confine = {"build_dir": str(bdir), "home": str(workdir / "home"),
                        "tmp": str(workdir / "tmp"),
-                       # the GPU's device files, and /proc: the CUDA driver writes there at start-up
-                       # (its init fails with cudaErrorOperatingSystem otherwise); ownership still
-                       # keeps the candidate out of other processes' entries
-                       "writable": [str(slot_dir), "/dev"] + (["/proc"] if device == "cuda" else [])}
+                       "writable": [str(slot_dir)] + (list(CUDA_WRITABLE) if device == "cuda" else ["/dev"])}
         candidate = CandidateSpec(
             mode=mode, device=device, config=self.config, reference_path=str(ref_path),
             reference_module=reference_module, log_path=str(workdir / "candidate.log"), env=cand_env,

@@ -67,6 +67,7 @@ class CandidateLink:
         self.init_slots: list[Slot | None] = []
         self._told: set[int] = set()
         self.host_fallback = False  # slots moved to host memory (IPC handles could not be opened)
+        self.fallback_reason = ""
 
     # ---- the wire ---------------------------------------------------------------------------
     def request(self, op: str, **payload: Any) -> dict[str, Any]:
@@ -114,8 +115,16 @@ class CandidateLink:
             self.pool.use_host()
             self.in_slots, self.out_slots, self.init_slots = [], [], []
             self.host_fallback = True
+            self.fallback_reason = str(why)
             op, payload = build()
             return self.request(op, **payload)
+
+    def transport(self) -> str:
+        """How the slots crossed: ``cuda_ipc``, ``host_files`` (CPU), or ``host_files (...)`` with
+        the reason the candidate's process could not open CUDA IPC handles."""
+        if self.host_fallback:
+            return f"host_files (CUDA IPC failed: {self.fallback_reason[:300]})"
+        return "cuda_ipc" if self.pool.transport == "ipc" else "host_files"
 
     def close(self) -> None:
         try:

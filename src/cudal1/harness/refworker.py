@@ -160,6 +160,8 @@ class RefWorker(Measurement):
 
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
         # The lease is held until the process exits, after this message.
+        if self.link is not None:
+            data["slots"] = self.link.transport()
         self.sender.send("result", status=status, message=message, flags=flags, t=time.time(), **data)
 
     def tolerances(self) -> dict[str, tuple[float, float]]:

@@ -21,6 +21,12 @@ from cudal1.config import EvalConfig
 MODES = ("eval", "build", "baseline")
 
 
+# What a confined CUDA process needs writable beyond its own directories: the device files
+# (``/dev``; narrowed to NVIDIA's when the candidate stays at uid 0) and ``/proc`` (the driver
+# writes there at start-up: its init fails with cudaErrorOperatingSystem otherwise; narrowed to
+# its own entry at uid 0).  Ownership keeps an unprivileged uid out of other processes' entries.
+CUDA_WRITABLE = ("/dev", "/proc")
+
 @dataclass(frozen=True)
 class ExactCacheSpec:
     """Where the float64 answers of the task's correctness inputs live in this batch."""
@@ -139,6 +145,7 @@ class WorkerVerdict:
     timing: TimingStage | None = None  # None unless timing ran
     kernels: list[str] | None = None  # CUDA kernels of one profiled call (CUDA only)
     traceback: str = ""
+    slots: str = ""  # how inputs and outputs crossed the two processes (CUDA IPC, or host memory and why)
 
     @classmethod
     def from_message(cls, data: dict[str, Any]) -> "WorkerVerdict":
@@ -162,4 +169,5 @@ class WorkerVerdict:
             timing=timing,
             kernels=[str(k) for k in kernels] if kernels is not None else None,
             traceback=str(data.get("traceback") or ""),
+            slots=str(data.get("slots") or ""),
         )

@@ -59,6 +59,15 @@ def _iqr(xs: list[float]) -> float:
     return float(np.subtract(*np.percentile(xs, [75, 25]))) if len(xs) >= 2 else 0.0
 
 
+# The timer's resolution: a call never reads below one microsecond (about an empty kernel's own
+# duration on current GPUs, which the overhead subtraction removes along with the launch gap).
+MIN_CALL_MS = 0.001
+# Device work past the calling stream must exceed this (and the noise) before it is *rejected*
+# as a side stream; below it, the excess is still charged to the call.  The device-wide
+# synchronize's wake-up differs between two processes by tens of microseconds when neighbours
+# load the host.
+SIDE_STREAM_MIN_MS = 0.05
+
 @dataclass
 class Figures:
     """Both figures for both sides, and the parent's findings about the candidate's times."""
@@ -94,7 +103,7 @@ def figures(stage: Any) -> Figures:
     for who, rs in rows.items():
         gpu = []
         for r in rs:
-            g = max(float(r[0]) - overhead, 1e-6)
+            g = max(float(r[0]) - overhead, MIN_CALL_MS)
             extra = float(r[1]) - float(r[0]) - out.base_ms
             gpu.append(g + extra if extra > per_call else g)  # work on other streams past the call is charged
         out.gpu[who] = gpu
@@ -102,7 +111,7 @@ def figures(stage: Any) -> Figures:
     cand = rows["cand"]
     escaped = sum(1 for r in cand if bool(r[4]))
     cand_excess = [float(r[1]) - float(r[0]) for r in cand]
-    slack = max(0.015, 3 * _iqr(ref_excess), 3 * _iqr(calibration), 0.05 * _median(out.gpu["cand"]))
+    slack = max(SIDE_STREAM_MIN_MS, 3 * _iqr(ref_excess), 3 * _iqr(calibration), 0.05 * _median(out.gpu["cand"]))
     out.cand_excess_ms = _median(cand_excess) - out.base_ms
     if escaped:
         out.side_stream = f"{escaped} of {len(cand)} timed calls returned before their output was written"

@@ -16,7 +16,7 @@ stream ended differs from itself after the synchronize: ``escaped``) and by ``de
 after the device-wide synchronize, including the host's wake-up: the judge compares its excess
 with the clean side's calibration).  ``host_ms`` is the host's time to issue the call.  A call that
 blocks inside (a synchronize, a ``cudaMalloc`` that waits for the device) cannot finish while the
-gate is closed: a watchdog opens it after ``watchdog_s`` and the sample says so (``blocked``); the
+gate is closed: the gate opens itself after ``watchdog_s`` and the sample says so (``blocked``); the
 span then includes the host's gaps after that point, as it does in real use.
 
 Raw spans include the cost of the two events and of one kernel launch (``overhead_ms``, the span
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import ctypes
 import statistics
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -49,22 +48,31 @@ _GATE_PTX = r"""
 .target sm_70
 .address_size 64
 
-.visible .entry cudal1_gate(.param .u64 p_flag, .param .u32 p_target, .param .u64 p_buf, .param .u64 p_n)
+.visible .entry cudal1_gate(.param .u64 p_flag, .param .u32 p_target, .param .u64 p_buf, .param .u64 p_n,
+                            .param .u64 p_timeout_ns, .param .u64 p_status)
 {
-    .reg .pred %p<4>;
+    .reg .pred %p<5>;
     .reg .b32 %r<8>;
-    .reg .b64 %rd<10>;
+    .reg .b64 %rd<16>;
     ld.param.u64 %rd1, [p_flag];
     ld.param.u32 %r1, [p_target];
     ld.param.u64 %rd2, [p_buf];
     ld.param.u64 %rd3, [p_n];
+    ld.param.u64 %rd10, [p_timeout_ns];
+    ld.param.u64 %rd11, [p_status];
     mov.u32 %r2, %tid.x;
     setp.ne.u32 %p1, %r2, 0;
     @%p1 bra WAITED;
+    mov.u64 %rd12, %globaltimer;
 POLL:
     ld.relaxed.sys.u32 %r3, [%rd1];
-    setp.lt.u32 %p2, %r3, %r1;
-    @%p2 bra POLL;
+    setp.ge.u32 %p2, %r3, %r1;
+    @%p2 bra WAITED;
+    mov.u64 %rd13, %globaltimer;
+    sub.u64 %rd14, %rd13, %rd12;
+    setp.lt.u64 %p4, %rd14, %rd10;
+    @%p4 bra POLL;
+    st.relaxed.sys.u32 [%rd11], %r1;
 WAITED:
     bar.sync 0;
     mov.u32 %r4, %ctaid.x;
@@ -94,7 +102,7 @@ DONE:
 class CallTiming:
     """One timed call.  ``gpu_ms``: start → end on the calling stream; ``device_ms``: start →
     after a device-wide synchronize; ``host_ms``: the host's time to issue the call; ``blocked``:
-    the call waited inside and the watchdog opened the gate; ``escaped``: an output changed after
+    the call waited inside and the gate opened itself; ``escaped``: an output changed after
     the calling stream had finished (work on another stream was still writing it)."""
 
     gpu_ms: float
@@ -119,13 +127,19 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
-    return bool(torch.equal(a.detach().contiguous().view(torch.uint8), b.detach().contiguous().view(torch.uint8)))
+    return bool(torch.equal(a.detach().reshape(-1).contiguous().view(torch.uint8),
+                            b.detach().reshape(-1).contiguous().view(torch.uint8)))
 
 
 class Gate:
     """A full-GPU gate: one kernel that occupies every thread slot of every multiprocessor until
-    the host raises a mapped word, then flushes L2.  ``close()`` enqueues it on the current
-    stream; ``open()`` releases it (idempotent per call)."""
+    the host raises a mapped word, then flushes L2.  ``close(timeout_s)`` enqueues it on the
+    current stream; ``open()`` releases it (idempotent per call).  The gate also opens itself
+    ``timeout_s`` after it started (``%globaltimer``): a call that blocks inside (a synchronize,
+    a ``cudaMalloc`` that waits for the device) would otherwise wait for a gate that only its own
+    return opens.  ``timed_out()`` says whether the last gate opened itself.  No host thread
+    watches it: a watchdog thread woken on every call would take the interpreter's lock in the
+    middle of the call and inflate the host's issue time."""
 
     def __init__(self, device: torch.device, flush_bytes: int) -> None:
         from cudal1.harness import cuda_api
@@ -133,57 +147,26 @@ class Gate:
         self._api = cuda_api
         self.host, self.dev = cuda_api.host_word()
         self._word = ctypes.c_uint32.from_address(self.host)
+        self._status = ctypes.c_uint32.from_address(self.host + 8)  # the gate writes its number here on timeout
         self._fn = cuda_api.load_function(_GATE_PTX, "cudal1_gate")
         per_sm = max(1, cuda_api.attribute("max_threads_per_sm") // 1024)
         self.grid = cuda_api.attribute("sm_count") * per_sm
         self._buffer = torch.empty(max(16, flush_bytes) // 16 * 4, dtype=torch.int32, device=device)
         self._seq = 0
 
-    def close(self) -> None:
+    def close(self, timeout_s: float) -> None:
         self._seq += 1
         params = [ctypes.c_uint64(self.dev), ctypes.c_uint32(self._seq), ctypes.c_uint64(self._buffer.data_ptr()),
-                  ctypes.c_uint64(self._buffer.numel() // 4)]
+                  ctypes.c_uint64(self._buffer.numel() // 4), ctypes.c_uint64(int(timeout_s * 1e9)),
+                  ctypes.c_uint64(self.dev + 8)]
         self._api.launch(self._fn, self.grid, 1024, _current_stream().cuda_stream, params)
 
     def open(self) -> None:
         self._word.value = self._seq
 
-
-class _Watchdog:
-    """Opens the gate if the call has not returned after ``timeout_s`` (a call that blocks inside
-    would otherwise wait for a gate that only its own return opens)."""
-
-    def __init__(self, gate: Gate) -> None:
-        self.gate = gate
-        self._cond = threading.Condition()
-        self._deadline: float | None = None
-        self.fired = False
-        threading.Thread(target=self._run, name="cudal1-gate-watchdog", daemon=True).start()
-
-    def arm(self, timeout_s: float) -> None:
-        with self._cond:
-            self.fired = False
-            self._deadline = time.monotonic() + timeout_s
-            self._cond.notify()
-
-    def disarm(self) -> bool:
-        with self._cond:
-            self._deadline = None
-            return self.fired
-
-    def _run(self) -> None:
-        with self._cond:
-            while True:
-                if self._deadline is None:
-                    self._cond.wait()
-                    continue
-                left = self._deadline - time.monotonic()
-                if left > 0:
-                    self._cond.wait(left)
-                    continue
-                self.gate.open()
-                self.fired = True
-                self._deadline = None
+    def timed_out(self) -> bool:
+        """Whether the last gate opened itself (read after the device finished it)."""
+        return self._status.value == self._seq
 
 
 class CudaTimer:
@@ -193,8 +176,7 @@ class CudaTimer:
         self.device = device
         l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
         self.gate = Gate(device, 2 * l2 if flush_l2 else 16)
-        self.watchdog = _Watchdog(self.gate)
-        self.watchdog_s = 0.05
+        self.watchdog_s = 0.05  # how long the gate waits for the host before it opens itself
         self._events = [_Event(enable_timing=True) for _ in range(3)]
         self.calibration: list[float] = []  # device_ms - gpu_ms on honest busy calls (the join cost)
         self.overhead_ms = 0.0  # gpu_ms of an empty gated call (the events' own cost)
@@ -213,7 +195,7 @@ class CudaTimer:
                 self.calibration.append(t.device_ms - t.gpu_ms)
 
     def set_watchdog(self, host_ms: list[float]) -> None:
-        """Size the watchdog from the host's issue times seen so far (warm-up)."""
+        """Size the gate's own timeout from the host's issue times seen so far (warm-up)."""
         self.watchdog_s = min(1.0, max(0.005, 4e-3 * max(host_ms, default=0.0)))
 
     def time_call(self, fn: Callable[..., Any], args: tuple) -> tuple[CallTiming, Any]:
@@ -222,22 +204,21 @@ class CudaTimer:
             self._reset_l2()
         except Exception:  # noqa: BLE001 - drivers without persisting L2 support
             pass
-        self.gate.close()
+        self.gate.close(self.watchdog_s)
         start.record()
-        self.watchdog.arm(self.watchdog_s)
         t0 = _perf_counter_ns()
         try:
             out = fn(*args)
         finally:
             host_ms = (_perf_counter_ns() - t0) / 1e6
             end.record()
-            blocked = self.watchdog.disarm()
             leaves = _leaf_tensors(out) if "out" in locals() else []
             snapshot = [leaf.clone() if leaf.is_cuda else None for leaf in leaves]
             self.gate.open()
         _synchronize(self.device)
         end_device.record()
         end_device.synchronize()
+        blocked = self.gate.timed_out()
         escaped = any(s is not None and not _same_bits(s, leaf) for s, leaf in zip(snapshot, leaves))
         timing = CallTiming(start.elapsed_time(end), start.elapsed_time(end_device), host_ms, blocked, escaped)
         return timing, out
