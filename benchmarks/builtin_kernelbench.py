@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import gzip
-import inspect
 import json
 import os
 import shutil
@@ -208,10 +207,8 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
         for start in range(0, len(tasks), size):
             chunk = tasks[start:start + size]
             optimize(chunk, policy, search_cfg, rj, out, hardware="GPU", record={"benchmark": "builtin_kernelbench"})
-            if modes:  # the baselines' batch stats where RecordedJudge passes them on
-                stats = {"on_stats": lambda s: batches.add("baselines", s)} \
-                    if "on_stats" in inspect.signature(rj.baselines).parameters else {}
-                rj.baselines(chunk, modes, on_result=tick, **stats)
+            if modes:
+                rj.baselines(chunk, modes, on_result=tick, on_stats=lambda s: batches.add("baselines", s))
             if args.confirm:
                 from builtin_figures import task_rows
 

@@ -84,6 +84,7 @@ class RecordedJudge:
         self._rows: set[tuple[str, str]] = set()  # (task hash, candidate hash) rows written by this object
         self._tasks: set[str] = set()
         self._lock = threading.Lock()
+        self.batch_stats: list[Any] = []  # BatchStats of every batch this object judged (candidates and baselines)
 
     hardware_name: str = ""  # set to override what prompts call the hardware
 
@@ -175,7 +176,8 @@ class RecordedJudge:
             self._emit(JudgeEvent("verdict", task.task_id, res))
 
         if todo:
-            fresh = run_jobs([Job(*pairs[i]) for i in todo], self.config, plan=self.plan, on_result=record, on_stats=on_stats)
+            fresh = run_jobs([Job(*pairs[i]) for i in todo], self.config, plan=self.plan, on_result=record,
+                             on_stats=self._stats_to(on_stats))
             for i, res in zip(todo, fresh):
                 results[i] = res
                 self._verdicts[(pairs[i][0].hash, pairs[i][1].hash)] = res
@@ -239,10 +241,30 @@ class RecordedJudge:
         return best_of(task, self.results(task))
 
     # ---- baselines ----------------------------------------------------------------------
-    def baselines(self, tasks: list[Task], modes: list[str],
-                  on_result: Callable[[EvalResult], None] | None = None) -> dict[tuple[str, str], EvalResult]:
+    def _stats_to(self, on_stats: Callable[[Any], None] | None) -> Callable[[Any], None]:
+        def keep(stats: Any) -> None:
+            self.batch_stats.append(stats)
+            if on_stats is not None:
+                on_stats(stats)
+        return keep
+
+    def judging_summary(self) -> dict[str, Any] | None:
+        """The batches this object judged, merged: jobs, wall seconds and the GPU's idle share
+        (None when it judged nothing)."""
+        if not self.batch_stats:
+            return None
+        total = self.batch_stats[0]
+        for more in self.batch_stats[1:]:
+            total = total.merge(more)
+        data = total.to_dict()
+        return {"batches": len(self.batch_stats), "workers_per_gpu": self.config.workers_per_gpu,
+                **{k: data.get(k) for k in ("jobs", "wall_s", "gpu_idle_share", "idle_share", "mean_concurrent_builds")}}
+
+    def baselines(self, tasks: list[Task], modes: list[str], on_result: Callable[[EvalResult], None] | None = None,
+                  on_stats: Callable[[Any], None] | None = None) -> dict[tuple[str, str], EvalResult]:
         """Baselines of ``tasks`` under ``modes`` ({(task hash, mode): result}), cached in the store
-        per (task, mode, environment, config): a baseline is measured once per machine."""
+        per (task, mode, environment, config): a baseline is measured once per machine.
+        ``on_stats`` gets the timed batch's ``BatchStats`` (not called when every one was cached)."""
         from cudal1.harness import DevicePlan
         from cudal1.harness.api import environment_key, time_baselines
         from cudal1.harness.baselines import check_modes
@@ -268,7 +290,8 @@ class RecordedJudge:
             if on_result is not None:
                 on_result(res)
 
-        for (task, mode), res in zip(todo, time_baselines(todo, self.config, plan=plan, on_result=record)):
+        timed = time_baselines(todo, self.config, plan=plan, on_result=record, on_stats=self._stats_to(on_stats)) if todo else []
+        for (task, mode), res in zip(todo, timed):
             out[(task.hash, mode)] = res
         return out
 

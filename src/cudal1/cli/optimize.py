@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, config_sections,
                                 default_of, default_out, guard_config, load_suite, out_dir, plan_from_args,
@@ -142,6 +143,21 @@ def make_policy(cfg, device: str):
         raise UsageError(str(exc)) from None
 
 
+COMPILING_WORKERS_PER_GPU = 2  # default --workers-per-gpu for a builtin policy that proposes compiled candidates
+
+
+def default_workers_per_gpu(args: argparse.Namespace, device: str, policy: Any) -> int | None:
+    """``--workers-per-gpu`` when given; else 2 on a local GPU for a policy whose candidates run
+    torch.compile (minutes of CPU work inside a worker: one worker compiles while the other is
+    timed; 4 ran KernelBench level-1 tasks out of memory beside each other); else None (the
+    config's value)."""
+    if args.workers_per_gpu is not None:
+        return args.workers_per_gpu
+    if device == "cuda" and args.backend == "local" and getattr(policy, "compiles", lambda: False)():
+        return COMPILING_WORKERS_PER_GPU
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     from cudal1.recorded import RecordedJudge
     from cudal1.search import optimize
@@ -163,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     plan = plan_from_args(args, judge.device)
     policy = make_policy(policy_config(args, plan.device), plan.device)
+    judge = judge.replace(workers_per_gpu=default_workers_per_gpu(args, plan.device, policy))
     summary, tracker = None, None
     try:
         reviewer = None

@@ -64,7 +64,8 @@ def add_backend_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="Ray cluster to join (with --backend ray); default: start a local one (loopback only)")
     g.add_argument("--workers-per-gpu", type=int, default=None, metavar="N",
-                   help="judge workers sharing each GPU (local backend; default 1): their start-up, imports and "
+                   help="judge workers sharing each GPU (local backend; default 1, and 2 for optimize with the builtin "
+                        "policy when it proposes torch.compile candidates): their start-up, imports and "
                         "builds overlap, timing stays exclusive (a GPU lease); launch-bound references time "
                         "slower under the extra host load (docs/harness.md)")
 

@@ -71,6 +71,9 @@ def write_outputs(s: Search, out: Path, stop: str, extra: dict[str, Any] | None 
                "faster_point": sum(1 for r in rows if r["best_speedup"] is not None and r["best_speedup"] > 1.0),
                "generation": {"requested": gen.requested, "failed": gen.failed, "last_error": gen.last_error,
                               "errors": gen.errors, "answered_total": answered, "failed_total": failed},
-               "judge_hash": s.judge.config_hash, **(extra or {})}
+               "judge_hash": s.judge.config_hash,
+               # this invocation's judging (a resumed run counts only what it judged itself)
+               "judging": s.judge.judging_summary() if hasattr(s.judge, "judging_summary") else None,
+               **(extra or {})}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary

@@ -1,0 +1,85 @@
+"""How optimize judges: several workers per GPU for compile-heavy builtin runs, and the judging
+figures (GPU idle share) a run reports."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from cudal1.cli.optimize import COMPILING_WORKERS_PER_GPU, default_workers_per_gpu
+from cudal1.config import EvalConfig
+from cudal1.harness.batchstats import BatchStats
+from cudal1.recorded import RecordedJudge
+from cudal1.types import Task
+
+
+class _Policy:
+    def __init__(self, compiles: bool) -> None:
+        self._compiles = compiles
+
+    def compiles(self) -> bool:
+        return self._compiles
+
+
+def _args(workers: int | None = None, backend: str = "local") -> argparse.Namespace:
+    return argparse.Namespace(workers_per_gpu=workers, backend=backend)
+
+
+@pytest.mark.parametrize(("args", "device", "policy", "expected"), [
+    (_args(), "cuda", _Policy(True), COMPILING_WORKERS_PER_GPU),  # compiles: one worker compiles, one is timed
+    (_args(), "cuda", _Policy(False), None),  # nothing compiled: the config's value
+    (_args(), "cpu", _Policy(True), None),  # no GPU to keep busy
+    (_args(backend="ray"), "cuda", _Policy(True), None),  # Ray runs one timing actor per GPU
+    (_args(3), "cuda", _Policy(True), 3),  # the flag wins
+    (_args(1), "cuda", _Policy(True), 1),
+    (_args(), "cuda", object(), None),  # an LLM policy has no compiles()
+])
+def test_compile_heavy_builtin_runs_default_to_two_workers_per_gpu(args, device, policy, expected):
+    assert default_workers_per_gpu(args, device, policy) == expected
+
+
+def test_the_builtin_policy_says_it_compiles_with_its_default_passes():
+    from cudal1.policy.builtin import BuiltinPolicy
+
+    assert BuiltinPolicy(device="cuda").compiles()
+    assert not BuiltinPolicy(device="cuda", passes=["algebraic"]).compiles()
+
+
+def _stats(jobs: int, span: float, busy: float) -> BatchStats:
+    return BatchStats(jobs=jobs, wall_s=span, gpu_span_s=span, gpu_busy_s=busy, lane_busy_s=busy, lane_idle_s=span - busy)
+
+
+def test_judging_summary_merges_every_batch_and_passes_stats_on(monkeypatch):
+    judge = RecordedJudge(EvalConfig(device="cpu", workers_per_gpu=2))
+    assert judge.judging_summary() is None  # nothing judged yet
+    seen: list[BatchStats] = []
+    forward = judge._stats_to(seen.append)
+    forward(_stats(3, 10.0, 9.0))
+    forward(_stats(1, 10.0, 5.0))
+    assert len(seen) == 2 and judge.batch_stats == seen
+    summary = judge.judging_summary()
+    assert summary["batches"] == 2 and summary["jobs"] == 4 and summary["workers_per_gpu"] == 2
+    assert summary["gpu_idle_share"] == pytest.approx(0.3)  # 6 of 20 GPU-seconds idle
+    assert summary["wall_s"] == pytest.approx(20.0)
+
+
+def test_baselines_hand_their_batch_stats_to_the_caller(monkeypatch):
+    import cudal1.harness.api as api
+
+    stats = _stats(1, 4.0, 3.0)
+
+    def fake_time_baselines(items, config, *, plan=None, on_result=None, on_stats=None):
+        on_stats(stats)
+        return [None for _ in items]
+
+    class _Plan:
+        device = "cpu"
+
+    monkeypatch.setattr(api, "time_baselines", fake_time_baselines)
+    monkeypatch.setattr(api, "environment_key", lambda plan: "env")
+    judge = RecordedJudge(EvalConfig(device="cpu"), plan=_Plan())
+    got: list[BatchStats] = []
+    task = Task("t", "import torch\n")
+    judge.baselines([task], ["eager"], on_stats=got.append)
+    assert got == [stats] and judge.judging_summary()["jobs"] == 1
