@@ -62,7 +62,10 @@ class Measurement:
 
     def make_inputs(self, seed: int) -> list:
         """Fresh inputs from the task's ``get_inputs`` under ``seed``, created on the device."""
-        torch.manual_seed(seed)
+        if self.device.type == "cuda" or torch.cuda.is_initialized():
+            torch.manual_seed(seed)
+        else:  # torch.manual_seed's CPU part, without queueing a lazy CUDA seeding (and its traceback) per call
+            torch.random.default_generator.manual_seed(seed)
         random.seed(seed)
         with torch.device(self.device):
             inputs = list(self.ref_mod.get_inputs())
