@@ -36,6 +36,7 @@ from typing import Any
 
 import pytest
 from cli_support import SMALL_DIAG
+from tiers import mark_tiers, pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401 - hooks of the tiers
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -53,7 +54,9 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the tier markers
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_tiers(items)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if not gpu_items or _cuda_available():  # torch is imported only when a gpu test exists
         return

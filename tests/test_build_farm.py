@@ -98,6 +98,7 @@ HOLDER = textwrap.dedent("""
 """)
 
 
+@pytest.mark.cpu
 def test_file_lock_excludes_another_process_and_dies_with_it(tmp_path):
     env = os.environ | {"PYTHONPATH": str(SRC)}
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
@@ -149,6 +150,7 @@ TWO_RUNS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.cpu
 def test_two_processes_sharing_the_cache_build_a_source_once(tmp_path):
     bdir = tmp_path / "builds" / "key"
     env = os.environ | {"PYTHONPATH": str(SRC)}
@@ -262,6 +264,7 @@ def _prebuild(tmp_path: Path, config_factory, template: str) -> tuple[Any, bool,
     return outcome, cached, mark
 
 
+@pytest.mark.cpu
 def test_prebuild_constructs_candidates_that_build_in_init(tmp_path, cpu_judge_config):
     _, cached, mark = _prebuild(tmp_path, cpu_judge_config, LAZY)
     assert mark.read_text() == "cpp_sources,name"  # __init__ ran in the pre-build, up to its build call
@@ -299,6 +302,7 @@ class ModelNew(nn.Module):
 '''
 
 
+@pytest.mark.cpu
 def test_prebuild_reaches_builds_behind_gpu_checks_in_forward(tmp_path, cpu_judge_config):
     _, _, mark = _prebuild(tmp_path, cpu_judge_config, FORWARD_BUILD)
     assert mark.read_text().split() == ["guarded_ext", "forward_ext"]
@@ -336,6 +340,7 @@ def test_failed_build_memo_ignores_per_process_names_and_honours_build_directory
     assert built == [True, False] * 4  # building() told only around real builds
 
 
+@pytest.mark.cpu
 def test_worker_runs_in_the_candidates_own_directory(tmp_path, cpu_judge_config):
     from cudal1.tasks import load_task_file
 

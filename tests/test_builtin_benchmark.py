@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from cli_support import SMALL_DIAG
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +47,7 @@ def test_selection_rules_offsets_and_exclusions(tmp_path, monkeypatch):
     assert [(t.task_id, t.hash) for t in again] == [(t.task_id, t.hash) for t in tasks] and again_rules == rules
 
 
+@pytest.mark.cpu
 def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path):
     out = tmp_path / "kb"
     done = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", "compile-default",

@@ -54,6 +54,7 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 # eval
 
 
+@pytest.mark.cpu
 def test_eval_json_ok(tmp_path, cli_env, config_file):
     proc = run_cli(["eval", "--reference", DIAG, "--candidate", BROADCAST, "--config", config_file, "--json"], cli_env, tmp_path)
     assert proc.returncode == 0, explain(proc)
@@ -68,6 +69,7 @@ def test_eval_json_ok(tmp_path, cli_env, config_file):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.cpu
 def test_eval_json_incorrect(tmp_path, cli_env, config_file):
     proc = run_cli(["eval", "--reference", DIAG, "--candidate", FIXTURES / "wrong.py", "--config", config_file, "--json"],
                    cli_env, tmp_path)
@@ -81,6 +83,7 @@ def test_eval_json_incorrect(tmp_path, cli_env, config_file):
     assert out["message"]
 
 
+@pytest.mark.cpu
 def test_eval_text_output(tmp_path, cli_env, config_file):
     proc = run_cli(["eval", "--reference", DIAG, "--candidate", FIXTURES / "wrong_shape.py", "--config", config_file],
                    cli_env, tmp_path)
@@ -119,6 +122,7 @@ def _bad_usage_cases(tmp: Path) -> dict[str, list]:
     }
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("case", ["missing-candidate", "missing-reference", "bad-device", "unknown-preset", "no-get-inputs"])
 def test_bad_usage(case, tmp_path, cli_env):
     args = _bad_usage_cases(tmp_path)[case]
@@ -183,6 +187,7 @@ def _read_results(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.cpu
 def test_eval_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_env, config_file):
     cands = _write_jsonl(tmp_path / "cands.jsonl", [
         {"task": "diag_matmul", "code": BROADCAST.read_text(), "label": "broadcast"},
@@ -260,6 +265,7 @@ def _count_evaluations(db: Path) -> int:
         return 0
 
 
+@pytest.mark.cpu
 def test_resume_after_kill(tmp_path, cli_env, config_file):
     cands = _write_jsonl(tmp_path / "cands.jsonl", [
         # quick-1 is a small task with a ~1x speedup: every phase stays well under the re-run's limit
@@ -332,6 +338,7 @@ def test_resume_after_kill(tmp_path, cli_env, config_file):
 # baseline
 
 
+@pytest.mark.cpu
 def test_baseline_eager_cpu(tmp_path, cli_env, config_file):
     proc = run_cli(["baseline", "--suite", DIAG, "--modes", "eager", "--device", "cpu", "--json",
                     "--out", tmp_path / "baselines", "--config", config_file], cli_env, tmp_path)

@@ -67,6 +67,7 @@ class TestConfig:
         assert EvalConfig(timeout_s=3) == EvalConfig(timeout_s=3.0)
         assert EvalConfig(timeout_s=3).hash() == EvalConfig(timeout_s=3.0).hash()
 
+    @pytest.mark.cpu
     def test_hash_stable_across_processes(self):
         code = "from cudal1.config import EvalConfig; print(EvalConfig(tolerance='kernelbench-v0').hash())"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()

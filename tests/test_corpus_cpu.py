@@ -16,6 +16,8 @@ from cudal1.harness import evaluate_pairs
 from cudal1.tasks import load_task_file
 from cudal1.types import Candidate, EvalResult, Status
 
+pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "cpu"
 GPU_FIXTURES = REPO / "tests" / "fixtures" / "gpu"

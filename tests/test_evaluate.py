@@ -92,6 +92,7 @@ def _task_file(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.cpu
 def test_evaluate_through_an_endpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
     task = _task_file(tmp_path)

@@ -18,6 +18,8 @@ from cudal1.harness import evaluate
 from cudal1.tasks import load_task_file
 from cudal1.types import Candidate, EvalResult, Status
 
+pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
+
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "cpu"
 TASK_FILE = SMALL_DIAG

@@ -16,6 +16,8 @@ import pytest
 
 from cli_support import SMALL_DIAG, cli_env, small_config, worker_running
 
+pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
+
 REPO = Path(__file__).resolve().parents[1]
 N = 4
 

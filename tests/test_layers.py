@@ -132,6 +132,7 @@ def test_relative_imports_are_resolved(tmp_path, monkeypatch):
     assert _violations(mod, FORBIDDEN["harness"]) == ["cudal1.rewrite.emit", "cudal1.store"]
 
 
+@pytest.mark.cpu
 def test_the_worker_launcher_starts_before_torch_is_imported():
     """The CLI calls ``launcher.prestart()`` before it imports the judge, so the forkserver's preload
     of torch overlaps the command's own imports: importing the launcher (and the harness package)

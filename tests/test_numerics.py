@@ -286,6 +286,7 @@ def corpus_config(tmp_path_factory):
                       timing_trials=10, min_timing_trials=4, correctness_trials=3, bootstrap_samples=200, strict_speedup=1e9)
 
 
+@pytest.mark.cpu
 def test_corpus_through_the_judge(corpus, corpus_results, corpus_name, check_verdict):
     r = corpus_results[corpus_name]
     assert check_verdict(corpus[corpus_name], r) == ""

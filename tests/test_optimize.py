@@ -92,6 +92,7 @@ def user_messages(server: ScriptedLLMServer) -> list[str]:
     return [m["content"] for body in server.requests for m in body["messages"] if m["role"] == "user"]
 
 
+@pytest.mark.cpu
 @needs_openai
 def test_contrastive_rounds_show_measured_exemplars_and_survive_bad_answers(tmp_path):
     from cudal1.policy import make_policy
@@ -128,6 +129,7 @@ def test_contrastive_rounds_show_measured_exemplars_and_survive_bad_answers(tmp_
     assert "api_key" not in saved["policy"] and saved["search"]["seed"] == 1
 
 
+@pytest.mark.cpu
 @needs_openai
 def test_endpoint_down_is_recorded_not_fatal(tmp_path):
     from cudal1.policy import make_policy
@@ -143,6 +145,7 @@ def test_endpoint_down_is_recorded_not_fatal(tmp_path):
     assert len(errors) == 2 and all(errors)
 
 
+@pytest.mark.cpu
 @needs_openai
 def test_resume_after_kill_continues_where_it_stopped(tmp_path):
     out = tmp_path / "out"
@@ -209,6 +212,7 @@ class _Proposer:
         return [[Proposal(text="scale rows", policy=self.name, code=code) for _ in range(n)] for _ in prompts]
 
 
+@pytest.mark.cpu
 def test_pool_prompts_mark_the_reference_anchor_by_field(tmp_path):
     task = load_task_file(TASK)
     policy = _Proposer()
@@ -234,6 +238,7 @@ class _NoMoreSampling:
         raise AssertionError("a resumed run must not sample a finished round again")
 
 
+@pytest.mark.cpu
 def test_resume_judges_candidates_sampled_but_not_judged_before_the_kill(tmp_path):
     """A run killed while judging leaves recorded candidates without verdicts; resuming judges
     them (and re-samples nothing)."""
@@ -254,6 +259,7 @@ def test_resume_judges_candidates_sampled_but_not_judged_before_the_kill(tmp_pat
         assert store.has_evaluation(task.hash, reference_candidate(task).hash, cfg)
 
 
+@pytest.mark.cpu
 def test_builtin_is_the_zero_setup_default(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("CUDAL1_BASE_URL",)}
     env["CUDAL1_CACHE_DIR"] = str(tmp_path / "cache")
@@ -280,6 +286,7 @@ def _prompt(task_source: str, codes: tuple[str, ...] = ()) -> PoolPrompt:
     return PoolPrompt("t", "h" * 64, "s", "u", "v", task_source=task_source, pool=pool)
 
 
+@pytest.mark.cpu
 def test_builtin_passes_render_loadable_code_and_decline_when_exhausted():
     source = TASK.read_text()
     rendered = {name: render_candidate(source, name) for name in PASSES}
@@ -305,6 +312,7 @@ def test_builtin_passes_render_loadable_code_and_decline_when_exhausted():
         BuiltinPolicy(passes=["nope"])
 
 
+@pytest.mark.cpu
 @needs_openai
 def test_llm_reviewer_adds_a_second_opinion_but_never_a_verdict(tmp_path):
     from cudal1.policy import make_policy

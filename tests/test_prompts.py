@@ -463,6 +463,7 @@ def test_selection_feeds_build_prompt_end_to_end():
     assert len(p.exemplar_hashes) == 3
 
 
+@pytest.mark.cpu
 def test_prompts_package_imports_neither_torch_nor_the_harness():
     code = ("import sys, cudal1.prompts; "
             "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m.startswith('cudal1.harness')]; "

@@ -25,6 +25,7 @@ TASKS = REPO / "examples" / "tasks"
 SMALL = SMALL_DIAG.parent  # cheaper copies of bundled tasks (same names)
 
 
+@pytest.mark.cpu
 def test_core_imports_and_cli_explains_without_ray(tmp_path):
     cands = tmp_path / "c.jsonl"
     cands.write_text(json.dumps({"task": "diag_matmul", "code": (FIX / "wrong.py").read_text()}) + "\n")
@@ -66,6 +67,7 @@ def pairs_of(spec: list[tuple[str, Path]]) -> list[tuple]:
     return [(tasks[t], Candidate(path.read_text(), task_hash=tasks[t].hash, label=path.stem)) for t, path in spec]
 
 
+@pytest.mark.cpu
 def test_ray_backend_judges_like_the_local_backend(cluster, judge_config):
     pairs = pairs_of([("diag_matmul", FIX / "honest_einsum.py"), ("diag_matmul", FIX / "mutates_input.py"),
                       ("diag_matmul", FIX / "no_modelnew.py"), ("diag_matmul", FIX / "tamper_perf_counter.py"),
@@ -96,6 +98,7 @@ def test_ray_backend_judges_like_the_local_backend(cluster, judge_config):
     assert s.judge_s == pytest.approx(s.lane_busy_s) and s.judge_s <= s.wall_s * 1.05
 
 
+@pytest.mark.cpu
 def test_a_killed_actor_loses_no_recorded_result(cluster, judge_config, tmp_path):
     from cudal1.recorded import judge_recorded
     from cudal1.store import RunStore
@@ -127,6 +130,7 @@ def test_a_killed_actor_loses_no_recorded_result(cluster, judge_config, tmp_path
     assert cluster.actor_pids(None, "cpu") != before  # a fresh actor took the slot
 
 
+@pytest.mark.cpu
 def test_grpo_rewards_are_judged_on_the_cluster(cluster, judge_config, tmp_path):
     """The training reward path (``JudgeReward`` → ``RolloutJudge`` → the judge) on a Ray plan gives
     the rewards and verdicts the local backend gives, and records them in the driver's store."""

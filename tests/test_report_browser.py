@@ -14,6 +14,8 @@ import pytest
 from cudal1.cli.main import main as cli_main
 from report_data import make_run
 
+pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
+
 
 def chromium() -> str | None:
     for name in (os.environ.get("CUDAL1_CHROMIUM"), "chromium", "chromium-browser", "google-chrome"):

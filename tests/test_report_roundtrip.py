@@ -27,6 +27,7 @@ def cli(args: list, tmp_path: Path) -> subprocess.CompletedProcess:
     return run_cli(args, cli_env(tmp_path / "cache"), tmp_path, timeout=600)
 
 
+@pytest.mark.cpu
 def test_optimize_export_verify_report_compare(tmp_path: Path):
     config = tmp_path / "small.yaml"
     config.write_text(SMALL_CONFIG)

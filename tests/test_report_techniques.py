@@ -236,6 +236,7 @@ ext = load_inline(name="r", cpp_sources="", cuda_sources=cuda, functions=["run"]
     assert "operation_fusion" in analyze(fused).techniques
 
 
+@pytest.mark.cpu
 def test_labels_come_from_the_code_and_the_reference_only_adds():
     """The builtin policy's candidates are labelled the same with or without their header
     comments, and a reference never takes a label away (over every example candidate too)."""

@@ -50,6 +50,7 @@ def outcomes():
     return {p.name: rewrite_task(p.read_text()) for p in TASKS}
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
 def test_graph_passes_apply_exactly_where_their_pattern_is(path, outcomes):
     outcome = outcomes[path.name]
@@ -61,6 +62,7 @@ def test_graph_passes_apply_exactly_where_their_pattern_is(path, outcomes):
         assert not outcome.ok and outcome.error == "no graph pass applies"
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("path", [p for p in TASKS if expected_passes(p)], ids=lambda p: p.stem)
 def test_rewritten_model_computes_the_reference_function(path, outcomes):
     source = path.read_text()
@@ -77,6 +79,7 @@ def test_rewritten_model_computes_the_reference_function(path, outcomes):
         assert note in code  # the class docstring says what was rewritten
 
 
+@pytest.mark.cpu
 def test_folded_weights_follow_parameter_updates():
     source = (FIXTURES / "sum_of_linear.py").read_text()
     mod = load(compose(source, None, "algebraic"), "m")
@@ -94,6 +97,7 @@ def test_folded_weights_follow_parameter_updates():
     torch.testing.assert_close(new(x.double()), ref.double()(x.double()), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.cpu
 def test_folded_batchnorm_guards_training_mode():
     source = (FIXTURES / "batchnorm_eval.py").read_text()
     code = compose(source, None, "algebraic")
@@ -114,12 +118,14 @@ def test_folded_batchnorm_guards_training_mode():
     assert "fold-batchnorm" not in rewrite_task(training).applied  # batch statistics cannot be folded
 
 
+@pytest.mark.cpu
 def test_folding_is_declined_when_it_would_cost_more():
     source = (FIXTURES / "fold_two_linears.py").read_text().replace("return [48, 256, 24]", "return [512, 16, 512]")
     outcome = rewrite_task(source)
     assert "fold-linear" not in outcome.applied  # 512→16→512 is cheaper than one 512x512 map
 
 
+@pytest.mark.cpu
 def test_untraceable_task_is_declined_with_a_reason():
     source = (FIXTURES / "residual_scale.py").read_text().replace(
         "x = self.matmul(x)", "x = self.matmul(x)\n        if x.sum() > 0:\n            x = -x")
@@ -128,6 +134,7 @@ def test_untraceable_task_is_declined_with_a_reason():
     assert compose(source, None, "algebraic") is None
 
 
+@pytest.mark.cpu
 def test_outcomes_are_cached_on_disk_keyed_by_source_and_passes(tmp_path, monkeypatch):
     import cudal1.rewrite as rw
 
@@ -160,6 +167,7 @@ def test_outcomes_are_cached_on_disk_keyed_by_source_and_passes(tmp_path, monkey
     assert rewrite_task(slow, timeout_s=1) == timed_out  # a timeout is cached: later runs do not wait again
 
 
+@pytest.mark.cpu
 def test_variants_of_one_task_share_one_child_and_match_single_runs(tmp_path, monkeypatch):
     import cudal1.rewrite as rw
 
@@ -180,6 +188,7 @@ def _prompt(source: str, pool: tuple[PoolEntry, ...] = ()) -> PoolPrompt:
     return PoolPrompt("t", "h" * 64, "s", "u", "v", task_source=source, pool=pool)
 
 
+@pytest.mark.cpu
 def test_policy_proposes_algebraic_first_then_composes_on_the_best():
     source = (FIXTURES / "sum_of_linear.py").read_text()
     policy = BuiltinPolicy(device="cuda")
@@ -228,6 +237,7 @@ def test_layout_passes_only_for_convolutions_and_exec_passes_end_a_chain():
     assert set(PASSES) >= {"algebraic", "channels-last", "cudnn-autotune", "compile-default", "cudagraph"}
 
 
+@pytest.mark.cpu
 def test_triton_fusion_is_its_own_candidate_after_the_algebraic_rewrites(tmp_path, monkeypatch):
     pytest.importorskip("triton")
     import importlib.util

@@ -14,6 +14,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
+pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
+
 SCRIPT = textwrap.dedent('''
     import json, os, sys, warnings
     import multiprocessing as mp

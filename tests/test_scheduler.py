@@ -234,6 +234,7 @@ def test_unknown_backend_is_an_error():
 
 # ---- the real judge, through the CLI ---------------------------------------------------------------
 
+@pytest.mark.cpu
 def test_eval_suite_summary_reports_where_time_went(tmp_path, capsys):
     from cudal1.cli.main import main
 
@@ -256,6 +257,7 @@ def test_eval_suite_summary_reports_where_time_went(tmp_path, capsys):
     assert batch["judge_s"] > 0 and batch["judge_s"] <= batch["wall_s"] + 1e-3
 
 
+@pytest.mark.cpu
 def test_verify_report_carries_batch_stats(tmp_path, capsys):
     from cudal1.cli.main import main
 
@@ -310,6 +312,7 @@ def test_gpu_idle_share_from_worker_timelines():
     assert s.merge(s).gpu_idle_share == pytest.approx(0.2)
 
 
+@pytest.mark.cpu
 @pytest.mark.parametrize("share", [2, 3])
 def test_workers_sharing_a_device_never_time_alongside_gpu_work(shared_device_batch, share):
     """The GPU lease, through the real judge on the CPU: several lanes share the device, and no

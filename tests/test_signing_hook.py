@@ -9,6 +9,8 @@ import pytest
 
 from cudal1.harness.channel import Message, Receiver
 
+pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
+
 _AUDIT_SCRIPT = r'''
 import os, sys, traceback
 from cudal1.harness.child import signing_hook

@@ -211,12 +211,14 @@ def test_concurrent_threads(store):
     assert store.counts() == {"ok": 100}
 
 
+@pytest.mark.cpu
 def test_import_does_not_pull_torch():
     code = "import sys, cudal1.store; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
+@pytest.mark.cpu
 def test_sigkill_loses_nothing_recorded(tmp_path):
     path = tmp_path / "crash.db"
     n = 20

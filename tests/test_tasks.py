@@ -85,6 +85,7 @@ def kernelbench_tasks() -> list[Task]:
 # --- module contract -------------------------------------------------------------------------
 
 
+@pytest.mark.cpu
 def test_import_does_not_pull_torch() -> None:
     code = "import sys, cudal1.tasks; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

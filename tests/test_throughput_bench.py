@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "throughput.py"
 
 
+@pytest.mark.cpu
 def test_the_mixed_set_has_fifty_pairs_of_every_kind(shared_dir, tmp_path):
     kb, l1 = shared_dir / "kernelbench" / "kernelbench.jsonl", shared_dir / "cuda-l1" / "h100.jsonl"
     if not (kb.is_file() and l1.is_file()):

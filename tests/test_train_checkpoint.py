@@ -23,12 +23,14 @@ pytest.importorskip("deepspeed")
 from checkpoint_jobs import LORA, check_full_model, check_lora_merge, run_job
 
 
+@pytest.mark.cpu
 def test_zero3_final_and_checkpoint_reload_with_full_trained_tensors(tmp_path):
     summary = run_job("zero3", tmp_path, lora=False, env={"CUDA_VISIBLE_DEVICES": ""})
     assert summary["steps"] == 2 and summary["captured"] > 0
     check_full_model(tmp_path)
 
 
+@pytest.mark.cpu
 def test_zero3_lora_merge_and_adapter_checkpoint(tmp_path):
     summary = run_job("zero3", tmp_path, lora=True, env={"CUDA_VISIBLE_DEVICES": ""})
     assert summary["steps"] == 2

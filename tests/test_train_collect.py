@@ -20,6 +20,7 @@ def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.cpu
 def test_collect_keeps_only_verified_programs(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "data.jsonl"
@@ -54,6 +55,7 @@ def test_collect_keeps_only_verified_programs(tmp_path, monkeypatch, capsys):
     assert len(one) == 1 and one[0]["candidate_hash"] == records[0]["candidate_hash"]
 
 
+@pytest.mark.cpu
 def test_collect_from_file_rejudges_and_drops_what_does_not_verify(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
     task_file = tmp_path / "diag_scale.py"
@@ -128,6 +130,7 @@ def test_grpo_eval_needs_eval_tasks(capsys, tmp_path):
     assert len(err) == 1 and err[0].startswith("cudal1: error:")
 
 
+@pytest.mark.cpu
 def test_core_imports_without_the_train_extra():
     import subprocess
     import sys

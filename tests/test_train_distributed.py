@@ -23,6 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
+
 pytest.importorskip("trl")
 pytest.importorskip("accelerate")
 

@@ -47,6 +47,7 @@ def _digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.cpu
 def test_seeding_judges_verified_programs_here(tmp_path, monkeypatch):
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
     config = smoke.smoke_judge_config()

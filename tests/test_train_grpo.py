@@ -20,6 +20,8 @@ pytest.importorskip("peft")
 from cudal1.cli.main import main as cli_main
 from cudal1.train import smoke
 
+pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
+
 
 def _weights(path: Path) -> dict:
     from safetensors.torch import load_file

@@ -62,6 +62,7 @@ def small_products_count(request, monkeypatch):
         monkeypatch.setattr(triton_gemm, "MIN_MACS", 1)
 
 
+@pytest.mark.cpu
 def test_products_become_split_precision_kernels_and_match(tmp_path):
     notes, cls = rewrite(GEMMS)
     assert len(notes) == 4, notes  # two linear maps, the bmm and the matmul of a transposed view
@@ -81,6 +82,7 @@ CONVS = task(init="self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)\nself.dep
                  """, inputs="torch.randn(2, 3, 17, 15)")
 
 
+@pytest.mark.cpu
 def test_convolutions_become_implicit_gemm_kernels_and_match(tmp_path):
     notes, cls = rewrite(CONVS)
     forward = cls[cls.index("def forward"):]
@@ -131,6 +133,7 @@ def test_size_threshold_is_multiply_adds():
     assert 128 ** 3 >= MIN_MACS and len(rewrite(src)[0]) == 1
 
 
+@pytest.mark.cpu
 def test_the_judge_takes_split_precision_and_refuses_downgrades(cpu_judge_config, tmp_path):
     """CPU emulations judged by the real judge: what the pass computes passes, TF32 and bf16 products
     fail the exact-answer rule without touching any global switch, and the switch is rejected."""

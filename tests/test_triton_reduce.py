@@ -52,6 +52,7 @@ EVERYTHING = task(init="""\
     """, inputs="torch.randn(2, 3, 12), torch.randn(2, 4, 3, 5)")
 
 
+@pytest.mark.cpu
 def test_every_supported_call_becomes_a_kernel_and_matches(tmp_path):
     notes, cls = rewrite(EVERYTHING)
     forward = cls[cls.index("def forward"):]
@@ -64,6 +65,7 @@ def test_every_supported_call_becomes_a_kernel_and_matches(tmp_path):
         assert out["same_kind"] and out["nan_positions"] and out["max_abs"] <= 2e-5 * max(1.0, out["scale"]), out
 
 
+@pytest.mark.cpu
 def test_long_rows_take_the_blocked_path(tmp_path):
     src = task(init="self.ln = nn.LayerNorm(40)\n", forward="""\
         y = self.ln(x)
@@ -78,6 +80,7 @@ def test_long_rows_take_the_blocked_path(tmp_path):
         assert out["same_kind"] and out["max_abs"] <= 2e-5 * max(1.0, out["scale"]), out
 
 
+@pytest.mark.cpu
 def test_nan_and_ties_follow_torch(tmp_path):
     src = task(forward="""\
         return torch.amax(x, dim=2), torch.argmax(x, dim=2), torch.argmin(x, dim=1), torch.amin(x, dim=1)

@@ -62,6 +62,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.cpu
 def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tmp_path, env):
     out = tmp_path / "out"
     dead = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there
@@ -90,6 +91,7 @@ def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tm
     assert yaml.safe_load((out / "config.yaml").read_text())["policy"]["base_url"] == url  # the endpoint asked
 
 
+@pytest.mark.cpu
 def test_reused_out_refuses_other_settings_and_summary_agrees_with_report(tmp_path, env):
     out = tmp_path / "out"
     base = ["optimize", SMALL_DIAG, "--policy", "builtin", "--passes", "algebraic", "--rounds", "1", "--samples", "1",
@@ -115,6 +117,7 @@ def test_reused_out_refuses_other_settings_and_summary_agrees_with_report(tmp_pa
     assert doc["summary"]["faster"] == summary["faster"] and doc["summary"]["faster_point"] == summary["faster_point"]
 
 
+@pytest.mark.cpu
 def test_best_never_holds_a_slower_candidate_and_the_saved_config_reproduces_the_run(tmp_path, env):
     replay = tmp_path / "slow.jsonl"
     replay.write_text(json.dumps({"task": "diag_matmul", "code": SLOW_CODE}) + "\n")
@@ -135,6 +138,7 @@ def test_best_never_holds_a_slower_candidate_and_the_saved_config_reproduces_the
     assert second["run"]["target"] == str(SMALL_DIAG)
 
 
+@pytest.mark.cpu
 def test_default_out_is_named_per_run_and_out_at_a_file_is_one_line(tmp_path, env):
     one = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "-q"], env, tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
@@ -149,6 +153,7 @@ def test_default_out_is_named_per_run_and_out_at_a_file_is_one_line(tmp_path, en
     assert "is a file" in bad.stderr
 
 
+@pytest.mark.cpu
 def test_a_syntax_error_names_the_users_file(tmp_path, env):
     bad = tmp_path / "my_kernel.py"
     bad.write_text("import torch\nclass ModelNew(torch.nn.Module)\n    pass\n")
@@ -210,6 +215,7 @@ def test_report_takes_json(tmp_path, capsys):
     assert "is a directory" in capsys.readouterr().err
 
 
+@pytest.mark.cpu
 def test_a_broken_file_in_a_task_directory_is_skipped_shown_and_counted(tmp_path, env):
     tasks = tmp_path / "tasks"
     tasks.mkdir()
@@ -224,6 +230,7 @@ def test_a_broken_file_in_a_task_directory_is_skipped_shown_and_counted(tmp_path
     assert [s["path"] for s in summary["skipped_tasks"]] == [str(tasks / "broken.py")]
 
 
+@pytest.mark.cpu
 def test_an_offline_kernelbench_selector_fails_in_one_line(tmp_path, env):
     pytest.importorskip("datasets")
     offline = dict(env, HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
