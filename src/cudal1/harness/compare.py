@@ -246,3 +246,12 @@ def tensors_equal(a: Any, b: Any) -> bool:
         elif x != y and not (x != x and y != y):
             return False
     return True
+
+
+def clone_tree(obj: Any) -> Any:
+    """A copy of every tensor in a (nested list/tuple) output; other leaves as they are."""
+    if isinstance(obj, torch.Tensor):
+        return obj.clone()
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(clone_tree(x) for x in obj)
+    return obj

@@ -34,14 +34,6 @@ from cudal1.harness.verdict import Verdict
 _perf = time.perf_counter
 
 
-def clone_tree(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(clone_tree(x) for x in obj)
-    return obj
-
-
 def output_bytes(out: Any) -> int:
     return sum(x.numel() * x.element_size() for _, x in cmp.leaves(out) if isinstance(x, torch.Tensor))
 
@@ -97,8 +89,8 @@ class Measurement:
             inputs = self.make_inputs(seed0 + i)
             exact = self.answers.answers.get(seed0 + i)
             if exact is None and self.exact is not None:
-                exact = self.exact(clone_tree(inputs))
-            ref_out, ms = self.run_model(ref_model, clone_tree(inputs))
+                exact = self.exact(cmp.clone_tree(inputs))
+            ref_out, ms = self.run_model(ref_model, cmp.clone_tree(inputs))
             est["ref"].append(ms)
             try:
                 cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
@@ -194,8 +186,8 @@ class Measurement:
         for t in calls:
             inputs = self.make_inputs(seed0 + 2 * t + 1)
             keep = t in recheck
-            pristine = clone_tree(inputs) if keep else None
-            ref_out = self.run_model(ref_model, clone_tree(inputs))[0] if keep else None
+            pristine = cmp.clone_tree(inputs) if keep else None
+            ref_out = self.run_model(ref_model, cmp.clone_tree(inputs))[0] if keep else None
             row, out, wall_ms = link.time(inputs, ref_out, keep, f"timed call {t}")
             rows.append(row + [wall_ms])
             if keep:
@@ -220,7 +212,7 @@ class Measurement:
         written into them in between; a result cache keyed on addresses (or CUDA graphs replayed
         without copying the inputs) returns the first call's output and fails the re-check."""
         first, second = self.make_inputs(seed), self.make_inputs(seed + 1)
-        ref_out, _ = self.run_model(ref_model, clone_tree(second))
+        ref_out, _ = self.run_model(ref_model, cmp.clone_tree(second))
         out = link.reuse(first, second, ref_out)
         if out is not None:
             self.recheck("address-reuse probe", ref_out, out)
@@ -263,7 +255,7 @@ class Measurement:
         if self.device.type != "cuda":
             return None
         inputs = self.make_inputs(self.input_seed + 70_000)
-        out = ref_model(*clone_tree(inputs))
+        out = ref_model(*cmp.clone_tree(inputs))
         nbytes = sum(x.numel() * x.element_size() for _, x in cmp.leaves((inputs, out)) if isinstance(x, torch.Tensor))
         buf = torch.empty(256 * 2**20, dtype=torch.uint8, device=self.device)
         dst = torch.empty_like(buf)

@@ -15,8 +15,6 @@ parent, which enforces the deadlines; the job ends with one ``result`` message, 
 
 from __future__ import annotations
 
-import faulthandler
-import importlib.util
 import os
 import sys
 import time
@@ -31,21 +29,13 @@ from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.lease import Lease
 from cudal1.harness.link import CandidateGone, CandidateLink
-from cudal1.harness.measure import Measurement, clone_tree, scrub
+from cudal1.harness.compare import clone_tree
+from cudal1.harness.measure import Measurement, scrub
+from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
 from cudal1.harness.numerics import ExactAnswers, ExactReference
 from cudal1.harness.slots import SlotPool
 from cudal1.harness.spec import WorkerSpec
 from cudal1.harness.verdict import Verdict
-
-
-def load_module(path: str, name: str) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def _oom_flag(exc: BaseException) -> list[str]:
@@ -270,23 +260,6 @@ class RefWorker(Measurement):
             return 0
 
 
-def arm_stall_dump(cfg: Any, phase: str) -> None:
-    """A phase that stalls leaves every thread's stack in the log shortly before the parent's
-    deadline for that phase kills the worker."""
-    key = {"setup": "setup_timeout_s", "import": "build_timeout_s", "build": "build_timeout_s"}.get(phase, "timeout_s")
-    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(getattr(cfg, key))), repeat=True)
-
-
-def _redirect_output(log_path: str) -> None:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-
-
 def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: Any) -> None:
     """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``."""
     for name, value in spec.env.items():
@@ -294,7 +267,7 @@ def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: An
     if spec.cwd:
         sys.path[:] = [os.path.abspath(p) for p in sys.path]
         os.chdir(spec.cwd)
-    _redirect_output(spec.log_path)
+    redirect_output(spec.log_path)
     arm_stall_dump(spec.config, "setup")
     try:
         RefWorker(spec, Sender(conn, key_holder.pop()), link_conn).run()

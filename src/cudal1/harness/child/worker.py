@@ -26,15 +26,15 @@ import json
 import os
 import sys
 import time
-import traceback
 from typing import Any
 
 import torch
 
 from cudal1.harness import compare as cmp
 from cudal1.harness.child import signing_hook
-from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
+from cudal1.harness.child.refusal import Refusal, runtime_refusal
 from cudal1.harness.kernels import custom_kernels
+from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
 from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.slots import SlotMap
 from cudal1.harness.spec import CandidateSpec
@@ -46,44 +46,6 @@ _audit = sys.audit  # captured before candidate code runs
 _dumps = json.dumps
 _THREAD_GRACE_S = 0.1  # a thread seen right after a call gets this long to finish (its writes are watched)
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
-
-
-class Refusal(Exception):
-    """Ends the candidate's protocol with a (never ``ok``) verdict for the reference worker."""
-
-    def __init__(self, status: str, message: str, *flags: str, **extra: Any) -> None:
-        super().__init__(message)
-        self.status, self.message, self.flags, self.extra = status, message, list(flags), extra
-
-    def as_reply(self) -> dict[str, Any]:
-        return {"verdict": {"status": self.status, "message": self.message, "flags": self.flags, **self.extra}}
-
-
-def load_module(path: str, name: str) -> Any:
-    """Import a source file as a real module (``@triton.jit`` needs the file for its source)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def runtime_refusal(exc: BaseException, where: str) -> Refusal:
-    text = f"{type(exc).__name__}: {exc}"
-    flags = ["oom"] if is_out_of_memory(exc) else []
-    if is_cuda_fault(text):
-        flags.append("illegal_memory_access")
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
-    return Refusal("runtime_error", f"{where}: {text[:2000]}", *flags, traceback=tb[-4000:])
-
-
-def arm_stall_dump(cfg: Any, phase: str) -> None:
-    """A phase that stalls leaves every thread's stack in the log shortly before the parent's
-    deadline kills the process."""
-    key = {"setup": "setup_timeout_s", "import": "build_timeout_s", "build": "build_timeout_s"}.get(phase, "timeout_s")
-    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(getattr(cfg, key))), repeat=True)
 
 
 class CandidateProcess:
@@ -287,7 +249,7 @@ class CandidateProcess:
         ``guard=False`` skips the runtime guard's walk (milliseconds): timed calls run it only on
         the calls whose outputs go back for a re-check, the last timed call among them."""
         problem = cmp.output_problem(out, self.device.type)
-        early = cmp_clone(out) if busy and not problem else None
+        early = cmp.clone_tree(out) if busy and not problem else None
         if guard:
             self.check(where)
         if not cmp.tensors_equal(args, list(views)):
@@ -430,7 +392,7 @@ class CandidateProcess:
         if not busy and not full:
             return
         if snapshot is None and out is not None:
-            snapshot = cmp_clone(out)
+            snapshot = cmp.clone_tree(out)
         deadline = _perf() + max(settle_s(), _THREAD_GRACE_S)
         if full:
             _sleep(settle_s())
@@ -471,24 +433,6 @@ class CandidateProcess:
             start += len(chunk)
 
 
-def cmp_clone(obj: Any) -> Any:
-    if isinstance(obj, torch.Tensor):
-        return obj.clone()
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(cmp_clone(x) for x in obj)
-    return obj
-
-
-def _redirect_output(log_path: str) -> None:
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-
-
 def _confine(spec: CandidateSpec) -> dict[str, Any]:
     """Apply the spec's confinement (an empty policy: none); the report goes to the parent."""
     if not spec.confine:
@@ -511,7 +455,7 @@ def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any)
     if spec.cwd:
         sys.path[:] = [os.path.abspath(p) for p in sys.path]  # relative entries keep their meaning
         os.chdir(spec.cwd)
-    _redirect_output(spec.log_path)
+    redirect_output(spec.log_path)
     log_fd = os.open(spec.log_path, os.O_RDONLY)  # an unprivileged uid may not open the parent's file
     signing_hook.clear_process_args()
     confinement = _confine(spec)  # before any other thread exists (the stall dump starts one)

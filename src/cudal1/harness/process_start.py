@@ -1,0 +1,41 @@
+"""What each of a job's two processes (the clean reference worker and the candidate's process)
+does the same way when it starts: send its output to its log, import a source file as a module,
+and arm a stack dump for a phase that stalls.  Imports nothing of either side."""
+
+from __future__ import annotations
+
+import faulthandler
+import importlib.util
+import os
+import sys
+from typing import Any
+
+
+def redirect_output(log_path: str) -> None:
+    """stdout and stderr append to ``log_path`` (0600); stdin reads ``/dev/null``."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+
+
+def load_module(path: str, name: str) -> Any:
+    """Import a source file as a real module under ``name`` (``@triton.jit`` needs the file for
+    its source)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def arm_stall_dump(cfg: Any, phase: str) -> None:
+    """A phase that stalls leaves every thread's stack in the log shortly before the parent's
+    deadline for that phase kills the process."""
+    key = {"setup": "setup_timeout_s", "import": "build_timeout_s", "build": "build_timeout_s"}.get(phase, "timeout_s")
+    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(getattr(cfg, key))), repeat=True)
