@@ -68,6 +68,7 @@ MIN_CALL_MS = 0.001
 # load the host.
 SIDE_STREAM_MIN_MS = 0.05
 
+
 @dataclass
 class Figures:
     """Both figures for both sides, and the parent's findings about the candidate's times."""
