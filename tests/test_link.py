@@ -71,6 +71,8 @@ def test_slots_move_to_host_memory_when_the_peer_cannot_open_them(tmp_path):
     out, ms = link.call([3], None, "trial 0")
     assert out == 1 and ms == 0.5 and link.host_fallback and link.pool.transport == "file"
     assert [a["op"] for a in asked] == ["call", "call"]
+    # the verdict's environment.slots says so, with the reason
+    assert link.transport() == "host_files (CUDA IPC failed: CudaCallError: cudaIpcOpenMemHandle failed)"
 
 
 def test_a_second_slot_failure_is_a_runtime_error(tmp_path):
