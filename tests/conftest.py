@@ -44,6 +44,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 def pytest_configure(config: pytest.Config) -> None:
     # caches (builds, graph rewrites) go to a per-session directory, never the user's ~/.cache
     os.environ.setdefault("CUDAL1_CACHE_DIR", tempfile.mkdtemp(prefix="cudal1-test-cache-"))
+    # One intra-op thread in this process and every judge worker and CLI child it starts (set
+    # before torch is imported and before the judge's forkserver starts).  On a loaded host a
+    # parallel op whose sibling thread is descheduled waits out a scheduler slice (~4 ms) at its
+    # barrier whatever its work, so the CPU judge's speedups measured slices, not work: the 512x512
+    # diag broadcast (512x less work than the matmul) read anywhere from 0.98x to 89x with two
+    # threads under load, 28x-54x with one.  Tests that assert "measured faster/slower" rely on
+    # their work margins, which this makes what a call's time measures.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 def _cuda_available() -> bool:

@@ -33,8 +33,13 @@ class ModelNew(nn.Module):
     def forward(self, A, B):
         return A.unsqueeze(1) * B
 """
-# twice the reference's work, so measured slower than it on any machine
-SLOW_CODE = FAST_CODE.replace("return A.unsqueeze(1) * B", "d = torch.diag(A)\n        return (d @ B + d @ B) * 0.5")
+# the reference's product computed SLOW_REPEATS times (the same answer, exactly): a work margin no
+# machine load can hide (twice the work was once measured 1.12x faster on a loaded two-core machine)
+SLOW_REPEATS = 50
+SLOW_CODE = FAST_CODE.replace("return A.unsqueeze(1) * B", f"""d = torch.diag(A)
+        for _ in range({SLOW_REPEATS - 1}):
+            d @ B  # the reference's own matmul, again, dropped
+        return d @ B""")
 ANSWER = f"## Performance Analysis\nscale rows\n\n## Algorithm Design\nbroadcast\n\n## Code Implementation\n```python\n{FAST_CODE}```\n"
 
 
