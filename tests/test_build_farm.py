@@ -115,6 +115,8 @@ def test_file_lock_excludes_another_process_and_dies_with_it(tmp_path):
         assert not acquired.wait(1.0), "the lock was taken while another process held it"
         holder.send_signal(signal.SIGKILL)  # the kernel drops the dead holder's lock
         assert acquired.wait(10.0), "the lock of a killed holder was not released"
+        t.join(10.0)  # the thread sets the event inside its lock: wait until it has let go
+        assert not t.is_alive()
     finally:
         holder.kill()
         holder.wait()
