@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -148,19 +148,6 @@ def leaf_check(path: str, exact: Any, ref: Any, cand: Any) -> LeafCheck:
             maxes[i] = max(maxes[i], float(v.abs().max().item()))
     return LeafCheck(path, dtype, n, math.sqrt(sums[0]), math.sqrt(sums[1]), math.sqrt(sums[2]),
                      maxes[0], maxes[1], maxes[2])
-
-
-@dataclass
-class ExactVerdict:
-    """The exact rule over one trial's outputs: the checks it made and the leaves it left to
-    the fixed table (with the reason)."""
-
-    checks: list[LeafCheck] = field(default_factory=list)
-    fixed_paths: dict[str, str] = field(default_factory=dict)  # output path -> why the fixed rule judged it
-
-    def failing(self, table: dict[str, tuple[float, float]]) -> LeafCheck | None:
-        worst = max(self.checks, key=lambda c: c.ratio(table), default=None)
-        return worst if worst is not None and worst.ratio(table) > 1.0 else None
 
 
 RECHECK_SLACK = 2.0  # a re-checked output may be this many times the correctness trials' worst limit

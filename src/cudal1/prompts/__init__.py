@@ -13,7 +13,7 @@ Pure Python: nothing here imports torch or the judge (:mod:`cudal1.harness`).
 """
 
 from cudal1.prompts.analysis import AnalysisCheck, check_analysis
-from cudal1.prompts.build import (
+from cudal1.prompts.compose import (
     DEFAULT_TEMPLATE,
     PromptTemplate,
     available_templates,

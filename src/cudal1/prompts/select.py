@@ -5,7 +5,7 @@ seed gives the same selection).  Only *eligible* exemplars are ever selected: ``
 with a finite, positive speedup — never a failed, ``rejected`` or unmeasured candidate.  The pool
 is taken in chronological order (oldest first, as the run store returns it); exemplars with the
 same code are one candidate (the latest measurement counts).  Selections come back sorted by
-speedup ascending, the order :func:`cudal1.prompts.build.build_prompt` shows them in.
+speedup ascending, the order :func:`cudal1.prompts.compose.build_prompt` shows them in.
 
 Strategies (registry :data:`STRATEGIES`; an unknown name raises ``KeyError`` naming the known ones):
 

@@ -33,7 +33,7 @@ class SearchConfig(Config):
     def validate(self) -> None:
         if self.rounds < 0 or self.samples < 1 or self.exemplars < 0:
             raise ConfigError("rounds >= 0, samples >= 1 and exemplars >= 0 are required")
-        from cudal1.prompts.build import available_templates
+        from cudal1.prompts.compose import available_templates
         from cudal1.prompts.select import STRATEGIES
 
         if self.strategy not in STRATEGIES:

@@ -128,7 +128,7 @@ def write_jsonl(path: Path, records: list[dict]) -> None:
 def code_answer(code: str) -> str:
     """A published program as the assistant turn: its Code Implementation section alone (a release
     states no analysis; inventing one would teach the model to write filler)."""
-    from cudal1.prompts.build import fenced
+    from cudal1.prompts.compose import fenced
 
     return f"### Code Implementation\n{fenced(code)}\n"
 
