@@ -8,8 +8,6 @@ whatever the precision argument; the tensor-core arithmetic itself is checked on
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +19,7 @@ from cudal1.rewrite.emit import emit_class
 from cudal1.rewrite.trace import propagate_shapes, trace_task
 from cudal1.rewrite import triton_gemm
 from cudal1.rewrite.triton_gemm import MIN_MACS, NAME
+from cudal1.harness.process_start import load_module
 from triton_cases import compare_interpreted, task
 
 PRECISION = Path(__file__).parent / "fixtures" / "rewrite" / "precision"
@@ -38,13 +37,10 @@ def rewrite(source: str) -> tuple[list[str], str]:
 
 
 def load(tmp_path: Path, source: str, name: str):
+    """``source`` written to a file and imported as module ``name`` (Triton reads kernels from files)."""
     path = tmp_path / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(str(path), name)
 
 
 GEMMS = task(init="self.fc = nn.Linear(40, 48)\nself.proj = nn.Linear(48, 24, bias=False)\n", signature="x, y",

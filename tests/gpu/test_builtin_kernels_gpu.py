@@ -15,8 +15,6 @@ root.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ import torch
 
 from cudal1.policy.builtin import render_candidate
 from cudal1.rewrite import ALGEBRAIC_PASSES, rewrite_task
+from cudal1.harness.process_start import load_module
 from triton_cases import task
 
 pytestmark = pytest.mark.gpu
@@ -34,13 +33,10 @@ PRECISION = REPO / "tests" / "fixtures" / "rewrite" / "precision"
 
 
 def _load(tmp_path: Path, source: str, name: str):
+    """``source`` written to a file and imported as module ``name`` (Triton reads kernels from files)."""
     path = tmp_path / f"{name}.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_module(str(path), name)
 
 
 def _candidate(source: str, graph_pass: str) -> str:

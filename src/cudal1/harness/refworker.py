@@ -29,7 +29,6 @@ from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.lease import Lease
 from cudal1.harness.link import CandidateGone, CandidateLink
-from cudal1.harness.compare import clone_tree
 from cudal1.harness.measure import Measurement, scrub
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
 from cudal1.harness.numerics import ExactAnswers, ExactReference
@@ -279,4 +278,4 @@ def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: An
         os._exit(0)
 
 
-__all__ = ["RefWorker", "reference_entry", "clone_tree"]
+__all__ = ["RefWorker", "reference_entry"]

@@ -73,7 +73,7 @@ def write_outputs(s: Search, out: Path, stop: str, extra: dict[str, Any] | None 
                               "errors": gen.errors, "answered_total": answered, "failed_total": failed},
                "judge_hash": s.judge.config_hash,
                # this invocation's judging (a resumed run counts only what it judged itself)
-               "judging": s.judge.judging_summary() if hasattr(s.judge, "judging_summary") else None,
+               "judging": s.judge.judging_summary(),
                **(extra or {})}
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return summary
