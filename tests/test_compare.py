@@ -247,8 +247,45 @@ class TestTensorsEqual:
         assert not cmp.tensors_equal([x], [x, x])
         assert not cmp.tensors_equal([x], [3])
 
+    def test_bitwise_a_write_of_equal_value_still_counts(self):
+        """The trees compared are a copy and its original: any write shows, also one that a value
+        comparison would call equal (-0.0 over 0.0, another NaN payload)."""
+        x = torch.tensor([0.0, float("nan"), 2.0])
+        signed = x.clone()
+        signed[0] = -0.0
+        assert not cmp.tensors_equal([x], [signed])
+        payload = x.clone()
+        payload.view(torch.int32)[1] ^= 1  # still a NaN, other bits
+        assert torch.isnan(payload[1]) and not cmp.tensors_equal([x], [payload])
+
+    def test_same_bits_takes_any_layout_and_dtype(self):
+        m = torch.randn(6, 8)
+        for a in (m.t(), m[:, ::3], m[0].expand(4, 8), torch.tensor(3.5), torch.randn(5, dtype=torch.complex128),
+                  torch.randn(7).to(torch.bfloat16), torch.rand(9) > 0.5, torch.arange(5, dtype=torch.int8)):
+            assert cmp.same_bits(a, a.clone()), a.dtype
+        changed = m.t().clone()
+        changed[2, 3] += 1
+        assert not cmp.same_bits(m.t(), changed)
+        assert cmp.same_bits(torch.empty(0, 3), torch.empty(0, 3)) and not cmp.same_bits(torch.empty(0, 3), torch.empty(3, 0))
+
     def test_ints_and_scalars(self):
         assert cmp.tensors_equal([torch.arange(3), 2, "s"], [torch.arange(3), 2, "s"])
         assert not cmp.tensors_equal([torch.arange(3)], [torch.tensor([0, 1, 3])])
         assert not cmp.tensors_equal([2], [3])
         assert cmp.tensors_equal([float("nan")], [float("nan")])
+
+
+def test_errors_accumulate_across_chunks_and_the_first_bad_element_is_found(monkeypatch):
+    """The fixed-tolerance errors are summed on the device over chunks; the first element out of
+    tolerance is located in its own chunk."""
+    monkeypatch.setattr(cmp, "_CHUNK", 7)
+    ref = torch.linspace(-3.0, 4.0, 50)
+    out = ref.clone()
+    out[33] += 0.5
+    out[41] += 0.25
+    errors, n_bad, first = cmp._value_errors(ref, out, 1e-4, 1e-4)
+    assert n_bad == 2 and first.startswith("first at flat index 33:")
+    assert errors.max_abs == pytest.approx(0.5, rel=1e-6) and errors.max_ref == pytest.approx(4.0)
+    assert errors.max_rel == pytest.approx(0.5 / abs(float(ref[33])), rel=1e-6)
+    errors, n_bad, first = cmp._value_errors(ref, ref.clone(), 1e-4, 1e-4)
+    assert (n_bad, first, errors.max_abs) == (0, "", 0.0)

@@ -397,3 +397,30 @@ def test_a_nan_error_never_passes_the_bound():
     zero_floor = dict(EXACT, **{"@floor:float32": (0.0, 0.0)})
     exact_zero = LeafCheck("out", "float32", n=4, exact_l2=0.0, ref_l2=0.0, cand_l2=0.0, exact_inf=0.0, ref_inf=0.0, cand_inf=0.0)
     assert exact_zero.ratio(zero_floor) == 0.0
+
+
+def test_norms_accumulate_across_chunks(monkeypatch):
+    """``deviation`` and ``leaf_check`` sum chunk by chunk on the device: the same figures as one
+    float64 pass over the finite positions."""
+    import math
+
+    from cudal1.harness import numerics
+
+    monkeypatch.setattr(numerics, "_CHUNK", 5)
+    ref = torch.randn(37)
+    ref[[3, 20]] = float("inf")
+    out = ref + 1e-3 * torch.randn(37)
+    exact = ref.double() + 1e-7
+    exact[11] = float("nan")
+    keep = torch.isfinite(ref)
+    r, o = ref[keep].double(), out[keep].double()
+    ref_l2, l2, ref_inf, inf = numerics.deviation(ref, out)
+    assert ref_l2 == pytest.approx(math.sqrt(float((r * r).sum())), rel=1e-12)
+    assert l2 == pytest.approx(math.sqrt(float(((o - r) ** 2).sum())), rel=1e-12)
+    assert (ref_inf, inf) == pytest.approx((float(r.abs().max()), float((o - r).abs().max())), rel=1e-12)
+    check = numerics.leaf_check("out", exact, ref, out)
+    both = keep & torch.isfinite(exact)
+    e, c = exact[both], out[both].double()
+    assert check.n == int(both.sum())
+    assert check.cand_l2 == pytest.approx(math.sqrt(float(((c - e) ** 2).sum())), rel=1e-12)
+    assert check.exact_inf == pytest.approx(float(e.abs().max()), rel=1e-12)

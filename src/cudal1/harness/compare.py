@@ -29,7 +29,9 @@ _isinf = torch.isinf
 _equal = torch.equal
 _abs = torch.abs
 _where = torch.where
-_zeros_like = torch.zeros_like
+_zeros = torch.zeros
+_stack = torch.stack
+_maximum = torch.maximum
 _is_floating = torch.is_floating_point
 _is_complex = torch.is_complex
 
@@ -98,25 +100,36 @@ def output_problem(out: Any, device_type: str) -> str | None:
 
 
 def _value_errors(ref: Any, out: Any, atol: float, rtol: float) -> tuple[Errors, int, str]:
-    """float64 errors, chunked; returns (errors, count of elements out of tolerance, first bad)."""
+    """float64 errors, chunked and accumulated on the device (one synchronization, another to
+    locate the first bad element when there is one); returns (errors, count of elements out of
+    tolerance, first bad)."""
     r_all, o_all = ref.detach().reshape(-1), out.detach().reshape(-1)
-    errors, n_bad, first = Errors(), 0, ""
-    for start in range(0, r_all.numel(), _CHUNK):
+    counts, maxes = [], _zeros(3, dtype=torch.float64, device=r_all.device)  # |out - ref|, relative, |ref|
+
+    def chunk(start: int) -> tuple[Any, Any, Any, Any, Any]:
         r = r_all[start:start + _CHUNK].to(torch.float64)
         o = o_all[start:start + _CHUNK].to(torch.float64)
         finite = ~(_isnan(r) | _isinf(r))
-        diff = _where(finite, _abs(o - r), _zeros_like(r))
+        diff = _where(finite, _abs(o - r), 0.0)
         scale = _abs(r)
         bad = (diff > (atol + rtol * scale)) | (_isinf(r) & (o != r))  # inf must be the same inf
-        count = int(bad.sum().item())
-        errors.max_abs = max(errors.max_abs, float(diff.max().item()))
-        rel = _where(finite, diff / scale.clamp_min(1e-12), _zeros_like(r))
-        errors.max_rel = max(errors.max_rel, float(rel.max().item()))
-        errors.max_ref = max(errors.max_ref, float(_where(finite, scale, _zeros_like(r)).max().item()))
-        if count and not first:
-            idx = int(bad.nonzero()[0].item())
-            first = f"first at flat index {start + idx}: got {o[idx].item():.6g}, want {r[idx].item():.6g}"
-        n_bad += count
+        return r, o, finite, diff, bad
+
+    starts = range(0, r_all.numel(), _CHUNK)
+    for start in starts:
+        r, o, finite, diff, bad = chunk(start)
+        counts.append(bad.sum())
+        rel = _where(finite, diff / _abs(r).clamp_min(1e-12), 0.0)
+        maxes = _maximum(maxes, _stack([diff.max(), rel.max(), _where(finite, _abs(r), 0.0).max()]))
+    per_chunk = _stack(counts).tolist() if counts else []
+    errors = Errors()
+    errors.max_abs, errors.max_rel, errors.max_ref = maxes.tolist()
+    n_bad, first = int(sum(per_chunk)), ""
+    if n_bad:
+        start = starts[next(i for i, c in enumerate(per_chunk) if c)]
+        r, o, _, _, bad = chunk(start)
+        idx = int(bad.nonzero()[0].item())
+        first = f"first at flat index {start + idx}: got {o[idx].item():.6g}, want {r[idx].item():.6g}"
     return errors, n_bad, first
 
 
@@ -228,20 +241,38 @@ def _exact_leaf(path: str, e: Any, r: Any, o: Any, table: dict[str, tuple[float,
     return None
 
 
+_SAME_SIZE_INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def same_bits(a: Any, b: Any) -> bool:
+    """Whether two tensors hold the same bits (shape, dtype and every byte): one comparison
+    kernel through integer views of the same element size, no temporaries.  Stricter than value
+    equality (``-0.0`` differs from ``0.0``, NaN payloads count), which is what a copy, a
+    snapshot or an untouched input must satisfy."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.numel() == 0:
+        return True
+    a, b = a.detach(), b.detach()
+    if a.is_complex():
+        a, b = torch.view_as_real(a), torch.view_as_real(b)
+    if a.dtype == torch.bool:
+        return bool(_equal(a, b))
+    kind = _SAME_SIZE_INT.get(a.element_size())
+    if kind is None:
+        return bool(_equal(a, b) or bool(((a == b) | (_isnan(a) & _isnan(b))).all().item()))
+    return bool(_equal(a.view(kind), b.view(kind)))
+
+
 def tensors_equal(a: Any, b: Any) -> bool:
-    """Exact, NaN-aware equality of two input trees (used for the input-mutation check)."""
+    """Bitwise equality of two trees (the input-mutation and output-stability checks: the second
+    tree is a copy of the first as it was, so any difference is a write)."""
     la, lb = leaves(a, "in"), leaves(b, "in")
     if len(la) != len(lb):
         return False
     for (_, x), (_, y) in zip(la, lb):
         if isinstance(x, _Tensor):
-            if not isinstance(y, _Tensor) or x.shape != y.shape or x.dtype != y.dtype:
-                return False
-            if _is_floating(x) or _is_complex(x):
-                same = (x == y) | (_isnan(x) & _isnan(y))
-                if not bool(same.all().item()):
-                    return False
-            elif not _equal(x, y):
+            if not isinstance(y, _Tensor) or not same_bits(x, y):
                 return False
         elif x != y and not (x != x and y != y):
             return False

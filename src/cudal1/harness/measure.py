@@ -53,11 +53,14 @@ class Measurement:
     extra_flags: list[str]
 
     def make_inputs(self, seed: int) -> list:
-        """Fresh inputs from the task's ``get_inputs`` under ``seed``, created on the device."""
-        if self.device.type == "cuda" or torch.cuda.is_initialized():
-            torch.manual_seed(seed)
-        else:  # torch.manual_seed's CPU part, without queueing a lazy CUDA seeding (and its traceback) per call
-            torch.random.default_generator.manual_seed(seed)
+        """Fresh inputs from the task's ``get_inputs`` under ``seed``, created on the device.
+        Seeds the CPU generator and, on CUDA, the device's own (what ``torch.manual_seed`` seeds
+        that ``get_inputs`` can draw from): ``torch.manual_seed`` also queues a lazy seeding, with
+        a formatted stack, for every backend not initialised (XPU, MTIA), about a millisecond
+        per call."""
+        torch.random.default_generator.manual_seed(seed)
+        if self.device.type == "cuda":
+            torch.cuda.default_generators[self.device.index or 0].manual_seed(seed)
         random.seed(seed)
         with torch.device(self.device):
             inputs = list(self.ref_mod.get_inputs())

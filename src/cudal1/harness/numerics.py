@@ -54,6 +54,10 @@ _Tensor = torch.Tensor
 _isfinite = torch.isfinite
 _is_floating = torch.is_floating_point
 _f64 = torch.float64
+_where = torch.where
+_stack = torch.stack
+_maximum = torch.maximum
+_zeros = torch.zeros
 
 _CHUNK = 1 << 24  # elements per float64 chunk: bounds temporary memory
 
@@ -124,30 +128,28 @@ class LeafCheck:
 
 def leaf_check(path: str, exact: Any, ref: Any, cand: Any) -> LeafCheck:
     """Norms of ``ref - exact`` and ``cand - exact`` over positions finite in ``ref`` and
-    ``exact`` (chunked float64; inputs may live on different devices)."""
+    ``exact`` (chunked float64, accumulated on the device: one synchronization per leaf; inputs
+    may live on different devices)."""
     dtype = str(ref.dtype).replace("torch.", "")
     e_all = exact.detach().reshape(-1)
     r_all = ref.detach().reshape(-1)
     c_all = cand.detach().reshape(-1)
     dev = r_all.device
-    sums = [0.0, 0.0, 0.0]  # exact, ref, cand squared norms
-    maxes = [0.0, 0.0, 0.0]
-    n = 0
+    sums = _zeros(3, dtype=_f64, device=dev)  # exact, ref - exact, cand - exact: squared norms
+    maxes = _zeros(3, dtype=_f64, device=dev)
+    count = _zeros((), dtype=torch.int64, device=dev)
     for start in range(0, r_all.numel(), _CHUNK):
         e = e_all[start:start + _CHUNK].to(dev, _f64)
         r = r_all[start:start + _CHUNK].to(_f64)
         c = c_all[start:start + _CHUNK].to(_f64)
         keep = _isfinite(r) & _isfinite(e)
-        e, r, c = e[keep], r[keep], c[keep]
-        n += int(e.numel())
-        if not e.numel():
-            continue
-        dr, dc = r - e, c - e
-        for i, v in enumerate((e, dr, dc)):
-            sums[i] += float((v * v).sum().item())
-            maxes[i] = max(maxes[i], float(v.abs().max().item()))
-    return LeafCheck(path, dtype, n, math.sqrt(sums[0]), math.sqrt(sums[1]), math.sqrt(sums[2]),
-                     maxes[0], maxes[1], maxes[2])
+        count += keep.sum()
+        parts = (_where(keep, e, 0.0), _where(keep, r - e, 0.0), _where(keep, c - e, 0.0))
+        sums += _stack([(v * v).sum() for v in parts])
+        maxes = _maximum(maxes, _stack([v.abs().max() for v in parts]))
+    n, *values = [count.item()] + sums.tolist() + maxes.tolist()
+    return LeafCheck(path, dtype, int(n), math.sqrt(values[0]), math.sqrt(values[1]), math.sqrt(values[2]),
+                     values[3], values[4], values[5])
 
 
 RECHECK_SLACK = 2.0  # a re-checked output may be this many times the correctness trials' worst limit
@@ -155,20 +157,19 @@ RECHECK_SLACK = 2.0  # a re-checked output may be this many times the correctnes
 
 def deviation(ref: Any, out: Any) -> tuple[float, float, float, float]:
     """(|ref|_2, |out - ref|_2, max|ref|, max|out - ref|) over the positions where ``ref`` is
-    finite (chunked float64)."""
+    finite (chunked float64, accumulated on the device: one synchronization)."""
     r_all, o_all = ref.detach().reshape(-1), out.detach().reshape(-1)
-    sums, maxes = [0.0, 0.0], [0.0, 0.0]  # |ref|, |out - ref|
+    sums = _zeros(2, dtype=_f64, device=r_all.device)  # |ref|, |out - ref|: squared
+    maxes = _zeros(2, dtype=_f64, device=r_all.device)
     for start in range(0, r_all.numel(), _CHUNK):
         r = r_all[start:start + _CHUNK].to(_f64)
         o = o_all[start:start + _CHUNK].to(_f64)
         keep = _isfinite(r)
-        r, d = r[keep], o[keep] - r[keep]
-        if not r.numel():
-            continue
-        for i, v in enumerate((r, d)):
-            sums[i] += float((v * v).sum().item())
-            maxes[i] = max(maxes[i], float(v.abs().max().item()))
-    return math.sqrt(sums[0]), math.sqrt(sums[1]), maxes[0], maxes[1]
+        parts = (_where(keep, r, 0.0), _where(keep, o - r, 0.0))
+        sums += _stack([(v * v).sum() for v in parts])
+        maxes = _maximum(maxes, _stack([v.abs().max() for v in parts]))
+    s0, s1, m0, m1 = sums.tolist() + maxes.tolist()
+    return math.sqrt(s0), math.sqrt(s1), m0, m1
 
 
 def within_limits(path: str, ref: Any, out: Any, limit: tuple[float, float]) -> str:

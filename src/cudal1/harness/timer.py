@@ -37,6 +37,8 @@ from typing import Any, Callable
 
 import torch
 
+from cudal1.harness.compare import same_bits as _same_bits
+
 # Captured before candidate code runs: a candidate rebinding these cannot change the clock.
 _perf_counter_ns = time.perf_counter_ns
 _synchronize = torch.cuda.synchronize
@@ -120,15 +122,6 @@ def _leaf_tensors(obj: Any) -> list[torch.Tensor]:
     if isinstance(obj, dict):
         return [t for x in obj.values() for t in _leaf_tensors(x)]
     return []
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.numel() == 0:
-        return True
-    return bool(torch.equal(a.detach().reshape(-1).contiguous().view(torch.uint8),
-                            b.detach().reshape(-1).contiguous().view(torch.uint8)))
 
 
 class Gate:
