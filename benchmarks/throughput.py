@@ -238,9 +238,9 @@ class Child:
         counts: dict[str, int] = {}
         for r in results:
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
-        total = None
-        for s in stats:
-            total = s if total is None else total.merge(s)
+        from cudal1.harness.batchstats import total as merged
+
+        total = merged(stats)
         return {"name": cur["name"], "complete": complete, "wall_s": wall, "judged": len(results),
                 "candidates_per_gpu_hour": 3600.0 * len(results) / (wall * max(1, getattr(self, "lanes", 1))) if wall > 0 else None,
                 "statuses": counts, "batch": None if total is None else total.to_dict(detail=True),

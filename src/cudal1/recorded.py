@@ -251,12 +251,12 @@ class RecordedJudge:
     def judging_summary(self) -> dict[str, Any] | None:
         """The batches this object judged, merged: jobs, wall seconds and the GPU's idle share
         (None when it judged nothing)."""
-        if not self.batch_stats:
+        from cudal1.harness.batchstats import total
+
+        merged = total(self.batch_stats)
+        if merged is None:
             return None
-        total = self.batch_stats[0]
-        for more in self.batch_stats[1:]:
-            total = total.merge(more)
-        data = total.to_dict()
+        data = merged.to_dict()
         return {"batches": len(self.batch_stats), "workers_per_gpu": self.config.workers_per_gpu,
                 **{k: data.get(k) for k in ("jobs", "wall_s", "gpu_idle_share", "idle_share", "mean_concurrent_builds")}}
 

@@ -18,12 +18,10 @@ def print_json(obj: Any) -> None:
 
 def batch_summary(stats: list[Any]) -> dict[str, Any] | None:
     """The ``BatchStats`` of a command's batches, totalled, as JSON (None when nothing was judged)."""
-    if not stats:
-        return None
-    total = stats[0]
-    for s in stats[1:]:
-        total = total.merge(s)
-    return total.to_dict()
+    from cudal1.harness.batchstats import total
+
+    merged = total(stats)
+    return None if merged is None else merged.to_dict()
 
 
 def batch_line(batch: dict[str, Any] | None) -> str:

@@ -137,6 +137,14 @@ class BatchStats:
         return data
 
 
+def total(stats: list[BatchStats]) -> BatchStats | None:
+    """Several batches' stats merged into one (None for none)."""
+    out = None
+    for s in stats:
+        out = s if out is None else out.merge(s)
+    return out
+
+
 def in_worker_build_s(result: Any) -> float:
     """Seconds a GPU worker spent importing its candidate and building extensions itself (an
     ``EvalResult``'s ``import`` + ``build`` phases): lane time in which its GPU did nothing."""

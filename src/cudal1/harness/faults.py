@@ -12,6 +12,8 @@ assert": torch appends "Compile with `TORCH_USE_CUDA_DSA` to enable device-side 
 
 from __future__ import annotations
 
+import traceback
+
 CUDA_FAULT_SIGNS = (
     "illegal memory access",
     "cudaErrorIllegalAddress",
@@ -40,3 +42,14 @@ def is_out_of_memory(exc: BaseException) -> bool:
     import torch
 
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc)
+
+
+def runtime_error_parts(exc: BaseException, where: str) -> tuple[str, list[str], str]:
+    """A ``runtime_error`` verdict's message, flags (``oom``, ``illegal_memory_access``) and
+    traceback tail for ``exc`` raised ``where``: the same in both of a job's processes."""
+    text = f"{type(exc).__name__}: {exc}"
+    flags = ["oom"] if is_out_of_memory(exc) else []
+    if is_cuda_fault(text):
+        flags.append("illegal_memory_access")
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
+    return f"{where}: {text[:2000]}", flags, tb[-4000:]

@@ -18,14 +18,13 @@ from __future__ import annotations
 import os
 import sys
 import time
-import traceback
 from typing import Any
 
 import torch
 
 from cudal1.harness.channel import Sender
 from cudal1.harness.degenerate import degenerate_reason, fingerprint
-from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
+from cudal1.harness.faults import is_out_of_memory, runtime_error_parts
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.lease import Lease
 from cudal1.harness.link import CandidateGone, CandidateLink
@@ -43,12 +42,8 @@ def _oom_flag(exc: BaseException) -> list[str]:
 
 def classify_runtime(exc: BaseException, phase: str) -> Verdict:
     """An exception of the reference worker's own protocol as a ``runtime_error``."""
-    text = f"{type(exc).__name__}: {exc}"
-    flags = _oom_flag(exc)
-    if is_cuda_fault(text):
-        flags.append("illegal_memory_access")
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
-    return Verdict("runtime_error", f"{phase}: {text[:2000]}", *flags, traceback=tb[-4000:])
+    message, flags, tb = runtime_error_parts(exc, phase)
+    return Verdict("runtime_error", message, *flags, traceback=tb)
 
 
 class RefWorker(Measurement):

@@ -3,10 +3,9 @@ can only make the candidate's own verdict worse (never ``ok``) back to the refer
 
 from __future__ import annotations
 
-import traceback
 from typing import Any
 
-from cudal1.harness.faults import is_cuda_fault, is_out_of_memory
+from cudal1.harness.faults import runtime_error_parts
 
 
 class Refusal(Exception):
@@ -21,9 +20,5 @@ class Refusal(Exception):
 
 
 def runtime_refusal(exc: BaseException, where: str) -> Refusal:
-    text = f"{type(exc).__name__}: {exc}"
-    flags = ["oom"] if is_out_of_memory(exc) else []
-    if is_cuda_fault(text):
-        flags.append("illegal_memory_access")
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:])
-    return Refusal("runtime_error", f"{where}: {text[:2000]}", *flags, traceback=tb[-4000:])
+    message, flags, tb = runtime_error_parts(exc, where)
+    return Refusal("runtime_error", message, *flags, traceback=tb)
