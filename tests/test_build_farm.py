@@ -379,3 +379,38 @@ def test_a_symbolic_link_left_in_a_build_directory_is_not_written_through(tmp_pa
     _, spec = ev._specs(Job(task, cand), work, "cpu", None, "eval")
     assert Path(spec.cwd) == cwd and cwd.is_dir() and not cwd.is_symlink()
     assert list(elsewhere.iterdir()) == []
+
+
+NICENESS = '''
+import os
+import torch.nn as nn
+
+with open(%(mark)r, "a") as f:  # the import's niceness, once per process that imports the candidate
+    f.write(str(os.nice(0)) + "\\n")
+
+
+class ModelNew(nn.Module):
+    def forward(self, A, B):
+        return A.unsqueeze(1) * B
+'''
+
+
+@pytest.mark.cpu
+def test_prebuilds_run_below_the_jobs_being_timed(tmp_path, cpu_judge_config):
+    """A pre-build and its compilers are background work: they run at ``BUILD_NICENESS`` above
+    the judge, so a job timed on the same host gets the CPU first; the job itself does not."""
+    import os
+
+    from cudal1.harness.child.worker import BUILD_NICENESS
+
+    from cudal1.harness import evaluate
+    from cudal1.tasks import load_task_file
+
+    _, _, mark = _prebuild(tmp_path, cpu_judge_config, NICENESS)
+    assert [int(x) for x in mark.read_text().split()] == [min(19, os.nice(0) + BUILD_NICENESS)]
+    mark.unlink()
+    task = load_task_file(Path(__file__).resolve().parents[1] / "examples" / "tasks" / "diag_matmul.py")
+    cand = Candidate(NICENESS % {"mark": str(mark)}, task_hash=task.hash, label="timed")
+    (result,) = evaluate(task, [cand], cpu_judge_config(tmp_path / "cache2", confine_candidates=False))
+    assert result.status.value == "ok", result.message
+    assert int(mark.read_text().split()[-1]) == os.nice(0)  # the job's own candidate process

@@ -87,6 +87,21 @@ class TestFigures:
         assert f.side_stream
         assert np.median(f.gpu["cand"]) > 0.25
 
+    def test_a_late_wake_up_on_some_calls_is_not_charged(self):
+        from cudal1.harness.stats import figures
+
+        cand = self._rows(gpu=0.002, wall=1.0)
+        for r in cand[::3]:
+            r[1] += 0.04  # the host woke 40 us late after the synchronize on a third of the calls
+        f = figures(self._stage(self._rows(gpu=0.005), cand))
+        assert not f.side_stream
+        assert abs(np.median(f.gpu["cand"]) - 0.002) < 0.004  # a short call keeps its own time
+        everywhere = self._rows(gpu=0.002, wall=1.0)
+        for r in everywhere:
+            r[1] += 0.04  # 40 us on another stream after every call: charged, below the rejection floor
+        f = figures(self._stage(self._rows(gpu=0.005), everywhere))
+        assert not f.side_stream and np.median(f.gpu["cand"]) > 0.04
+
     def test_an_output_written_after_the_call_is_side_stream(self):
         from cudal1.harness.stats import figures
 

@@ -5,9 +5,10 @@ Contract: every function needs an initialised CUDA context on the calling thread
 ``torch.cuda.init()`` or any CUDA tensor); a failing call raises :class:`CudaCallError` naming
 the call and its error code.  What lives here: raw device allocations and their IPC handles
 (the shared slots between the reference worker and the candidate's process), mapped pinned host
-words (the timer's gate), a PTX module for the gate kernel, device attributes (peak memory
-bandwidth for the physics floor) and the persisting-L2 controls.  Handles cross processes as
-hex text: a 64-byte ``cudaIpcMemHandle_t`` is passed to ``cudaIpcOpenMemHandle`` *by value*.
+words (the timer's gate), PTX modules for the timer's kernels (launched with a parameter block
+built once), device attributes (peak memory bandwidth for the physics floor) and the
+persisting-L2 controls.  Handles cross processes as hex text: a 64-byte ``cudaIpcMemHandle_t``
+is passed to ``cudaIpcOpenMemHandle`` *by value*.
 """
 
 from __future__ import annotations
@@ -118,24 +119,43 @@ def host_word() -> tuple[int, int]:
 
 
 # ---- modules and launches ---------------------------------------------------------------------
-def load_function(ptx: str, name: str) -> int:
-    """A kernel from PTX text (JIT-compiled by the driver for this GPU)."""
-    drv = driver()
+@functools.lru_cache(maxsize=None)
+def _module(ptx: str) -> int:
+    """A module JIT-compiled by the driver from PTX text, once per text."""
     module = ctypes.c_void_p()
-    _check(drv.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(ptx.encode())), "cuModuleLoadData")
+    _check(driver().cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(ptx.encode())), "cuModuleLoadData")
+    return int(module.value or 0)
+
+
+def load_function(ptx: str, name: str) -> int:
+    """A kernel from PTX text (the module is compiled for this GPU on first use, then reused)."""
     fn = ctypes.c_void_p()
-    _check(drv.cuModuleGetFunction(ctypes.byref(fn), module, name.encode()), "cuModuleGetFunction")
+    _check(driver().cuModuleGetFunction(ctypes.byref(fn), ctypes.c_void_p(_module(ptx)), name.encode()),
+           "cuModuleGetFunction")
     return int(fn.value or 0)
 
 
-def launch(fn: int, grid: int, block: int, stream: int, params: list[Any]) -> None:
-    """``cuLaunchKernel`` with ctypes-typed ``params`` (kept alive for the call)."""
-    array = (ctypes.c_void_p * len(params))(*[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p) for p in params])
-    drv = driver()
-    drv.cuLaunchKernel.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [ctypes.c_uint, ctypes.c_void_p,
-                                                                             ctypes.c_void_p, ctypes.c_void_p]
-    _check(drv.cuLaunchKernel(ctypes.c_void_p(fn), grid, 1, 1, block, 1, 1, 0, ctypes.c_void_p(stream), array, None),
-           "cuLaunchKernel")
+@functools.lru_cache(maxsize=None)
+def _launch_kernel() -> Any:
+    fn = driver().cuLaunchKernel
+    fn.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    return fn
+
+
+class PreparedLaunch:
+    """A kernel launch whose parameter block is built once: set ``params[i].value`` between
+    launches, then call with the stream.  ``params`` are ctypes scalars in the kernel's order."""
+
+    def __init__(self, fn: int, grid: int, block: int, params: list[Any]) -> None:
+        self.params = params
+        self._array = (ctypes.c_void_p * len(params))(*[ctypes.cast(ctypes.pointer(p), ctypes.c_void_p)
+                                                        for p in params])
+        self._fn, self._grid, self._block = ctypes.c_void_p(fn), grid, block
+        self._launch = _launch_kernel()
+
+    def __call__(self, stream: int) -> None:
+        _check(self._launch(self._fn, self._grid, 1, 1, self._block, 1, 1, 0, stream, self._array, None),
+               "cuLaunchKernel")
 
 
 # ---- device facts -----------------------------------------------------------------------------

@@ -97,6 +97,20 @@ LOOP:
 DONE:
     ret;
 }
+
+.visible .entry cudal1_spin(.param .u64 p_ns)
+{
+    .reg .pred %p<2>;
+    .reg .b64 %rd<5>;
+    ld.param.u64 %rd1, [p_ns];
+    mov.u64 %rd2, %globaltimer;
+SPIN:
+    mov.u64 %rd3, %globaltimer;
+    sub.u64 %rd4, %rd3, %rd2;
+    setp.lt.u64 %p1, %rd4, %rd1;
+    @%p1 bra SPIN;
+    ret;
+}
 """
 
 
@@ -141,18 +155,20 @@ class Gate:
         self.host, self.dev = cuda_api.host_word()
         self._word = ctypes.c_uint32.from_address(self.host)
         self._status = ctypes.c_uint32.from_address(self.host + 8)  # the gate writes its number here on timeout
-        self._fn = cuda_api.load_function(_GATE_PTX, "cudal1_gate")
         per_sm = max(1, cuda_api.attribute("max_threads_per_sm") // 1024)
-        self.grid = cuda_api.attribute("sm_count") * per_sm
         self._buffer = torch.empty(max(16, flush_bytes) // 16 * 4, dtype=torch.int32, device=device)
         self._seq = 0
+        self._launch = cuda_api.PreparedLaunch(
+            cuda_api.load_function(_GATE_PTX, "cudal1_gate"), cuda_api.attribute("sm_count") * per_sm, 1024,
+            [ctypes.c_uint64(self.dev), ctypes.c_uint32(0), ctypes.c_uint64(self._buffer.data_ptr()),
+             ctypes.c_uint64(self._buffer.numel() // 4), ctypes.c_uint64(0), ctypes.c_uint64(self.dev + 8)])
+        self._target, self._timeout_ns = self._launch.params[1], self._launch.params[4]
 
     def close(self, timeout_s: float) -> None:
         self._seq += 1
-        params = [ctypes.c_uint64(self.dev), ctypes.c_uint32(self._seq), ctypes.c_uint64(self._buffer.data_ptr()),
-                  ctypes.c_uint64(self._buffer.numel() // 4), ctypes.c_uint64(int(timeout_s * 1e9)),
-                  ctypes.c_uint64(self.dev + 8)]
-        self._api.launch(self._fn, self.grid, 1024, _current_stream().cuda_stream, params)
+        self._target.value = self._seq
+        self._timeout_ns.value = int(timeout_s * 1e9)
+        self._launch(_current_stream().cuda_stream)
 
     def open(self) -> None:
         self._word.value = self._seq
@@ -178,14 +194,19 @@ class CudaTimer:
     def calibrate(self, n: int = 30) -> None:
         """The span of a call that launches one empty kernel (the events' cost and one launch's
         gap: what a single-kernel call adds to its kernel's own duration), and the device-wide
-        join cost on busy calls."""
-        spin = getattr(torch.cuda, "_sleep", None)
-        null = (lambda: spin(0)) if spin is not None else (lambda: None)
-        self.overhead_ms = statistics.median(self.time_call(null, ())[0].gpu_ms for _ in range(n))
-        if spin is not None:
-            for _ in range(n):
-                t, _ = self.time_call(spin, (100_000,))
-                self.calibration.append(t.device_ms - t.gpu_ms)
+        join cost on busy calls (a 50 µs spin).  The kernel is the timer's own (``cudal1_spin``,
+        in the gate's module): nothing to load on first use."""
+        spin = self.gate._api.PreparedLaunch(self.gate._api.load_function(_GATE_PTX, "cudal1_spin"), 1, 1,
+                                             [ctypes.c_uint64(0)])
+
+        def run(ns: int) -> None:
+            spin.params[0].value = ns
+            spin(_current_stream().cuda_stream)
+
+        self.overhead_ms = statistics.median(self.time_call(run, (0,))[0].gpu_ms for _ in range(n))
+        for _ in range(n):
+            t, _ = self.time_call(run, (50_000,))
+            self.calibration.append(t.device_ms - t.gpu_ms)
 
     def set_watchdog(self, host_ms: list[float]) -> None:
         """Size the gate's own timeout from the host's issue times seen so far (warm-up)."""

@@ -46,6 +46,7 @@ _audit = sys.audit  # captured before candidate code runs
 _dumps = json.dumps
 _THREAD_GRACE_S = 0.1  # a thread seen right after a call gets this long to finish (its writes are watched)
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
+BUILD_NICENESS = 10  # a pre-build's niceness (it and its compilers yield to the processes being timed)
 
 
 class CandidateProcess:
@@ -246,14 +247,15 @@ class CandidateProcess:
     def after_call(self, where: str, args: list, views: Any, out: Any, busy: list, full: bool = False,
                    guard: bool = True) -> None:
         """The second line: lazy outputs, guards, input mutation, work that outlives the call.
-        ``guard=False`` skips the runtime guard's walk (milliseconds): timed calls run it only on
-        the calls whose outputs go back for a re-check, the last timed call among them."""
+        ``guard=False`` skips the runtime guard's walk (milliseconds) and the input-mutation check:
+        timed calls run them only on the calls whose outputs go back for a re-check (the last
+        timed call among them), where the reference worker checks its input slots too."""
         problem = cmp.output_problem(out, self.device.type)
         early = cmp.clone_tree(out) if busy and not problem else None
         if guard:
             self.check(where)
-        if not cmp.tensors_equal(args, list(views)):
-            raise Refusal("rejected", f"{where}: the candidate modified its inputs", "input_mutation")
+            if not cmp.tensors_equal(args, list(views)):
+                raise Refusal("rejected", f"{where}: the candidate modified its inputs", "input_mutation")
         if problem:
             raise Refusal("rejected", f"{where}: {problem}", "lazy_output")
         self.settle(where, out, full=full, busy=busy, snapshot=early)
@@ -295,14 +297,16 @@ class CandidateProcess:
         return {"host_ms": host}
 
     def time_one(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        """One timed call (``inputs``, ``keep``, ``where``, ``targets``)."""
         where = str(request.get("where") or "timed call")
         args, views = self.inputs(request)
         with torch.no_grad():
             t, out = self.timer.time_call(self.model, tuple(args))
         busy = self.threads()
-        self.after_call(where, args, views, out, busy, guard=bool(request.get("keep")))  # after the clocks stopped
+        keep = bool(request.get("keep"))
+        self.after_call(where, args, views, out, busy, guard=keep)  # after the clocks stopped
         reply: dict[str, Any] = {"timing": [t.gpu_ms, t.device_ms, t.host_ms, t.blocked, t.escaped]}
-        if request.get("keep"):
+        if keep:
             reply["out"] = self.outputs(out, request)
         return reply
 
@@ -449,7 +453,15 @@ def _confine(spec: CandidateSpec) -> dict[str, Any]:
 
 
 def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any) -> None:
-    """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``."""
+    """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``.
+    A pre-build (``build`` mode) is background work: it and its compilers run at
+    ``BUILD_NICENESS``, so the two processes of a job being timed on the same host get the CPU
+    first (their host wake-ups after each timed call are part of what the parent compares)."""
+    if spec.mode == "build":
+        try:
+            os.nice(BUILD_NICENESS)
+        except OSError:
+            pass
     for name, value in spec.env.items():
         os.environ[name] = value
     if spec.cwd:
