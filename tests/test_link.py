@@ -97,3 +97,19 @@ def test_outputs_round_trip_through_slots_and_descriptions(tmp_path):
     assert out[1].problem("cpu", ref[1]) == ("shape_mismatch", "shape (5,), want (4,)")
     with pytest.raises(ValueError):
         decode_outputs({"t": "tensor", "slot": 99, "dtype": "float32", "shape": [1]}, pool)
+
+
+def test_a_join_probe_is_read_only_when_well_formed(tmp_path):
+    """The candidate's process reports its join probe with the first warm-up call; the verdict
+    only shows it, and anything but a short list of finite numbers reads as no probe."""
+    replies = [{"host_ms": [0.5], "join_ms": [0.02, 0.03]}, {"host_ms": [0.4], "join_ms": [1.0, float("inf")]},
+               {"host_ms": [0.4], "join_ms": "fast"}, {"host_ms": [0.4], "join_ms": [True]},
+               {"host_ms": [0.4], "join_ms": [0.01] * 101}]
+    replies[1]["join_ms"] = [1.0, "Infinity"]  # JSON has no inf: a string is what could arrive
+    link, asked, _ = _link(tmp_path, replies)
+    x = torch.ones(4)
+    assert link.warmup([x], join=True) == ([0.5], [0.02, 0.03])
+    assert asked[0]["join"] is True
+    for _ in range(4):
+        assert link.warmup([x])[1] == []
+    assert asked[1]["join"] is False

@@ -102,6 +102,21 @@ class TestFigures:
         f = figures(self._stage(self._rows(gpu=0.005), everywhere))
         assert not f.side_stream and np.median(f.gpu["cand"]) > 0.04
 
+    def test_the_join_cost_and_its_charges_are_reported(self):
+        from cudal1.harness.stats import figures
+
+        cand = self._rows(gpu=0.01, wall=1.0)
+        for r in cand:
+            r[1] += 0.03
+        stage = self._stage(self._rows(gpu=0.3), cand)
+        stage.cand_join = [0.05, 0.05, 0.06]
+        f = figures(stage)
+        assert f.charged_ms["ref"] == 0.0 and 0.025 < f.charged_ms["cand"] < 0.035
+        assert f.join_probe_ms == {"ref": 0.02, "cand": 0.05}
+        assert abs(np.median(f.gpu["cand"]) - (0.01 + f.charged_ms["cand"])) < 0.006  # the probe changes no figure
+        stage.cand_join = []
+        assert figures(stage).join_probe_ms["cand"] is None
+
     def test_an_output_written_after_the_call_is_side_stream(self):
         from cudal1.harness.stats import figures
 

@@ -184,7 +184,7 @@ class EvalResult:
     phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds per worker phase
     kernels: list[str] = field(default_factory=list)  # CUDA kernels of one profiled forward
     timing_figure: str = ""  # what reference/candidate/speedup measure: gpu (device time) or host (host-inclusive)
-    figures: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpu/host -> reference_ms, candidate_ms, speedup
+    figures: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpu/host -> reference_ms, candidate_ms, speedup (gpu: also join)
 
     @property
     def correct(self) -> bool:

@@ -201,6 +201,17 @@ def test_slots_cross_by_cuda_ipc_from_a_confined_candidate(fixture_results, name
 
 
 @pytest.mark.gpu
+def test_the_verdict_shows_both_processes_join_cost(fixture_results):
+    """Each process measures its device-wide join on the timer's own spin; the verdict shows both
+    and what of the excess each side was charged."""
+    r = fixture_results["cuda_inline_ok"]
+    assert r.status is Status.OK, describe(r)
+    join = r.figures["gpu"]["join"]
+    assert 0.0 < join["probe_ms"]["reference"] < 1.0 and 0.0 < join["probe_ms"]["candidate"] < 1.0, join
+    assert join["base_ms"] >= join["probe_ms"]["reference"] and join["charged_ms"]["reference"] == 0.0, join
+
+
+@pytest.mark.gpu
 def test_illegal_access_is_named(fixture_results):
     r = fixture_results["illegal_access"]
     assert r.status is Status.RUNTIME_ERROR, describe(r)

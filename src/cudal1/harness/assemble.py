@@ -153,6 +153,11 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
         ref, cand = f.samples(name, "ref"), f.samples(name, "cand")
         r.figures[name] = {"reference_ms": _median(ref), "candidate_ms": _median(cand),
                            "speedup": speedup(_median(ref), _median(cand)) if r.status is Status.OK else None}
+    if clock == "cuda_event":  # what the device-wide join cost, and what of it each side was charged
+        r.figures["gpu"]["join"] = {
+            "base_ms": f.base_ms,
+            "charged_ms": {"reference": f.charged_ms.get("ref", 0.0), "candidate": f.charged_ms.get("cand", 0.0)},
+            "probe_ms": {"reference": f.join_probe_ms.get("ref"), "candidate": f.join_probe_ms.get("cand")}}
     if r.status is Status.OK:
         r.speedup = speedup(r.reference.median_ms, r.candidate.median_ms)
         r.speedup_ci = bootstrap_speedup_ci(f.samples(figure, "ref"), f.samples(figure, "cand"), config.bootstrap_samples)

@@ -14,6 +14,7 @@ Deadlines are the parent's: the link blocks as long as a phase lasts.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -167,9 +168,15 @@ class CandidateLink:
                                                  "where": where, "full": full}))
         return self.outputs(reply.get("out")), float(reply.get("ms") or 0.0)
 
-    def warmup(self, inputs: list) -> list[float]:
-        reply = self._retrying(lambda: ("warmup", {"sets": [{"inputs": self.stage(inputs)}]}))
-        return [float(x) for x in reply.get("host_ms") or []]
+    def warmup(self, inputs: list, join: bool = False) -> tuple[list[float], list[float]]:
+        """One untimed call: (the host's issue times, and with ``join`` the candidate's process's
+        join probe; a malformed probe reads as none)."""
+        reply = self._retrying(lambda: ("warmup", {"sets": [{"inputs": self.stage(inputs)}], "join": join}))
+        probe = reply.get("join_ms")
+        if not (isinstance(probe, list) and len(probe) <= 100 and
+                all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in probe)):
+            probe = []
+        return [float(x) for x in reply.get("host_ms") or []], [float(x) for x in probe]
 
     def time(self, inputs: list, ref_out: Any, keep: bool, where: str) -> tuple[list[Any], Any, float]:
         """One timed call in the candidate's process: (timing row, output or None, the wall time

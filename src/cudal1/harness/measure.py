@@ -139,12 +139,14 @@ class Measurement:
         rng = random.Random(self.input_seed ^ 0x5EED ^ seed_offset)
         t_gen = self.time_input_generation()
         host: list[float] = []
+        cand_join: list[float] = []
         for w in range(self.cfg.warmup_calls):
             inputs = self.make_inputs(self.input_seed + 10_000 + w)
             t, out = timer.time_call(ref_model, tuple(inputs))
             host.append(t.host_ms)
             del out
-            link.warmup(inputs)
+            _, probe = link.warmup(inputs, join=w == 0)
+            cand_join = cand_join or probe
         timer.set_watchdog(host)
         per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 4e-4
         n = int(min(self.cfg.timing_trials, max(self.cfg.min_timing_trials, self.cfg.timing_budget_s / per_pair_s)))
@@ -169,7 +171,7 @@ class Measurement:
                 done[who] += len(calls)
         self.address_reuse_probe(ref_model, link, seed0 + 2 * n + 1)
         return {"timing": {"clock": timer.clock, "ref": rows["ref"], "cand": rows["cand"], "blocks": blocks,
-                           "overhead_ms": timer.overhead_ms, "calibration": timer.calibration},
+                           "overhead_ms": timer.overhead_ms, "calibration": timer.calibration, "cand_join": cand_join},
                 "rechecked": len(recheck)}
 
     def ref_block(self, timer: Any, ref_model: Any, link: CandidateLink, calls: list[int], seed0: int,

@@ -113,6 +113,7 @@ class TimingStage:
     blocks: list[list[Any]] = field(default_factory=list)
     overhead_ms: float = 0.0  # the clean side's empty-call span (subtracted from every gpu_ms)
     calibration: list[float] = field(default_factory=list)  # device_ms - gpu_ms on busy clean calls
+    cand_join: list[float] = field(default_factory=list)  # the same probe in the candidate's process (reported, unused)
     floor_ms: float | None = None  # memory floor: inputs + outputs at measured copy bandwidth (CUDA only)
     physics_ms: float | None = None  # outputs written once at the device's peak bandwidth (CUDA only)
 

@@ -82,6 +82,8 @@ class Figures:
     launch_bound: str = ""  # which side's host issue time exceeds its GPU time
     base_ms: float = 0.0  # the clean side's device-wide join cost
     cand_excess_ms: float = 0.0  # the candidate's median device-wide excess over it
+    charged_ms: dict[str, float] = field(default_factory=dict)  # ref / cand -> excess charged to each call
+    join_probe_ms: dict[str, float | None] = field(default_factory=dict)  # ref / cand -> median of the timer's join probe
 
     def samples(self, figure: str, who: str) -> list[float]:
         return (self.gpu if figure == "gpu" else self.host)[who]
@@ -108,8 +110,11 @@ def figures(stage: Any) -> Figures:
         # work, and work hidden on fewer than half the calls cannot move the median anyway.
         extra = _median([float(r[1]) - float(r[0]) for r in rs]) - out.base_ms
         charge = extra if extra > per_call else 0.0
+        out.charged_ms[who] = charge
         out.gpu[who] = [max(float(r[0]) - overhead, MIN_CALL_MS) + charge for r in rs]
         out.host[who] = [g if bool(r[3]) else max(g, float(r[2])) for g, r in zip(out.gpu[who], rs)]
+    probe = [float(x) for x in getattr(stage, "cand_join", None) or []]
+    out.join_probe_ms = {"ref": _median(calibration) if calibration else None, "cand": _median(probe) if probe else None}
     cand = rows["cand"]
     escaped = sum(1 for r in cand if bool(r[4]))
     cand_excess = [float(r[1]) - float(r[0]) for r in cand]

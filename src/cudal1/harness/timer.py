@@ -190,23 +190,38 @@ class CudaTimer:
         self.calibration: list[float] = []  # device_ms - gpu_ms on honest busy calls (the join cost)
         self.overhead_ms = 0.0  # gpu_ms of an empty gated call (the events' own cost)
         self._reset_l2: Callable[[], None] = self.gate._api.reset_persisting_l2
+        self._spin: Any = None  # the timer's spin kernel, launched by calibrate and join_probe
 
     def calibrate(self, n: int = 30) -> None:
         """The span of a call that launches one empty kernel (the events' cost and one launch's
         gap: what a single-kernel call adds to its kernel's own duration), and the device-wide
-        join cost on busy calls (a 50 µs spin).  The kernel is the timer's own (``cudal1_spin``,
-        in the gate's module): nothing to load on first use."""
-        spin = self.gate._api.PreparedLaunch(self.gate._api.load_function(_GATE_PTX, "cudal1_spin"), 1, 1,
-                                             [ctypes.c_uint64(0)])
+        join cost on busy calls (:meth:`join_probe`).  The kernel is the timer's own
+        (``cudal1_spin``, in the gate's module): nothing to load on first use."""
+        run = self._spin_call()
+        self.overhead_ms = statistics.median(self.time_call(run, (0,))[0].gpu_ms for _ in range(n))
+        self.calibration.extend(self.join_probe(n))
+
+    def join_probe(self, n: int = 10) -> list[float]:
+        """This process's device-wide join cost: ``device_ms − gpu_ms`` of ``n`` calls of a 50 µs
+        spin (what the host's wake-up from the synchronize adds once a call's work has ended)."""
+        run = self._spin_call()
+        costs = []
+        for _ in range(n):
+            t, _ = self.time_call(run, (50_000,))
+            costs.append(t.device_ms - t.gpu_ms)
+        return costs
+
+    def _spin_call(self) -> Callable[[int], None]:
+        if self._spin is None:
+            self._spin = self.gate._api.PreparedLaunch(self.gate._api.load_function(_GATE_PTX, "cudal1_spin"), 1, 1,
+                                                       [ctypes.c_uint64(0)])
+        spin = self._spin
 
         def run(ns: int) -> None:
             spin.params[0].value = ns
             spin(_current_stream().cuda_stream)
 
-        self.overhead_ms = statistics.median(self.time_call(run, (0,))[0].gpu_ms for _ in range(n))
-        for _ in range(n):
-            t, _ = self.time_call(run, (50_000,))
-            self.calibration.append(t.device_ms - t.gpu_ms)
+        return run
 
     def set_watchdog(self, host_ms: list[float]) -> None:
         """Size the gate's own timeout from the host's issue times seen so far (warm-up)."""
@@ -248,6 +263,9 @@ class CpuTimer:
 
     def calibrate(self, n: int = 30) -> None:
         return None
+
+    def join_probe(self, n: int = 10) -> list[float]:
+        return []
 
     def set_watchdog(self, host_ms: list[float]) -> None:
         return None

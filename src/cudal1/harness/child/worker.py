@@ -281,7 +281,9 @@ class CandidateProcess:
         return reply
 
     def warmup(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """Untimed calls that also measure the host's issue time (sizes the timer's watchdog)."""
+        """Untimed calls that also measure the host's issue time (sizes the timer's watchdog);
+        with ``join``, then the timer's join probe in this process (``join_ms``: reported for the
+        verdict, no figure depends on it)."""
         host: list[float] = []
         for i, _ in enumerate(request["sets"]):
             args, views = self.inputs(request["sets"][i], "inputs")
@@ -294,7 +296,13 @@ class CandidateProcess:
             self.after_call(f"warm-up call {i}", args, views, out, self.threads())
             del out
         self.timer.set_watchdog(host)
-        return {"host_ms": host}
+        reply: dict[str, Any] = {"host_ms": host}
+        if request.get("join"):
+            try:
+                reply["join_ms"] = self.timer.join_probe()
+            except Exception:  # noqa: BLE001 - a diagnostic: its failure costs the verdict nothing
+                reply["join_ms"] = []
+        return reply
 
     def time_one(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
         """One timed call (``inputs``, ``keep``, ``where``, ``targets``)."""
