@@ -451,9 +451,10 @@ def pair_rows(pairs: list[Pair], runs: list[dict[str, Any]], warmup_calls: int) 
         for k, run in enumerate(runs):
             r = run["results"][i]
             over = overhead_s(r, warmup_calls, cold_prebuilt(p, k))
+            charged = ((r.figures or {}).get("gpu", {}).get("join") or {}).get("charged_ms", {}).get("candidate")
             row += [r.status.value + ("*" if "build_cached" in r.flags else ""),
                     "-" if r.speedup is None else f"{r.speedup:.2f}x", f"{r.wall_s:.1f}s", f"{r.build_s:.2f}s",
-                    "-" if over is None else f"{over:.2f}s"]
+                    "-" if over is None else f"{over:.2f}s", f"{charged * 1e3:.1f}us" if charged else "-"]
         rows.append(row)
     return rows
 
@@ -659,9 +660,9 @@ class BenchRun:
         if runs:
             headers = ["task", "kind"]
             for i in range(len(runs)):
-                headers += [f"r{i + 1} status", "speedup", "wall", "build", "overhead"]
+                headers += [f"r{i + 1} status", "speedup", "wall", "build", "overhead", "charged"]
             print(table(headers, pair_rows(self.pairs, runs, self.config.warmup_calls)))
-            print("(* = build_cached)")
+            print("(* = build_cached; charged = device-wide excess charged to each candidate call, figures.gpu.join)")
             print()
         env = self.environment()
         if env is not None:
