@@ -19,8 +19,7 @@ from cudal1.rewrite.emit import emit_class
 from cudal1.rewrite.trace import propagate_shapes, trace_task
 from cudal1.rewrite import triton_gemm
 from cudal1.rewrite.triton_gemm import MIN_MACS, NAME
-from cudal1.harness.process_start import load_module
-from triton_cases import compare_interpreted, task
+from triton_cases import load_source, compare_interpreted, task
 
 PRECISION = Path(__file__).parent / "fixtures" / "rewrite" / "precision"
 
@@ -34,13 +33,6 @@ def rewrite(source: str) -> tuple[list[str], str]:
     traced.gm.recompile()
     propagate_shapes(traced.gm, traced.inputs)  # the launchers on the meta device
     return notes, emit_class(traced.gm, traced.module.__dict__, notes, [NAME])
-
-
-def load(tmp_path: Path, source: str, name: str):
-    """``source`` written to a file and imported as module ``name`` (Triton reads kernels from files)."""
-    path = tmp_path / f"{name}.py"
-    path.write_text(source)
-    return load_module(str(path), name)
 
 
 GEMMS = task(init="self.fc = nn.Linear(40, 48)\nself.proj = nn.Linear(48, 24, bias=False)\n", signature="x, y",
@@ -89,7 +81,7 @@ def test_convolutions_become_implicit_gemm_kernels_and_match(tmp_path):
 
 def test_launchers_hand_other_inputs_to_pytorch(tmp_path, monkeypatch):
     _, cls = rewrite(GEMMS)
-    mod = load(tmp_path, GEMMS + "\n\n" + cls, "cudal1_test_gemm_routing")
+    mod = load_source(tmp_path, GEMMS + "\n\n" + cls, "cudal1_test_gemm_routing")
     a, b = torch.randn(5, 7), torch.randn(7, 3)
     assert torch.equal(mod._cudal1_matmul(a, b), a @ b)  # CPU tensors, no interpreter: torch itself
 

@@ -1,8 +1,8 @@
 """Shared cases of the generated-Triton tests (CPU interpreter and GPU): a task-source builder,
-every elementwise spelling the ``triton-fusion`` pass must fuse, and :func:`compare_interpreted`,
-which runs a candidate against its reference in a fresh interpreter process.  A helper module, not
-a test module: test modules import it (``from triton_cases import ...``) so that none imports
-another."""
+every elementwise spelling the ``triton-fusion`` pass must fuse, :func:`compare_interpreted`,
+which runs a candidate against its reference in a fresh interpreter process, and
+:func:`load_source`, which imports a written source.  A helper module, not a test module: test
+modules import it (``from triton_cases import ...``) so that none imports another."""
 
 from __future__ import annotations
 
@@ -100,3 +100,12 @@ def compare_interpreted(candidate: str, tmp_path: Path, seeds: tuple[int, ...] =
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def load_source(tmp_path: Path, source: str, name: str):
+    """``source`` written to a file and imported as module ``name`` (Triton reads kernels from files)."""
+    from cudal1.harness.process_start import load_module
+
+    path = tmp_path / f"{name}.py"
+    path.write_text(source)
+    return load_module(str(path), name)

@@ -24,19 +24,11 @@ import torch
 
 from cudal1.policy.builtin import render_candidate
 from cudal1.rewrite import ALGEBRAIC_PASSES, rewrite_task
-from cudal1.harness.process_start import load_module
-from triton_cases import task
+from triton_cases import load_source, task
 
 pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[2]
 PRECISION = REPO / "tests" / "fixtures" / "rewrite" / "precision"
-
-
-def _load(tmp_path: Path, source: str, name: str):
-    """``source`` written to a file and imported as module ``name`` (Triton reads kernels from files)."""
-    path = tmp_path / f"{name}.py"
-    path.write_text(source)
-    return load_module(str(path), name)
 
 
 def _candidate(source: str, graph_pass: str) -> str:
@@ -63,7 +55,7 @@ GEMM_TASK = task(init="self.fc = nn.Linear(1000, 1536)\n", signature="x, y", for
 @pytest.mark.parametrize("precision,worse", [("tf32x3", False), ("tf32", True)])
 def test_split_precision_gemm_is_as_accurate_as_fp32(tmp_path, strict_fp32, precision, worse):
     code = _candidate(GEMM_TASK, "gemm-3xtf32").replace('input_precision="tf32x3"', f'input_precision="{precision}"')
-    mod = _load(tmp_path, code, f"gemm_{precision}")
+    mod = load_source(tmp_path, code, f"gemm_{precision}")
     torch.manual_seed(0)
     ref = mod.Model().cuda()
     new = mod.ModelNew().cuda()
@@ -115,7 +107,7 @@ REDUCE_TASK = task(init="""\
 
 
 def test_reduction_kernels_match_pytorch(tmp_path):
-    mod = _load(tmp_path, _candidate(REDUCE_TASK, "triton-reduce"), "reduce_gpu")
+    mod = load_source(tmp_path, _candidate(REDUCE_TASK, "triton-reduce"), "reduce_gpu")
     torch.manual_seed(0)
     ref = mod.Model().cuda()
     new = mod.ModelNew().cuda()
@@ -135,7 +127,7 @@ LINEAR = task(init="self.fc = nn.Linear(512, 512)\n", forward="return torch.relu
 
 @pytest.mark.parametrize("name", ["inductor[cd,gemm,freezing,padding,aggressive]", "compile-cudagraph"])
 def test_compiled_exec_passes_run_on_the_gpu(tmp_path, strict_fp32, name):
-    mod = _load(tmp_path, render_candidate(LINEAR, name), f"exec_{name.replace('[', '_').replace(']', '').replace(',', '_')}")
+    mod = load_source(tmp_path, render_candidate(LINEAR, name), f"exec_{name.replace('[', '_').replace(']', '').replace(',', '_')}")
     torch.manual_seed(0)
     ref = mod.Model().cuda()
     new = mod.ModelNew().cuda()

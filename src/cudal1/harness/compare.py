@@ -107,28 +107,28 @@ def _value_errors(ref: Any, out: Any, atol: float, rtol: float) -> tuple[Errors,
     r_all, o_all = ref.detach().reshape(-1), out.detach().reshape(-1)
     counts, maxes = [], _zeros(3, dtype=torch.float64, device=r_all.device)  # |out - ref|, relative, |ref|
 
-    def chunk(start: int) -> tuple[Any, Any, Any, Any, Any]:
+    def chunk(start: int) -> tuple[Any, Any, Any, Any, Any, Any]:
         r = r_all[start:start + _CHUNK].to(torch.float64)
         o = o_all[start:start + _CHUNK].to(torch.float64)
         finite = ~(_isnan(r) | _isinf(r))
         diff = _where(finite, _abs(o - r), 0.0)
         scale = _abs(r)
         bad = (diff > (atol + rtol * scale)) | (_isinf(r) & (o != r))  # inf must be the same inf
-        return r, o, finite, diff, bad
+        return r, o, finite, diff, scale, bad
 
     starts = range(0, r_all.numel(), _CHUNK)
     for start in starts:
-        r, o, finite, diff, bad = chunk(start)
+        _, _, finite, diff, scale, bad = chunk(start)
         counts.append(bad.sum())
-        rel = _where(finite, diff / _abs(r).clamp_min(1e-12), 0.0)
-        maxes = _maximum(maxes, _stack([diff.max(), rel.max(), _where(finite, _abs(r), 0.0).max()]))
+        rel = _where(finite, diff / scale.clamp_min(1e-12), 0.0)
+        maxes = _maximum(maxes, _stack([diff.max(), rel.max(), _where(finite, scale, 0.0).max()]))
     per_chunk = _stack(counts).tolist() if counts else []
     errors = Errors()
     errors.max_abs, errors.max_rel, errors.max_ref = maxes.tolist()
     n_bad, first = int(sum(per_chunk)), ""
     if n_bad:
         start = starts[next(i for i, c in enumerate(per_chunk) if c)]
-        r, o, _, _, bad = chunk(start)
+        r, o, _, _, _, bad = chunk(start)
         idx = int(bad.nonzero()[0].item())
         first = f"first at flat index {start + idx}: got {o[idx].item():.6g}, want {r[idx].item():.6g}"
     return errors, n_bad, first
