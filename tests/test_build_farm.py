@@ -414,3 +414,33 @@ def test_prebuilds_run_below_the_jobs_being_timed(tmp_path, cpu_judge_config):
     (result,) = evaluate(task, [cand], cpu_judge_config(tmp_path / "cache2", confine_candidates=False))
     assert result.status.value == "ok", result.message
     assert int(mark.read_text().split()[-1]) == os.nice(0)  # the job's own candidate process
+
+
+def test_a_clean_prebuild_is_not_repeated(tmp_path, monkeypatch):
+    """A source whose pre-build imported cleanly is not imported again by a later judge (the
+    record sits beside its build directory); a failed or timed-out pre-build is always retried."""
+    from cudal1.harness.sandbox import JobOutcome
+    from cudal1.harness.spec import WorkerVerdict
+
+    ev = Evaluator(EvalConfig(device="cpu", cache_dir=str(tmp_path)), DevicePlan("cpu", (None,), ""))
+    results = {"ok": WorkerVerdict("ok", "built"), "bad": WorkerVerdict("compile_error", "nvcc failed")}
+    runs: list[str] = []
+
+    def run(job, device, gpu, mode):
+        assert (device, gpu, mode) == ("cpu", None, "build")
+        runs.append(job.candidate.label)
+        return JobOutcome(result=results[job.candidate.label.split("-")[0]], wall_s=0.5,
+                          timed_out=job.candidate.label == "ok-slow")
+
+    monkeypatch.setattr(ev, "_run", run)
+    good, bad, slow = (Job(TASK, cand(label)) for label in ("ok", "bad", "ok-slow"))
+    first, _ = ev.prebuild(good)
+    assert first.wall_s == 0.5 and runs == ["ok"]
+    again, cached = ev.prebuild(good)
+    assert runs == ["ok"] and cached and again.wall_s == 0.0 and again.result is None
+    assert again.built is not None and again.built.build_s == 0.0
+    record = ev.build_dir(good).with_name(ev.build_dir(good).name + ".prebuilt")
+    assert record.is_file() and not ev.build_dir(good).exists()  # beside the build directory, not in it
+    for job in (bad, bad, slow, slow):
+        ev.prebuild(job)
+    assert runs == ["ok", "bad", "bad", "ok-slow", "ok-slow"]

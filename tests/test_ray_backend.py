@@ -5,6 +5,8 @@ the core imports and ``--backend ray`` is a one-line error naming the extra."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import os
 import signal
@@ -68,7 +70,7 @@ def pairs_of(spec: list[tuple[str, Path]]) -> list[tuple]:
 
 
 @pytest.mark.cpu
-def test_ray_backend_judges_like_the_local_backend(cluster, judge_config):
+def test_ray_backend_judges_like_the_local_backend(cluster, judge_config, tmp_path):
     pairs = pairs_of([("diag_matmul", FIX / "honest_einsum.py"), ("diag_matmul", FIX / "mutates_input.py"),
                       ("diag_matmul", FIX / "no_modelnew.py"), ("diag_matmul", FIX / "tamper_perf_counter.py"),
                       ("linear_relu", REPO / "examples" / "candidates" / "linear_relu_addmm.py")])
@@ -81,7 +83,9 @@ def test_ray_backend_judges_like_the_local_backend(cluster, judge_config):
     assert (plan.backend, plan.device, plan.lanes) == ("ray", "cpu", (None,))
     local_stats, ray_stats = [], []
     local = run_jobs(jobs, judge_config, plan=DevicePlan.detect("cpu"), on_stats=local_stats.append)
-    remote = run_jobs(jobs, judge_config, plan=plan, on_stats=ray_stats.append)
+    # a cache of its own: in the local run's cache, the pre-built source would be found and not pre-built again
+    remote_config = dataclasses.replace(judge_config, cache_dir=str(tmp_path / "ray-cache"))
+    remote = run_jobs(jobs, remote_config, plan=plan, on_stats=ray_stats.append)
     assert [r.status for r in remote] == [r.status for r in local]
     assert [r.status for r in remote] == [Status.OK, Status.REJECTED, Status.COMPILE_ERROR, Status.REJECTED, Status.OK,
                                           Status.OK, Status.OK]

@@ -15,7 +15,8 @@ with a tail that constructs ``ModelNew`` and calls it on data-free fake CUDA ten
 launch) are built in the GPU worker, under its deadlines.  Pre-build and GPU worker both start in
 the candidate's own directory ``<build dir>/cwd``, so a relative ``build_directory=`` is shared.
 The parent holds :func:`locked` on the build directory around a pre-build, so processes sharing
-the cache build a source once.
+the cache build a source once; a pre-build that imported cleanly is recorded beside the directory
+(:func:`mark_prebuilt`), and a later judge of the same source skips its pre-build child.
 
 Failed builds are memoised too (inside the worker, :func:`install_memo`): an identical candidate
 must never be built twice, failures included.  A candidate whose ``load_inline`` fails inside
@@ -196,6 +197,29 @@ def build_dir(cache_root: Path, candidate: Candidate, arch_list: str) -> Path:
 
 def has_built_library(path: Path) -> bool:
     return path.is_dir() and any(path.rglob("*.so"))
+
+
+def _prebuilt_record(path: Path) -> Path:
+    return path.with_name(path.name + ".prebuilt")  # beside the build directory: no candidate writes there
+
+
+def mark_prebuilt(path: Path) -> None:
+    """Record (in the parent) that a pre-build of this directory's source imported cleanly: the
+    next judge of the same source skips its pre-build child (its extensions, or its memoised
+    build failures, are already in the directory for the GPU worker's import).  The record sits
+    beside the build directory, where a confined candidate cannot write; a missing record only
+    costs a pre-build."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(_prebuilt_record(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        return
+    with os.fdopen(fd, "w") as f:
+        f.write(toolchain_id() + "\n")
+
+
+def was_prebuilt(path: Path) -> bool:
+    return _prebuilt_record(path).is_file()
 
 
 # ---- cross-process safety of a build directory (runs in the parent) ------------------------

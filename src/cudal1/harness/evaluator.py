@@ -23,7 +23,7 @@ from cudal1.harness.assemble import assemble
 from cudal1.harness.lease import lease_path
 from cudal1.harness.plan import DevicePlan, HarnessError, Job
 from cudal1.harness.sandbox import JobOutcome, run_job
-from cudal1.harness.spec import CUDA_WRITABLE, CandidateSpec, ExactCacheSpec, WorkerSpec
+from cudal1.harness.spec import CUDA_WRITABLE, BuildStage, CandidateSpec, ExactCacheSpec, WorkerSpec
 from cudal1.types import Candidate, EvalResult, Status, Task, content_hash
 
 
@@ -205,9 +205,18 @@ class Evaluator:
         return build.build_dir(self.cache_root, job.candidate, self.plan.arch_list)
 
     def prebuild(self, job: Job) -> tuple[JobOutcome, bool]:
-        """Import the candidate on the CPU with no GPU visible; returns (outcome, was_cached)."""
-        cached = build.has_built_library(self.build_dir(job))
-        return self._run(job, "cpu", None, "build"), cached
+        """Import the candidate on the CPU with no GPU visible; returns (outcome, was_cached).
+        A source whose pre-build already imported cleanly under this toolchain is not imported
+        again (:func:`build.was_prebuilt`): nothing is left to build, and the child would cost
+        about half a second of a fresh interpreter and torch import for nothing."""
+        path = self.build_dir(job)
+        if build.was_prebuilt(path):
+            return JobOutcome(phase="import", built=BuildStage(build_s=0.0)), True
+        cached = build.has_built_library(path)
+        outcome = self._run(job, "cpu", None, "build")
+        if outcome.result is not None and outcome.result.status == "ok" and not outcome.timed_out:
+            build.mark_prebuilt(path)
+        return outcome, cached
 
     def evaluate_job(self, job: Job, gpu: int | None, prebuilt: tuple[JobOutcome, bool] | None) -> EvalResult:
         base = EvalResult(

@@ -100,6 +100,17 @@ def _kill_group(proc: Any) -> None:
         pass
 
 
+def _reap(procs: list[Any], conns: list[Any]) -> None:
+    """Wait for killed workers to be gone (at most a few seconds each), then close their
+    channels (their readers have seen the end by then)."""
+    for proc in procs:
+        proc.join(timeout=5)
+        with _live_lock:
+            _live.discard(proc)
+    for conn in conns:
+        conn.close()
+
+
 def _close_inherited_fds(keep: list[int]) -> None:
     """Close every descriptor but stdio and ``keep`` (the channel, the link), so candidate code
     cannot scribble on the forkserver's or resource tracker's pipes (it could otherwise disturb
@@ -217,14 +228,14 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
     finally:
         for proc in procs:
             _kill_group(proc)
-            with _live_lock:
-                _live.discard(proc)
-        for proc in procs:
-            proc.join(timeout=5)
-        for conn in conns:
-            conn.close()
-        outcome.exitcode = procs[-1].exitcode if procs else None
-        outcome.candidate_exitcode = procs[0].exitcode if procs else None
+        if spec is not None and outcome.result is not None and not outcome.candidate_gone:
+            # A verdict needs neither exit status: both processes are reaped in the background,
+            # so their teardown (a CUDA context each) is off this job's clock.
+            threading.Thread(target=_reap, args=(procs, conns), daemon=True).start()
+        else:
+            _reap(procs, conns)
+            outcome.exitcode = procs[-1].exitcode if procs else None
+            outcome.candidate_exitcode = procs[0].exitcode if procs else None
         outcome.wall_s = time.monotonic() - t0
         outcome.log_tail = _tail(candidate.log_path) if spec is None else _tail(spec.log_path)
         outcome.candidate_log_tail = _tail(candidate.log_path)
@@ -314,6 +325,8 @@ def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]"
                 outcome.tamper = f"verdict channel: malformed verdict ({type(exc).__name__}: {exc})"
                 return
             outcome.candidate_gone = bool(msg.data.get("candidate_gone"))
+            if judge == "ref":
+                return  # the clean worker's verdict is final: its exit (a CUDA context's teardown) is not waited for
             deadline = time.monotonic() + _EXIT_GRACE_S  # let it exit; a later message is tampering
 
 
