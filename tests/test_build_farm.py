@@ -342,6 +342,30 @@ def test_failed_build_memo_ignores_per_process_names_and_honours_build_directory
     assert built == [True, False] * 4  # building() told only around real builds
 
 
+LAZY_MEMO = """
+import sys
+from cudal1.harness import build
+build.install_memo()
+build.install_memo()  # twice: one finder
+print(sys.modules.get("torch.utils.cpp_extension") is None, sum(isinstance(f, build._WrapOnImport) for f in sys.meta_path))
+from torch.utils.cpp_extension import load_inline
+import torch.utils.cpp_extension as ext
+print(getattr(load_inline, "_cudal1_memo", False), getattr(ext.load, "_cudal1_memo", False))
+import inspect
+print(bool(inspect.getsource(ext.include_paths)))
+"""
+
+
+@pytest.mark.cpu
+def test_the_build_memo_waits_for_the_extension_module_to_be_imported():
+    """The loaders are wrapped as ``torch.utils.cpp_extension`` is imported, not before: the
+    candidate's process does not pay its import (setuptools) unless the candidate builds."""
+    out = subprocess.run([sys.executable, "-c", LAZY_MEMO], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(SRC)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["True", "1", "True", "True", "True"]
+
+
 @pytest.mark.cpu
 def test_worker_runs_in_the_candidates_own_directory(tmp_path, cpu_judge_config):
     from cudal1.tasks import load_task_file

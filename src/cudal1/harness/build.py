@@ -35,9 +35,12 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import functools
+import importlib.abc
+import importlib.machinery
 import importlib.metadata
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -346,13 +349,57 @@ def _memoize(fn: Callable[..., Any], building: Callable[[bool], None]) -> Callab
     return wrapper
 
 
-def install_memo(building: Callable[[bool], None] = lambda on: None) -> None:
-    """Wrap the extension loaders; ``building(True/False)`` is told when a build starts/ends."""
-    from torch.utils import cpp_extension
+_EXTENSIONS = "torch.utils.cpp_extension"
 
+
+def install_memo(building: Callable[[bool], None] = lambda on: None) -> None:
+    """Wrap the extension loaders; ``building(True/False)`` is told when a build starts/ends.
+    The wrapping happens now if ``torch.utils.cpp_extension`` is imported, else as its import
+    finishes (:class:`_WrapOnImport`): importing it costs about a quarter of a second (setuptools),
+    which a candidate that builds nothing should not pay, and it cannot be preloaded before the
+    fork (it initialises CUDA)."""
+    module = sys.modules.get(_EXTENSIONS)
+    if module is not None:
+        _wrap_loaders(module, building)
+    elif not any(isinstance(f, _WrapOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _WrapOnImport(building))
+
+
+def _wrap_loaders(module: Any, building: Callable[[bool], None]) -> None:
     for attr in ("load_inline", "load"):
-        original = getattr(cpp_extension, attr)
+        original = getattr(module, attr)
         if not getattr(original, "_cudal1_memo", False):
             wrapped = _memoize(original, building)
             wrapped._cudal1_memo = True  # type: ignore[attr-defined]
-            setattr(cpp_extension, attr, wrapped)
+            setattr(module, attr, wrapped)
+
+
+class _WrapOnImport(importlib.abc.MetaPathFinder):
+    """Finds ``torch.utils.cpp_extension`` like the path finder does, with a loader that wraps
+    its loaders right after the module's own code ran (before any importer sees the module)."""
+
+    def __init__(self, building: Callable[[bool], None]) -> None:
+        self.building = building
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != _EXTENSIONS:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path, target)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _WrappingLoader(spec.loader, self.building)
+        return spec
+
+
+class _WrappingLoader(importlib.abc.Loader):
+    def __init__(self, loader: Any, building: Callable[[bool], None]) -> None:
+        self.loader, self.building = loader, building
+
+    def create_module(self, spec: Any) -> Any:
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self.loader.exec_module(module)
+        _wrap_loaders(module, self.building)
+
+    def __getattr__(self, name: str) -> Any:  # get_source, get_filename, ... (tracebacks, inspect)
+        return getattr(self.loader, name)

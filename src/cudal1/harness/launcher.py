@@ -1,7 +1,6 @@
 """How worker children are started: one ``forkserver`` per judging process, preloaded with
-``torch``, ``torch._dynamo``, ``torch.utils.cpp_extension`` and the worker modules (no CUDA
-context, nothing from the parent), so a worker starts in milliseconds instead of importing torch
-again.
+``torch``, ``torch._dynamo`` and the worker modules (no CUDA context, nothing from the parent), so a
+worker starts in milliseconds instead of importing torch again.
 
 Contract: :func:`get_context` is the multiprocessing context every worker is started from
 (``spawn`` where forkserver is unavailable).  :func:`prestart` starts the forkserver *now*, so its
@@ -16,10 +15,9 @@ import multiprocessing as mp
 import threading
 from typing import Any, Iterator
 
-# torch.utils.cpp_extension (setuptools with it) is what the candidate's process wraps before every
-# import (about a quarter of a second to import); numpy.ma is what numpy's median loads on first use.
-PRELOAD = ["torch", "torch._dynamo", "torch.utils.cpp_extension", "numpy.ma", "cudal1.harness.refworker",
-           "cudal1.harness.child.worker"]
+# numpy.ma is what numpy's median loads on first use.  Not torch.utils.cpp_extension: importing it
+# initialises CUDA, and a CUDA process cannot fork (the candidate's process wraps it lazily instead).
+PRELOAD = ["torch", "torch._dynamo", "numpy.ma", "cudal1.harness.refworker", "cudal1.harness.child.worker"]
 
 _context: Any = None
 _context_lock = threading.Lock()
