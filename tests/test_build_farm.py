@@ -453,6 +453,7 @@ def test_a_clean_prebuild_is_not_repeated(tmp_path, monkeypatch):
     def run(job, device, gpu, mode):
         assert (device, gpu, mode) == ("cpu", None, "build")
         runs.append(job.candidate.label)
+        ev.build_dir(job).mkdir(parents=True, exist_ok=True)  # what the child's import leaves
         return JobOutcome(result=results[job.candidate.label.split("-")[0]], wall_s=0.5,
                           timed_out=job.candidate.label == "ok-slow")
 
@@ -464,7 +465,10 @@ def test_a_clean_prebuild_is_not_repeated(tmp_path, monkeypatch):
     assert runs == ["ok"] and cached and again.wall_s == 0.0 and again.result is None
     assert again.built is not None and again.built.build_s == 0.0
     record = ev.build_dir(good).with_name(ev.build_dir(good).name + ".prebuilt")
-    assert record.is_file() and not ev.build_dir(good).exists()  # beside the build directory, not in it
+    assert record.is_file() and not list(ev.build_dir(good).iterdir())  # beside the build directory, not in it
     for job in (bad, bad, slow, slow):
         ev.prebuild(job)
     assert runs == ["ok", "bad", "bad", "ok-slow", "ok-slow"]
+    ev.build_dir(good).rmdir()  # a cleaned cache: the record alone does not skip the pre-build
+    ev.prebuild(good)
+    assert runs[-1] == "ok" and len(runs) == 6

@@ -5,6 +5,9 @@ reference module; the candidate's confinement is reported in the verdict."""
 from __future__ import annotations
 
 import json
+import os
+import time
+
 import pytest
 
 from cudal1.harness import evaluate
@@ -68,6 +71,25 @@ def test_reference_and_candidate_run_in_separate_processes(tmp_path, cpu_judge_c
     assert not any(r["candidate_loaded"] for r in ref_seen)  # never imported beside the reference
     assert not any(c["reference_loaded"] for c in cand_seen)  # the task module stays on the clean side
     assert result.environment.isolation  # the confinement report reached the verdict
+    # The parent returned at the reference worker's verdict; both processes are killed and reaped
+    # behind it, none left running or unreaped.
+    from cudal1.harness import sandbox
+
+    pids = {r["pid"] for r in ref_seen} | {c["pid"] for c in cand_seen}
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and (sandbox._live or any(_exists(pid) for pid in pids)):
+        time.sleep(0.05)
+    assert not sandbox._live and not any(_exists(pid) for pid in pids)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another uid's process (the candidate's, when confined as root)
+        return True
+    return True
 
 
 @pytest.mark.cpu

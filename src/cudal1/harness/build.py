@@ -222,7 +222,7 @@ def mark_prebuilt(path: Path) -> None:
 
 
 def was_prebuilt(path: Path) -> bool:
-    return _prebuilt_record(path).is_file()
+    return _prebuilt_record(path).is_file() and path.is_dir()  # a removed directory is built again
 
 
 # ---- cross-process safety of a build directory (runs in the parent) ------------------------
