@@ -461,6 +461,15 @@ def _git(*args: str, cwd: Path = REPO) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def kb_commit(kb_src: Path) -> str | None:
+    """The KernelBench checkout's commit; None when ``kb_src`` is not in a git checkout of its own
+    (a copy inside this repository would otherwise report this repository's commit)."""
+    top = _git("rev-parse", "--show-toplevel", cwd=kb_src)
+    if top is None or Path(top).resolve() == Path(_git("rev-parse", "--show-toplevel") or REPO).resolve():
+        return None
+    return _git("rev-parse", "--short", "HEAD", cwd=kb_src)
+
+
 # ---- the benchmark ------------------------------------------------------------------------------
 
 class Bench:
@@ -777,8 +786,7 @@ def run(args: argparse.Namespace) -> int:
         bench.environment |= {"commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
                               "host": os.uname().nodename}
         if kb_src is not None:
-            bench.environment |= {"kernelbench_src": str(kb_src),
-                                  "kernelbench_commit": _git("rev-parse", "--short", "HEAD", cwd=kb_src)}
+            bench.environment |= {"kernelbench_src": str(kb_src), "kernelbench_commit": kb_commit(kb_src)}
         print(bench.plan_text(str(bench.root)), file=sys.stderr, flush=True)
         bench.write()
         for side in bench.sides:

@@ -302,3 +302,17 @@ def test_small_helpers(vk, tmp_path):
     assert vk.out_path(None, t).parent.name == "vs_kernelbench"
     assert vk.error_tail("a\n\nb\nc", limit=5) == "b | c" and vk.error_tail("") == ""
     assert vk.store_walls(tmp_path / "absent.sqlite") == {}
+
+
+@pytest.mark.cpu
+def test_a_kernelbench_copy_inside_this_repository_reports_no_commit(vk, tmp_path):
+    """Only a checkout of its own has a KernelBench commit: a copy under this repository (or no
+    git at all) must not report this repository's commit as KernelBench's."""
+    assert vk.kb_commit(vk.REPO / "benchmarks") is None
+    assert vk.kb_commit(tmp_path) is None
+    own = tmp_path / "kb"
+    (own / "src").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(own)], check=True)
+    subprocess.run(["git", "-C", str(own), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty",
+                    "-m", "x"], check=True)
+    assert vk.kb_commit(own / "src")
