@@ -187,6 +187,8 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     MemoryBoundEvaluator.running, MemoryBoundEvaluator.judged = {}, 0
     MemoryBoundEvaluator.meet = threading.Barrier(2 if share > 1 else 1)
     monkeypatch.setattr(batch, "Evaluator", MemoryBoundEvaluator)
+    monkeypatch.setattr(batch, "MEMORY_BOUND", batch.MemoryBoundTasks())
+    other = Task(name="small", source=TASK.source + "# another task\n")
     jobs = [job(f"p{i}", False) for i in range(6)]
     cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=share)
     results = run_jobs(jobs, cfg, plan=DevicePlan("cpu", (None,), ""))
@@ -194,6 +196,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     if share == 1:
         assert all(r.status is Status.OK and "rejudged_alone" not in r.flags for r in results)
         assert len(starts) == 6
+        assert not batch.MEMORY_BOUND.has(TASK.hash)  # with one worker per GPU an OOM says nothing of neighbours
         return
     assert [r.status for r in results] == [Status.OK] * 6, [(r.status, r.flags) for r in results]
     again = [r for r in results if "rejudged_alone" in r.flags]
@@ -203,6 +206,19 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
         runs = [n for lb, n in starts if lb == label]
         if len(runs) > 1:
             assert runs[-1] == 0, f"{label} was judged again beside {runs[-1]} other job(s)"
+    # The task is remembered: its next batch is judged alone at once, one run per job, no OOM;
+    # another task still shares the GPU.
+    assert batch.MEMORY_BOUND.has(TASK.hash) and not batch.MEMORY_BOUND.has(other.hash)
+    fake.log.clear()
+    MemoryBoundEvaluator.meet = threading.Barrier(1)
+    later = run_jobs([job(f"q{i}", False) for i in range(4)], cfg, plan=DevicePlan("cpu", (None,), ""))
+    assert [(r.status, "rejudged_alone" in r.flags) for r in later] == [(Status.OK, False)] * 4
+    assert [n for e, _, n in fake.log if e == "judge_start"] == [0] * 4
+    fake.log.clear()
+    MemoryBoundEvaluator.meet = threading.Barrier(2)
+    shared = run_jobs([Job(other, Candidate(f"# s{i}\n", task_hash=other.hash, label=f"s{i}")) for i in range(2)], cfg,
+                      plan=DevicePlan("cpu", (None,), ""))
+    assert any("rejudged_alone" in r.flags for r in shared)  # it tried the shared GPU first, as any task does
 
 
 def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():

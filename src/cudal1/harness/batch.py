@@ -5,7 +5,8 @@ Contract: :func:`run_jobs` is the harness's batch entry (``plan.backend == "ray"
 jobs to :mod:`cudal1.harness.ray_backend`).  A lane takes the first *ready* job (no build, or its
 build finished) and sleeps until a build finishes when none is; it never commits to a build that
 has not started.  With several workers per GPU, a job that ran out of memory beside its
-neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``rejudged_alone``).
+neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``rejudged_alone``),
+and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`).
 ``on_result(index, result)`` is called from a lane thread as each verdict arrives, ``on_stats``
 once after the batch (:class:`~cudal1.harness.batchstats.BatchStats`).  An interrupt stops every
 lane and kills running workers; their jobs leave no verdict.
@@ -92,6 +93,27 @@ class GpuGate:
                 self.active -= 1
                 self.solo -= 1
                 self.cond.notify_all()
+
+
+class MemoryBoundTasks:
+    """Tasks (by hash) that ran out of GPU memory beside other jobs in this process: a task's
+    memory is mostly its inputs, outputs and answers, so its later jobs (the next candidates, the
+    next round of a search) would run out the same way.  Thread-safe; lives as long as the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._hashes: set[str] = set()
+
+    def add(self, task_hash: str) -> None:
+        with self._lock:
+            self._hashes.add(task_hash)
+
+    def has(self, task_hash: str) -> bool:
+        with self._lock:
+            return task_hash in self._hashes
+
+
+MEMORY_BOUND = MemoryBoundTasks()
 
 
 class _LocalBatch:
@@ -208,15 +230,22 @@ class _LocalBatch:
 
     def judge(self, i: int, gpu: int | None, prebuilt: Any) -> EvalResult:
         """Job ``i``'s verdict on ``gpu``.  With several workers per GPU, a job that ran out of
-        memory is judged again with the GPU to itself (:class:`GpuGate`); flag ``rejudged_alone``."""
+        memory is judged again with the GPU to itself (:class:`GpuGate`); flag ``rejudged_alone``.
+        Its task is remembered (:data:`MEMORY_BOUND`): later jobs of it go straight to the GPU
+        alone instead of paying a shared attempt first."""
         gate, stopping = self.gates[gpu], lambda: self.stopping
+        job = self.jobs[i]
+        shared = self.config.workers_per_gpu > 1
+        if shared and MEMORY_BOUND.has(job.task.hash):
+            return gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
         gate.enter(stopping)
         try:
-            res = self.ev.evaluate_job(self.jobs[i], gpu, prebuilt)
+            res = self.ev.evaluate_job(job, gpu, prebuilt)
         finally:
             gate.leave()
-        if self.config.workers_per_gpu > 1 and out_of_memory(res) and not self.stopping:
-            res = gate.alone(lambda: self.ev.evaluate_job(self.jobs[i], gpu, prebuilt), stopping)
+        if shared and out_of_memory(res) and not self.stopping:
+            MEMORY_BOUND.add(job.task.hash)
+            res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
         return res
 
