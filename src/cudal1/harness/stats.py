@@ -98,7 +98,8 @@ def figures(stage: Any) -> Figures:
     rows = _sides(stage)
     overhead = float(stage.overhead_ms or 0.0)
     out = Figures()
-    ref_excess = [float(r[1]) - float(r[0]) for r in rows["ref"]]
+    excess = {who: [float(r[1]) - float(r[0]) for r in rs] for who, rs in rows.items()}  # device_ms - gpu_ms per call
+    ref_excess = excess["ref"]
     calibration = [float(x) for x in stage.calibration or []]
     # The join cost: the host's wake-up after the device-wide synchronize plus the output snapshot,
     # as the reference (trusted, one stream, same outputs) pays it.
@@ -108,7 +109,7 @@ def figures(stage: Any) -> Figures:
         # Work on other streams past the calling stream is charged to every call at its typical
         # (median) size: a late host wake-up after the synchronize on a few calls is not device
         # work, and work hidden on fewer than half the calls cannot move the median anyway.
-        extra = _median([float(r[1]) - float(r[0]) for r in rs]) - out.base_ms
+        extra = _median(excess[who]) - out.base_ms
         charge = extra if extra > per_call else 0.0
         out.charged_ms[who] = charge
         out.gpu[who] = [max(float(r[0]) - overhead, MIN_CALL_MS) + charge for r in rs]
@@ -117,9 +118,8 @@ def figures(stage: Any) -> Figures:
     out.join_probe_ms = {"ref": _median(calibration) if calibration else None, "cand": _median(probe) if probe else None}
     cand = rows["cand"]
     escaped = sum(1 for r in cand if bool(r[4]))
-    cand_excess = [float(r[1]) - float(r[0]) for r in cand]
     slack = max(SIDE_STREAM_MIN_MS, 3 * _iqr(ref_excess), 3 * _iqr(calibration), 0.05 * _median(out.gpu["cand"]))
-    out.cand_excess_ms = _median(cand_excess) - out.base_ms
+    out.cand_excess_ms = _median(excess["cand"]) - out.base_ms
     if escaped:
         out.side_stream = f"{escaped} of {len(cand)} timed calls returned before their output was written"
     elif out.cand_excess_ms > slack:
