@@ -64,10 +64,6 @@ class BenchError(Exception):
 
 # ---- records --------------------------------------------------------------------------------------
 
-def _missing(code: Any) -> bool:
-    return not isinstance(code, str) or code.strip() in ("", "None", "null")
-
-
 def record_key(rec: dict[str, Any], index: int) -> str:
     level, tid = rec.get("level_id"), rec.get("task_id")
     if isinstance(level, int) and isinstance(tid, int):
@@ -76,27 +72,27 @@ def record_key(rec: dict[str, Any], index: int) -> str:
 
 
 def read_records(path: Path, limit: int | None = None) -> tuple[list[dict[str, Any]], list[str]]:
-    """(records, their raw JSONL lines) of a CUDA-L1 release file, the first ``limit`` only.
+    """(records, their JSONL lines) of a CUDA-L1 release file, the first ``limit`` only.
     Each record: index, key, level, ref_code, custom_code (None when the record has no code)."""
+    from cudal1.jsonl import JsonlError, iter_jsonl
+    from cudal1.releases import missing_code
+
     if not path.is_file():
         raise BenchError(f"no records file {path} (give --records PATH or set $CUDAL1_CUDA_L1)")
     records: list[dict[str, Any]] = []
     lines: list[str] = []
-    for n, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        if limit is not None and len(records) >= limit:
-            break
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise BenchError(f"{path}:{n}: not JSON ({exc.msg})") from None
-        if not isinstance(rec, dict) or not isinstance(rec.get("ref_code"), str):
-            raise BenchError(f"{path}:{n}: not a CUDA-L1 record (needs ref_code and custom_code)")
-        code = rec.get("custom_code")
-        records.append({"index": len(records), "key": record_key(rec, len(records)), "level": rec.get("level_id"),
-                        "ref_code": rec["ref_code"], "custom_code": None if _missing(code) else code})
-        lines.append(line)
+    try:
+        for n, rec in iter_jsonl(path):
+            if limit is not None and len(records) >= limit:
+                break
+            if not isinstance(rec.get("ref_code"), str):
+                raise BenchError(f"{path}:{n}: not a CUDA-L1 record (needs ref_code and custom_code)")
+            code = rec.get("custom_code")
+            records.append({"index": len(records), "key": record_key(rec, len(records)), "level": rec.get("level_id"),
+                            "ref_code": rec["ref_code"], "custom_code": None if missing_code(code) else code})
+            lines.append(json.dumps(rec))
+    except JsonlError as exc:
+        raise BenchError(str(exc)) from None
     if not records:
         raise BenchError(f"{path}: no records")
     return records, lines
