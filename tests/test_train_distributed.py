@@ -60,6 +60,38 @@ def _metrics(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x.strip()]
 
 
+_LEAVE = """
+import atexit, pathlib, sys
+from cudal1.train import dist
+
+class Teardown:  # a module global: finalised only by the interpreter's own teardown
+    def __del__(self):
+        print("teardown ran", file=sys.stderr, flush=True)
+
+keep = Teardown()
+atexit.register(lambda: pathlib.Path(sys.argv[1]).write_text("exit handlers ran"))
+sys.stdout.write("last output, unflushed")
+dist.leave(3)
+print(" / still here")
+"""
+
+
+@pytest.mark.parametrize("world", ["2", None])
+def test_leave_ends_a_rank_after_its_exit_handlers_without_the_teardown(tmp_path, world):
+    marker = tmp_path / "atexit.txt"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    if world:
+        env["WORLD_SIZE"] = world
+    proc = subprocess.run([sys.executable, "-c", _LEAVE, str(marker)], capture_output=True, text=True, timeout=60, env=env)
+    assert marker.read_text() == "exit handlers ran"  # both ways
+    if world:  # several processes: ends in leave, output flushed, no interpreter teardown
+        assert (proc.returncode, proc.stdout) == (3, "last output, unflushed"), proc.stderr
+        assert "teardown ran" not in proc.stderr
+    else:  # alone: a no-op, the process goes on and exits as usual
+        assert (proc.returncode, proc.stdout) == (0, "last output, unflushed / still here\n"), proc.stderr
+        assert "teardown ran" in proc.stderr
+
+
 def test_sft_smoke_under_two_processes(tmp_path):
     out = tmp_path / "sft"
     proc = _torchrun(["sft", "--smoke", "--out", str(out), "--json"], timeout=300)

@@ -173,12 +173,12 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         raise UsageError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
     dist.finish()
-    if not dist.is_main():
-        return 0
-    if args.json:
-        print_json(summary)
-    else:
-        _print(args.stage, summary)
+    if dist.is_main():
+        if args.json:
+            print_json(summary)
+        else:
+            _print(args.stage, summary)
+    dist.leave(0)  # under several processes the process ends here (see its docstring)
     return 0
 
 

@@ -8,12 +8,13 @@ is initialised and otherwise lets ``accelerate.PartialState`` initialise the pro
 their ``ddp_timeout``) with a timeout of ``CUDAL1_DIST_TIMEOUT_S`` seconds (default 10800: ssl's
 rank 0 generates and judges a whole round while the others wait).  :func:`main_first` runs a
 block on rank 0, then on the others; :func:`finish` waits for every rank and tears the group down
-at the end of a command.
+at the end of a command; :func:`leave` then ends the process without the interpreter's teardown.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -83,6 +84,30 @@ def finish() -> None:
     if td.is_available() and td.is_initialized():
         td.barrier()
         td.destroy_process_group()
+
+
+def leave(code: int) -> None:
+    """Under several processes, end this process now with ``code``: Python's exit handlers run
+    (``atexit``: logging, multiprocessing's children, trackers), stdout and stderr are flushed,
+    and the interpreter's own teardown is skipped.  Alone: a no-op (the caller returns as usual).
+
+    Why: once DDP has run on a gloo group, the group outlives :func:`finish`'s
+    ``destroy_process_group`` (its ``pt_gloo_runloop`` and ``gloo_tcp_loop`` threads stay up; seen
+    with torch 2.13 on CPUs, a bare DDP module of two ranks is enough), and tearing the interpreter
+    down around those threads once aborted a rank after every result was written (SIGABRT,
+    "terminate called without an active exception"), which ``torchrun`` reports as a failed run.
+    Call it after the command's last output."""
+    if not distributed():
+        return
+    import atexit
+
+    atexit._run_exitfuncs()  # the handlers a normal exit runs, before os._exit skips the rest
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
 
 
 def describe() -> dict:
