@@ -1,5 +1,6 @@
 """Shared pytest wiring: the ``gpu`` marker auto-skip, a per-session cache dir, path fixtures,
-and the one runner of the adversarial fixture corpora (so no test module imports another).
+the smoke stages' primed tiny model (built once per session), and the one runner of the
+adversarial fixture corpora (so no test module imports another).
 
 Markers (``gpu``, ``slow``) are registered in ``pyproject.toml``.
 
@@ -84,6 +85,31 @@ def shared_dir(repo_root: Path) -> Path:
     if not path.is_dir():
         pytest.skip(f"shared directory {path} is absent")
     return path
+
+
+@pytest.fixture(scope="session")
+def primed_smoke_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The ``--smoke`` GRPO/SSL stages' primed tiny model (``smoke_stages.primed_model``: a short
+    SFT on every bundled program), built once per session in this process; priming is about two
+    thirds of a two-process smoke's time.  Use :func:`seed_primed` to give it to a run."""
+    pytest.importorskip("trl")
+    from cudal1.train.smoke_stages import primed_model
+
+    return primed_model(tmp_path_factory.mktemp("smoke-prime"))
+
+
+@pytest.fixture
+def seed_primed(primed_smoke_model: Path):
+    """``seed(out)``: copy the session's primed model to ``out/prime/primed``, where a ``--smoke``
+    run of ``out`` finds and reuses it (as ``--resume`` does) instead of priming again.  Priming
+    itself under several processes is the SFT smoke's path (``tiny_base`` by rank 0, a
+    data-parallel ``run_sft``), tested by itself."""
+    import shutil
+
+    def seed(out: Path) -> None:
+        shutil.copytree(primed_smoke_model, Path(out) / "prime" / "primed")
+
+    return seed
 
 
 # ---- fixture corpora ------------------------------------------------------------------------------

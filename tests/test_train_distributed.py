@@ -9,6 +9,9 @@
   gathers both ranks' samples into one ``metrics.jsonl`` line.
 * SSL smoke: each round's samples are sharded, each rank generates and judges its half into the
   one store, rank 0 writes the round's data; every sample is generated and judged once.
+* The GRPO and SSL smokes start from the session's primed model (conftest ``seed_primed``), which
+  they find and reuse; priming under two processes is the SFT smoke's path.
+* A rank ends in ``dist.leave``: exit handlers run, output flushed, no interpreter teardown.
 """
 
 from __future__ import annotations
@@ -128,10 +131,11 @@ def test_sft_smoke_under_two_processes(tmp_path):
     assert logits.shape[:2] == ids.shape and torch.isfinite(logits).all()
 
 
-def test_grpo_smoke_under_two_processes(tmp_path):
+def test_grpo_smoke_under_two_processes(tmp_path, seed_primed):
     import sqlite3
 
     out = tmp_path / "grpo"
+    seed_primed(out)
     proc = _torchrun(["grpo", "--smoke", "--max-steps", "1", "--eval-every", "1", "--eval-samples", "4", "--out", str(out),
                       "--json"], timeout=480)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -163,10 +167,11 @@ def test_grpo_smoke_under_two_processes(tmp_path):
     assert (out / "config.json").is_file() and (out / "prime" / "primed" / "config.json").is_file()
 
 
-def test_ssl_smoke_under_two_processes(tmp_path):
+def test_ssl_smoke_under_two_processes(tmp_path, seed_primed):
     import sqlite3
 
     out = tmp_path / "ssl"
+    seed_primed(out)
     proc = _torchrun(["ssl", "--smoke", "--out", str(out), "--json"], timeout=420)
     assert proc.returncode == 0, proc.stderr[-4000:]
     summaries = _summaries(proc.stdout)

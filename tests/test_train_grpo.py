@@ -74,9 +74,10 @@ def test_sft_step_changes_parameters_and_masks_the_prompt(tmp_path):
     assert not completion.error
 
 
-def test_grpo_smoke_learns_to_prefer_fast_verified_programs(tmp_path, monkeypatch, capsys):
+def test_grpo_smoke_learns_to_prefer_fast_verified_programs(tmp_path, monkeypatch, capsys, seed_primed):
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "grpo"
+    seed_primed(out)  # the smoke's own priming, built once per session
     assert cli_main(["train", "grpo", "--smoke", "--out", str(out), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
