@@ -114,7 +114,7 @@ def figures(stage: Any) -> Figures:
         out.charged_ms[who] = charge
         out.gpu[who] = [max(float(r[0]) - overhead, MIN_CALL_MS) + charge for r in rs]
         out.host[who] = [g if bool(r[3]) else max(g, float(r[2])) for g, r in zip(out.gpu[who], rs)]
-    probe = [float(x) for x in getattr(stage, "cand_join", None) or []]
+    probe = [float(x) for x in stage.cand_join or []]
     out.join_probe_ms = {"ref": _median(calibration) if calibration else None, "cand": _median(probe) if probe else None}
     cand = rows["cand"]
     escaped = sum(1 for r in cand if bool(r[4]))
