@@ -1,15 +1,22 @@
 """Training jobs whose saved models the checkpoint tests reload (CPU: tests/test_train_checkpoint.py;
 GPU: tests/gpu/test_zero3_save_gpu.py).
 
-Each job runs in a child process of its own (``python tests/checkpoint_jobs.py ENGINE OUT PORT
-[--lora]``): DeepSpeed and FSDP set up a process group and accelerate's process-wide state, which
-must not leak into the test process.  It builds the smoke task's tiny model from a config (no
-download), fine-tunes it for two steps with ``cudal1.train.sft.run_sft`` under ``ENGINE``
-(``zero3``: DeepSpeed ZeRO-3 in one process, which partitions every parameter already; ``fsdp2``:
-FSDP2 with a sharded state dict, GPU only), and writes ``OUT/captured.safetensors``: every
-parameter's full trained value, gathered from the engine at the end of training (a callback),
-with the names the trainer's model has (``base_model.model...`` under LoRA).  The test then
-compares the saved directory with that (:func:`check_full_model`, :func:`check_lora_merge`).
+Each job runs in processes of its own — one (``python tests/checkpoint_jobs.py ENGINE OUT PORT``)
+or two on gloo (``torchrun --nproc_per_node 2 tests/checkpoint_jobs.py ...``): DeepSpeed and FSDP
+set up a process group and accelerate's process-wide state, which must not leak into the test
+process.  A job builds the smoke task's tiny model from a config (no download) and fine-tunes it
+with ``cudal1.train.sft.run_sft`` under ``ENGINE`` (``zero3``: DeepSpeed ZeRO-3, which partitions
+every parameter even in one process; ``fsdp2``: FSDP2 with a sharded state dict for checkpoints)
+for ``--steps`` steps, saving a checkpoint every ``--save-steps``.  It writes
+``OUT/captured.safetensors``: every parameter's full trained value, gathered from the engine at the
+end of training (a callback; a collective under two processes), with the names the trainer's model
+has (``base_model.model...`` under LoRA).  ``--resume`` continues from the last checkpoint in
+``OUT/sft`` instead of starting afresh.  The test then compares the saved directory with that
+(:func:`check_full_model`, :func:`check_lora_merge`, :func:`check_same_weights`).
+
+FSDP on the CPU: accelerate enables FSDP only for accelerator process groups (a CPU group gets
+plain DDP, silently); :func:`_fsdp_on_cpu` makes it treat the gloo group as it treats a GPU group,
+so the same trainer, ``fully_shard`` and state-dict code runs (only the device differs).
 """
 
 from __future__ import annotations
@@ -30,14 +37,12 @@ LORA = {"r": 4, "alpha": 8, "dropout": 0.0, "target_modules": "q_proj,v_proj"}
 
 
 def engine_settings(engine: str) -> dict:
-    """The ``trl:`` block that selects ``engine`` for one process."""
+    """The ``trl:`` block that selects ``engine``."""
     if engine == "zero3":
         return {"deepspeed": ZERO3}
     if engine == "fsdp2":
         return FSDP2
     raise ValueError(f"unknown engine {engine!r}")
-
-
 
 
 def _port() -> int:
@@ -46,17 +51,23 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run_job(engine: str, out: Path, lora: bool, env: dict | None = None, timeout: float = 300) -> dict:
-    """Run tests/checkpoint_jobs.py in a child process; its JSON summary."""
-    import os
-
-    child_env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT")}
+def run_job(engine: str, out: Path, lora: bool, env: dict | None = None, timeout: float = 300, procs: int = 1,
+            steps: int = 2, save_steps: int = 1, resume: bool = False) -> dict:
+    """Run tests/checkpoint_jobs.py in ``procs`` processes of its own; its JSON summary (rank 0's)."""
+    child_env = {k: v for k, v in os.environ.items()
+                 if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     child_env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", **(env or {}))
-    cmd = [sys.executable, __file__, engine, str(out), str(_port())] + (["--lora"] if lora else [])
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=child_env)
+    port = _port()
+    args = [__file__, engine, str(out), str(port), "--steps", str(steps), "--save-steps", str(save_steps)]
+    args += (["--lora"] if lora else []) + (["--resume"] if resume else [])
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(procs), "--master_addr",
+                "127.0.0.1", "--master_port", str(port)] if procs > 1 else [sys.executable]
+    proc = subprocess.run(launcher + args, capture_output=True, text=True, timeout=timeout, env=child_env)
     if proc.returncode != 0:
         raise AssertionError(proc.stderr[-4000:])
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    summaries = [line for line in proc.stdout.splitlines() if line.startswith('{"job"')]
+    assert len(summaries) == 1, proc.stdout[-2000:]  # rank 0 alone reports
+    return json.loads(summaries[0])
 
 
 def _weights(path: Path) -> dict:
@@ -71,14 +82,14 @@ def _reloaded(path: Path) -> dict:
     return {k: v.detach() for k, v in AutoModelForCausalLM.from_pretrained(path).state_dict().items()}
 
 
-def check_full_model(out: Path, checkpoint: bool = True) -> None:
-    """The final model (and the last checkpoint, when ``checkpoint``) reload at full shape with the
-    gathered trained values."""
+def check_full_model(out: Path, checkpoints: tuple[str, ...] = ("checkpoint-2",)) -> None:
+    """The final model (and ``checkpoints``, when they hold a full model) reload at full shape with
+    the gathered trained values."""
     import torch
 
     base = _reloaded(out / "base")
     captured = _weights(out / "captured.safetensors")
-    for where in [out / "sft"] + ([out / "sft" / "checkpoint-2"] if checkpoint else []):
+    for where in [out / "sft"] + [out / "sft" / c for c in checkpoints]:
         saved = _reloaded(where)
         assert set(saved) == set(base)
         for name, value in saved.items():
@@ -113,6 +124,17 @@ def check_lora_merge(out: Path, alpha_over_r: float, atol: float = 1e-6) -> None
     assert (out / "sft" / "adapter" / "adapter_config.json").is_file()
 
 
+def check_same_weights(a: Path, b: Path, atol: float = 1e-6) -> int:
+    """Two runs' gathered weights agree tensor by tensor; returns how many tensors were compared."""
+    import torch
+
+    wa, wb = _weights(a), _weights(b)
+    assert set(wa) == set(wb)
+    for name in wa:
+        assert torch.allclose(wa[name].float(), wb[name].float(), atol=atol, rtol=0), name
+    return len(wa)
+
+
 def _gathered(model) -> dict:
     """Every parameter of ``model`` at its full shape, on the CPU (a collective under the engines)."""
     params = dict(model.named_parameters())
@@ -128,32 +150,84 @@ def _gathered(model) -> dict:
     return full
 
 
-def run(engine: str, out: Path, port: int, lora: bool) -> dict:
-    os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))
+def _fsdp_on_cpu() -> None:
+    """Let accelerate enable FSDP for a CPU (gloo) process group, as it does for a GPU group."""
+    import torch
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType
+
+    if torch.cuda.is_available():
+        return
+    init = AcceleratorState.__init__
+
+    def patched(self, *args, fsdp_plugin=None, **kwargs):
+        init(self, *args, fsdp_plugin=fsdp_plugin, **kwargs)
+        if fsdp_plugin is not None and self.distributed_type == DistributedType.MULTI_CPU:
+            self.distributed_type, self.fsdp_plugin = DistributedType.FSDP, fsdp_plugin
+            PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    AcceleratorState.__init__ = patched
+
+
+def run(engine: str, out: Path, port: int, lora: bool, steps: int, save_steps: int, resume: bool) -> dict:
+    if "RANK" not in os.environ:  # one process: what torchrun would set
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(port))
+    if engine == "fsdp2":
+        _fsdp_on_cpu()
     from safetensors.torch import save_file
     from transformers import TrainerCallback
 
+    from cudal1.train import dist
     from cudal1.train.config import load_config
     from cudal1.train.sft import run_sft
     from cudal1.train.smoke_stages import tiny_base, verified_records
 
     captured: dict = {}
+    engine_seen: dict = {"steps_run": 0}
 
     class Capture(TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            params = list(model.parameters())
+            engine_seen.update(deepspeed=any(hasattr(p, "ds_id") for p in params),
+                               fsdp2=any(hasattr(p, "full_tensor") for p in params))
+
+        def on_step_end(self, args, state, control, **kwargs):
+            engine_seen["steps_run"] += 1
+
         def on_train_end(self, args, state, control, model=None, **kwargs):
             captured.update(_gathered(model))
 
     records = verified_records()
     base = tiny_base(out / "base", records)
-    overrides = {"max_steps": 2, "save_steps": 1, "save_total_limit": 2, "learning_rate": 1e-2,
-                 "trl": engine_settings(engine), "lora": lora, "lora_config": LORA}
+    overrides = {"max_steps": steps, "save_steps": save_steps, "save_total_limit": 4, "learning_rate": 1e-2,
+                 "batch_size": 1, "gradient_accumulation_steps": 1, "trl": engine_settings(engine), "lora": lora,
+                 "lora_config": LORA}
     cfg = load_config("sft", "smoke", overrides)
-    summary = run_sft(str(base), records, cfg, out / "sft", callbacks=(Capture(),))
-    save_file(captured, str(out / "captured.safetensors"))
-    return summary | {"base": str(base), "captured": len(captured)}
+    summary = run_sft(str(base), records, cfg, out / "sft", callbacks=(Capture(),), resume=resume)
+    if dist.is_main():
+        save_file(captured, str(out / "captured.safetensors"))
+    dist.barrier()
+    return {"job": engine, **summary, "base": str(base), "captured": len(captured), "world_size": dist.world_size(),
+            **engine_seen}
 
 
 if __name__ == "__main__":
-    engine_, out_, port_ = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])
-    print(json.dumps(run(engine_, out_, port_, "--lora" in sys.argv[4:])), flush=True)
+    import argparse
+
+    p = argparse.ArgumentParser()
+    p.add_argument("engine")
+    p.add_argument("out", type=Path)
+    p.add_argument("port", type=int)
+    p.add_argument("--lora", action="store_true")
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--save-steps", type=int, default=1)
+    a = p.parse_args()
+    summary = run(a.engine, a.out, a.port, a.lora, a.steps, a.save_steps, a.resume)
+    from cudal1.train import dist
+
+    if dist.is_main():
+        print(json.dumps(summary), flush=True)
+    dist.finish()
+    dist.leave(0)

@@ -88,6 +88,23 @@ def shared_dir(repo_root: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def deepspeed_cpu_ops() -> None:
+    """DeepSpeed's CPU communication op (``deepspeed_shm_comm``, compiled on first use: about a
+    minute), built once per session in a process of its own, so no training job's time limit pays
+    for it.  It lands in torch's extension cache (``TORCH_EXTENSIONS_DIR``, else
+    ``~/.cache/torch_extensions``), where a later session finds it."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("deepspeed")
+    code = "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=1200, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"building DeepSpeed's CPU op failed: {proc.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
 def primed_smoke_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ``--smoke`` GRPO/SSL stages' primed tiny model (``smoke_stages.primed_model``: a short
     SFT on every bundled program), built once per session in this process; priming is about two

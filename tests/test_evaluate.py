@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.train.eval_figures import Sample, figures, pass_at_k, pass_ks
+from cudal1.train.eval_figures import CONVENTION, Sample, figures, pass_at_k, pass_ks
 
 # ---- the figures ----------------------------------------------------------------------------
 
@@ -60,10 +60,24 @@ def test_figures_over_k_samples():
     assert f["fast_p"] == {"1.0": 0.5, "1.2": 0.5, "1.5": 0.25, "2.0": 0.25}
     assert f["fast_p_point"]["1.0"] == 0.5
     assert f["fast_p_at_1"]["1.0"] == pytest.approx((1 / 4 + 0 + 1 / 4 + 0) / 4)  # a's 1.1 has a CI below 1.0
-    assert f["speedup"] == {"solved": 2, "geomean": pytest.approx((3.0 * 1.3) ** 0.5), "median": pytest.approx(2.15)}
+    # over all four tasks, b (unsolved) and d (degenerate) at 1.0; beside them the two solved ones alone
+    assert f["speedup"] == {"geomean": pytest.approx((3.0 * 1.3) ** 0.25), "median": pytest.approx(1.15), "tasks": 4,
+                            "unsolved": 2, "convention": CONVENTION, "solved": 2,
+                            "solved_geomean": pytest.approx((3.0 * 1.3) ** 0.5), "solved_median": pytest.approx(2.15)}
     assert f["degenerate"] == 1 and f["per_task"]["a"]["best_speedup"] == 3.0
     short = figures({"a": samples["a"][:3]}, 4)
     assert not short["complete"] and short["pass@4"] is None and short["samples"] == 3
+
+
+def test_solving_fewer_tasks_cannot_raise_the_all_task_figures():
+    ok = lambda s: [Sample("ok", "done", s, (s * 0.9, s * 1.1))]  # noqa: E731
+    broad = {"t1": ok(4.0), "t2": ok(1.5), "t3": ok(1.2), "t4": ok(1.1)}  # solves every task
+    narrow = {"t1": ok(4.0), "t2": [Sample("format")], "t3": [Sample("compile_error", "import")], "t4": [Sample("format")]}
+    b, n = figures(broad, 1)["speedup"], figures(narrow, 1)["speedup"]
+    assert b["geomean"] > n["geomean"] and b["median"] > n["median"]
+    assert n["solved_geomean"] > b["solved_geomean"]  # the solved-only figure is the one a narrow model inflates
+    assert n["unsolved"] == 3 and n["median"] == 1.0 and figures(narrow, 1)["fast_p"]["1.0"] == 0.25  # unsolved: not fast
+    assert figures({"t": [Sample("format")]}, 1)["speedup"]["geomean"] == 1.0
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -111,6 +125,7 @@ def test_evaluate_through_an_endpoint(tmp_path, monkeypatch, capsys):
         assert s["ok_rate"] == pytest.approx(3 / 7) and s["compile_rate"] == pytest.approx(6 / 7)
         assert s["pass@1"] == pytest.approx(3 / 7) and s["pass@4"] == pytest.approx(1 - 1 / 35) and s["pass@8"] is None
         assert set(s["fast_p"]) == {"1.0", "1.2", "1.5", "2.0"} and s["speedup"]["solved"] == 1
+        assert s["speedup"]["tasks"] == 1 and s["speedup"]["unsolved"] == 0
         assert all(s["fast_p"][p] <= s["fast_p_point"][p] for p in s["fast_p"])
         assert json.loads((out / "evaluation.json").read_text())["samples"] == 7
 

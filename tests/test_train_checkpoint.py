@@ -1,41 +1,76 @@
-"""CPU tier: saves that load.
+"""Saves that load, under two processes (gloo) on the CPU, and the checks before training.
 
-* DeepSpeed ZeRO-3 (one process on the CPU: every parameter is already partitioned) trains the
-  tiny model two steps; the final model and the intermediate checkpoint reload with plain
-  transformers, every tensor at its full shape and equal to the trained value gathered from the
-  engine (a ``model.save_pretrained`` of the unwrapped model writes zero-size tensors here).
-* The same run with LoRA: the saved model is the base with ``B @ A * alpha / r`` added to exactly
-  the adapted weights; the LoRA checkpoint is an adapter the ``hf`` policy merges when it loads it.
+* DeepSpeed ZeRO-3 and FSDP2 (``tests/checkpoint_jobs.py``, two ranks under ``torchrun``; FSDP2 on
+  a CPU group as accelerate runs it on a GPU group): the tiny model trains four steps, the final
+  model reloads with plain transformers, every tensor at its full shape and equal to the trained
+  value gathered from the engine (ZeRO-3's last checkpoint too; FSDP2's checkpoints are sharded, for
+  ``--resume``).  A second run resumed from the mid-run checkpoint (step 2) trains steps 3 and 4
+  only and ends with the same weights as the uninterrupted run, tensor by tensor: the step, the
+  optimizer and scheduler state and the data order were restored.
+* The same engines with LoRA: the saved model is the base with ``B @ A * alpha / r`` of the
+  gathered adapters added to exactly the adapted weights; an intermediate ZeRO-3 LoRA checkpoint
+  is an adapter the ``hf`` policy merges when it loads it.
 * A ZeRO-3 config without 16-bit gathering is refused before training; the ``trl:`` block of the
   training configs reaches TRL's classes, which check it.
 
-FSDP is not here: accelerate turns FSDP on only for accelerator devices, never for a CPU process
-group (tests/gpu/test_zero3_save_gpu.py runs it on a GPU).
+DeepSpeed's CPU communication op is built once per session first (conftest ``deepspeed_cpu_ops``),
+outside the jobs' time limits.  The same saves in bf16 on a GPU, in one process:
+``tests/gpu/test_zero3_save_gpu.py``.
 """
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 pytest.importorskip("trl")
-pytest.importorskip("deepspeed")
 
-from checkpoint_jobs import LORA, check_full_model, check_lora_merge, run_job
+from checkpoint_jobs import LORA, check_full_model, check_lora_merge, check_same_weights, run_job
+
+CPU = {"CUDA_VISIBLE_DEVICES": ""}
+ENGINES = ["zero3", "fsdp2"]
+
+
+@pytest.fixture
+def engine_ready(request):
+    """The engine's package, and for DeepSpeed its CPU op built (the session fixture)."""
+    if request.param == "zero3":
+        pytest.importorskip("deepspeed")
+        request.getfixturevalue("deepspeed_cpu_ops")
+    return request.param
 
 
 @pytest.mark.cpu
-def test_zero3_final_and_checkpoint_reload_with_full_trained_tensors(tmp_path):
-    summary = run_job("zero3", tmp_path, lora=False, env={"CUDA_VISIBLE_DEVICES": ""})
-    assert summary["steps"] == 2 and summary["captured"] > 0
-    check_full_model(tmp_path)
+@pytest.mark.parametrize("engine_ready", ENGINES, indirect=True)
+def test_two_process_save_reloads_and_a_mid_run_resume_continues_exactly(tmp_path, engine_ready):
+    engine = engine_ready
+    run, resumed = tmp_path / "run", tmp_path / "resumed"
+    summary = run_job(engine, run, lora=False, procs=2, steps=4, save_steps=2, env=CPU)
+    assert (summary["world_size"], summary["processes"], summary["steps"]) == (2, 2, 4)
+    assert summary["deepspeed" if engine == "zero3" else "fsdp2"]  # the engine really held the parameters
+    check_full_model(run, checkpoints=("checkpoint-4",) if engine == "zero3" else ())
+
+    # interrupted after step 2: its later checkpoint and final model never written
+    shutil.copytree(run, resumed)
+    shutil.rmtree(resumed / "sft" / "checkpoint-4")
+    for name in ("model.safetensors", "config.json"):
+        (resumed / "sft" / name).unlink()
+    (resumed / "captured.safetensors").unlink()
+    again = run_job(engine, resumed, lora=False, procs=2, steps=4, save_steps=2, env=CPU, resume=True)
+    assert again["resumed_from"].endswith("checkpoint-2") and again["steps"] == 4 and again["steps_run"] == 2
+    assert check_same_weights(run / "captured.safetensors", resumed / "captured.safetensors") == 27
+    check_full_model(resumed, checkpoints=())
 
 
 @pytest.mark.cpu
-def test_zero3_lora_merge_and_adapter_checkpoint(tmp_path):
-    summary = run_job("zero3", tmp_path, lora=True, env={"CUDA_VISIBLE_DEVICES": ""})
-    assert summary["steps"] == 2
+@pytest.mark.parametrize("engine_ready", ENGINES, indirect=True)
+def test_two_process_lora_save_is_the_merged_gathered_adapter(tmp_path, engine_ready):
+    summary = run_job(engine_ready, tmp_path, lora=True, procs=2, steps=2, save_steps=1, env=CPU)
+    assert summary["world_size"] == 2 and summary["steps"] == 2 and summary["captured"] == 27 + 8  # 4 adapted x (A, B)
     check_lora_merge(tmp_path, LORA["alpha"] / LORA["r"])
-
+    if engine_ready != "zero3":
+        return
     # an intermediate LoRA checkpoint is an adapter; the hf policy merges it when it loads it
     from cudal1.policy.hf_policy import HFPolicy
     from cudal1.prompts import build_prompt

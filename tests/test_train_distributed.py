@@ -5,8 +5,9 @@
   per logged step, no duplicates) and the final model, which loads and runs.
 * GRPO smoke (one step): every rank judges its own rollouts and writes them to the
   one SQLite store (WAL) — all ``group_size x prompts_per_step`` rollouts of the step are recorded,
-  one run is recorded, one summary printed; the evaluation after the step (``--eval-every 1``)
-  gathers both ranks' samples into one ``metrics.jsonl`` line.
+  and counted in the step's ``metrics.jsonl`` line (gathered from both ranks), one run is
+  recorded, one summary printed; the evaluation after the step (``--eval-every 1``) gathers both
+  ranks' samples into one ``metrics.jsonl`` line.
 * SSL smoke: each round's samples are sharded, each rank generates and judges its half into the
   one store, rank 0 writes the round's data; every sample is generated and judged once.
 * The GRPO and SSL smokes start from the session's primed model (conftest ``seed_primed``), which
@@ -148,6 +149,8 @@ def test_grpo_smoke_under_two_processes(tmp_path, seed_primed):
     assert config["processes"] == 2
     per_step = config["grpo"]["group_size"] * config["grpo"]["prompts_per_step"]
     assert [(m["step"], m["stage"]) for m in _metrics(out)] == [(1, "grpo"), (1, "eval")]
+    step = _metrics(out)[0]  # its counts are gathered from both ranks, not rank 0's half
+    assert sum(step["judged"].values()) == per_step and 0 <= step["success_rate"] <= 1
     ev = _metrics(out)[1]  # the evaluation after step 1: both ranks' samples gathered into one line
     assert ev["samples"] == 4 and ev["complete"] and ev["tasks"] == 1 and set(ev["fast_p"]) == {"1.0", "1.2", "1.5", "2.0"}
     assert summaries[0]["eval"][0]["step"] == 1 and "pass@4" in ev

@@ -10,7 +10,7 @@ transformers:
   adapters, on exactly the adapted weights;
 * FSDP2 with a sharded state dict for checkpoints: the final model is gathered to a full one.
 
-The same checks run on the CPU for ZeRO-3 (tests/test_train_checkpoint.py); FSDP has no CPU form.
+The same checks run on the CPU under two processes, with resume (tests/test_train_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -39,4 +39,4 @@ def test_zero3_lora_merge_gpu(tmp_path):
 
 def test_fsdp2_final_save_is_gathered_gpu(tmp_path):
     assert run_job("fsdp2", tmp_path, lora=False, timeout=420)["steps"] == 2
-    check_full_model(tmp_path, checkpoint=False)  # sharded checkpoints are for --resume, not for loading
+    check_full_model(tmp_path, checkpoints=())  # sharded checkpoints are for --resume, not for loading

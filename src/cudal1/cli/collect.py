@@ -32,6 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--per-task", type=int, default=2, help="verified programs kept per task, fastest first (default 2; 0 = all)")
     p.add_argument("--out", default="runs/collect/data.jsonl", metavar="DATA.jsonl", help="output JSONL (store: DATA.sqlite)")
     p.add_argument("--smoke", action="store_true", help="scripted local teacher on the bundled task (CPU)")
+    p.add_argument("--allow-held-out", action="store_true",
+                   help="admit KernelBench held-out tasks (by default a suite holding one is refused and --from leaves "
+                        "their records out)")
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)")
     t = p.add_argument_group("teacher sampling")
     t.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.7)")
@@ -63,7 +66,8 @@ def run(args: argparse.Namespace) -> int:
             elif args.from_file:
                 tasks = _tasks(args) if args.suite else None
                 summary = collect_file(args.from_file, tasks, args.per_task, args.out, config, plan=plan, hardware=hardware,
-                                       on_result=lambda r: bar.update(1))
+                                       on_result=lambda r: bar.update(1),
+                                       allow_held_out=args.allow_held_out, kernelbench=args.source)
             else:
                 if not args.suite or not args.teacher:
                     raise UsageError("collect needs --suite and at least one --teacher URL=MODEL (or --from FILE, or --smoke)")
@@ -71,7 +75,8 @@ def run(args: argparse.Namespace) -> int:
                 teachers = [parse_teacher(t) for t in args.teacher]
                 summary = collect_teachers(_tasks(args), teachers, args.attempts or 20, args.per_task, args.out, config, plan=plan,
                                            hardware=hardware, policy_options=_policy_options(args),
-                                           on_result=lambda r: bar.update(1))
+                                           on_result=lambda r: bar.update(1), allow_held_out=args.allow_held_out,
+                                           kernelbench=args.source)
     except CollectError as exc:
         raise UsageError(str(exc)) from None
     if args.json:
@@ -80,6 +85,8 @@ def run(args: argparse.Namespace) -> int:
         print(table(["outcome", "count"], sorted(summary["judged"].items())))
         print(f"\nkept {summary['kept']} verified program(s) for {summary['tasks_with_data']} task(s): {summary['out']} "
               f"(run store {summary['store']})")
+        if summary.get("held_out_left_out"):
+            print(f"left out {summary['held_out_left_out']} record(s) of held-out tasks (--allow-held-out admits them)")
     return 0
 
 

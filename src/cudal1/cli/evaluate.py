@@ -162,8 +162,10 @@ def _print(s: dict) -> None:
     print(f"\n{s['tasks']} task(s), {s['samples']} sample(s): compiled {s['compile_rate']:.3f}, correct {s['correct_rate']:.3f}, "
           f"ok {s['ok_rate']:.3f}" if s["samples"] else f"\n{s['tasks']} task(s), no sample scored")
     print(f"{passes}; {fast} (best of {s['samples_per_task']}, 95% CI above p)")
-    print(f"best-of-k speedup over {sp['solved']} solved task(s): geomean {sp['geomean'] and round(sp['geomean'], 3)}, "
-          f"median {sp['median'] and round(sp['median'], 3)}; {s['out']}/evaluation.json")
+    r = lambda v: v and round(v, 3)  # noqa: E731
+    print(f"best-of-k speedup over all {sp['tasks']} task(s), {sp['unsolved']} unsolved at 1.0x: geomean {r(sp['geomean'])}, "
+          f"median {r(sp['median'])}; solved only ({sp['solved']}): geomean {r(sp['solved_geomean'])}, "
+          f"median {r(sp['solved_median'])}; {s['out']}/evaluation.json")
     if s["failed_requests"]:
         import sys
 

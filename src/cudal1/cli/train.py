@@ -72,6 +72,8 @@ def _common(p: argparse.ArgumentParser, stage: str) -> None:
                        help="eval tasks: held-out or train (the fixed KernelBench split, within the --suite's level when it "
                             "names one), or any suite selector, file or directory; --smoke: the smoke task")
         e.add_argument("--eval-samples", type=int, default=None, metavar="K", help="one-shot samples per eval task (default: 8)")
+    p.add_argument("--allow-held-out", action="store_true",
+                   help="train on KernelBench held-out tasks anyway (refused by default: by level and id, or by source)")
     p.add_argument("--out", default=f"runs/train-{stage}", metavar="DIR", help="output directory")
     p.add_argument("--config", default=None, metavar="FILE_OR_PRESET",
                    help=f"{stage} config: a YAML file or a packaged preset (smoke, default{', lora' if stage == 'sft' else ''})")
@@ -191,7 +193,8 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
         _need(args, "data", "model")
         from cudal1.train.sft import run_sft
 
-        return run_sft(args.model, args.data, cfg, out, resume=args.resume, report_to=report)
+        return run_sft(args.model, args.data, cfg, out, resume=args.resume, report_to=report,
+                       allow_held_out=args.allow_held_out)
     assert judge is not None
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
     if args.smoke:
@@ -199,7 +202,7 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
         # local: the smoke picks each rank's GPU itself (smoke_stages.judge_plan)
         plan = plan if plan.backend == "ray" else None
         if args.stage == "grpo":
-            evals = [smoke_stages.smoke_task()] if cfg.eval_every else None  # no split in a one-task smoke
+            evals = [smoke_stages.smoke_eval_task()] if cfg.eval_every else None  # no split in a one-task smoke
             return smoke_stages.smoke_grpo(out, config=cfg, resume=args.resume, report_to=report, judge=judge, plan=plan,
                                            eval_tasks=evals, exemplars_from=args.exemplars_from,
                                            exemplars_per_task=args.exemplars_per_task)
@@ -214,18 +217,17 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
 
         return run_grpo(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
                         report_to=report, eval_tasks=eval_tasks(args, cfg, tasks), exemplars_from=args.exemplars_from,
-                        exemplars_per_task=args.exemplars_per_task)
+                        exemplars_per_task=args.exemplars_per_task, allow_held_out=args.allow_held_out,
+                        kernelbench=args.source)
     from cudal1.train.ssl import run_ssl
 
     return run_ssl(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
-                   report_to=report)
+                   report_to=report, allow_held_out=args.allow_held_out, kernelbench=args.source)
 
 
 def eval_tasks(args: argparse.Namespace, cfg: Any, tasks: list) -> list | None:
-    """The tasks ``--eval-split`` names (None without evaluation); a warning on stderr when some
-    are also trained on."""
-    import sys
-
+    """The tasks ``--eval-split`` names (None without evaluation); ``run_grpo`` refuses them when
+    some are also trained on."""
     from cudal1.tasks import SPLITS, load_tasks, parse_selector
 
     if not cfg.eval_every:
@@ -238,17 +240,7 @@ def eval_tasks(args: argparse.Namespace, cfg: Any, tasks: list) -> list | None:
         if args.suite and ":" in args.suite and not Path(args.suite).exists():
             level = parse_selector(args.suite).level
         spec = f"kernelbench:level{level}:{spec}" if level is not None else f"kernelbench:{spec}"
-    evals = load_tasks(spec, args.source)
-    both = {t.hash for t in evals} & {t.hash for t in tasks}
-    if both and dist_main():
-        print(f"cudal1: warning: {len(both)} of {len(evals)} eval task(s) from {spec} are also trained on", file=sys.stderr)
-    return evals
-
-
-def dist_main() -> bool:
-    from cudal1.train import dist
-
-    return dist.is_main()
+    return load_tasks(spec, args.source)
 
 
 def _print(stage: str, summary: dict[str, Any]) -> None:
@@ -256,9 +248,13 @@ def _print(stage: str, summary: dict[str, Any]) -> None:
         rows = [(i + 1, r, s) for i, (r, s) in enumerate(zip(summary["reward_mean"], summary["success_rate"]))]
         print(table(["step", "reward_mean", "success_rate"], rows))
         print(f"\nbest speedups: {summary['best_speedup']}; verdicts: {summary['judged']}")
+        if summary.get("collapse"):
+            c = summary["collapse"]
+            print(f"collapse: from step {c['began_at']} the rollouts were {c['share']:.0%} answers without usable code "
+                  f"({c['status']}; metrics.jsonl has the steps)")
         for ev in summary.get("eval") or []:
             print(f"eval at step {ev['step']}: ok {ev['ok_rate']:.3f}, pass@1 {ev.get('pass@1')}, "
-                  f"fast_1.0 {ev['fast_p']['1.0']}, geomean best {ev['speedup']['geomean']}")
+                  f"fast_1.0 {ev['fast_p']['1.0']}, geomean best over all tasks {ev['speedup']['geomean']}")
     elif stage == "ssl":
         print(table(["round", "success_rate", "kept", "loss"],
                     [(r["round"], r["success_rate"], r["kept"], r["loss"]) for r in summary["rounds"]]))

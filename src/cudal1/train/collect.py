@@ -10,6 +10,10 @@ Contract:
   at all raises :class:`CollectError` naming its URL before anything is spent.
 * :func:`collect_file` admits a published kernel set (CUDA-L1's release format, or ``task``/``code``
   lines resolved against a suite) only after re-judging every record on this machine.
+* Held-out tasks (:mod:`.heldout`: by level and problem id, or by their source under any name)
+  stay out unless ``allow_held_out``: :func:`collect_teachers` refuses a suite holding one
+  (:class:`~cudal1.train.heldout.HeldOutError`, before any request), :func:`collect_file` leaves
+  their records out and counts them (``held_out_left_out``).
 * Both write JSONL: one object per line with ``messages`` (system, user, assistant) and provenance
   — ``source`` (``teacher:URL=MODEL`` or ``file:PATH``), ``task``, ``task_hash``, ``status``,
   ``speedup``, ``speedup_ci``, ``flags``, ``candidate_hash``, ``config_hash`` (the judge's) and
@@ -146,12 +150,19 @@ def _summary(store: RunStore, records: list[dict], judged: Counter, out: Path, *
 def collect_teachers(tasks: list[Task], teachers: list[Teacher], attempts: int, per_task: int, out: str | Path,
                      judge_config: EvalConfig, *, plan: Any = None, hardware: str = "CPU",
                      policy_options: dict[str, Any] | None = None,
-                     on_result: Callable[[EvalResult], None] | None = None) -> dict[str, Any]:
+                     on_result: Callable[[EvalResult], None] | None = None, allow_held_out: bool = False,
+                     kernelbench: str | Path | None = None) -> dict[str, Any]:
     """Sample, judge and keep (see the module docstring).  Returns a summary."""
     from cudal1.policy import PolicyConfig, make_policy
+    from cudal1.train.heldout import HeldOut, HeldOutError, refuse
 
     if attempts < 1:
         raise CollectError("--attempts must be at least 1")
+    if not allow_held_out:
+        try:
+            refuse(tasks, "collect", HeldOut.load(kernelbench))
+        except HeldOutError as exc:
+            raise CollectError(str(exc)) from None
     for teacher in teachers:
         check_reachable(teacher)
     out = Path(out)
@@ -196,14 +207,24 @@ def _release_reader():
 
 
 def collect_file(path: str | Path, tasks: list[Task] | None, per_task: int, out: str | Path, judge_config: EvalConfig, *,
-                 plan: Any = None, hardware: str = "CPU",
-                 on_result: Callable[[EvalResult], None] | None = None) -> dict[str, Any]:
+                 plan: Any = None, hardware: str = "CPU", on_result: Callable[[EvalResult], None] | None = None,
+                 allow_held_out: bool = False, kernelbench: str | Path | None = None) -> dict[str, Any]:
     """Re-judge a published set and keep only what verifies here (see the module docstring)."""
+    from cudal1.train.heldout import HeldOut
+
     read_records, bad_input = _release_reader()
     try:
         records = read_records(path, tasks)
     except bad_input as exc:
         raise CollectError(str(exc)) from None
+    held_out = []
+    if not allow_held_out:
+        held = HeldOut.load(kernelbench)
+        held_out = [r for r in records if r.task is not None and held.reason(r.task)]
+        records = [r for r in records if not (r.task is not None and held.reason(r.task))]
+        if held_out:
+            log.warning("collect: %d record(s) of held-out tasks left out (e.g. %s); --allow-held-out admits them",
+                        len(held_out), held.reason(held_out[0].task))
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     source = f"file:{path}"
@@ -222,4 +243,5 @@ def collect_file(path: str | Path, tasks: list[Task] | None, per_task: int, out:
         kept = select_records(store, task_list, [source], judge_config.hash(), per_task)
         write_jsonl(out, kept)
         store.finish_run(run_id, "done")
-        return _summary(store, kept, judged, out, input_records=len(records), missing_code=len(records) - len(items))
+        return _summary(store, kept, judged, out, input_records=len(records) + len(held_out),
+                        missing_code=len(records) - len(items), held_out_left_out=len(held_out))

@@ -28,6 +28,19 @@ def report_to(value: str | None) -> list[str] | str:
     return names
 
 
+def check_model(model: str) -> None:
+    """FileNotFoundError (one line) when ``model`` names a local path that does not exist; a hub
+    name (``org/name``, no such local path) is left to the loader."""
+    import os
+    from pathlib import Path
+
+    text = str(model)
+    if Path(text).exists():
+        return
+    if os.path.isabs(text) or text.startswith((".", "~")) or text.count("/") > 1 or os.sep + os.sep in text:
+        raise FileNotFoundError(f"no such model directory: {text}")
+
+
 def has_cuda() -> bool:
     import torch
 
@@ -91,7 +104,30 @@ def trainer_arguments(cls: type, ours: dict[str, Any], defaults: dict[str, Any],
         raise ConfigError(f"{where}.trl: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by cudal1 itself; "
                           f"use the {where} config's own fields")
     try:
-        return cls(**(defaults | extra | ours))
+        args = cls(**(defaults | extra | ours))
     except (TypeError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
         raise ConfigError(f"{where}: trl.{cls.__name__} refused the settings: {first}") from None
+    if getattr(args, "deepspeed", None):
+        deepspeed_comm()
+    return args
+
+
+def deepspeed_comm() -> None:
+    """Under several processes, give DeepSpeed's communication layer the process group that exists.
+
+    cudal1's barriers may set the group up (through ``accelerate.PartialState``) before a trainer
+    whose ``deepspeed`` setting comes from the ``trl:`` block (``torchrun`` rather than ``accelerate
+    launch`` with a DeepSpeed config) exists; the trainer then finds the state made and skips
+    DeepSpeed's own initialisation, and ZeRO-3's loading sees a world of one process (its batch
+    check fails).  ``deepspeed.init_distributed`` on an initialised group adopts it."""
+    from cudal1.train import dist
+
+    if not dist.distributed():
+        return
+    import torch.distributed as td
+
+    dist.barrier()  # the group exists from here on
+    import deepspeed
+
+    deepspeed.init_distributed(dist_backend=str(td.get_backend()))

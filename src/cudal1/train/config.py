@@ -141,6 +141,9 @@ class GRPOConfig(Config):
     seed: int = 0
     eval_every: int = 0  # evaluate on the eval tasks (train grpo --eval-split) every N steps; 0: never
     eval_samples: int = 8  # samples per eval task, one-shot (the k of pass@k and best-of-k)
+    collapse_share: float = 0.9  # a step whose rollouts are at least this share format failures (no usable code) is collapsed
+    collapse_steps: int = 3  # that many collapsed steps in a row: the run reports a collapse and the step it began; 0: off
+    collapse_stop: bool = False  # end training when a collapse is reported (the final save still runs)
     trl: dict[str, Any] = field(default_factory=dict)  # any other trl.GRPOConfig field, passed through (checked by TRL's class)
 
     def validate(self) -> None:
@@ -150,6 +153,8 @@ class GRPOConfig(Config):
         _vllm_fields(self)
         if self.eval_every < 0:
             raise ConfigError("grpo: eval_every must be >= 0 (0: no evaluation during training)")
+        if not 0 < self.collapse_share <= 1 or self.collapse_steps < 0:
+            raise ConfigError("grpo: collapse_share must be in (0, 1] and collapse_steps >= 0 (0: no collapse watch)")
         if self.group_size < 2:
             raise ConfigError("grpo: group_size must be at least 2 (advantages are relative to the group)")
         if self.beta < 0:

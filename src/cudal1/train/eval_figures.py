@@ -21,9 +21,13 @@ Over the evaluation (``k`` = samples per task):
   :func:`cudal1.speedup.clears`), degenerate tasks counting as not fast; ``fast_p_point`` the same
   by point value; ``fast_p_at_1`` the expected fast_p of one sample (each task's share of such
   samples, averaged);
-* ``speedup``: the best-of-k speedup of each task with an ok sample (not degenerate), and their
-  ``geomean`` and ``median`` (``solved`` such tasks; tasks without one are left out, cudal1's
-  ``measured`` convention).
+* ``speedup``: ``geomean`` and ``median`` over **every** task of the best-of-k speedup, a task
+  without an ok sample (or a degenerate one) counting as 1.0, the reference it leaves in place
+  (``convention`` states it; ``tasks`` counted, ``unsolved`` of them at 1.0) — so solving fewer
+  tasks cannot raise them; beside them, labelled, the same over the ``solved`` tasks alone
+  (``solved_geomean``, ``solved_median``: cudal1's ``measured`` convention, which a model that
+  answers only the tasks it is best at would inflate).  A solved task slower than the reference
+  counts at its measured speedup, below 1.0.
 
 Not covered: confidence intervals of these aggregates.
 """
@@ -39,6 +43,8 @@ from cudal1.speedup import clears
 from cudal1.tables import geomean
 
 FAST_P = (1.0, 1.2, 1.5, 2.0)
+UNSOLVED = 1.0  # the speedup of a task without an ok answer: the reference stays in place
+CONVENTION = "best of k per task over all tasks; a task without an ok answer (or degenerate) counts 1.0x, the reference"
 BUILT_PHASES = frozenset({"construct", "correctness", "timing", "verify", "verify_timing", "done"})
 CHECKED_PHASES = frozenset({"timing", "verify", "verify_timing", "done"})
 
@@ -130,17 +136,20 @@ def figures(samples: dict[str, list[Sample]], k: int) -> dict[str, Any]:
     fast_one = {_key(p): (statistics.fmean(sum(s.faster(p) for s in ss) / len(ss) for ss in scored.values())
                           if scored else None) for p in FAST_P}
     values = list(best.values())
+    every = [best.get(t, UNSOLVED) for t in samples]
     return {
         "tasks": tasks, "samples_per_task": k, "samples": n_samples,
         "complete": all(len(ss) >= k for ss in samples.values()),
         "compile_rate": rate(lambda s: s.compiled), "correct_rate": rate(lambda s: s.correct), "ok_rate": rate(lambda s: s.ok),
         **passes,
         "fast_p": fast, "fast_p_point": fast_point, "fast_p_at_1": fast_one,
-        "speedup": {"solved": len(values), "geomean": geomean(values), "median": statistics.median(values) if values else None},
+        "speedup": {"geomean": geomean(every), "median": statistics.median(every) if every else None, "tasks": tasks,
+                    "unsolved": tasks - len(values), "convention": CONVENTION, "solved": len(values),
+                    "solved_geomean": geomean(values), "solved_median": statistics.median(values) if values else None},
         "degenerate": sum(1 for ss in samples.values() if any(s.degenerate for s in ss)),
         "per_task": {t: {"samples": len(ss), "compiled": sum(s.compiled for s in ss), "correct": sum(s.correct for s in ss),
                          "ok": sum(s.ok for s in ss), "best_speedup": best.get(t)} for t, ss in samples.items()},
     }
 
 
-__all__ = ["FAST_P", "Sample", "figures", "pass_at_k", "pass_ks"]
+__all__ = ["CONVENTION", "FAST_P", "UNSOLVED", "Sample", "figures", "pass_at_k", "pass_ks"]

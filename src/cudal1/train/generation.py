@@ -16,10 +16,13 @@ Contract:
 * :class:`VLLMPolicy` is the same engine behind the policy interface (``generate(prompts, n)``),
   for ``cudal1 evaluate --policy vllm``.
 
-Not covered: vLLM is not installed on the machines the tests run on, so the vLLM paths here are
-exercised only on GPU machines with vLLM; the CPU tests cover sharding and the transformers path.
 Engine teardown between rounds frees the GPU memory vLLM took (``del`` the engine, its model
 parallel groups destroyed, the CUDA cache emptied) before the round's fine-tuning starts.
+
+Tested on the CPU against a fake ``vllm`` package (``tests/fake_vllm``) that records what the
+engine is given — tensor-parallel size, memory share, context length, seed, executor, sampling
+settings — and answers from a script; the real engine's behaviour (its memory, its teardown) is
+vLLM's and is not exercised there.
 """
 
 from __future__ import annotations

@@ -13,7 +13,10 @@ and with β > 0 loads the frozen reference model from the same path) on ``tasks`
 * ``OUT/metrics.jsonl`` gets one line per logged step: ``step``, ``loss``, ``reward_mean``,
   ``reward_std``, ``kl``, ``success_rate`` (share of rollouts ``ok`` with a usable speedup),
   ``judged`` (rollouts per outcome kind), ``evaluated`` (fresh judge runs), ``speedup_mean`` and
-  ``speedup_max`` (of this step's successes).
+  ``speedup_max`` (of this step's successes), and ``collapse`` while a collapse into answers
+  without code is running (:mod:`.collapse`: ``collapse_steps`` steps in a row with at least
+  ``collapse_share`` format failures; logged as a warning with the step it began, in the summary,
+  and with ``collapse_stop`` the end of training).
 
 ``resume`` continues from the last ``OUT/checkpoint-N`` (TRL/transformers restore model,
 optimizer, scheduler and RNG); the reward's running statistics are rebuilt from the rollouts the
@@ -25,9 +28,10 @@ rewards.  Rank 0 opens the run store first (creating it, WAL mode) and judges th
 others then open it and find those verdicts recorded.  All ranks write the one SQLite store
 concurrently: :class:`~cudal1.store.RunStore` uses WAL, ``BEGIN IMMEDIATE`` write transactions
 and a 30 s busy timeout, so writers queue instead of failing.  Rank 0 alone records the run
-(``start_run``/``finish_run``), writes ``metrics.jsonl`` and saves; the ``success_rate``,
-``judged``, ``evaluated`` and ``speedup_*`` keys of ``metrics.jsonl`` count rank 0's rollouts
-only (``reward_mean``/``reward_std`` are TRL's, over all ranks).
+(``start_run``/``finish_run``), writes ``metrics.jsonl`` and saves.  Every key of a
+``metrics.jsonl`` line is over all ranks' rollouts: ``success_rate``, ``judged``, ``evaluated``
+and ``speedup_*`` are gathered from every rank at each logged step, ``reward_mean``/``reward_std``
+are TRL's.
 
 Not covered: judging is synchronous (generation waits for the verdicts of its batch).
 """
@@ -37,13 +41,15 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
 from cudal1.config import EvalConfig
 from cudal1.train import dist, require_train
 from cudal1.train.checkpoint import check_engine, last_checkpoint, save_final
-from cudal1.train.common import cuda_or_cpu_kwargs, peft_config, trainer_arguments, world_size
+from cudal1.train.collapse import CollapseWatch
+from cudal1.train.common import check_model, cuda_or_cpu_kwargs, peft_config, trainer_arguments, world_size
 from cudal1.train.config import GRPOConfig
 from cudal1.train.contrast import ContrastivePrompts
 from cudal1.train.grpo_eval import EVAL_POLICY, PHASE, EvalSet, eval_callback
@@ -63,8 +69,9 @@ class JudgeReward:
     __name__ = "judge"  # TRL names the reward's metrics after it
 
     def __init__(self, judge: RolloutJudge, contrast: ContrastivePrompts, cfg: RewardConfig, stats: RunningStats,
-                 evalset: EvalSet | None = None) -> None:
+                 evalset: EvalSet | None = None, watch: CollapseWatch | None = None) -> None:
         self.judge, self.contrast, self.cfg, self.stats, self.evalset = judge, contrast, cfg, stats, evalset
+        self.watch = watch
         self._speedups: list[float] = []
         self._rollouts = 0
         self._successes = 0
@@ -86,17 +93,32 @@ class JudgeReward:
         self._speedups.extend(o.speedup for o in outcomes if o.success)  # type: ignore[misc]
         return rewards
 
-    def metrics(self) -> dict[str, Any]:
-        """Metrics since the previous call (merged into metrics.jsonl by the metrics callback)."""
-        out = {
-            "success_rate": self._successes / self._rollouts if self._rollouts else None,
-            "judged": self.judge.drain_counts(),
-            "evaluated": self.judge.evaluated - self._evaluated_at_drain,
-            "speedup_mean": statistics.fmean(self._speedups) if self._speedups else None,
-            "speedup_max": max(self._speedups) if self._speedups else None,
-        }
+    def metrics(self, step: int = 0) -> dict[str, Any]:
+        """Metrics since the previous call, over every rank's rollouts (a collective under several
+        processes: every rank calls it at each logged step), merged into metrics.jsonl by the
+        metrics callback; ``collapse`` when :attr:`watch` has seen one (see :mod:`.collapse`)."""
+        mine = {"rollouts": self._rollouts, "successes": self._successes, "judged": self.judge.drain_counts(),
+                "evaluated": self.judge.evaluated - self._evaluated_at_drain, "speedups": self._speedups}
         self._speedups, self._rollouts, self._successes = [], 0, 0
         self._evaluated_at_drain = self.judge.evaluated
+        parts = dist.all_gather(mine)
+        rollouts = sum(p["rollouts"] for p in parts)
+        judged: Counter[str] = Counter()
+        for part in parts:
+            judged.update(part["judged"])
+        speedups = [s for p in parts for s in p["speedups"]]
+        out = {
+            "success_rate": sum(p["successes"] for p in parts) / rollouts if rollouts else None,
+            "judged": dict(judged),
+            "evaluated": sum(p["evaluated"] for p in parts),
+            "speedup_mean": statistics.fmean(speedups) if speedups else None,
+            "speedup_max": max(speedups) if speedups else None,
+        }
+        found = self.watch.update(step, dict(judged)) if self.watch is not None else None
+        if found is not None and dist.is_main():
+            log.warning("grpo: %s", found.message())
+        if self.watch is not None and self.watch.current is not None:
+            out["collapse"] = self.watch.current.to_dict()
         return out
 
 
@@ -179,17 +201,28 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
              plan: Any = None, hardware: str = "CPU", resume: bool = False, report_to: Any = "none",
              on_result: Callable[[EvalResult], None] | None = None, callbacks: tuple = (),
              eval_tasks: list[Task] | None = None, exemplars_from: list[str] | None = None,
-             exemplars_per_task: int = 4) -> dict[str, Any]:
+             exemplars_per_task: int = 4, allow_held_out: bool = False,
+             kernelbench: str | Path | None = None) -> dict[str, Any]:
     """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring).  Returns a summary.
     ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline).
     ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`.grpo_eval`).
     ``exemplars_from``: earlier runs whose verified programs seed the exemplar pool, at most
-    ``exemplars_per_task`` per task, judged here first (:mod:`.exemplars`)."""
+    ``exemplars_per_task`` per task, judged here first (:mod:`.exemplars`).  Held-out training
+    tasks are refused unless ``allow_held_out``, and ``eval_tasks`` must not be trained on
+    (:mod:`.heldout`; ValueError, one line)."""
     require_train("cudal1 train grpo")
     from cudal1.store import RunStore
+    from cudal1.train.heldout import HeldOut, overlap, refuse
 
     if not tasks:
         raise ValueError("grpo needs at least one task")
+    if not allow_held_out:
+        refuse(tasks, "train grpo", HeldOut.load(kernelbench))
+    both = overlap(tasks, eval_tasks or [])
+    if both:
+        raise ValueError(f"train grpo: {len(both)} eval task(s) are also trained on ({', '.join(both[:3])}"
+                         f"{', ...' if len(both) > 3 else ''}): the eval split must be disjoint from the training suite")
+    check_model(model)
     out = Path(out)
     with dist.main_first():  # rank 0 creates the store (schema, WAL) before the others open it
         out.mkdir(parents=True, exist_ok=True)
@@ -234,7 +267,8 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
         if eval_tasks and cfg.eval_every:
             evalset = EvalSet(list(eval_tasks), cfg.eval_samples, hardware)
             evalset.judge = RolloutJudge(store, judge_config, plan=plan, policy=EVAL_POLICY, on_result=on_result)
-        reward = JudgeReward(judge, contrast, cfg.reward, stats, evalset)
+        watch = CollapseWatch(cfg.collapse_share, cfg.collapse_steps)
+        reward = JudgeReward(judge, contrast, cfg.reward, stats, evalset, watch)
         tokenizer = AutoTokenizer.from_pretrained(model)
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
@@ -245,7 +279,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
             train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16), processing_class=tokenizer,
             eval_dataset=evalset.dataset() if evalset else None, peft_config=peft_config(cfg.lora, cfg.lora_config),
             callbacks=[metrics_callback(out, "grpo", reward.metrics), *([eval_callback(evalset, out)] if evalset else []),
-                       *callbacks],
+                       *([collapse_stop(watch)] if cfg.collapse_stop else []), *callbacks],
         )
         check_engine(trainer)
         result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
@@ -254,8 +288,23 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
     finally:
         if run_id is not None:
             store.finish_run(run_id, status)
-    return summarize(out, store, tasks, judge_config) | {"steps": int(result.global_step), "seeded": seeded,
-                                                         "resumed_from": str(checkpoint) if checkpoint else None}
+    return summarize(out, store, tasks, judge_config) | {
+        "steps": int(result.global_step), "seeded": seeded, "resumed_from": str(checkpoint) if checkpoint else None,
+        "collapse": watch.first.to_dict() if watch.first else None}
+
+
+def collapse_stop(watch: CollapseWatch):
+    """A TrainerCallback ending training at the step a collapse is reported (``collapse_stop``).
+    After the metrics callback in the trainer's list: it reads what that step's metrics fed the watch."""
+    from transformers import TrainerCallback
+
+    class CollapseStop(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if watch.current is not None:
+                control.should_training_stop = True
+            return control
+
+    return CollapseStop()
 
 
 def summarize(out: Path, store, tasks: list[Task], judge_config: EvalConfig) -> dict[str, Any]:

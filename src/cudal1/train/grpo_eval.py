@@ -13,9 +13,9 @@ rank's samples (a collective) and rank 0 appends one line to ``metrics.jsonl``: 
 ``step``, and :func:`cudal1.train.eval_figures.figures`'s keys (rates, pass@k, fast_p, best-of-k
 speedups) without the per-task table.
 
-Not covered: eval rollouts of a task that is also trained on join that task's exemplar pool
-(they are judged programs like any other); keep the eval split apart from the training suite
-(the CLI warns when they overlap).
+The eval tasks are disjoint from the training tasks (:func:`~cudal1.train.grpo.run_grpo` refuses
+an overlap: eval rollouts of a trained task would join its exemplar pool and the figures would
+measure training tasks).
 """
 
 from __future__ import annotations

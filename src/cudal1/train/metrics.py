@@ -42,8 +42,9 @@ def metrics_record(logs: dict[str, Any], step: int, stage: str, extra: dict[str,
     return rec
 
 
-def metrics_callback(out: str | Path, stage: str, extra: Callable[[], dict[str, Any]] | None = None):
-    """A TrainerCallback writing ``out/metrics.jsonl`` (needs ``transformers``)."""
+def metrics_callback(out: str | Path, stage: str, extra: Callable[[int], dict[str, Any]] | None = None):
+    """A TrainerCallback writing ``out/metrics.jsonl`` (needs ``transformers``).  ``extra(step)`` is
+    called at every logged step on every rank (it may be a collective); rank 0 writes its keys."""
     from transformers import TrainerCallback
 
     path = Path(out) / "metrics.jsonl"
@@ -51,9 +52,12 @@ def metrics_callback(out: str | Path, stage: str, extra: Callable[[], dict[str, 
     class MetricsWriter(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
-            if not state.is_world_process_zero or "train_runtime" in logs or not ("loss" in logs or "reward" in logs):
+            if "train_runtime" in logs or not ("loss" in logs or "reward" in logs):
                 return
-            rec = metrics_record(logs, state.global_step, stage, extra() if extra else None)
+            more = extra(int(state.global_step)) if extra else None  # on every rank: ``extra`` may gather from all of them
+            if not state.is_world_process_zero:
+                return
+            rec = metrics_record(logs, state.global_step, stage, more)
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "a") as f:
                 f.write(json.dumps(rec, default=str) + "\n")

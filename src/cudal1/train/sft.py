@@ -12,7 +12,8 @@ data file is read by rank 0 first, then from the datasets cache by the others); 
 ``OUT/metrics.jsonl``, checkpoints ``OUT/checkpoint-N`` and the final model (LoRA merged, the
 adapter kept in ``OUT/adapter``) in ``OUT`` through :func:`~cudal1.train.checkpoint.save_final`,
 which gathers the weights under ZeRO-3 and FSDP; ``resume`` continues from the last checkpoint.
-Any other ``trl.SFTConfig`` field goes in the config's ``trl:`` block.
+Any other ``trl.SFTConfig`` field goes in the config's ``trl:`` block.  Data that trains on a
+KernelBench held-out task is refused unless ``allow_held_out`` (:mod:`.heldout`).
 
 Not covered: packing and padding-free batching (off: kernels are long and few), evaluation sets.
 """
@@ -25,7 +26,7 @@ from typing import Any
 
 from cudal1.train import dist, require_train
 from cudal1.train.checkpoint import check_engine, last_checkpoint, save_final
-from cudal1.train.common import cuda_or_cpu_kwargs, peft_config, trainer_arguments, warmup_kwargs
+from cudal1.train.common import check_model, cuda_or_cpu_kwargs, peft_config, trainer_arguments, warmup_kwargs
 from cudal1.train.config import SFTConfig
 from cudal1.train.metrics import metrics_callback, read_metrics
 
@@ -53,6 +54,17 @@ def load_chat_data(data: Any):
     return ds.select_columns(["messages"])
 
 
+def _records(data: Any):
+    """The records of ``data`` as :func:`load_chat_data` takes it (a JSONL path, a list, a Dataset)."""
+    if isinstance(data, (str, Path)):
+        if not Path(data).is_file():
+            raise FileNotFoundError(f"no such data file: {data}")
+        from cudal1.jsonl import iter_jsonl
+
+        return (rec for _, rec in iter_jsonl(data))
+    return iter(data)
+
+
 def sft_arguments(cfg: SFTConfig, out: str | Path, report_to: Any = "none"):
     """``trl.SFTConfig`` from ``cfg`` (its ``trl:`` block passed through; see
     :func:`~cudal1.train.common.trainer_arguments`)."""
@@ -73,13 +85,22 @@ def sft_arguments(cfg: SFTConfig, out: str | Path, report_to: Any = "none"):
 
 
 def run_sft(model: str, data: Any, cfg: SFTConfig, out: str | Path, *, resume: bool = False, report_to: Any = "none",
-            stage: str = "sft", callbacks: tuple = ()) -> dict[str, Any]:
+            stage: str = "sft", callbacks: tuple = (), allow_held_out: bool = False,
+            kernelbench: str | Path | None = None) -> dict[str, Any]:
     """Fine-tune ``model`` on ``data`` into ``out`` (see the module docstring).  Returns a summary.
-    ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer."""
+    ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer.  Records of
+    held-out tasks are refused (:func:`~cudal1.train.heldout.refuse_records`, every rank alike)
+    unless ``allow_held_out``; ``kernelbench``: a local KernelBench copy whose held-out sources are
+    matched too."""
     require_train("cudal1 train sft")
     import trl
     from transformers import AutoTokenizer
 
+    if not allow_held_out:
+        from cudal1.train.heldout import HeldOut, refuse_records
+
+        refuse_records(_records(data), "train sft", HeldOut.load(kernelbench))
+    check_model(model)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     with dist.main_first():  # one rank builds the datasets cache entry for a JSONL file

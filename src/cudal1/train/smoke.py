@@ -112,6 +112,14 @@ def smoke_task(size: int = 512) -> Task:
     return Task(name=TASK_NAME, source=source, origin="cudal1.train.smoke")
 
 
+def smoke_eval_task() -> Task:
+    """What ``train grpo --smoke --eval-every`` evaluates on: the bundled task at N = 256, a task
+    the smoke does not train on (the eval split must be disjoint from the training tasks)."""
+    import dataclasses
+
+    return dataclasses.replace(smoke_task(256), name=f"{TASK_NAME}_n256")
+
+
 def smoke_judge_config(device: str = "cpu"):
     """The judge for smoke runs: two correctness trials, short timing; all guards on."""
     from cudal1.config import EvalConfig

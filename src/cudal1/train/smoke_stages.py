@@ -30,10 +30,10 @@ from typing import Any
 
 from cudal1.train import dist
 from cudal1.train.config import SFTConfig, load_config
-from cudal1.train.smoke import VARIANTS, priming_records, smoke_judge_config, smoke_task
+from cudal1.train.smoke import VARIANTS, priming_records, smoke_eval_task, smoke_judge_config, smoke_task
 
-__all__ = ["PRIME", "judge_plan", "primed_model", "smoke_grpo", "smoke_sft", "smoke_ssl", "smoke_task", "tiny_base",
-           "verified_records"]
+__all__ = ["PRIME", "judge_plan", "primed_model", "smoke_eval_task", "smoke_grpo", "smoke_sft", "smoke_ssl", "smoke_task",
+           "tiny_base", "verified_records"]
 
 log = logging.getLogger(__name__)
 

@@ -77,9 +77,18 @@ def chat_record(prompt: Prompt, text: str, task: Task, res: EvalResult, source: 
 
 def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalConfig, out: str | Path, *,
             plan: Any = None, hardware: str = "CPU", resume: bool = False, report_to: Any = "none",
-            on_result: Callable[[EvalResult], None] | None = None) -> dict[str, Any]:
-    """Run the self-supervised rounds (see the module docstring).  Returns a summary."""
+            on_result: Callable[[EvalResult], None] | None = None, allow_held_out: bool = False,
+            kernelbench: str | Path | None = None) -> dict[str, Any]:
+    """Run the self-supervised rounds (see the module docstring).  Returns a summary.  Held-out
+    tasks are refused (:mod:`.heldout`) unless ``allow_held_out``."""
     require_train("cudal1 train ssl")
+    from cudal1.train.common import check_model
+
+    if not allow_held_out:
+        from cudal1.train.heldout import HeldOut, refuse
+
+        refuse(tasks, "train ssl", HeldOut.load(kernelbench))
+    check_model(model)
     from cudal1.prompts import build_prompt
     from cudal1.store import RunStore
     from cudal1.train.metrics import read_metrics
@@ -113,7 +122,8 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalCon
             n_kept = len(totals["kept"])
             loss = None
             if n_kept:  # every rank fine-tunes (data-parallel); rank 0 saves, run_sft returns once it has
-                sft = run_sft(current, str(data), cfg.sft, rdir / "model", report_to=report_to, stage=f"ssl-round{r}")
+                sft = run_sft(current, str(data), cfg.sft, rdir / "model", report_to=report_to, stage=f"ssl-round{r}",
+                              allow_held_out=True)  # the round's programs answer ``tasks``, checked above
                 current, loss = str(rdir / "model"), sft["loss_last"]
             elif main:
                 log.warning("ssl round %d: no successes; the model is unchanged", r)
@@ -143,7 +153,9 @@ def _generate_and_judge(model: str, tasks: list[Task], prompts: list[Prompt], cf
     share, and return plain data for the gather (counts, successes, kept records by slot)."""
     settings = generation_settings(cfg)
     world = dist.world_size()
-    tp = engine_tp(settings, world) if use_vllm(settings.backend) else 1
+    # ranks per engine: under several processes a vLLM engine spans ``tp`` ranks (one GPU each); a
+    # single process's engine spans its GPUs by itself
+    tp = engine_tp(settings, world) if world > 1 and use_vllm(settings.backend) else 1
     part = shard(len(tasks) * cfg.samples, dist.rank(), world, tp)
     slots = list(part.generate)
     texts = generate(model, [prompts[i // cfg.samples] for i in slots], settings,
