@@ -135,6 +135,45 @@ def test_bad_usage(case, tmp_path, cli_env):
     assert proc.returncode == 2
 
 
+REFUSE_ALL = """import json, sys
+from cudal1.cli.main import main
+seen = []
+for args in json.loads(sys.argv[1]):
+    rc = main(args)
+    seen.append([" ".join(args[:2]), rc, "torch" in sys.modules])
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.cpu
+def test_every_command_refuses_bad_input_before_importing_the_judge(tmp_path, cli_env):
+    """One process runs a bad-input case of every command in turn and says after each whether
+    torch (the judge's first heavy import) was imported: none may import it, so each refusal
+    costs only the interpreter's start (a fraction of a second, where the judge takes seconds)."""
+    nope = str(tmp_path / "nope.py")
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("judge: [unclosed\n")
+    a_file = tmp_path / "a_file"
+    a_file.write_text("")
+    task = str(DIAG)
+    cases = [["eval", "--reference", nope, "--candidate", nope], ["eval", "--reference", task, "--candidate", nope],
+             ["optimize", nope], ["optimize", task, "--preset", "turbo"], ["optimize", task, "--passes", "nope"],
+             ["optimize", task, "--config", str(bad_yaml)], ["optimize", task, "--out", str(a_file)],
+             ["evaluate", nope, "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
+             ["eval-suite", "--suite", nope, "--candidates", nope], ["verify", nope], ["baseline", "--suite", nope],
+             ["collect", "--suite", task, "--from", nope], ["report", nope], ["analyze", nope],
+             ["export", nope, "--format", "cuda-l1", "--out", str(tmp_path / "x.jsonl")], ["compare", nope, nope],
+             ["train", "sft", "--out", str(tmp_path / "t"), "--config", nope]]
+    done = subprocess.run([sys.executable, "-c", REFUSE_ALL, json.dumps(cases)], capture_output=True, text=True,
+                          env=cli_env, cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, explain(done)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert [(name, rc, imported) for name, rc, imported in seen] == [(" ".join(c[:2]), 2, False) for c in cases], seen
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == len(cases) and all(e.startswith("cudal1: error: ") for e in errors), errors
+    assert "known: default, fast, kernelbench-v0, thorough" in errors[3]  # an unknown preset lists the valid ones
+
+
 def test_bad_usage_messages_name_the_fault(tmp_path, cli_env, capsys):
     """In-process: the messages say what is wrong (no subprocess, so these are cheap)."""
     cases = _bad_usage_cases(tmp_path)

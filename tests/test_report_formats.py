@@ -222,3 +222,82 @@ def test_the_analysis_check_line_of_a_candidate():
     assert analysis_check({"analysis_check": check}) == ("analysis check: score 0.500; names the best earlier program; "
                                                          "gives reasons")
     assert analysis_check({}) == "" and analysis_check({"analysis_check": {"present": False}}) == ""
+
+
+def test_one_group_has_one_row_and_one_environment(tmp_path, capsys):
+    """A run of one level's tasks: the summary shows the "all" row alone (the level's row would
+    repeat it), and verdicts whose isolation details name their own job directories are one
+    environment."""
+    from report_data import SPEC
+
+    run = make_run(tmp_path / "one", [row for row in SPEC if row[1] == 2])
+    assert cli_main(["report", str(run), "--out", str(tmp_path / "r.html")]) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert '<td class="l">all</td>' in page and '<td class="l">level2</td>' not in page
+    assert "These runs hold" not in page and "Every verdict (3) was measured in this environment" in page
+    assert cli_main(["report", str(run), "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert "| all |" in md and "| level2 |" not in md
+    assert "| isolation: netns | applied: own network namespace, no interface up |" in md
+    assert max(len(line) for line in md.splitlines()) < 300  # no environment dumped on one line
+    assert cli_main(["report", str(run), "--json"]) == 0
+    envs = _last_json(capsys.readouterr().out)["environments"]
+    assert len(envs) == 1 and envs[0]["verdicts"] == 3 and envs[0]["gpu_name"] == ENV.gpu_name
+
+
+def test_the_best_is_the_program_optimize_keeps(tmp_path, capsys):
+    """Per task, verified candidates faster with confidence come first, then the highest speedup:
+    a confirmed 1.5x beats a 2.2x whose CI includes 1.0, as in optimize's best/."""
+    from cudal1.search import reference_candidate
+    from cudal1.store import RunStore
+    from cudal1.types import Candidate, EvalResult, Status, Task
+
+    task = Task(name="t", source="class Model: pass\n")
+    out = tmp_path / "run"
+    out.mkdir()
+    with RunStore(out / "cudal1.sqlite") as store:
+        store.add_task(task)
+        for code, speedup, ci in (("anchor", 1.0, (0.9, 1.1)), ("sure", 1.5, (1.3, 1.7)), ("maybe", 2.2, (0.8, 3.2))):
+            cand = reference_candidate(task) if code == "anchor" else Candidate(f"# {code}\n", task_hash=task.hash)
+            store.add_candidate(cand, task.hash, {"round": 0 if code == "anchor" else 1})
+            store.record_evaluation(EvalResult(Status.OK, task_hash=task.hash, candidate_hash=cand.hash, speedup=speedup,
+                                               speedup_ci=ci, environment=ENV))
+    assert cli_main(["report", str(out), "--json"]) == 0
+    (row,) = _last_json(capsys.readouterr().out)["tasks"]
+    assert (row["best_speedup"], row["faster"], row["candidates"]) == (1.5, True, 2)
+
+
+def test_an_evaluate_run_shows_its_rates_and_pass_at_k(run, capsys):
+    from report_data import add_evaluation
+
+    evaluation = add_evaluation(run)
+    assert cli_main(["report", str(run), "--json"]) == 0
+    (shown,) = _last_json(capsys.readouterr().out)["evaluations"]
+    assert shown["pass"] == {k: evaluation[k] for k in ("pass@1", "pass@2", "pass@4")}
+    for key in ("compile_rate", "correct_rate", "ok_rate", "fast_p", "fast_p_point", "samples_per_task", "speedup"):
+        assert shown[key] == evaluation[key], key
+    assert cli_main(["report", str(run), "--format", "md"]) == 0
+    md = capsys.readouterr().out
+    assert "## Evaluation: " in md and "| pass@1 | pass@2 | pass@4 |" in md
+
+
+def test_report_labels_are_cudal1_analyzes(run, tmp_path, capsys):
+    """The report's technique labels of a task's best are what ``cudal1 analyze BEST --reference
+    TASK`` prints; the builtin policy's pass list (which mentions fusion) adds none."""
+    from cudal1.report.load import load_runs
+
+    assert cli_main(["report", str(run), "--json"]) == 0
+    rows = {t["task"]: t for t in _last_json(capsys.readouterr().out)["tasks"]}
+    by_id = {rec.task.task_id: rec for rec in load_runs([run]).tasks}
+    for task_id in ("mytask", "level1/1"):  # the builtin's candidate, and a model's (its analysis given too)
+        rec = by_id[task_id]
+        best = next(c for c in rec.candidates if c.hash == rows[task_id]["best_candidate"])
+        (tmp_path / "best.py").write_text(best.source)
+        (tmp_path / "ref.py").write_text(rec.task.source)
+        (tmp_path / "analysis.txt").write_text(best.analysis)
+        args = ["analyze", str(tmp_path / "best.py"), "--reference", str(tmp_path / "ref.py"), "--json"]
+        if task_id != "mytask":
+            args += ["--analysis", str(tmp_path / "analysis.txt")]
+        assert cli_main(args) == 0
+        assert rows[task_id]["techniques"] == _last_json(capsys.readouterr().out)["techniques"], task_id
+    assert "operation_fusion" not in rows["mytask"]["techniques"]

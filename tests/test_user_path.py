@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
-from llm_server import ScriptedLLMServer
+from llm_server import Reply, ScriptedLLMServer, fail_first
 
 from cudal1.cli.main import build_parser, main as cli_main
 from cudal1.store import RunStore
@@ -68,11 +68,25 @@ def _free_port() -> int:
 
 
 @pytest.mark.cpu
-def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tmp_path, env):
+def test_a_dead_endpoint_ends_before_anything_is_judged(tmp_path, env):
     out = tmp_path / "out"
     dead = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there
-    args = ["optimize", SMALL_DIAG, "--model", "m", "--config", _config(tmp_path), "--out", out]
-    first = run_cli([*args, "--base-url", dead, "-q"], env, tmp_path)
+    for command in (["optimize", SMALL_DIAG, "--model", "m", "--config", _config(tmp_path)],
+                    ["evaluate", SMALL_DIAG, "--model", "m", "--samples", "2", "--device", "cpu"]):
+        done = run_cli([*command, "--base-url", dead, "--out", out, "-q"], env, tmp_path)
+        assert done.returncode == 1, done.stderr
+        (error,) = _errors(done.stderr)
+        assert done.stderr.strip().splitlines() == [error]  # one line, no retry warnings
+        assert f"the endpoint {dead} is unreachable" in error and "nothing was judged" in error, error
+        assert not (out / "cudal1.sqlite").exists()  # the references were not judged first
+
+
+@pytest.mark.cpu
+def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tmp_path, env):
+    out = tmp_path / "out"
+    args = ["optimize", SMALL_DIAG, "--model", "m", "--out", out]
+    with ScriptedLLMServer(default=Reply(status=500)) as srv:  # alive, but every request fails
+        first = run_cli([*args, "--config", _config(tmp_path), "--base-url", srv.url, "-q"], env, tmp_path)
     assert first.returncode == 1, first.stderr
     (error,) = _errors(first.stderr)
     assert "no completion from the policy: 1 of 1 request(s) failed" in error and f"--out {out}" in error
@@ -81,18 +95,22 @@ def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tm
         (response,) = store.responses()
     assert response["error"] and response["candidate_hash"] is None  # recorded as a generation failure
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["generation"]["failed"] == 1 and summary["tasks"][0]["evaluated"] == 1  # the reference only
+    assert summary["generation"]["failed"] == 1 and summary["tasks"][0]["judged"] == 0  # only the reference, not counted
 
-    with ScriptedLLMServer([ANSWER]) as srv:  # the same --out against a working endpoint
-        second = run_cli([*args, "--base-url", srv.url, "--json"], env, tmp_path)
+    # the same --out against an endpoint that fails once, then answers: one retry, summarised in one line
+    with ScriptedLLMServer(fail_first(1, 503, ANSWER)) as srv:
+        second = run_cli([*args, "--config", _config(tmp_path, max_retries=1), "--base-url", srv.url, "--json"],
+                         env, tmp_path)
         asked, url = len(srv.requests), srv.url
     assert second.returncode == 0, second.stderr[-3000:]
-    assert asked == 1  # the failed generation is asked again; nothing else
+    assert asked == 2  # the failed generation is asked again (and retried once); nothing else
     assert "resuming: 1 already judged" in second.stderr  # the reference's verdict was kept
+    assert "cudal1: warning: 1 request(s) to the endpoint were retried (-v shows each retry)" in second.stderr
+    assert "retry 1/1" not in second.stderr  # each retry only with -v
     again = last_json(second.stdout)
-    assert again["generation"] == {"requested": 1, "failed": 0, "last_error": "", "errors": {},
+    assert again["generation"] == {"requested": 1, "failed": 0, "last_error": "", "retries": 1, "errors": {},
                                    "answered_total": 1, "failed_total": 1}
-    assert again["tasks"][0]["evaluated"] == 2
+    assert again["tasks"][0]["judged"] == 1
     assert yaml.safe_load((out / "config.yaml").read_text())["policy"]["base_url"] == url  # the endpoint asked
 
 
@@ -120,6 +138,11 @@ def test_reused_out_refuses_other_settings_and_summary_agrees_with_report(tmp_pa
     doc = last_json(report.stdout)
     assert [(t["task"], t["best_speedup"]) for t in doc["tasks"]] == [(r["task"], r["best_speedup"]) for r in summary["tasks"]]
     assert doc["summary"]["faster"] == summary["faster"] and doc["summary"]["faster_point"] == summary["faster_point"]
+    # "judged" counts the same candidates in both (the reference not counted), with the same verdicts
+    assert [(t["candidates"], t["statuses"]) for t in doc["tasks"]] == [(r["judged"], r["statuses"]) for r in summary["tasks"]]
+    assert summary["tasks"][0]["judged"] == 1
+    table = run_cli([*base[:-1], "--trials", "3"], env, tmp_path)  # the same run again, read back, for people
+    assert table.returncode == 0 and "judged: candidates with a verdict, the reference not counted" in table.stdout
 
 
 @pytest.mark.cpu
@@ -131,9 +154,10 @@ def test_best_never_holds_a_slower_candidate_and_the_saved_config_reproduces_the
                     "--out", out, "--json"], env, tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     (row,) = last_json(done.stdout)["tasks"]
-    assert row["statuses"] == {"ok": 2}
+    assert row["statuses"] == {"ok": 1} and row["judged"] == 1
     assert row["best_speedup"] < 1.0 and row["best_path"] is None and not row["faster"]
-    assert not any((out / "best").iterdir())
+    assert row["uncertain_candidate"] is None  # measured slower: not kept apart either
+    assert not any((out / "best").iterdir()) and not (out / "candidates").exists()
     # the saved config.yaml, fed back, gives the same resolved settings (a second run elsewhere)
     again = run_cli(["optimize", SMALL_DIAG, "--config", out / "config.yaml", "--out", tmp_path / "again", "--json"],
                     env, tmp_path)
@@ -151,6 +175,14 @@ def test_default_out_is_named_per_run_and_out_at_a_file_is_one_line(tmp_path, en
     assert two.returncode == 0, two.stderr[-3000:]
     runs = sorted(p.name for p in (tmp_path / "runs" / "optimize").iterdir())
     assert len(runs) == 2 and all(r.startswith("diag_matmul-") for r in runs)  # one folder per run, by settings
+    # the config says device: cpu; --device auto resolves to the same device here: the same run, resumed
+    auto = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "--device", "auto"], env, tmp_path)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    import torch
+
+    if not torch.cuda.is_available():
+        assert sorted(p.name for p in (tmp_path / "runs" / "optimize").iterdir()) == runs
+        assert "resuming: 1 already judged" in auto.stderr
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     bad = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--out", a_file], env, tmp_path)
@@ -231,7 +263,7 @@ def test_a_broken_file_in_a_task_directory_is_skipped_shown_and_counted(tmp_path
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"cudal1: warning: skipped {tasks / 'broken.py'}: not valid Python (line 1" in done.stderr
     summary = last_json(done.stdout)
-    assert [r["task"] for r in summary["tasks"]] == ["diag_matmul"] and summary["tasks"][0]["statuses"] == {"ok": 1}
+    assert [r["task"] for r in summary["tasks"]] == ["diag_matmul"] and summary["tasks"][0]["judged"] == 0  # the reference only
     assert [s["path"] for s in summary["skipped_tasks"]] == [str(tasks / "broken.py")]
 
 
@@ -274,3 +306,50 @@ def test_the_progress_display_in_a_log():
         for e in events:
             progress(e)
     assert silent.getvalue() == ""
+
+
+def test_progress_counts_read_back_slots_without_passing_its_total_and_measures_its_eta(monkeypatch):
+    """Slots read back from the store count toward the total but not toward the rate: two read back
+    at once, then one judged in 10 s, leaves one slot: ETA 10 s (not a third of it).  A slot nobody
+    announced grows the total instead of passing it, and the log's last line shows the final count."""
+    import io
+    from types import SimpleNamespace
+
+    from cudal1.cli import progress as progress_module
+    from cudal1.recorded import JudgeEvent
+    from cudal1.types import Status
+
+    now = [0.0]
+    monkeypatch.setattr(progress_module.time, "monotonic", lambda: now[0])
+    ok = SimpleNamespace(status=Status.OK, speedup=3.0, speedup_ci=(2.5, 3.5), flags=[])
+    log = io.StringIO()
+    with progress_module.Progress("optimize", stream=log, bar=False) as progress:
+        for e in (JudgeEvent("expect", count=4), JudgeEvent("recorded", "t", ok), JudgeEvent("recorded", "t", ok)):
+            progress(e)
+        now[0] = 10.0
+        progress(JudgeEvent("verdict", "t", ok))
+        assert progress.eta() == 10.0
+        for _ in range(3):  # the fourth slot, then two nobody announced (copies of one candidate)
+            progress(JudgeEvent("recorded", "t", ok))
+        assert (progress.done, progress.total) == (6, 6)
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("optimize 3/4 t: ok 3.00x (00:10 elapsed, ETA 00:10)"), lines
+    assert lines[-1].startswith("optimize 6/6: 1 settled now, 5 read back from the run store"), lines
+
+
+def test_verbose_says_what_the_judge_did_and_very_verbose_each_call():
+    from cudal1.cli.progress import judge_detail
+    from cudal1.types import Correctness, EvalResult, Status, Timing
+
+    result = EvalResult(Status.OK, task_name="diag_matmul", candidate_hash="ab" * 32, speedup=2.0, speedup_ci=(1.8, 2.2),
+                        reference=Timing.from_samples([4.0, 4.2, 3.9], "cpu_monotonic"),
+                        candidate=Timing.from_samples([2.0, 2.1, 1.9], "cpu_monotonic"), wall_s=9.5, build_s=1.25,
+                        phase_s={"import": 1.3, "correctness": 2.0, "timing": 5.0}, flags=["cpu_timing"],
+                        correctness=Correctness(trials=5, passed=5, rule="exact", bound=1e-5))
+    one = "\n".join(judge_detail(result, 1))
+    assert "9.5 s wall, build 1.25 s; phases (s): import 1.30, correctness 2.00, timing 5.00" in one
+    assert "reference 4.00 ms (IQR" in one and "n=3" in one and "clock cpu_monotonic; flags cpu_timing" in one
+    assert "calls (ms)" not in one and "correctness 5/5" not in one
+    two = "\n".join(judge_detail(result, 2))
+    assert "reference calls (ms): 4.00 4.20 3.90" in two and "candidate calls (ms): 2.00 2.10 1.90" in two
+    assert "correctness 5/5 trials, rule exact" in two

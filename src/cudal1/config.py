@@ -349,9 +349,11 @@ class EvalConfig(Config):
         """A packaged preset (``default``, ``kernelbench-v0``, ``fast``, ``thorough``)."""
         from importlib import resources
 
-        ref = resources.files("cudal1") / "presets" / f"{name}.yaml"
+        folder = resources.files("cudal1") / "presets"
+        ref = folder / f"{name}.yaml"
         if not ref.is_file():
-            raise ConfigError(f"unknown preset {name!r}")
+            known = sorted(p.name.removesuffix(".yaml") for p in folder.iterdir() if p.name.endswith(".yaml"))
+            raise ConfigError(f"unknown preset {name!r}; known: {', '.join(known)}")
         with resources.as_file(ref) as p:
             return cls.from_yaml(p)
 

@@ -30,21 +30,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cudal1.compile_modes import canonical
-    from cudal1.harness.launcher import prestart
-    from cudal1.recorded import JudgeEvent
-    from cudal1.store import RunStore
 
     try:  # results are keyed by the vocabulary's names (old ones resolved)
         modes = [canonical(m.strip()) for m in args.modes.split(",") if m.strip()]
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    from cudal1.config import write_config_file
-    from cudal1.harness import DevicePlan
-    from cudal1.recorded import RecordedJudge
-
     config = config_from_args(args)
     out = out_dir(args.out)
-    tasks, _ = load_suite(args, args.suite, args.source)
+    tasks, _ = load_suite(args, args.suite, args.source)  # bad input is refused before the judge is imported
+    from cudal1.config import write_config_file
+    from cudal1.harness import DevicePlan
+    from cudal1.harness.launcher import prestart
+    from cudal1.recorded import JudgeEvent, RecordedJudge
+    from cudal1.store import RunStore
+
     prestart()  # the workers' forkserver imports torch while this process goes on
     plan = DevicePlan.detect(config.device)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,7 @@ the output remembers every answer and verdict."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from cudal1.cli.options import add_backend_flags, add_judge_flags, config_from_args, plan_from_args, UsageError
 from cudal1.cli.output import print_json, table
@@ -57,6 +58,18 @@ def run(args: argparse.Namespace) -> int:
                   if not (args.config or args.preset) else config_from_args(args))
     else:
         config = config_from_args(args)
+    # bad input is refused before the judge starts
+    if args.from_file and not args.smoke and not Path(args.from_file).is_file():
+        raise UsageError(f"cannot read {args.from_file}: no such file")
+    if not (args.smoke or args.from_file):
+        if not args.suite or not args.teacher:
+            raise UsageError("collect needs --suite and at least one --teacher URL=MODEL (or --from FILE, or --smoke)")
+        _require_openai()
+        try:
+            teachers = [parse_teacher(t) for t in args.teacher]
+        except CollectError as exc:
+            raise UsageError(str(exc)) from None
+    tasks = _tasks(args) if args.suite and not args.smoke else None
     plan = plan_from_args(args, config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
     hardware = plan.hardware_name()
     try:
@@ -64,16 +77,11 @@ def run(args: argparse.Namespace) -> int:
             if args.smoke:
                 summary = _smoke(args, config, plan, hardware, bar)
             elif args.from_file:
-                tasks = _tasks(args) if args.suite else None
                 summary = collect_file(args.from_file, tasks, args.per_task, args.out, config, plan=plan, hardware=hardware,
                                        on_result=lambda r: bar.update(1),
                                        allow_held_out=args.allow_held_out, kernelbench=args.source)
             else:
-                if not args.suite or not args.teacher:
-                    raise UsageError("collect needs --suite and at least one --teacher URL=MODEL (or --from FILE, or --smoke)")
-                _require_openai()
-                teachers = [parse_teacher(t) for t in args.teacher]
-                summary = collect_teachers(_tasks(args), teachers, args.attempts or 20, args.per_task, args.out, config, plan=plan,
+                summary = collect_teachers(tasks, teachers, args.attempts or 20, args.per_task, args.out, config, plan=plan,
                                            hardware=hardware, policy_options=_policy_options(args),
                                            on_result=lambda r: bar.update(1), allow_held_out=args.allow_held_out,
                                            kernelbench=args.source)

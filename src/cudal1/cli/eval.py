@@ -78,6 +78,12 @@ def run(args: argparse.Namespace) -> int:
         if store is not None:
             store.close()
     as_user_file(result, args.candidate)
+    if getattr(args, "verbose", 0) and not getattr(args, "quiet", False):
+        import sys
+
+        from cudal1.cli.progress import judge_detail
+
+        print("\n".join(judge_detail(result, args.verbose)), file=sys.stderr)  # -v: what the judge did; -vv: each call
     if args.json:
         print_json(result.summary())
     else:

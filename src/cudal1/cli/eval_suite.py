@@ -14,8 +14,8 @@ from collections import Counter
 
 from cudal1.tables import geomean
 from cudal1.jsonl import JsonlError, iter_jsonl
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, default_out,
-                                guard_config, load_suite, out_dir, plan_from_args, UsageError)
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, early_guard,
+                                load_suite, plan_from_args, resolve_device, run_out, UsageError)
 from cudal1.cli.output import as_user_file, batch_line, batch_summary, print_json, table
 from cudal1.cli.progress import progress_for
 from cudal1.speedup import LEGEND, faster, noisy, result_cell, uncertain
@@ -78,12 +78,13 @@ def run(args: argparse.Namespace) -> int:
     from cudal1.store import RunStore
 
     config = config_from_args(args)
-    out = out_dir(args.out or default_out("eval-suite", args.candidates, config))
-    guard_config(out, args.allow_config_change, config)
+    early_guard(args, config)  # bad input is refused before the judge is imported
     tasks, skipped = load_suite(args, args.suite, args.source)
     pairs = read_candidates(args.candidates, tasks)
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
     plan = plan_from_args(args, config.device, gpus)
+    config = resolve_device(config, plan)
+    out = run_out(args, "eval-suite", args.candidates, config)
     out.mkdir(parents=True, exist_ok=True)
     write_config_file(out, judge=config, run={"command": "eval-suite", "suite": args.suite, "source": args.source,
                                               "candidates": str(args.candidates), "device": plan.device,

@@ -17,9 +17,10 @@ from __future__ import annotations
 import argparse
 import os
 
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, config_sections,
-                                default_out, guard_config, load_suite, out_dir, plan_from_args, UsageError)
-from cudal1.cli.output import print_json, table
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_endpoint, config_from_args,
+                                config_sections, early_guard, load_suite, out_dir, plan_from_args, resolve_device,
+                                run_out, UsageError)
+from cudal1.cli.output import print_json, retry_warning, table
 from cudal1.cli.progress import progress_for
 
 POLICIES = ("openai", "hf", "vllm")
@@ -122,13 +123,18 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--samples must be at least 1")
     judge = config_from_args(args)
     policy_cfg = policy_config(args)
-    out = out_dir(args.out or default_out("evaluate", args.target, judge, policy_cfg, args.samples))
-    guard_config(out, args.allow_config_change, judge)
-    guard_model(out, policy_cfg, policy_name(args, policy_cfg))
-    tasks, _ = load_suite(args, args.target, args.source)
-    plan = plan_from_args(args, judge.device)
-    policy = make_policy(policy_cfg, args)
     name = policy_name(args, policy_cfg)
+    early_guard(args, judge)  # bad input is refused before the judge is imported
+    if args.out:
+        guard_model(out_dir(args.out), policy_cfg, name)
+    tasks, _ = load_suite(args, args.target, args.source)
+    if name == "openai":
+        check_endpoint(policy_cfg)  # a dead endpoint ends here, before anything is judged
+    plan = plan_from_args(args, judge.device)
+    judge = resolve_device(judge, plan)
+    out = run_out(args, "evaluate", args.target, judge, policy_cfg, args.samples)
+    guard_model(out, policy_cfg, name)
+    policy = make_policy(policy_cfg, args)
     record = {"command": "evaluate", "target": args.target, "source": args.source, "samples": args.samples, "policy": name}
     write_config_file(out, judge=judge, policy=policy_cfg, run=record)
     try:
@@ -140,6 +146,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         policy.close()
     summary["policy"] = name
+    retry_warning(getattr(policy, "retries", 0), args.quiet)
     if args.json:
         print_json(summary)
     else:

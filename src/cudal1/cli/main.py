@@ -1,9 +1,9 @@
 """``cudal1`` entry point: dispatches to one module per subcommand.
 
 Exit codes: 0 when the command completed (whatever the verdicts); 2 for bad usage or bad input,
-with a one-line ``cudal1: error: ...`` on stderr; 1 for a failure: a run whose policy produced no
-completion at all (one line saying why), or an internal error (one line, plus the traceback only
-with ``CUDAL1_DEBUG=1``); 130 on Ctrl-C or SIGTERM (everything recorded so far is kept).
+with a one-line ``cudal1: error: ...`` on stderr; 1 for a failure: an endpoint that does not
+answer, a run whose policy produced no completion at all (one line saying why), or an internal
+error (one line, plus the traceback only with ``CUDAL1_DEBUG=1``); 130 on Ctrl-C or SIGTERM (everything recorded so far is kept).
 Logging: ``-v``/``-vv``/``-q`` before or after the subcommand, else ``$CUDAL1_LOG_LEVEL``.
 """
 
@@ -21,7 +21,7 @@ from typing import Any
 
 from cudal1 import __version__
 from cudal1.cli import analyze, baseline, collect, compare, eval as eval_cmd, eval_suite, evaluate, export, optimize, report, train, verify
-from cudal1.cli.options import UsageError
+from cudal1.cli.options import RunFailure, UsageError
 
 
 _RST = re.compile(r"``([^`]+)``|:(?:func|class|meth|mod|data|attr):`~?([^`]+)`")
@@ -122,14 +122,22 @@ def log_level(args: argparse.Namespace) -> int:
     return logging.WARNING
 
 
-def _user_errors() -> tuple[type[BaseException], ...]:
-    from cudal1.config import ConfigError
-    from cudal1.extras import MissingExtra
-    from cudal1.harness.api import HarnessError
-    from cudal1.store import StoreError
-    from cudal1.tasks import TaskError
+# Exceptions that are the user's fault: (module, class name).  Looked up only in modules already
+# imported when the error is caught, so a command that refuses bad input early never imports the
+# judge (and torch) just to classify it: an exception of a class from a module never imported
+# cannot have been raised.
+USER_ERRORS = (("cudal1.config", "ConfigError"), ("cudal1.extras", "MissingExtra"), ("cudal1.tasks", "TaskError"),
+               ("cudal1.harness.api", "HarnessError"), ("cudal1.store", "StoreError"))
 
-    return (UsageError, ConfigError, MissingExtra, TaskError, HarnessError, StoreError)
+
+def _user_errors() -> tuple[type[BaseException], ...]:
+    loaded = [getattr(sys.modules[m], name, None) for m, name in USER_ERRORS if m in sys.modules]
+    return (UsageError, *[c for c in loaded if isinstance(c, type)])
+
+
+def one_line(exc: BaseException) -> str:
+    """An error message on one line (a YAML parser's, for one, spans several)."""
+    return " ".join(str(exc).split())
 
 
 def _interrupt(signum: int, _frame: object) -> None:
@@ -152,8 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         print("cudal1: interrupted (results recorded so far are kept)", file=sys.stderr)
         return 130
     except _user_errors() as exc:
-        print(f"cudal1: error: {exc}", file=sys.stderr)
+        print(f"cudal1: error: {one_line(exc)}", file=sys.stderr)
         return 2
+    except RunFailure as exc:
+        print(f"cudal1: error: {one_line(exc)}", file=sys.stderr)
+        return 1
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback wall
         if os.environ.get("CUDAL1_DEBUG"):
             traceback.print_exc()

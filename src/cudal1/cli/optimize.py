@@ -3,14 +3,16 @@
 Round 0 judges the reference (1.00x); each round builds contrastive prompts from the task's
 measured pool, samples a policy, judges every candidate and records everything in
 ``OUT/cudal1.sqlite``.  Writes ``OUT/best/<task>.py`` (only a candidate measured faster than the
-reference), ``OUT/summary.json`` and the resolved configuration ``OUT/config.yaml`` (judge,
-search, policy; no API key) and prints a table.  Re-running with the same ``--out`` resumes
+reference: its 95% CI lies above 1.0), ``OUT/candidates/<task>.py`` (the best candidate that
+looked faster but could not be confirmed), ``OUT/summary.json`` and the resolved configuration
+``OUT/config.yaml`` (judge, search, policy; no API key) and prints a table.  Re-running with the same ``--out`` resumes
 (generations that failed are asked again); other judge or search settings in an existing
 ``--out`` are refused unless ``--allow-config-change``.  With no ``--policy`` and no endpoint
 (``--base-url`` or ``$CUDAL1_BASE_URL``), the builtin no-LLM policy is used.  Settings: the
 defaults, then ``--config`` (a run's ``config.yaml``: judge, search and policy sections), then
-``--search-config YAML`` for the search, then the flags given.  Exit 1 when the policy produced
-no completion at all."""
+``--search-config YAML`` for the search, then the flags given.  Exit 1 when the endpoint does
+not answer (one request checks it before anything is judged) or the policy produced no
+completion at all."""
 
 from __future__ import annotations
 
@@ -18,10 +20,10 @@ import argparse
 import os
 from typing import Any
 
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, config_sections,
-                                default_of, default_out, guard_config, load_suite, out_dir, plan_from_args,
-                                UsageError, with_default)
-from cudal1.cli.output import print_json, table
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_endpoint, config_from_args,
+                                config_sections, default_of, early_guard, load_suite, plan_from_args, resolve_device,
+                                run_out, UsageError, with_default)
+from cudal1.cli.output import batch_line, batch_summary, print_json, retry_warning, table
 from cudal1.cli.progress import progress_for
 from cudal1.prompts.select import STRATEGIES
 
@@ -65,7 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--max-evaluations", type=int, default=None, help=_help("max_evaluations", "budget of judged candidates"))
     s.add_argument("--search-seed", dest="search_seed", type=int, default=None,
                    help=_help("seed", "search seed (exemplar sampling)"))
-    add_out_flags(p, "optimize", "best/<task>.py, summary.json, config.yaml, the run store cudal1.sqlite")
+    add_out_flags(p, "optimize", "best/<task>.py, candidates/<task>.py, summary.json, config.yaml, the run store cudal1.sqlite")
     p.add_argument("--json", action="store_true", help="print summary.json's content as the last stdout line")
     p.add_argument("--report-to", choices=["tensorboard", "wandb", "mlflow"], default=None,
                    help="also log live metrics to this experiment tracker (off by default; needs its package)")
@@ -131,15 +133,25 @@ def make_policy(cfg, device: str):
     if name == "builtin":
         from cudal1.policy.builtin import BuiltinPolicy
 
-        try:
-            return BuiltinPolicy(device=device, passes=list(cfg.passes) or None)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
+        check_passes(cfg)
+        return BuiltinPolicy(device=device, passes=list(cfg.passes) or None)
     if cfg.passes:
         raise UsageError("--passes applies to --policy builtin only")
+    if name == "openai":
+        check_endpoint(cfg)
     try:
         return _make(name, config=cfg)
     except (ValueError, ImportError) as exc:
+        raise UsageError(str(exc)) from None
+
+
+def check_passes(cfg) -> None:
+    """The builtin policy's ``--passes`` names (a usage error naming the known ones)."""
+    from cudal1.policy.builtin import check_passes as check
+
+    try:
+        check(list(cfg.passes))
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 
@@ -166,9 +178,8 @@ def run(args: argparse.Namespace) -> int:
     judge = config_from_args(args)
     search = search_config(args)  # a ConfigError is a one-line usage error (cli.main)
     policy_cfg = policy_config(args, "auto")
-    out = out_dir(args.out or default_out("optimize", args.target, judge, search, policy_cfg.name))
-    guard_config(out, args.allow_config_change, judge, search)
-    # everything that can refuse the run comes before the first progress line: bad input is one line
+    # everything that can refuse the run comes before the judge is imported: bad input is one line, at once
+    early_guard(args, judge, search)
     tasks, skipped = load_suite(args, args.target, args.source)
     if args.report_to:
         from cudal1.report.trackers import TrackerUnavailable, check_tracker
@@ -177,15 +188,21 @@ def run(args: argparse.Namespace) -> int:
             check_tracker(args.report_to)
         except (TrackerUnavailable, ValueError) as exc:
             raise UsageError(str(exc)) from None
-    plan = plan_from_args(args, judge.device)
-    policy = make_policy(policy_config(args, plan.device), plan.device)
-    judge = judge.replace(workers_per_gpu=default_workers_per_gpu(args, plan.device, policy))
+    if args.review and policy_cfg.name not in ("openai", "hf"):
+        raise UsageError("--review needs an LLM policy (openai or hf)")
+    if policy_cfg.name == "builtin":
+        check_passes(policy_cfg)  # the builtin policy itself is made once the device is known
+    policy = None if policy_cfg.name == "builtin" else make_policy(policy_cfg, "auto")  # openai: the endpoint answers
     summary, tracker = None, None
     try:
+        plan = plan_from_args(args, judge.device)
+        judge = resolve_device(judge, plan)
+        out = run_out(args, "optimize", args.target, judge, search, policy_cfg.name, checked=(search,))
+        if policy is None:
+            policy = make_policy(policy_config(args, plan.device), plan.device)
+        judge = judge.replace(workers_per_gpu=default_workers_per_gpu(args, plan.device, policy))
         reviewer = None
         if args.review:
-            if policy.name not in ("openai", "hf"):
-                raise UsageError("--review needs an LLM policy (openai or hf)")
             from cudal1.policy.reviewer import LLMReviewer
 
             reviewer = LLMReviewer(policy)
@@ -206,16 +223,19 @@ def run(args: argparse.Namespace) -> int:
                 summary = optimize(tasks, policy, search, recorded, out,
                                    record={"command": "optimize", "target": args.target, "source": args.source},
                                    extra={"skipped_tasks": [{"path": p, "error": e} for p, e in skipped]})
+            if args.verbose:  # -v: where the judging time went (builds, lanes, GPU idle share)
+                progress.line(batch_line(batch_summary(recorded.batch_stats)))
     finally:
-        policy.close()
+        if policy is not None:
+            policy.close()
         if tracker is not None:
             tracker.close(summary)
-    return report_summary(args, summary, policy.name, out)
+    return report_summary(args, summary, policy, out)
 
 
-def report_summary(args: argparse.Namespace, summary: dict, policy: str, out) -> int:
-    """Print the run's table (or ``--json``) and say when generations failed; the exit status:
-    1 when the policy produced no completion at all, else 0."""
+def report_summary(args: argparse.Namespace, summary: dict, policy: Any, out) -> int:
+    """Print the run's table (or ``--json``) and say when generations failed or were retried;
+    the exit status: 1 when the policy produced no completion at all, else 0."""
     import sys
 
     from cudal1.speedup import LEGEND, cell
@@ -225,17 +245,20 @@ def report_summary(args: argparse.Namespace, summary: dict, policy: str, out) ->
         print_json(summary)
     else:
         rows = [(r["task"], "degenerate" if r["degenerate"] else cell(r["best_speedup"], r["best_ci"], r["high_variance"]),
-                 f"{r['best_ci'][0]:.3g}-{r['best_ci'][1]:.3g}" if r["best_ci"] else "-", r["evaluated"],
-                 ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())), r["best_path"] or "-")
+                 f"{r['best_ci'][0]:.3g}-{r['best_ci'][1]:.3g}" if r["best_ci"] else "-", r["judged"],
+                 ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())) or "-", _kept(r))
                 for r in summary["tasks"]]
-        print(table(["task", "best x", "95% CI", "judged", "verdicts", "best/"], rows))
+        print(table(["task", "best x", "95% CI", "judged", "verdicts", "kept"], rows))
         gm = summary["geomean_best_speedup"]
         n = len(summary["tasks"])
         print(f"\nfaster than the reference (95% CI above 1.0): {summary['faster']} of {n} task(s); "
               f"by point value only: {summary['faster_point']}; geomean best speedup {gm and round(gm, 3)}")
+        print("judged: candidates with a verdict, the reference not counted; best/ holds only programs measured "
+              "faster (95% CI above 1.0), candidates/ faster-looking ones the run could not confirm")
         if any(r["uncertain"] or r["high_variance"] for r in summary["tasks"]):
             print(LEGEND)
-        print(f"policy {policy}; stopped by {summary['stopped_by']}; {out}/summary.json")
+        print(f"policy {policy.name}; stopped by {summary['stopped_by']}; {out}/summary.json")
+    retry_warning(gen["retries"], args.quiet)
     if gen["failed"]:
         if gen["answered_total"] == 0:
             print(f"cudal1: error: no completion from the policy: {gen['failed']} of {gen['requested']} request(s) failed "
@@ -245,3 +268,15 @@ def report_summary(args: argparse.Namespace, summary: dict, policy: str, out) ->
         print(f"cudal1: warning: {gen['failed']} of {gen['requested']} generation(s) failed "
               f"(last: {gen['last_error'].splitlines()[0][:300]}); rerun with --out {out} to ask again", file=sys.stderr)
     return 0
+
+
+def _kept(row: dict) -> str:
+    """Where the task's program was kept: its best/ file, its candidates/ file (with its speedup), or -."""
+    if row["best_path"]:
+        return row["best_path"]
+    maybe = row["uncertain_candidate"]
+    if maybe:
+        from cudal1.speedup import cell
+
+        return f"{maybe['path']} ({cell(maybe['speedup'], maybe['ci'])}, not confirmed)"
+    return "-"

@@ -18,6 +18,11 @@ class UsageError(Exception):
     """Bad input from the user: printed as one line, exit code 2."""
 
 
+class RunFailure(Exception):
+    """The command could not do its work, through no fault in its input (an endpoint that does
+    not answer): printed as one line, exit code 1."""
+
+
 def default_of(config_class: type, name: str) -> Any:
     """The default of field ``name`` of a config dataclass (the one place defaults are stated)."""
     f = config_class.__dataclass_fields__[name]
@@ -28,6 +33,18 @@ def with_default(text: str, config_class: type, name: str) -> str:
     """``text`` ending with the field's default, for a flag whose argparse default is None."""
     default = default_of(config_class, name)
     return f"{text} (default: {'none' if default is None else default})"
+
+
+def check_endpoint(cfg) -> None:
+    """One request to the policy's endpoint before anything is judged: a dead one ends the
+    command in seconds (:class:`~cudal1.cli.options.RunFailure`, exit 1), not after the
+    references are judged and every request has been retried."""
+    from cudal1.policy.openai_policy import EndpointUnreachable, check_endpoint as check, endpoint_url
+
+    try:
+        check(endpoint_url(cfg.base_url))
+    except EndpointUnreachable as exc:
+        raise RunFailure(f"the endpoint {exc}; nothing was judged") from None
 
 
 def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("judge",)) -> None:
@@ -156,14 +173,22 @@ def default_out(command: str, target: str, *configs: Any) -> Path:
     return Path("runs") / command / f"{stem[:60] or command}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
 
-def guard_config(out: Path, allow: bool, *configs: Any) -> None:
+def guard_config(out: Path, allow: bool, *configs: Any, early: bool = False) -> None:
     """Refuse (one usage error) a run whose judge/search settings differ from those recorded in
-    ``out``, unless ``allow``; with ``allow``, keep the recorded config.yaml as config.N.yaml."""
+    ``out``, unless ``allow``; with ``allow``, keep the recorded config.yaml as config.N.yaml.
+
+    ``early``: the check made before the device is resolved (so that bad input is refused before
+    the judge is imported): a judge device of ``auto`` is taken to be the recorded one, and
+    nothing is kept or allowed yet; the check after :func:`resolve_device` is the full one."""
     from cudal1.config import config_changes, keep_previous_config, saved_config
 
     saved = saved_config(out) if (out / "cudal1.sqlite").exists() else None
-    if not saved:
+    if not saved or (early and allow):
         return
+    if early:
+        recorded = (saved.get("judge") or {}).get("device")
+        configs = tuple(c.replace(device=recorded) if isinstance(c, EvalConfig) and c.device == "auto" and recorded
+                        else c for c in configs)
     changes = [c for cfg in configs for c in config_changes(saved.get(cfg.SECTION), cfg)]
     if not changes:
         return
@@ -172,6 +197,30 @@ def guard_config(out: Path, allow: bool, *configs: Any) -> None:
         raise UsageError(f"{out} holds a run with other settings ({shown}): give another --out, or "
                          "--allow-config-change to judge again under these settings in the same run")
     keep_previous_config(out)
+
+
+def resolve_device(config: EvalConfig, plan: Any) -> EvalConfig:
+    """The judge config with ``device: auto`` replaced by the device the plan resolved, so that
+    ``--device cpu`` and the default ``auto`` on a machine without a GPU are the same settings:
+    the same default run folder, the same recorded config, the same verdicts to resume from."""
+    return config.replace(device=plan.device) if config.device == "auto" else config
+
+
+def run_out(args: argparse.Namespace, command: str, target: str, judge: EvalConfig, *others: Any,
+            checked: tuple[Any, ...] = ()) -> Path:
+    """A run's directory once the device is resolved: ``--out``, else :func:`default_out` over
+    ``judge`` (resolved) and ``others``; refused when it holds a run whose judge or ``checked``
+    settings differ (:func:`guard_config`)."""
+    out = out_dir(args.out or default_out(command, target, judge, *others))
+    guard_config(out, args.allow_config_change, judge, *checked)
+    return out
+
+
+def early_guard(args: argparse.Namespace, judge: EvalConfig, *checked: Any) -> None:
+    """Before the judge is imported: ``--out`` must be a directory, and one that holds a run with
+    other judge or ``checked`` settings is refused (see :func:`guard_config`'s ``early``)."""
+    if args.out:
+        guard_config(out_dir(args.out), args.allow_config_change, judge, *checked, early=True)
 
 
 def load_suite(args: argparse.Namespace, spec: str, source: str | None) -> tuple[list[Any], list[tuple[str, str]]]:

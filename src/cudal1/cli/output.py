@@ -16,6 +16,12 @@ def print_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
+def retry_warning(retries: int, quiet: bool) -> None:
+    """One stderr line for the endpoint's retried requests (each retry is an INFO log line: -v)."""
+    if retries and not quiet:
+        print(f"cudal1: warning: {retries} request(s) to the endpoint were retried (-v shows each retry)", file=sys.stderr)
+
+
 def batch_summary(stats: list[Any]) -> dict[str, Any] | None:
     """The ``BatchStats`` of a command's batches, totalled, as JSON (None when nothing was judged)."""
     from cudal1.harness.batchstats import total

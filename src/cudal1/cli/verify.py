@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, default_out,
-                                guard_config, out_dir, plan_from_args, UsageError)
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, early_guard,
+                                plan_from_args, resolve_device, run_out, UsageError)
 from cudal1.cli.output import batch_line, batch_summary, print_json, table
 from cudal1.cli.progress import progress_for
 
@@ -41,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     if args.slack is None:
         args.slack = DEFAULT_SLACK
-    out = out_dir(args.out or default_out("verify", args.file, config))
-    guard_config(out, args.allow_config_change, config)
+    early_guard(args, config)  # bad input is refused before the judge is imported
     tasks = load_tasks(args.suite, args.source) if args.suite else None
     try:
         records = read_records(args.file, tasks)
@@ -50,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     todo = candidates_of(records)
     plan = plan_from_args(args, config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
+    config = resolve_device(config, plan)
+    out = run_out(args, "verify", args.file, config)
     out.mkdir(parents=True, exist_ok=True)
     write_config_file(out, judge=config, run={"command": "verify", "file": str(args.file), "suite": args.suite,
                                               "slack": args.slack, "device": plan.device, "lanes": list(plan.lanes),

@@ -118,6 +118,14 @@ def _neighbours(pool: PoolPrompt, chain: tuple[str, ...]) -> list[str]:
     return [inductor_name(set(best) | {s}) for s in INDUCTOR_SETTINGS if s not in best]
 
 
+def check_passes(names: list[str]) -> None:
+    """``ValueError`` naming the known passes when a name in ``names`` is not one."""
+    unknown = [n for n in names if n != INDUCTOR_SEARCH and _known(n) is None]
+    if unknown:
+        raise ValueError(f"unknown builtin pass(es) {', '.join(unknown)}; known: {', '.join(default_passes())}, "
+                         "inductor[SETTING,...] (settings: " + ", ".join(INDUCTOR_SETTINGS) + ")")
+
+
 class BuiltinPolicy:
     """No-LLM policy over ``PASSES`` (see module docstring).  ``device`` decides CUDA-only passes;
     ``rewrite_cache``: where graph rewrites are cached (default: the user cache)."""
@@ -127,10 +135,7 @@ class BuiltinPolicy:
     def __init__(self, device: str = "cuda", passes: list[str] | None = None, workers: int | None = None,
                  rewrite_cache: str | None = None, **_: object) -> None:
         names = passes or default_passes()
-        unknown = [n for n in names if n != INDUCTOR_SEARCH and _known(n) is None]
-        if unknown:
-            raise ValueError(f"unknown builtin pass(es) {', '.join(unknown)}; known: {', '.join(default_passes())}, "
-                             "inductor[SETTING,...] (settings: " + ", ".join(INDUCTOR_SETTINGS) + ")")
+        check_passes(names)
         self.device = device
         self.passes = [n for n in names if device == "cuda" or not (n == INDUCTOR_SEARCH or pass_named(n).cuda_only)]
         self.workers = max(1, workers or (os.cpu_count() or 2) // 2)  # tracing children at once

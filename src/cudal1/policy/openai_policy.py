@@ -6,8 +6,9 @@ and ``extra_body`` when set), asks for ``n`` samples in one request and, when a 
 requests (and remembers that for later calls).  At most ``concurrency`` requests are in flight per
 policy object, across concurrent ``generate`` calls.  The client's own retries are off; this module
 retries 408/409/429/5xx, timeouts and connection errors ``max_retries`` times with exponential
-backoff and jitter (honouring a server's ``Retry-After`` up to ``backoff_max_s``), and logs each
-retry.  Everything else (other 4xx, malformed responses) fails at once.  Failures become error
+backoff and jitter (honouring a server's ``Retry-After`` up to ``backoff_max_s``), logs each
+retry at INFO and counts them (``retries``).  :func:`check_endpoint` is the one request a command
+makes before any work, so that a dead endpoint fails in seconds.  Everything else (other 4xx, malformed responses) fails at once.  Failures become error
 completions; a request that still fails after its retries fails the rest of its prompt's samples
 with the same error instead of retrying each of them.
 
@@ -39,6 +40,33 @@ log = logging.getLogger(__name__)
 
 RETRYABLE_STATUS = frozenset({408, 409, 429}) | frozenset(range(500, 600))
 _ERROR_CHARS = 500  # error messages are truncated: a server may echo a whole prompt back
+HOSTED_URL = "https://api.openai.com/v1"  # the openai client's endpoint when none is configured
+CHECK_TIMEOUT_S = 5.0
+
+
+class EndpointUnreachable(Exception):
+    """Nothing answers at an endpoint (one line naming the URL)."""
+
+
+def endpoint_url(base_url: str | None) -> str:
+    """The endpoint the client will talk to: ``base_url``, else ``$OPENAI_BASE_URL``, else OpenAI's."""
+    return (base_url or os.environ.get("OPENAI_BASE_URL") or HOSTED_URL).rstrip("/")
+
+
+def check_endpoint(url: str, timeout: float = CHECK_TIMEOUT_S) -> None:
+    """One ``GET {url}/models``, no retry: raise :class:`EndpointUnreachable` when nothing answers
+    there (connection refused, no route, DNS, ``timeout``).  Any HTTP answer, even 401 or 404,
+    counts as reachable: the chat endpoint's own errors are reported per request."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        urllib.request.urlopen(f"{url.rstrip('/')}/models", timeout=timeout).close()
+    except urllib.error.HTTPError:
+        return
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise EndpointUnreachable(f"{url} is unreachable: {reason}") from None
 
 
 @dataclass
@@ -74,6 +102,8 @@ class OpenAIPolicy:
         self._slots = threading.BoundedSemaphore(cfg.concurrency)
         self._n_supported: bool | None = None  # learned from the server: does it honour n > 1?
         self._closed = False
+        self.retries = 0  # requests retried so far (each retry is logged at INFO: -v shows them)
+        self._retry_lock = threading.Lock()
         self.model = cfg.model or self._discover_model()
 
     # ---- public ---------------------------------------------------------------------------
@@ -182,7 +212,9 @@ class OpenAIPolicy:
                 attempts = cfg.max_retries + 1
                 return _Result(error=f"{error} (gave up after {attempts} attempt{'s' * (attempts > 1)})", status=status)
             delay = self._backoff(attempt, retry_after)
-            log.warning("openai policy: %s; retry %d/%d in %.2fs", error, attempt + 1, cfg.max_retries, delay)
+            with self._retry_lock:
+                self.retries += 1
+            log.info("openai policy: %s; retry %d/%d in %.2fs", error, attempt + 1, cfg.max_retries, delay)
             time.sleep(delay)
         raise AssertionError("unreachable")
 

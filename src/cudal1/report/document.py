@@ -22,12 +22,23 @@ Contract (``cudal1 report --format json`` prints it; the HTML and Markdown rende
   candidate), and more;
 * ``techniques``: label → ``candidates`` (judged ones carrying it), ``verified``, ``tasks`` (tasks
   with a verified candidate carrying it), ``median_speedup`` (over those verified candidates);
-* ``environment``: where the numbers were measured (the most common one; ``environments``
-  lists all), ``rounds`` (search progress), ``degenerate`` and ``rejected`` (reported apart),
-  ``conventions`` (the other convention's summary, for comparison with published figures) and,
-  for a verify run, ``audit``: ``summary`` and ``file`` as ``verify_report.json`` holds them,
-  ``slack`` (the report's own, else 0.8), ``per_level`` (level → class → records) and ``records``
-  (see :func:`audit_records`).
+* ``environment``: where the numbers were measured (the most common one, in full;
+  ``environments`` lists each distinct one by :data:`ENVIRONMENT_KEYS`, with its ``verdicts``),
+  ``rounds`` (search progress), ``degenerate`` and ``rejected`` (reported apart), ``conventions``
+  (the other convention's summary, for comparison with published figures) and, for a verify
+  run, ``audit``: ``summary`` and ``file`` as ``verify_report.json`` holds them, ``slack`` (the
+  report's own, else 0.8), ``per_level`` (level → class → records) and ``records`` (see
+  :func:`audit_records`);
+* for ``cudal1 evaluate`` runs, ``evaluations``: per run, its compile/correct/ok rates,
+  ``pass`` (pass@k), fast_p and best-of-k speedups, as its ``evaluation.json`` holds them
+  (:func:`evaluation_section`).
+
+A task's best is picked as ``cudal1 optimize`` picks the program it keeps: verified candidates
+faster than the reference with confidence first, then the highest speedup
+(:func:`best_candidate`).  ``candidates`` of a task counts its judged candidates, the reference
+anchor not counted (``cudal1 optimize``'s ``judged``).  Technique labels are ``cudal1
+analyze``'s for the candidate against its reference, with the model's analysis (never the
+builtin policy's pass list).
 """
 
 from __future__ import annotations
@@ -61,11 +72,24 @@ def degenerate(rec: TaskRecord) -> bool:
 
 
 def best_candidate(rec: TaskRecord) -> CandidateRecord | None:
-    """The verified candidate with the highest speedup (earliest on ties); None on degenerate tasks."""
+    """The task's best verified candidate, picked as ``cudal1 optimize`` picks the one it keeps
+    (:mod:`cudal1.search.outputs`): those faster than the reference with confidence first, then
+    the highest speedup (earliest on ties); None on degenerate tasks."""
     ok = [c for c in rec.candidates if _ok(c)]
     if degenerate(rec) or not ok:
         return None
-    return max(ok, key=lambda c: c.result.speedup)  # max keeps the first of equal values
+    return max(ok, key=lambda c: (speedup_faster(c.result), c.result.speedup))  # max keeps the first of equal values
+
+
+def baseline_label(name: str) -> str:
+    """A baseline's name for people (tables and plots): what runs, not the registry key."""
+    from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH, CUDA_GRAPH_DESCRIPTION
+
+    if name == COMPILE_CANDIDATE:
+        return "torch.compile, default mode (judged as a candidate of this run)"
+    if name in COMPILE_MODES:
+        return COMPILE_MODES[name].description
+    return CUDA_GRAPH_DESCRIPTION if name == CUDA_GRAPH else name
 
 
 def baseline_speedups(rec: TaskRecord) -> dict[str, float]:
@@ -86,13 +110,21 @@ def outcome(rec: TaskRecord) -> TaskOutcome:
                        degenerate(rec), baseline_speedups(rec))
 
 
+def model_analysis(c: CandidateRecord) -> str:
+    """The model's Performance Analysis of ``c`` ("" for the builtin policy, whose recorded text
+    is the list of passes it applied, not an analysis)."""
+    return "" if c.meta.get("policy") == "builtin" else c.analysis
+
+
 def label_candidates(data: RunData) -> dict[str, list[str]]:
-    """Technique labels of every candidate (by hash), against its task's reference."""
+    """Technique labels of every candidate (by hash): :func:`cudal1.report.techniques.analyze` of
+    its code against its task's reference, with the model's analysis, as ``cudal1 analyze FILE
+    --reference TASK [--analysis TEXT]`` labels it."""
     labels: dict[str, list[str]] = {}
     for rec in data.tasks:
         for c in rec.candidates:
             if c.hash not in labels:
-                labels[c.hash] = analyze(c.source, rec.task.source, c.analysis).techniques
+                labels[c.hash] = analyze(c.source, rec.task.source, model_analysis(c)).techniques
     return labels
 
 
@@ -130,14 +162,39 @@ def rounds(data: RunData) -> list[dict[str, Any]]:
     return out
 
 
+# What makes two measurements' environments different.  Not the isolation details: they name
+# each job's own work directory, so every verdict would count as an environment of its own.
+ENVIRONMENT_KEYS = ("device", "gpu_name", "gpu_capability", "driver", "cuda", "torch", "triton", "python", "cudal1",
+                    "hostname")
+
+
 def environment(data: RunData) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    envs = Counter()
+    """(the most common environment of the verdicts, in full; every distinct one, by
+    :data:`ENVIRONMENT_KEYS`, most common first, with ``verdicts``: how many were measured there)."""
+    envs: Counter = Counter()
+    full: dict[str, dict[str, Any]] = {}
     for rec in data.tasks:
         for c in rec.candidates:
             if c.result is not None:
-                envs[json.dumps(dataclasses.asdict(c.result.environment), sort_keys=True)] += 1
-    listed = [json.loads(e) for e, _ in envs.most_common()]
-    return (listed[0] if listed else None), listed
+                env = dataclasses.asdict(c.result.environment)
+                key = json.dumps({k: env.get(k) for k in ENVIRONMENT_KEYS}, sort_keys=True)
+                envs[key] += 1
+                full.setdefault(key, env)
+    listed = [json.loads(key) | {"verdicts": n} for key, n in envs.most_common()]
+    return (full[envs.most_common(1)[0][0]] if envs else None), listed
+
+
+def environment_rows(env: dict[str, Any] | None) -> list[tuple[str, Any]]:
+    """The environment as (name, value) rows for a two-column table; a mapping (``isolation``:
+    measure → what happened) becomes one row per entry, ``isolation: netns``, so nothing is a
+    raw dict on one line."""
+    rows: list[tuple[str, Any]] = []
+    for key, value in (env or {}).items():
+        if isinstance(value, dict):
+            rows += [(f"{key}: {k}", v) for k, v in value.items()] or [(key, "-")]
+        else:
+            rows.append((key, "-" if value in (None, "") else value))
+    return rows
 
 
 def task_row(rec: TaskRecord, labels: dict[str, list[str]]) -> dict[str, Any]:
@@ -203,6 +260,17 @@ def audit_section(audit: dict[str, Any]) -> dict[str, Any]:
             "per_level": {k: ordered(v) for k, v in per_level.items()}, "records": records}
 
 
+EVALUATION_KEYS = ("run", "tasks", "samples_per_task", "samples", "complete", "failed_requests", "compile_rate",
+                   "correct_rate", "ok_rate", "fast_p", "fast_p_point", "speedup")
+
+
+def evaluation_section(evaluation: dict[str, Any]) -> dict[str, Any]:
+    """``doc["evaluations"]`` entry of one ``cudal1 evaluate`` run's ``evaluation.json``: its rates,
+    fast_p, best-of-k speedups and ``pass`` (``pass@j`` → value, j ascending)."""
+    passes = sorted((k for k in evaluation if k.startswith("pass@")), key=lambda k: int(k[5:]) if k[5:].isdigit() else 0)
+    return {k: evaluation.get(k) for k in EVALUATION_KEYS} | {"pass": {k: evaluation[k] for k in passes}}
+
+
 def build_report(data: RunData, conv: str = "measured", labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The report document of ``data`` under the named aggregation conventions."""
     chosen = conventions(conv)
@@ -238,4 +306,6 @@ def build_report(data: RunData, conv: str = "measured", labels: dict[str, list[s
     }
     if data.audit is not None:
         doc["audit"] = audit_section(data.audit)
+    if data.evaluations:
+        doc["evaluations"] = [evaluation_section(e) for e in data.evaluations]
     return doc

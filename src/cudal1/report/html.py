@@ -18,6 +18,7 @@ from typing import Any
 
 from cudal1 import __version__
 from cudal1.report import plots
+from cudal1.report.document import ENVIRONMENT_KEYS, baseline_label, environment_rows, model_analysis
 from cudal1.report.load import RunData
 from cudal1.report.markdown import STAT_KEYS, fmt
 from cudal1.report.aggregate import FAST_P, fast_p_key
@@ -61,14 +62,19 @@ def analysis_check(meta: dict[str, Any]) -> str:
 
 
 def task_details(doc: dict[str, Any], data: RunData) -> dict[str, dict[str, Any]]:
-    """Per task id: reference and best sources, their diff, the model's analysis."""
+    """Per task id: reference and best sources, their diff, and what the policy said of the best:
+    a model's Performance Analysis, or the builtin policy's list of the passes it applied
+    (``analysis_title`` says which)."""
     by_id = {rec.task.task_id: rec for rec in data.tasks}
     out = {}
     for t in doc["tasks"]:
         rec = by_id[t["task"]]
         best = next((c for c in rec.candidates if c.hash == t["best_candidate"]), None)
+        builtin = bool(best) and not model_analysis(best) and bool(best.analysis)  # type: ignore[arg-type]
         out[t["task"]] = {"reference": rec.task.source, "best": best.source if best else None,
                           "label": best.label if best else "", "analysis": best.analysis if best else "",
+                          "analysis_title": "Passes the builtin policy applied (its own account, not a model's analysis)"
+                          if builtin else "Model's analysis",
                           "analysis_check": analysis_check(best.meta if best else {}),
                           "diff": _diff(rec.task.source, best.source) if best else []}
     return out
@@ -115,7 +121,7 @@ def render_html(doc: dict[str, Any], data: RunData) -> str:
     s = doc["summary"]
     audit = doc.get("audit")
     figures = {"distribution": plots.distribution(plots.per_level(doc["tasks"])),
-               "baselines": plots.baselines(doc["tasks"]),
+               "baselines": plots.baselines(doc["tasks"], baseline_label),
                "progress": plots.progress(doc["rounds"]) if len(doc["rounds"]) > 1 else "",
                "verdicts": plots.verdicts(s["statuses"], s["flags"]),
                "audit": plots.audit_scatter(audit["records"], audit["slack"]) if audit else ""}
@@ -124,7 +130,9 @@ def render_html(doc: dict[str, Any], data: RunData) -> str:
         others=doc.get("conventions") or {}, tasks=doc["tasks"], techniques=doc["techniques"],
         rejected=doc.get("rejected", []), degenerate=doc.get("degenerate", []), audit=audit,
         audit_levels=audit_levels(audit) if audit else [], class_colors=plots.CLASS_COLORS,
-        env=doc.get("environment"), environments=doc.get("environments", []), runs=doc.get("runs", []),
+        env_rows=environment_rows(doc.get("environment")), environments=doc.get("environments", []),
+        env_keys=ENVIRONMENT_KEYS, runs=doc.get("runs", []), evaluations=doc.get("evaluations", []),
+        show_levels=len(doc["levels"]) > 1, blabel=baseline_label,
         details=task_details(doc, data), plots=figures, fast_keys=[fast_p_key(p) for p in FAST_P],
         row=_row, f=fmt, pct=lambda x: fmt(x, pct=True), legend=LEGEND,
         speed=lambda t: cell(t["best_speedup"], t.get("best_ci"), t.get("high_variance", False)), ci=lambda c: f"{c[0]:.3g}–{c[1]:.3g}" if c else "-",

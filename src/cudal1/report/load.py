@@ -7,7 +7,8 @@ creates, migrates or writes a store, so a missing path is an error rather than a
 runs are merged per task (by task hash); a candidate judged under several judge configurations
 keeps its most recent verdict.  The reference anchor of an optimize run (``ModelNew = Model``,
 label ``reference``) is kept apart from the candidates.  A run directory's
-``verify_report.json`` (written by ``cudal1 verify``) is read too.
+``verify_report.json`` (written by ``cudal1 verify``) and ``evaluation.json`` (written by
+``cudal1 evaluate``: its rates and pass@k) are read too.
 
 Errors (:class:`ReportError`, one line): a path that does not exist, a file that is not a run
 store or has an unknown schema version, runs without any judged candidate (a store holding only
@@ -26,6 +27,7 @@ from urllib.parse import quote
 from cudal1.types import EvalResult, Task
 
 STORE_NAME = "cudal1.sqlite"
+EVALUATION_NAME = "evaluation.json"  # what ``cudal1 evaluate`` writes beside its store (cudal1.train.evaluate.SUMMARY)
 SCHEMA_VERSION = "1"  # the run store's schema this reader understands (cudal1.store.SCHEMA_VERSION)
 
 
@@ -70,6 +72,7 @@ class RunData:
     environments: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)  # kind, status, config of each recorded run
     audit: dict[str, Any] | None = None  # a verify run's verify_report.json
+    evaluations: list[dict[str, Any]] = field(default_factory=list)  # each ``cudal1 evaluate`` run's evaluation.json, with "run"
 
 
 def store_path(path: str | Path) -> Path:
@@ -159,6 +162,16 @@ def _read_store(path: Path, into: dict[str, TaskRecord], data: RunData, baseline
         conn.close()
 
 
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"cannot read {path}: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ReportError(f"cannot read {path}: not a JSON object")
+    return doc
+
+
 def load_runs(paths: list[str | Path]) -> RunData:
     """Read and merge the runs at ``paths`` (see the module docstring)."""
     if not paths:
@@ -171,10 +184,10 @@ def load_runs(paths: list[str | Path]) -> RunData:
         verdicts += _read_store(store, into, data, baselines)  # a baselines-only store adds baselines
         audit = store.parent / "verify_report.json"
         if audit.exists():
-            try:
-                data.audit = json.loads(audit.read_text())
-            except (OSError, ValueError) as exc:
-                raise ReportError(f"cannot read {audit}: {exc}") from None
+            data.audit = _read_json(audit)
+        evaluation = store.parent / EVALUATION_NAME
+        if evaluation.exists():
+            data.evaluations.append(_read_json(evaluation) | {"run": str(store.parent)})
     for th, mode, result in baselines:  # in recording order: the latest measurement of a mode wins
         if th in into:
             into[th].baselines[mode] = result

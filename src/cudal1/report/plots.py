@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import re
-from typing import Any
+from typing import Any, Callable
 
 from cudal1.report.aggregate import level_key
 
@@ -81,9 +81,9 @@ def distribution(per_level: dict[str, list[float]]) -> str:
     return _svg(fig, "dist")
 
 
-def baselines(tasks: list[dict[str, Any]]) -> str:
+def baselines(tasks: list[dict[str, Any]], label: Callable[[str], str] = str) -> str:
     """Each task's best speedup beside its measured baselines' speedups (all over eager), tasks
-    sorted by best speedup; log scale."""
+    sorted by best speedup; log scale; ``label`` names a baseline in the legend."""
     rows = sorted((t for t in tasks if t["best_speedup"] and not t["degenerate"]), key=lambda t: t["best_speedup"])
     if not rows:
         return ""
@@ -94,7 +94,7 @@ def baselines(tasks: list[dict[str, Any]]) -> str:
     ax.plot(xs, [t["best_speedup"] for t in rows], "o", ms=4, color=_PALETTE[0], label="best candidate")
     for j, m in enumerate(modes):
         pts = [(i, t["baselines"][m]) for i, t in enumerate(rows) if m in t["baselines"]]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "x", ms=5, color=_PALETTE[(j + 1) % len(_PALETTE)], label=m)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "x", ms=5, color=_PALETTE[(j + 1) % len(_PALETTE)], label=label(m))
     ax.axhline(1.0, color="#888", lw=0.8, ls="--")
     _log_axis(ax)
     ax.set_ylabel("speedup over eager (log)")

@@ -15,8 +15,9 @@ feedback when ``feedback`` is on.  Stops at ``rounds``, ``max_evaluations`` or t
 budget (checked between rounds; a round in flight finishes).
 
 Outputs (:mod:`cudal1.search.outputs`): ``best/<task>.py`` (only a candidate measured faster
-than the reference), ``summary.json`` (with ``generation``: requests and failures) and the
-resolved configuration ``OUT/config.yaml``.
+than the reference with confidence), ``candidates/<task>.py`` (a faster-looking candidate the
+run could not confirm), ``summary.json`` (with ``generation``: requests, failures, retries) and
+the resolved configuration ``OUT/config.yaml``.
 
 Policies answer with text the loop parses (LLMs) or with a :class:`~cudal1.policy.base.Proposal`
 whose code is taken as is (builtin); every prompt is a :class:`~cudal1.policy.base.PoolPrompt`
@@ -203,8 +204,9 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
             judge.note(f"resuming: {done} already judged")
         anchors = [(t, reference_candidate(t)) for t in tasks]
         pending = [p for p in judge.pending(tasks) if p not in anchors]
-        judge.expect(sum(judge.verdict(t, c) is None for t, c in anchors) + len(pending)
-                     + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1)))
+        # every slot this run settles, those read back from the store included (each anchor settles
+        # once, judged or read back), so a progress display counts up to its total and no further
+        judge.expect(len(anchors) + len(pending) + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1)))
         judge.judge(anchors, review=False)
         if pending:  # sampled before a kill, not yet judged: judge them before new rounds
             log.info("resuming: %d candidate(s) recorded but not judged", len(pending))

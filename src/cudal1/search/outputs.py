@@ -1,12 +1,22 @@
-"""What an optimize run leaves in ``OUT``: ``best/<task>.py`` and ``summary.json``.
+"""What an optimize run leaves in ``OUT``: ``best/<task>.py``, ``candidates/<task>.py`` and ``summary.json``.
 
-Contract: one row per task with the best verified candidate (the highest measured ``ok``
-speedup; never the reference anchor; none on a degenerate task) — the same pick as ``cudal1
-report``'s ``best_speedup`` for the run — with its 95% CI and whether it is faster with
-confidence (:mod:`cudal1.speedup`).  ``best/`` receives a task's best only when it was measured
-faster than the reference (point value above 1.0), so it never holds a slower program.  The
-summary counts tasks faster with confidence (``faster``) and by point value alone
-(``faster_point``), and records the run's generation requests and failures (``generation``).
+Contract: one row per task.  Its **best** is the candidate a user should keep: among the task's
+verified (``ok``) candidates, those measured faster than the reference with confidence (95% CI
+above 1.0, :mod:`cudal1.speedup`) come first, then the highest measured speedup; never the
+reference anchor, none on a degenerate task.  ``cudal1 report`` picks each task's best the same
+way.  ``best/<task>.py`` holds the best only when it was measured faster (``best_path``), so
+best/ never holds a program the run itself does not call faster.  The highest-measured candidate
+that was *not* measured faster but whose point value is above 1.0 and above the best's (it may
+be faster; the run could not tell) is kept apart in ``candidates/<task>.py`` and named in the
+row (``uncertain_candidate``: path, speedup, CI).  Files of an earlier run that no longer
+qualify are removed.
+
+``judged`` counts the task's candidates with a verdict under the run's judge settings: the
+reference itself (round 0's 1.00x anchor) is not counted, and a program proposed twice is
+counted once (``cudal1 report`` counts the same; ``statuses`` are over the same candidates).
+The summary counts tasks faster with confidence (``faster``) and by point value alone
+(``faster_point``), and records the run's generation requests, failures and retries
+(``generation``).
 """
 
 from __future__ import annotations
@@ -16,47 +26,60 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cudal1.speedup import clears, noisy, uncertain
+from cudal1.speedup import clears, faster, noisy, uncertain
 from cudal1.tables import geomean
 
 if TYPE_CHECKING:
     from cudal1.search.loop import Search
 
 
-def task_row(s: Search, task: Any, best_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(summary row, environment of one verdict) of ``task``; writes its ``best/`` file."""
-    from cudal1.recorded import is_degenerate
+def _keep(path: Path, source: str | None) -> str | None:
+    """Write ``source`` at ``path`` (its path as a string), or remove an earlier run's file there (None)."""
+    if source is None:
+        path.unlink(missing_ok=True)
+        return None
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(source)
+    return str(path)
+
+
+def task_row(s: Search, task: Any, out: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(summary row, environment of one verdict) of ``task``; writes (or removes) its ``best/``
+    and ``candidates/`` files."""
+    from cudal1.recorded import best_of, is_degenerate
+    from cudal1.types import reference_candidate
 
     pairs = s.judge.results(task)
+    anchor = reference_candidate(task).hash
+    judged = [(c, r) for c, r in pairs if c.hash != anchor]
     statuses: dict[str, int] = {}
-    for _, r in pairs:
+    for _, r in judged:
         statuses[r.status.value] = statuses.get(r.status.value, 0) + 1
     environment = dataclasses.asdict(pairs[0][1].environment) if pairs else {}
-    best = s.judge.best(task)
-    path = best_dir / f"{task.task_id.replace('/', '_')}.py"
-    speedup = ci = None
-    if best is not None:
-        speedup, ci = best[1].speedup, best[1].speedup_ci
-    if speedup is not None and speedup > 1.0:
-        path.write_text(best[0].source)  # type: ignore[index]
-    else:
-        path.unlink(missing_ok=True)  # an earlier run's file for a best no longer measured faster
-        path = None  # type: ignore[assignment]
+    top = best_of(task, pairs)
+    sure = best_of(task, [(c, r) for c, r in pairs if faster(r)]) if top is not None else None  # None: degenerate
+    best = sure or top
+    maybe = top if top is not None and not faster(top[1]) and (top[1].speedup or 0.0) > 1.0 else None
+    name = f"{task.task_id.replace('/', '_')}.py"
+    best_path = _keep(out / "best" / name, sure[0].source if sure else None)
+    maybe_path = _keep(out / "candidates" / name, maybe[0].source if maybe else None)
+    speedup, ci = (best[1].speedup, best[1].speedup_ci) if best else (None, None)
     row = {"task": task.task_id, "best_speedup": speedup, "best_ci": list(ci) if ci else None,
            "faster": clears(speedup, ci), "uncertain": uncertain(speedup, ci),
-           "high_variance": bool(best and noisy(best[1])), "best_path": str(path) if path else None,
-           "evaluated": len(pairs), "statuses": statuses, "degenerate": is_degenerate(pairs)}
+           "high_variance": bool(best and noisy(best[1])), "best_path": best_path,
+           "uncertain_candidate": {"path": maybe_path, "speedup": maybe[1].speedup,
+                                   "ci": list(maybe[1].speedup_ci) if maybe[1].speedup_ci else None} if maybe else None,
+           "judged": len(judged), "statuses": statuses, "degenerate": is_degenerate(pairs)}
     return row, environment
 
 
 def write_outputs(s: Search, out: Path, stop: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """``best/<task>.py`` for each task with a candidate measured faster, and ``summary.json``
-    (with the caller's ``extra`` keys)."""
-    best_dir = out / "best"
-    best_dir.mkdir(exist_ok=True)
+    """``best/`` and ``candidates/`` files and ``summary.json`` (with the caller's ``extra`` keys;
+    see the module docstring)."""
+    (out / "best").mkdir(exist_ok=True)
     rows, environment = [], {}
     for task in s.tasks:
-        row, env = task_row(s, task, best_dir)
+        row, env = task_row(s, task, out)
         rows.append(row)
         environment = environment or env
     store = s.judge.store
@@ -70,6 +93,7 @@ def write_outputs(s: Search, out: Path, stop: str, extra: dict[str, Any] | None 
                "faster": sum(1 for r in rows if r["faster"]),
                "faster_point": sum(1 for r in rows if r["best_speedup"] is not None and r["best_speedup"] > 1.0),
                "generation": {"requested": gen.requested, "failed": gen.failed, "last_error": gen.last_error,
+                              "retries": getattr(s.policy, "retries", 0),
                               "errors": gen.errors, "answered_total": answered, "failed_total": failed},
                "judge_hash": s.judge.config_hash,
                # this invocation's judging (a resumed run counts only what it judged itself)

@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -70,15 +68,14 @@ def parse_teacher(spec: str) -> Teacher:
 
 
 def check_reachable(teacher: Teacher, timeout: float = 10.0) -> None:
-    """Raise :class:`CollectError` naming the URL when nothing answers there (any HTTP answer,
-    even 401/404, counts as reachable: the chat endpoint's own errors are reported per request)."""
+    """Raise :class:`CollectError` naming the URL when nothing answers there
+    (:func:`cudal1.policy.openai_policy.check_endpoint`)."""
+    from cudal1.policy.openai_policy import EndpointUnreachable, check_endpoint
+
     try:
-        urllib.request.urlopen(f"{teacher.url}/models", timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        raise CollectError(f"teacher {teacher.url} is unreachable: {reason}") from None
+        check_endpoint(teacher.url, timeout)
+    except EndpointUnreachable as exc:
+        raise CollectError(f"teacher {exc}") from None
 
 
 def answer_prompt(task: Task, hardware: str) -> Prompt:
