@@ -79,6 +79,12 @@ def test_a_dead_endpoint_ends_before_anything_is_judged(tmp_path, env):
         assert done.stderr.strip().splitlines() == [error]  # one line, no retry warnings
         assert f"the endpoint {dead} is unreachable" in error and "nothing was judged" in error, error
         assert not (out / "cudal1.sqlite").exists()  # the references were not judged first
+    with ScriptedLLMServer() as srv:  # alive, but no OpenAI API at that path: every request would fail
+        wrong = srv.url + "/nope"
+        done = run_cli(["optimize", SMALL_DIAG, "--model", "m", "--config", _config(tmp_path), "--base-url", wrong,
+                        "--out", out, "-q"], env, tmp_path)
+    assert done.returncode == 1 and f"the endpoint {wrong} does not serve the OpenAI API" in done.stderr, done.stderr
+    assert not (out / "cudal1.sqlite").exists()
 
 
 @pytest.mark.cpu

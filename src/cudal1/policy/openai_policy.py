@@ -45,7 +45,7 @@ CHECK_TIMEOUT_S = 5.0
 
 
 class EndpointUnreachable(Exception):
-    """Nothing answers at an endpoint (one line naming the URL)."""
+    """Nothing answers at an endpoint, or not the OpenAI API (one line naming the URL)."""
 
 
 def endpoint_url(base_url: str | None) -> str:
@@ -55,15 +55,20 @@ def endpoint_url(base_url: str | None) -> str:
 
 def check_endpoint(url: str, timeout: float = CHECK_TIMEOUT_S) -> None:
     """One ``GET {url}/models``, no retry: raise :class:`EndpointUnreachable` when nothing answers
-    there (connection refused, no route, DNS, ``timeout``).  Any HTTP answer, even 401 or 404,
+    there (connection refused, no route, DNS, ``timeout``) or the answer is 404: every
+    OpenAI-compatible server (vLLM, SGLang, Ollama, llama.cpp, hosted APIs) lists its models
+    there, so a 404 is a wrong base URL (one without ``/v1``, say) or something else answering in
+    its place, and its chat requests would fail alike.  Any other HTTP answer, 401 included,
     counts as reachable: the chat endpoint's own errors are reported per request."""
     import urllib.error
     import urllib.request
 
     try:
         urllib.request.urlopen(f"{url.rstrip('/')}/models", timeout=timeout).close()
-    except urllib.error.HTTPError:
-        return
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise EndpointUnreachable(f"{url} does not serve the OpenAI API: GET {url.rstrip('/')}/models "
+                                      "answered 404 (a base URL without /v1?)") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise EndpointUnreachable(f"{url} is unreachable: {reason}") from None
