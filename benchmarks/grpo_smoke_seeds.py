@@ -8,8 +8,9 @@ primings differ slightly); ``--prime once``: all runs start from one primed mode
 only in GRPO's sampling, the exemplar draws and the CPU's timing noise.  Per seed
 it reads ``metrics.jsonl`` and prints: reward_mean over the first three steps and the last third,
 whether the run *learned* (the learning test's rule: the last third's mean above the first three
-steps' by more than 0.3), the lowest step, the run's own collapse report (``summary["collapse"]``:
-a streak of steps whose rollouts were nearly all format failures, with the step it began), and
+steps' by more than 0.3), the lowest step, the run's own collapse reports (``summary["collapses"]``: streaks of steps whose
+rollouts were nearly all format failures, from the step each began to the last, ``+`` when it
+lasted to the end), and
 the wall time; then, last, one line: learned in X of N seeds.  Writes ``OUT/seeds.json``.
 
     PYTHONPATH=src python benchmarks/grpo_smoke_seeds.py --seeds 10 --out /tmp/smoke_seeds
@@ -74,7 +75,7 @@ def run_seed(seed: int, out: Path, primed: Path | None, overrides: dict, timeout
     rewards = [r for r in summary["reward_mean"] if r is not None]
     first, last, ok = learned(rewards)
     return {"seed": seed, "first3": round(first, 3), "last_third": round(last, 3), "learned": ok,
-            "lowest": round(min(rewards), 3), "collapse": summary.get("collapse"), "steps": len(rewards),
+            "lowest": round(min(rewards), 3), "collapses": summary.get("collapses") or [], "steps": len(rewards),
             "reward_mean": rewards, "wall_s": round(wall, 1)}
 
 
@@ -114,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in r:
             print(f"{r['seed']:>4} error: {r['error']}")
             continue
-        c = r["collapse"]
-        col = f"from step {c['began_at']} ({c['status']})" if c else "-"
+        col = "; ".join(f"step {c['began_at']}" + (f"-{c['recovered_at'] - 1}" if c["recovered_at"] else "+")
+                        for c in r["collapses"]) or "-"
         print(f"{r['seed']:>4} {r['first3']:>7.2f} {r['last_third']:>8.2f} {r['lowest']:>7.2f} {str(r['learned']):>7} "
               f"{col:<28} {r['wall_s']:>6.0f}")
     good = sum(1 for r in rows if r.get("learned"))

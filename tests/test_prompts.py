@@ -486,18 +486,44 @@ def test_analysis_check_reads_what_the_prompt_showed():
 
     user = _contrastive_user()
     assert shown_implementations(user) == [(1, "0.80x"), (2, "1.50x"), (3, "2.13x")]
-    full = check_analysis("Implementation 3 (2.13x) beats Implementation 1 because it scales in place: one kernel instead of "
-                          "two, so half the memory traffic and one launch less.", user)
+    full = check_analysis("Implementation 3 (2.13x) beats Implementation 1 (0.80x) because it scales in place: one kernel "
+                          "instead of two, so half the memory traffic and one launch less.", user)
     assert (full.present, full.best, full.names_best, full.cites_speedups, full.compares) == (True, 3, True, True, True)
-    assert {"memory", "launches"} <= set(full.reasons) and full.score == 1.0
+    assert full.reasons == ["memory", "launches"] and full.score == 1.0
     by_speedup = check_analysis("The fastest one, at 2.13x, avoids a second pass over the output tensor and its memory "
                                 "traffic; the slower ones allocate a temporary.", user)
-    assert by_speedup.names_best and by_speedup.cites_speedups and not by_speedup.compares
-    generic = check_analysis("The reference can be made faster by writing a custom CUDA kernel that uses shared memory and "
-                             "many threads per block to keep the GPU busy.", user)
-    assert generic.present and not generic.names_best and not generic.cites_speedups and generic.score == 0.5
-    assert check_analysis("It is faster.", user).score == 0.0  # too short to count
+    assert by_speedup.names_best and not by_speedup.compares and by_speedup.reasons == ["memory"]
+    assert by_speedup.score == pytest.approx(2 / 3)
+    apart = check_analysis("Implementation 2 reached 1.50 times and Implementation 3 reached 2.13x in the measurements. "
+                           "Separately: memory traffic and kernel launches matter on GPUs in general.", user)
+    assert apart.compares and apart.names_best and apart.reasons == [] and apart.score == pytest.approx(2 / 3)
+    assert check_analysis("It is faster at 2.13x.", user).score == 0.0  # too short to count
     assert not check_analysis(" ".join(["word"] * 20) + " 12.13x faster", user).cites_speedups  # 12.13x is not 2.13x
+
+
+BOILERPLATE = [
+    # causes without a measurement: what a model could write for any prompt
+    "The reference can be made faster by writing a custom CUDA kernel that uses shared memory and many threads per block "
+    "to keep the GPU busy, coalesced loads, fused elementwise operations and fewer kernel launches.",
+    # every implementation named, the best called best, every family of cause listed: no figure
+    "Implementation 1, Implementation 2 and Implementation 3 differ in memory traffic, kernel launches, fusion, "
+    "parallelism, algorithmic work and precision; Implementation 3 is the best and the fastest one, #3, version 3.",
+    # figures, but not the measured ones
+    "The best version runs at 10x and the slowest at 0.5x because of memory bandwidth, launch overhead and fusion; "
+    "a fused kernel at 4.2x would beat both by cutting global memory traffic in half.",
+    # keyword stuffing
+    " ".join(["memory bandwidth coalescing launch overhead fusion fused threads warps occupancy flops precision"] * 3),
+]
+
+
+@pytest.mark.parametrize("text", BOILERPLATE)
+def test_boilerplate_scores_nothing_however_it_is_worded(text):
+    from cudal1.prompts import check_analysis
+
+    for user in (_contrastive_user(), build_prompt(TASK, [], "CPU").user):
+        check = check_analysis(text, user)
+        assert check.present and check.score == 0.0, check
+        assert not (check.names_best or check.compares or check.reasons)
 
 
 def test_analysis_check_of_a_one_shot_prompt():
@@ -506,6 +532,5 @@ def test_analysis_check_of_a_one_shot_prompt():
     user = build_prompt(TASK, [], "CPU").user
     reasons = check_analysis("The reference reads the input twice and writes a temporary; fusing relu and the scaling into one "
                              "pass halves the memory traffic.", user)
-    assert reasons.shown == 0 and reasons.best is None and reasons.score == 1.0 and "fusion" in reasons.reasons
-    bare = check_analysis(" ".join(["this analysis says nothing specific at all about the reference"] * 3), user)
-    assert bare.present and bare.reasons == [] and bare.score == 0.5
+    assert reasons.present and reasons.shown == 0 and reasons.best is None
+    assert reasons.score == 0.0  # nothing measured was shown: nothing to check the analysis against

@@ -44,7 +44,7 @@ def test_recipes_load_through_trl_and_accelerate_and_fit(tmp_path: Path, name: s
 
     from cudal1.train.config import load_config
     from cudal1.train.grpo import grpo_arguments
-    from cudal1.train.recipes import H200_GIB, HEADROOM_GIB, RECIPES, fits, memory
+    from cudal1.train.recipes import H200_GIB, HEADROOM_GIB, RECIPES, fits, memory, shortfalls
 
     recipe = RECIPES[name]
     cfg = load_config("grpo", recipe.grpo_preset)
@@ -56,13 +56,35 @@ def test_recipes_load_through_trl_and_accelerate_and_fit(tmp_path: Path, name: s
     assert accel.num_processes == recipe.training_gpus and accel.deepspeed_config["zero_stage"] == recipe.zero_stage
     if recipe.zero_stage == 3:  # saves that load (cudal1.train.checkpoint refuses ZeRO-3 without it)
         assert accel.deepspeed_config["zero3_save_16bit_model"] is True
+    assert (accel.deepspeed_config.get("offload_optimizer_device") == "cpu") == recipe.optimizer_offload
     est = memory(recipe, cfg)
     assert fits(recipe, cfg) and est["total"] + HEADROOM_GIB <= H200_GIB
+    assert est["judge_total"] + HEADROOM_GIB <= H200_GIB  # the judge's workers fit beside the held training state
     assert est["kv_tokens"] > 0 and est["micro_batch"] >= 1
-    # a preset that cannot fit is caught: the 32B model without ZeRO-3 sharding its optimizer
+    # presets that cannot fit are caught: the 32B model without ZeRO-3 sharding its optimizer, and either recipe
+    # judging KernelBench level 1 beside everything it holds (no sleep mode, no offload)
     import dataclasses
 
     assert not fits(dataclasses.replace(recipe, zero_stage=2), cfg) or recipe.model.params < 10e9
+    held = dataclasses.replace(recipe, optimizer_offload=False)
+    awake = dataclasses.replace(cfg, trl={})
+    assert any("while judging" in s for s in shortfalls(held, awake)), shortfalls(held, awake)
+
+
+def test_lora_merge_and_offload_need_host_memory() -> None:
+    import dataclasses
+
+    from cudal1.train.config import load_config
+    from cudal1.train.recipes import RECIPES, memory, shortfalls
+
+    recipe = dataclasses.replace(RECIPES["32b-8gpu"], host_gib=64.0)
+    cfg = load_config("grpo", recipe.grpo_preset, {"lora": True})
+    est = memory(recipe, cfg)
+    assert est["merge_host"] == pytest.approx(2 * recipe.model.params * 1.1 / 2**30)  # 67 GiB for 32B in bf16
+    assert est["optimizer"] == est["gradients"] == est["reference"] == 0.0  # LoRA: frozen base, its own reference
+    assert any("the host needs 67 GiB (LoRA merge 67" in s for s in shortfalls(recipe, cfg))
+    full = memory(recipe, load_config("grpo", recipe.grpo_preset))
+    assert full["offload_host"] == pytest.approx(12 * recipe.model.params / 2**30)  # Adam's state of 32B, on the host
 
 
 def test_ssl_recipe_for_32b_is_valid() -> None:
@@ -70,3 +92,35 @@ def test_ssl_recipe_for_32b_is_valid() -> None:
 
     cfg = load_config("ssl", "32b-8gpu")
     assert cfg.backend == "vllm" and 8 % cfg.vllm_tensor_parallel_size == 0 and cfg.sft.gradient_checkpointing
+
+
+def test_a_run_that_does_not_fit_says_so_before_training(tmp_path: Path, monkeypatch) -> None:
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    from cudal1.train.config import load_config
+    from cudal1.train.preflight import memory_shortfalls
+
+    shapes = {"7b": dict(hidden_size=3584, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
+                         intermediate_size=18944, vocab_size=152064),
+              "32b": dict(hidden_size=5120, num_hidden_layers=64, num_attention_heads=40, num_key_value_heads=8,
+                          intermediate_size=27648, vocab_size=152064)}
+    for name, shape in shapes.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(shape))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # an H200, as far as the check can tell
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(total_memory=139 * 2**30))
+    cfg = load_config("grpo", "default")
+    zero2 = SimpleNamespace(deepspeed={"zero_optimization": {"stage": 2}})
+    judge, plan = SimpleNamespace(device="cuda", workers_per_gpu=1), SimpleNamespace(backend="local")
+    assert memory_shortfalls(str(tmp_path / "7b"), cfg, zero2, judge, plan, 8) == []  # the 7B recipe
+    short = memory_shortfalls(str(tmp_path / "32b"), cfg, zero2, judge, plan, 8)
+    assert short and short[0].startswith("a training step needs")  # 32B on the 7B recipe's ZeRO-2
+    awake = load_config("grpo", "default", {"trl": {}})  # the engine keeps its share while the judge runs
+    short = memory_shortfalls(str(tmp_path / "7b"), awake, zero2, judge, plan, 8)
+    assert len(short) == 1 and "while judging" in short[0] and "vllm_enable_sleep_mode" in short[0]
+    assert memory_shortfalls(str(tmp_path / "7b"), awake, zero2, SimpleNamespace(device="cpu"), plan, 8) == []
+    assert memory_shortfalls("Qwen/Qwen2.5-Coder-7B-Instruct", cfg, zero2, judge, plan, 8) == []  # a hub name: not looked up

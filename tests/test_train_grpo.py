@@ -83,7 +83,7 @@ def test_grpo_smoke_learns_to_prefer_fast_verified_programs(tmp_path, monkeypatc
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     grpo = [x for x in lines if x["stage"] == "grpo"]
     assert len(grpo) == summary["steps"] >= 10
-    for key in ("step", "loss", "reward_mean", "reward_std", "success_rate", "kl", "judged"):
+    for key in ("step", "loss", "reward_mean", "reward_std", "success_rate", "kl", "judged", "judge_s"):
         assert all(key in x for x in grpo), key
     rewards = [x["reward_mean"] for x in grpo]
     third = len(rewards) // 3
@@ -91,6 +91,7 @@ def test_grpo_smoke_learns_to_prefer_fast_verified_programs(tmp_path, monkeypatc
     # first third already, and a collapse into answers without code (reward -2.0) fails this
     first, last = sum(rewards[:3]) / 3, sum(rewards[-third:]) / third
     assert last > first + 0.3, rewards
+    assert summary["collapses"] == [] and summary["memory_shortfalls"] == []  # reported by the run when they happen
     success = [x["success_rate"] for x in grpo]
     assert sum(success[-third:]) >= sum(success[:third]), success
     # every rollout is stored (and judged once per distinct program)

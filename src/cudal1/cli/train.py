@@ -248,8 +248,7 @@ def _print(stage: str, summary: dict[str, Any]) -> None:
         rows = [(i + 1, r, s) for i, (r, s) in enumerate(zip(summary["reward_mean"], summary["success_rate"]))]
         print(table(["step", "reward_mean", "success_rate"], rows))
         print(f"\nbest speedups: {summary['best_speedup']}; verdicts: {summary['judged']}")
-        if summary.get("collapse"):
-            c = summary["collapse"]
+        for c in summary.get("collapses") or []:
             print(f"collapse: from step {c['began_at']} the rollouts were {c['share']:.0%} answers without usable code "
                   f"({c['status']}; metrics.jsonl has the steps)")
         for ev in summary.get("eval") or []:

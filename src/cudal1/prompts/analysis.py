@@ -1,26 +1,29 @@
-"""Checking a response's Performance Analysis against what its prompt showed (pure; no torch).
+"""Checking a response's Performance Analysis against what its prompt measured (pure; no torch).
 
 CUDA-L1's contrastive prompt asks the model to say, before it writes code, why the faster earlier
 implementations beat the slower ones.  :func:`check_analysis` reads the analysis section
 (:func:`cudal1.prompts.parse_response` extracts it) next to the prompt's user message and returns
-an :class:`AnalysisCheck`:
+an :class:`AnalysisCheck`.  Every point it gives needs the **measured speedups the prompt showed**
+(``### Implementation i: speedup S``, slowest first, so the best is the last): text that does not
+read the prompt cannot know them, so boilerplate scores 0 however many causes it lists.
 
-* ``present``: the section has at least :data:`MIN_WORDS` words;
-* ``shown`` / ``best``: how many earlier implementations the prompt showed (``### Implementation
-  i: speedup S``, slowest first, so the best is the last) and the best one's index;
-* ``names_best``: the analysis refers to that best implementation — by its number
-  ("Implementation 3", "#3", "version 3") or by its speedup as shown ("2.13x");
-* ``cites_speedups``: it quotes at least one shown speedup (any of them);
-* ``compares``: it refers to at least two of the shown implementations (numbers or speedups);
-* ``reasons``: the families of cause it names (:data:`REASONS`: memory traffic, kernel launches,
-  fusion, parallelism, algorithmic work, precision), each found by whole words;
-* ``score`` in [0, 1]: with exemplars shown, a quarter each for present, names_best,
-  cites_speedups and reasons (at least one family); with none shown (a one-shot prompt), half for
-  present and half for reasons.
+* ``present``: the section has at least :data:`MIN_WORDS` words (nothing below counts without it);
+* ``shown`` / ``best``: how many earlier implementations the prompt showed, and the best one's number;
+* ``cites_speedups``: it quotes at least one shown speedup ("2.13x", "2.13 times");
+* ``names_best``: it quotes the best implementation's measured speedup (naming "Implementation 3"
+  without its figure does not count: any text can list numbers);
+* ``compares``: it quotes the measured speedups of at least two shown implementations;
+* ``reasons``: the families of cause (:data:`REASONS`: memory traffic, kernel launches, fusion,
+  parallelism, algorithmic work, precision) named **in a sentence that quotes a shown speedup** —
+  a cause tied to a measured program, not a list of GPU words;
+* ``score`` in [0, 1]: a third each for names_best, compares and reasons (at least one family).
+  A one-shot prompt (no exemplars) shows nothing measured, so its score is 0: there is nothing to
+  check an analysis against.
 
-The score rewards an analysis that engages with the evidence it was given; it cannot tell whether
-the explanation is *right*.  It is cudal1's measure, not the paper's: CUDA-L1 asks for the
-analysis but does not score it.  Rewarding it is off by default (``reward.analysis_bonus``).
+The score tells whether an analysis engages with the measurements it was given, not whether its
+explanation is right (profiles of the programs, once recorded, would be the next check).  It is
+cudal1's measure, not the paper's: CUDA-L1 asks for the analysis but does not score it.  Rewarding
+it is off by default (``reward.analysis_bonus``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ REASONS: dict[str, tuple[str, ...]] = {
                     "vectoriz", "vectoris"),
     "algorithm": ("flop", "flops", "complexity", "redundant", "algorithm", "algorithmic", "o(n", "quadratic", "cubic",
                   "broadcast", "matmul", "matrix multiplication"),
-    "precision": ("precision", "fp16", "bf16", "tf32", "half"),
+    "precision": ("precision", "fp16", "bf16", "tf32", "half-precision", "half precision"),
 }
 
 
@@ -52,10 +55,10 @@ class AnalysisCheck:
     words: int = 0
     shown: int = 0  # earlier implementations the prompt showed
     best: int | None = None  # the best one's number (the last shown)
-    names_best: bool = False
-    cites_speedups: bool = False
-    compares: bool = False
-    reasons: list[str] = field(default_factory=list)
+    names_best: bool = False  # quotes the best one's measured speedup
+    cites_speedups: bool = False  # quotes at least one shown speedup
+    compares: bool = False  # quotes the speedups of at least two shown implementations
+    reasons: list[str] = field(default_factory=list)  # cause families named in sentences that quote a shown speedup
     score: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -65,10 +68,6 @@ class AnalysisCheck:
 def shown_implementations(user: str) -> list[tuple[int, str]]:
     """(number, speedup text as shown, e.g. ``"2.13x"``) of each implementation in a prompt's user message."""
     return [(int(m.group(1)), m.group(2)) for m in _SHOWN.finditer(user or "")]
-
-
-def _mentions_number(text: str, n: int) -> bool:
-    return re.search(rf"(?:implementation|version|variant|attempt|candidate|#)\s*#?\s*{n}\b", text) is not None
 
 
 def _mentions_speedup(text: str, shown: str) -> bool:
@@ -86,22 +85,32 @@ def _reasons(text: str) -> list[str]:
     return found
 
 
+def _sentences(text: str) -> list[str]:
+    """Sentences (and list items): a decimal point is not an end."""
+    return [s for s in re.split(r"(?<!\d)[.!?](?!\d)|[;\n]", text) if s.strip()]
+
+
 def check_analysis(analysis: str, user: str = "") -> AnalysisCheck:
     """Check ``analysis`` against the prompt's user message ``user`` (see the module docstring)."""
     text = (analysis or "").lower()
     words = len(re.findall(r"[a-z0-9]+", text))
     present = words >= MIN_WORDS
     shown = shown_implementations(user)
-    reasons = _reasons(text) if present else []
     if not shown:
-        score = 0.5 * present + 0.5 * bool(reasons)
-        return AnalysisCheck(present, words, 0, None, reasons=reasons, score=score)
+        return AnalysisCheck(present, words)
     best_n, best_speedup = shown[-1]
-    names_best = present and (_mentions_number(text, best_n) or _mentions_speedup(text, best_speedup))
-    referred = {n for n, s in shown if _mentions_number(text, n) or _mentions_speedup(text, s)} if present else set()
-    cites = present and any(_mentions_speedup(text, s) for _, s in shown)
-    score = 0.25 * (present + names_best + cites + bool(reasons))
-    return AnalysisCheck(present, words, len(shown), best_n, names_best, cites, len(referred) >= 2, reasons, score)
+    if not present:
+        return AnalysisCheck(present, words, len(shown), best_n)
+    figures = {s for _, s in shown}
+    quoted = {s for s in figures if _mentions_speedup(text, s)}
+    grounded: set[str] = set()
+    for sentence in _sentences(text):
+        if any(_mentions_speedup(sentence, s) for s in figures):
+            grounded.update(_reasons(sentence))
+    reasons = [f for f in REASONS if f in grounded]
+    names_best, compares = best_speedup in quoted, len(quoted) >= 2
+    score = (names_best + compares + bool(reasons)) / 3
+    return AnalysisCheck(present, words, len(shown), best_n, names_best, bool(quoted), compares, reasons, score)
 
 
 __all__ = ["MIN_WORDS", "REASONS", "AnalysisCheck", "check_analysis", "shown_implementations"]

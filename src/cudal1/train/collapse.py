@@ -10,8 +10,8 @@ together, as ``metrics.jsonl``'s ``judged``).  A step is *collapsed* when the sh
 failures among its rollouts is at least ``share``; ``steps`` collapsed steps in a row are a
 **collapse**, reported once (:meth:`~CollapseWatch.update` returns it) with the step its streak
 began at.  A later step below ``share`` marks it recovered (``recovered_at``); a new streak after
-that is reported again.  :attr:`~CollapseWatch.first` is the run's first collapse (what the summary
-shows, with the latest state of the streak).
+that is reported again.  :attr:`~CollapseWatch.reported` holds every collapse, each in its latest
+state (what the run's summary lists).
 
 Not covered: collapses into other failure kinds (all compile errors, say), and slow declines that
 never cross ``share``: those show in ``success_rate`` and ``reward_mean``.
@@ -56,9 +56,14 @@ class CollapseWatch:
         if not 0 < share <= 1 or steps < 0:
             raise ValueError(f"collapse watch needs 0 < share <= 1 and steps >= 0 (got {share}, {steps})")
         self.share, self.steps = share, steps
-        self.first: Collapse | None = None
-        self.current: Collapse | None = None  # the reported streak still running (None when none is)
+        self.reported: list[Collapse] = []  # every collapse so far, oldest first, each in its latest state
         self._streak: list[tuple[int, int, int]] = []  # (step, format failures, rollouts) of the running streak
+
+    @property
+    def current(self) -> Collapse | None:
+        """The reported collapse still running (None when there is none)."""
+        last = self.reported[-1] if self.reported else None
+        return last if last is not None and last.recovered_at is None else None
 
     def update(self, step: int, judged: dict[str, int]) -> Collapse | None:
         """Feed one step's outcome counts; returns the collapse it reveals (only on the step it is detected)."""
@@ -68,23 +73,18 @@ class CollapseWatch:
         bad = judged.get(FORMAT, 0)
         if bad / total < self.share:
             if self.current is not None:
-                ended = replace(self.current, recovered_at=step)
-                if self.first is not None and self.first.began_at == ended.began_at:
-                    self.first = ended
-            self.current, self._streak = None, []
+                self.reported[-1] = replace(self.current, recovered_at=step)
+            self._streak = []
             return None
         self._streak.append((step, bad, total))
         n_bad, n_all = sum(b for _, b, _ in self._streak), sum(t for _, _, t in self._streak)
         state = Collapse(self._streak[0][0], step, n_bad / n_all, n_all)
         if self.current is not None:  # an ongoing, already reported streak: keep its figures current
-            self.current = replace(state, detected_at=self.current.detected_at)
-            if self.first is not None and self.first.began_at == state.began_at:
-                self.first = self.current
+            self.reported[-1] = replace(state, detected_at=self.current.detected_at)
             return None
         if len(self._streak) < self.steps:
             return None
-        self.current = state
-        self.first = self.first or state
+        self.reported.append(state)
         return state
 
 

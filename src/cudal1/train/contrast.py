@@ -6,8 +6,11 @@ with the optimizer's exemplar selection (:func:`cudal1.prompts.select_exemplars`
 builder — so the exemplars improve as training finds faster code.  :meth:`dataset` returns a
 ``datasets.Dataset`` of task ids whose ``prompt`` column is computed on access (``set_transform``);
 TRL's sampler repeats each row ``group_size`` times within one fetch, and every repetition of a
-task within that fetch gets the same prompt (the exemplar draw is seeded by the run seed, the
-task and the pool's size), so a GRPO group shares its prompt.
+task within that fetch gets the same prompt, so a GRPO group shares its prompt.  The exemplar draw
+is seeded by the run seed, the task, the pool's size and the fetch number: every fetch draws
+afresh.  (Seeded by the pool alone, a prompt stayed the same for as long as the pool did — and a
+pool stops changing when every rollout is a format failure, which is never judged: one prompt the
+policy could not answer then held a GRPO smoke at reward -2.0 for ten steps.)
 
 Limits: prompts are built when the trainer's data loader fetches a generation batch, which
 ``accelerate`` does one batch ahead — exemplars lag the newest verdicts by one generation batch.
@@ -35,10 +38,13 @@ class ContrastivePrompts:
         self.feedback, self.hardware, self.seed = feedback, hardware, seed
         self.tasks = {t.task_id: t for t in tasks}
         self.issued: dict[tuple[str, str], Prompt] = {}  # (task id, user text) -> Prompt, for recording
+        self.fetches = 0  # data-loader fetches so far (every rank fetches alike)
 
-    def prompt(self, task: Task) -> Prompt:
+    def prompt(self, task: Task, fetch: int = 0) -> Prompt:
+        """``task``'s prompt for data-loader fetch number ``fetch``: exemplars drawn afresh for each
+        fetch (and each state of the pool), the same on every rank that fetches the same task."""
         ok, failed = self.judge.pool(task)
-        rng = random.Random(f"{self.seed}:{task.hash}:{len(ok)}:{len(failed)}")
+        rng = random.Random(f"{self.seed}:{task.hash}:{len(ok)}:{len(failed)}:{fetch}")
         shown = select_exemplars(ok, self.exemplars, self.strategy, rng=rng, temperature=self.tau)
         if self.feedback and failed:
             shown = list(failed_feedback(failed, 1, rng)) + list(shown)
@@ -56,9 +62,10 @@ class ContrastivePrompts:
     def transform(self, batch: dict[str, list]) -> dict[str, list]:
         built: dict[str, Prompt] = {}  # one prompt per task per fetch: a group shares it
         prompts = []
+        self.fetches += 1
         for task_id in batch["task"]:
             if task_id not in built:
-                built[task_id] = self.prompt(self.tasks[task_id])
+                built[task_id] = self.prompt(self.tasks[task_id], self.fetches)
             prompts.append(built[task_id].messages())
         return {"task": list(batch["task"]), "prompt": prompts}
 

@@ -13,7 +13,8 @@ and with β > 0 loads the frozen reference model from the same path) on ``tasks`
 * ``OUT/metrics.jsonl`` gets one line per logged step: ``step``, ``loss``, ``reward_mean``,
   ``reward_std``, ``kl``, ``success_rate`` (share of rollouts ``ok`` with a usable speedup),
   ``judged`` (rollouts per outcome kind), ``evaluated`` (fresh judge runs), ``speedup_mean`` and
-  ``speedup_max`` (of this step's successes), and ``collapse`` while a collapse into answers
+  ``speedup_max`` (of this step's successes), ``judge_s`` (seconds the step's reward spent
+  judging: parsing, building, verifying and timing; the slowest rank's), and ``collapse`` while a collapse into answers
   without code is running (:mod:`.collapse`: ``collapse_steps`` steps in a row with at least
   ``collapse_share`` format failures; logged as a warning with the step it began, in the summary,
   and with ``collapse_stop`` the end of training).
@@ -41,6 +42,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
@@ -55,6 +57,7 @@ from cudal1.train.contrast import ContrastivePrompts
 from cudal1.train.grpo_eval import EVAL_POLICY, PHASE, EvalSet, eval_callback
 from cudal1.train.judging import RolloutJudge, reference_candidate
 from cudal1.train.metrics import metrics_callback, read_metrics
+from cudal1.train.preflight import memory_shortfalls
 from cudal1.train.reward import RewardConfig, RunningStats, outcome_of, shape_rewards
 from cudal1.types import EvalResult, Task
 
@@ -76,12 +79,15 @@ class JudgeReward:
         self._rollouts = 0
         self._successes = 0
         self._evaluated_at_drain = 0
+        self._judge_s = 0.0
 
     def __call__(self, prompts: list, completions: list, task: list[str], trainer_state: Any = None,
                  phase: list[str] | None = None, **_: Any) -> list[float]:
         texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         if phase and phase[0] == PHASE and self.evalset is not None:  # TRL's evaluation loop: eval rows
             return self.evalset.score(list(task), texts, int(getattr(trainer_state, "global_step", 0) or 0), self)
+        started = time.perf_counter()
+        _release_cached_memory()  # the judge's workers may share this GPU: give back the activations' cache first
         tasks = [self.contrast.tasks[t] for t in task]
         issued = [self.contrast.lookup(t, p) for t, p in zip(task, prompts)]
         step = int(getattr(trainer_state, "global_step", 0) or 0) + 1
@@ -91,6 +97,7 @@ class JudgeReward:
         self._rollouts += len(outcomes)
         self._successes += sum(o.success for o in outcomes)
         self._speedups.extend(o.speedup for o in outcomes if o.success)  # type: ignore[misc]
+        self._judge_s += time.perf_counter() - started
         return rewards
 
     def metrics(self, step: int = 0) -> dict[str, Any]:
@@ -98,8 +105,9 @@ class JudgeReward:
         processes: every rank calls it at each logged step), merged into metrics.jsonl by the
         metrics callback; ``collapse`` when :attr:`watch` has seen one (see :mod:`.collapse`)."""
         mine = {"rollouts": self._rollouts, "successes": self._successes, "judged": self.judge.drain_counts(),
-                "evaluated": self.judge.evaluated - self._evaluated_at_drain, "speedups": self._speedups}
-        self._speedups, self._rollouts, self._successes = [], 0, 0
+                "evaluated": self.judge.evaluated - self._evaluated_at_drain, "speedups": self._speedups,
+                "judge_s": self._judge_s}
+        self._speedups, self._rollouts, self._successes, self._judge_s = [], 0, 0, 0.0
         self._evaluated_at_drain = self.judge.evaluated
         parts = dist.all_gather(mine)
         rollouts = sum(p["rollouts"] for p in parts)
@@ -113,6 +121,7 @@ class JudgeReward:
             "evaluated": sum(p["evaluated"] for p in parts),
             "speedup_mean": statistics.fmean(speedups) if speedups else None,
             "speedup_max": max(speedups) if speedups else None,
+            "judge_s": round(max(p["judge_s"] for p in parts), 3),  # the ranks judge side by side: the slowest
         }
         found = self.watch.update(step, dict(judged)) if self.watch is not None else None
         if found is not None and dist.is_main():
@@ -120,6 +129,13 @@ class JudgeReward:
         if self.watch is not None and self.watch.current is not None:
             out["collapse"] = self.watch.current.to_dict()
         return out
+
+
+def _release_cached_memory() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def restore_stats(judge: RolloutJudge, stats: RunningStats, cfg: RewardConfig) -> int:
@@ -202,14 +218,16 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
              on_result: Callable[[EvalResult], None] | None = None, callbacks: tuple = (),
              eval_tasks: list[Task] | None = None, exemplars_from: list[str] | None = None,
              exemplars_per_task: int = 4, allow_held_out: bool = False,
-             kernelbench: str | Path | None = None) -> dict[str, Any]:
+             kernelbench: str | Path | None = None, rollout: Callable | None = None) -> dict[str, Any]:
     """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring).  Returns a summary.
     ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline).
     ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`.grpo_eval`).
     ``exemplars_from``: earlier runs whose verified programs seed the exemplar pool, at most
     ``exemplars_per_task`` per task, judged here first (:mod:`.exemplars`).  Held-out training
     tasks are refused unless ``allow_held_out``, and ``eval_tasks`` must not be trained on
-    (:mod:`.heldout`; ValueError, one line)."""
+    (:mod:`.heldout`; ValueError, one line).  ``rollout``: TRL's ``rollout_func`` (its prompts and
+    the trainer -> ``prompt_ids``, ``completion_ids``, ``logprobs``), to generate elsewhere than in
+    the trainer — e.g. ``benchmarks/reward_loop.py``'s scripted OpenAI-compatible server."""
     require_train("cudal1 train grpo")
     from cudal1.store import RunStore
     from cudal1.train.heldout import HeldOut, overlap, refuse
@@ -230,14 +248,15 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
     try:
         return _train(model, tasks, cfg, judge_config, out, store, plan=plan, hardware=hardware, resume=resume,
                       report_to=report_to, on_result=on_result, callbacks=callbacks, eval_tasks=eval_tasks or [],
-                      seeds=(list(exemplars_from or []), exemplars_per_task))
+                      seeds=(list(exemplars_from or []), exemplars_per_task), rollout=rollout)
     finally:
         store.close()
 
 
 def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: Path, store, *, plan: Any,
            hardware: str, resume: bool, report_to: Any, on_result: Callable[[EvalResult], None] | None,
-           callbacks: tuple = (), eval_tasks: list[Task] = (), seeds: tuple[list[str], int] = ([], 4)) -> dict[str, Any]:
+           callbacks: tuple = (), eval_tasks: list[Task] = (), seeds: tuple[list[str], int] = ([], 4),
+           rollout: Callable | None = None) -> dict[str, Any]:
     import trl
     from transformers import AutoTokenizer
 
@@ -273,9 +292,12 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
+        args = grpo_arguments(cfg, out, report_to, world_size(), eval_tasks=len(evalset.tasks) if evalset else 0)
+        short = memory_shortfalls(str(model), cfg, args, judge_config, plan, world_size())
+        for line in short if main else []:
+            log.warning("grpo: memory estimate (cudal1/train/recipes.py): %s", line)
         trainer = trl.GRPOTrainer(
-            model=str(model), reward_funcs=[reward],
-            args=grpo_arguments(cfg, out, report_to, world_size(), eval_tasks=len(evalset.tasks) if evalset else 0),
+            model=str(model), reward_funcs=[reward], args=args, rollout_func=rollout,
             train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16), processing_class=tokenizer,
             eval_dataset=evalset.dataset() if evalset else None, peft_config=peft_config(cfg.lora, cfg.lora_config),
             callbacks=[metrics_callback(out, "grpo", reward.metrics), *([eval_callback(evalset, out)] if evalset else []),
@@ -290,7 +312,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
             store.finish_run(run_id, status)
     return summarize(out, store, tasks, judge_config) | {
         "steps": int(result.global_step), "seeded": seeded, "resumed_from": str(checkpoint) if checkpoint else None,
-        "collapse": watch.first.to_dict() if watch.first else None}
+        "collapses": [c.to_dict() for c in watch.reported], "memory_shortfalls": short}
 
 
 def collapse_stop(watch: CollapseWatch):
