@@ -36,19 +36,20 @@ def test_fast_p_kernelbench_definition():
     assert [fast_p_key(p) for p in (0, 1.0, 1.2, 1.5, 2.0)] == ["0", "1.0", "1.2", "1.5", "2.0"]
 
 
-def test_conventions_measured_and_cuda_l1():
-    measured, cl1 = conventions("measured"), conventions("cuda-l1")
+def test_conventions_all_tasks_measured_and_cuda_l1():
+    every, measured, cl1 = conventions("all-tasks"), conventions("measured"), conventions("cuda-l1")
+    assert every.value(None) == 1.0 and every.value(0.7) == 0.7 and every.value(1.005) == 1.005
     assert measured.value(None) is None and measured.value(0.7) == 0.7
     assert cl1.value(None) == 1.0 and cl1.value(0.7) == 1.0
     assert cl1.value(1.01) == 1.0 and cl1.value(1.0101) == 1.0101  # needs more than 1.01x
-    with pytest.raises(KeyError, match="known: measured, cuda-l1"):
+    with pytest.raises(KeyError, match="known: all-tasks, measured, cuda-l1"):
         conventions("nope")
     assert Conventions("x", missing=None, threshold=1.2).value(1.1) is None
 
 
 def test_summarize_by_hand():
     bests = [2.0, None, 1.005, 1.5]
-    s = summarize(bests)
+    s = summarize(bests, CONVENTIONS["measured"])
     assert (s["tasks"], s["ok"], s["n"]) == (4, 3, 3)
     assert s["mean"] == pytest.approx((2.0 + 1.005 + 1.5) / 3)
     assert s["median"] == pytest.approx(1.5)
@@ -62,13 +63,24 @@ def test_summarize_by_hand():
     assert c["geomean"] == pytest.approx(3.0 ** 0.25) and c["median"] == pytest.approx(1.25)
     assert c["fast_p"] == s["fast_p"]  # fast_p does not depend on the convention
     assert c["faster"] == 2  # 1.005 is not a speedup under CUDA-L1's rule
+    a = summarize(bests)  # the default: every task, the unsolved one at 1.0
+    assert a["n"] == 4 and a["geomean"] == pytest.approx((2.0 * 1.005 * 1.5) ** 0.25) and a["median"] == pytest.approx(1.2525)
+
+
+def test_solving_fewer_tasks_cannot_raise_the_default_figures():
+    broad, narrow = [4.0, 1.5, 1.2, 1.1], [4.0, None, None, None]
+    assert summarize(broad)["geomean"] > summarize(narrow)["geomean"]
+    assert summarize(broad)["median"] > summarize(narrow)["median"]
+    solved_only = CONVENTIONS["measured"]  # the figure a narrow model inflates: shown beside, labelled
+    assert summarize(narrow, solved_only)["geomean"] > summarize(broad, solved_only)["geomean"]
 
 
 def test_summarize_empty_and_none_only():
     s = summarize([])
     assert s["tasks"] == 0 and s["mean"] is None and s["fast_p"]["1.0"] is None
-    s = summarize([None, None])
+    s = summarize([None, None], CONVENTIONS["measured"])
     assert s["ok"] == 0 and s["geomean"] is None and s["fast_p"]["0"] == 0.0
+    assert summarize([None, None])["geomean"] == 1.0
     assert summarize([None], CONVENTIONS["cuda-l1"])["geomean"] == 1.0
     assert describe([3.0]) == {"mean": 3.0, "median": 3.0, "geomean": pytest.approx(3.0), "max": 3.0, "p25": 3.0, "p75": 3.0}
 
@@ -84,7 +96,8 @@ def test_aggregate_levels_baselines_and_degenerate_apart():
     assert agg["summary"]["max"] == 2.0  # the degenerate 50x is not in any figure
     assert agg["degenerate"] == ["level2/2"]
     assert list(agg["levels"]) == ["level1", "level2", "other"]
-    assert agg["levels"]["level1"]["tasks"] == 2 and agg["levels"]["level1"]["geomean"] == pytest.approx(2.0)
+    assert agg["levels"]["level1"]["tasks"] == 2 and agg["levels"]["level1"]["geomean"] == pytest.approx(2.0 ** 0.5)  # 1/2 at 1.0
+    assert aggregate(outs, CONVENTIONS["measured"])["levels"]["level1"]["geomean"] == pytest.approx(2.0)  # solved only
     assert agg["levels"]["level2"]["tasks"] == 1 and agg["levels"]["level2"]["fast_p"]["1.0"] == 1.0
     comp = agg["baselines"]["compile"]
     assert comp["tasks"] == 2  # only where the baseline was measured, degenerate left out

@@ -42,8 +42,12 @@ def test_json_contract(run, capsys):
     assert list(s["fast_p"]) == FAST_KEYS
     # hand-computed (see test_report_data): bests 2.0, none, 1.005, 1.5; level2/2 degenerate apart
     assert (s["tasks"], s["ok"], s["degenerate"]) == (4, 3, 1)
-    assert s["geomean"] == pytest.approx((2.0 * 1.005 * 1.5) ** (1 / 3))
-    assert s["max"] == 2.0 and s["p25"] == pytest.approx(1.2525) and s["p75"] == pytest.approx(1.75)
+    # the default convention (all-tasks): the unsolved task at 1.0; the solved-only figures beside, labelled
+    assert s["conventions"] == "all-tasks" and s["n"] == 4
+    assert s["geomean"] == pytest.approx((2.0 * 1.005 * 1.5) ** (1 / 4)) and s["median"] == pytest.approx(1.2525)
+    solved = doc["conventions"]["measured"]
+    assert solved["geomean"] == pytest.approx((2.0 * 1.005 * 1.5) ** (1 / 3)) and solved["n"] == 3
+    assert solved["max"] == 2.0 and solved["p25"] == pytest.approx(1.2525) and solved["p75"] == pytest.approx(1.75)
     # fast_p counts a task only when the best's 95% CI (here speedup x 0.95-1.05) is above p: 1.005x
     # (CI 0.955-1.055) is not faster with confidence; by the point value (KernelBench's) it is
     assert s["fast_p"] == pytest.approx({"0": 0.75, "1.0": 0.5, "1.2": 0.5, "1.5": 0.25, "2.0": 0.0})
@@ -90,7 +94,9 @@ def test_markdown(run, capsys):
     md = capsys.readouterr().out
     assert md.startswith("# cudal1 report")
     assert "| group | tasks | ok | mean | median | geomean | max | p25 | p75 | fast_0 | fast_1.0 |" in md
-    assert re.search(r"\| all \| 4 \| 3 \| 1\.50 \| 1\.50 \| 1\.44 \| 2\.00 \| 1\.25 \| 1\.75 \| 75% \| 50% \| 50% \| 25% \| 0% \|", md), md
+    # all tasks, the unsolved one at 1.0x (the default convention); the solved-only figures beside, labelled
+    assert re.search(r"\| all \| 4 \| 3 \| 1\.38 \| 1\.25 \| 1\.32 \| 2\.00 \| 1\.00 \| 1\.62 \| 75% \| 50% \| 50% \| 25% \| 0% \|", md), md
+    assert "Under the `measured` conventions: n 3, mean 1.50, median 1.50, geomean 1.44" in md
     assert "by the point value alone: 3" in md and "fast_1.0 75%" in md  # KernelBench's fast_p beside ours
     assert "| level2/1 | 1.00x? |" in md and "| level1/1 | 2.00x |" in md  # the CI of 1.005x includes 1.0
     assert "## Rejected candidates" in md and "side_stream" in md

@@ -18,7 +18,7 @@ FORMATS = ("html", "json", "md")
 __all__ = ["FORMATS", "ReportError", "RunData", "load_runs", "render_report"]
 
 
-def render_report(paths: list[str], fmt: str = "html", conventions: str = "measured") -> str:
+def render_report(paths: list[str], fmt: str = "html", conventions: str = "all-tasks") -> str:
     """The report of the runs at ``paths`` as HTML, JSON or Markdown text."""
     import json
 

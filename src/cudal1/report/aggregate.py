@@ -21,8 +21,11 @@ Contract
 * The speedup statistics (mean, median, geometric mean, max, 25th/75th percentile by linear
   interpolation) depend on an explicit :class:`Conventions` value:
 
-  - ``measured`` (default): the best verified speedup of each task that has one, as measured
-    (a best below 1.0 stays below 1.0); tasks without a verified candidate are left out.
+  - ``all-tasks`` (default): every attempted task, its best verified speedup as measured (a best
+    below 1.0 stays below 1.0), a task without one at 1.0 (the reference it leaves in place) — so
+    solving fewer tasks cannot raise the figures;
+  - ``measured`` (solved tasks only): the best verified speedup of each task that has one, as
+    measured; tasks without a verified candidate are left out (shown beside, labelled).
   - ``cuda-l1`` (CUDA-L1's paper): a task counts its best speedup only when it is greater than
     1.01x; every other task (slower, barely faster, or nothing verified) counts as 1.0x, since the
     user keeps the reference.
@@ -62,6 +65,7 @@ class Conventions:
 
 
 CONVENTIONS: dict[str, Conventions] = {
+    "all-tasks": Conventions("all-tasks", missing=1.0, threshold=None),
     "measured": Conventions("measured", missing=None, threshold=None),
     "cuda-l1": Conventions("cuda-l1", missing=1.0, threshold=1.01),
 }
@@ -127,7 +131,7 @@ def describe(values: list[float]) -> dict[str, float | None]:
 # ---- aggregates --------------------------------------------------------------------------------
 
 
-def summarize(bests: list[float | None], conv: Conventions = CONVENTIONS["measured"],
+def summarize(bests: list[float | None], conv: Conventions = CONVENTIONS["all-tasks"],
               lows: list[float | None] | None = None) -> dict[str, Any]:
     """Figures over one group of non-degenerate tasks, given each task's best verified speedup
     and the lower bound of its 95% CI (``lows``, same order; None entries or no list: the best
@@ -148,7 +152,7 @@ def level_key(level: int | None) -> str:
     return f"level{level}" if level is not None else "other"
 
 
-def aggregate(outcomes: list[TaskOutcome], conv: Conventions = CONVENTIONS["measured"]) -> dict[str, Any]:
+def aggregate(outcomes: list[TaskOutcome], conv: Conventions = CONVENTIONS["all-tasks"]) -> dict[str, Any]:
     """Overall, per-level and per-baseline figures; degenerate tasks listed apart."""
     live = [o for o in outcomes if not o.degenerate]
     levels: dict[str, list[TaskOutcome]] = {}

@@ -271,7 +271,7 @@ def evaluation_section(evaluation: dict[str, Any]) -> dict[str, Any]:
     return {k: evaluation.get(k) for k in EVALUATION_KEYS} | {"pass": {k: evaluation[k] for k in passes}}
 
 
-def build_report(data: RunData, conv: str = "measured", labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
+def build_report(data: RunData, conv: str = "all-tasks", labels: dict[str, list[str]] | None = None) -> dict[str, Any]:
     """The report document of ``data`` under the named aggregation conventions."""
     chosen = conventions(conv)
     labels = label_candidates(data) if labels is None else labels

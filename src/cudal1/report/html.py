@@ -107,7 +107,8 @@ def audit_levels(audit: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
 
 
 _CONV_NOTES = {
-    "measured": "Conventions 'measured': each task's best verified speedup as measured; tasks without one are left out of the statistics.",
+    "all-tasks": "Conventions 'all-tasks': every task, its best verified speedup as measured, a task without one at 1.0× (the reference stays).",
+    "measured": "Conventions 'measured' (solved tasks only): each task's best verified speedup as measured; tasks without one are left out of the statistics.",
     "cuda-l1": "Conventions 'cuda-l1': a task counts its best speedup only above 1.01×, every other task counts 1.0× (the reference is kept).",
 }
 
