@@ -106,15 +106,27 @@ def test_report_renders_in_headless_chromium(tmp_path: Path):
         assert colours is not None and len(colours) > 50  # not a blank page
 
 
-def _screenshot(page, path: Path) -> None:
-    """A full-page screenshot; asked twice, since a headless shell on a loaded machine now and then
-    answers "Unable to capture screenshot" for a tall page."""
+def _screenshot(page, path: Path, attempts: int = 3) -> None:
+    """A full-page screenshot.  On a loaded machine a headless shell now and then answers "Unable to
+    capture screenshot" for a tall page (its compositor missed the capture's deadline): wait and
+    ask again, the last time with the viewport grown to the whole page."""
+    import time
+
     from playwright.sync_api import Error
 
-    try:
-        page.screenshot(path=str(path), full_page=True)
-    except Error:
-        page.screenshot(path=str(path), full_page=True)
+    for attempt in range(attempts):
+        try:
+            if attempt == attempts - 1:
+                page.set_viewport_size({"width": page.viewport_size["width"],
+                                        "height": page.evaluate("document.documentElement.scrollHeight")})
+                page.screenshot(path=str(path))
+            else:
+                page.screenshot(path=str(path), full_page=True)
+            return
+        except Error:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(1.0)
 
 
 def _content(page, evaluation: dict) -> None:
