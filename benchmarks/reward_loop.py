@@ -235,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("CUDAL1_CACHE_DIR", str(out / "cache"))  # fresh builds: nothing cached from an earlier run
+    import shutil
+
+    shutil.rmtree(out / "cache", ignore_errors=True)  # fresh builds: nothing cached from an earlier run
+    os.environ["CUDAL1_CACHE_DIR"] = str(out / "cache")
     from llm_server import ScriptedLLMServer
 
     from cudal1.config import EvalConfig
