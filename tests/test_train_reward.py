@@ -162,10 +162,15 @@ def test_rollouts_carry_their_analysis_score(tmp_path):
     from cudal1.train import smoke
     from cudal1.train.judging import RolloutJudge
 
+    from cudal1.types import Exemplar
+
     task = smoke.smoke_task()
-    prompt = build_prompt(task, [], "CPU")
-    text = ("### Performance Analysis\nThe reference materialises an N x N diagonal matrix and multiplies it: cubic work and "
-            "a lot of memory traffic for a row scaling.\n\nNo code this time.")
+    shown = build_prompt(task, [Exemplar(smoke.VARIANTS["matmul"], 1.0), Exemplar(smoke.VARIANTS["broadcast"], 3.2)], "CPU")
+    one_shot = build_prompt(task, [], "CPU")
+    text = ("### Performance Analysis\nThe 1.00x version materialises an N x N diagonal matrix and multiplies it; at 3.20x "
+            "the broadcast avoids that memory traffic for a row scaling.\n\nNo code this time.")
     with RunStore(tmp_path / "s.sqlite") as store:
-        [(res, outcome)] = RolloutJudge(store, smoke.smoke_judge_config()).judge([(task, text)], prompts=[prompt])
+        judge = RolloutJudge(store, smoke.smoke_judge_config())
+        [(res, outcome), (_, bare)] = judge.judge([(task, text), (task, text)], prompts=[shown, one_shot])
     assert res is None and outcome.kind == FORMAT and outcome.analysis == 1.0
+    assert bare.analysis == 0.0  # a one-shot prompt showed nothing measured to check it against

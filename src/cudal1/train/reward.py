@@ -20,8 +20,9 @@ and failure values below are cudal1's choices, not restated from the paper):
   statistics.
 * Optionally (``analysis_bonus`` > 0; off by default, cudal1's choice, not the paper's) every
   rollout gets ``analysis_bonus x`` the score of its Performance Analysis check
-  (:func:`cudal1.prompts.check_analysis`: does it name the best shown implementation, cite the
-  measured speedups, give reasons).  Validation keeps the two orderings below with the bonus
+  (:func:`cudal1.prompts.check_analysis`: does it quote the measured speedups the prompt showed —
+  the best one's, two to compare — and tie a cause to them; boilerplate and one-shot prompts
+  score 0).  Validation keeps the two orderings below with the bonus
   added: ``rejected`` stays the lowest, and every failure stays below ``-clip``.
 
 Not covered: per-task statistics (the window is shared by all tasks), and
