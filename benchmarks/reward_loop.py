@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tok = build_policy(out / "policy", shape, corpus, cuda)
     groups = -(-prompts // len(tasks)) * args.steps + 1
     answers = answer_sets(programs, kinds, groups, pad_to, tok)
-    lengths = [len(tok(a).input_ids) for a in answers[tasks[0].name][: len(kinds)]]
+    lengths = [len(tok(a).input_ids) for got in answers.values() for a in got]  # a long kernel can pass pad_to
     judge = EvalConfig.preset(args.judge_preset).replace(device="cuda" if cuda else "cpu", workers_per_gpu=args.workers_per_gpu)
     if not cuda:
         judge = smoke.smoke_judge_config()
@@ -272,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     accumulation = rollouts // 4 if cuda else 1  # 4 sequences per micro-step on the GPU
     cfg = load_config("grpo", "smoke", dict(
         group_size=args.group, prompts_per_step=prompts, max_steps=args.steps, gradient_accumulation_steps=accumulation,
-        learning_rate=1e-6, beta=0.04, max_completion_length=pad_to + 256, bf16=cuda, gradient_checkpointing=cuda,
+        learning_rate=1e-6, beta=0.04, max_completion_length=max(lengths) + 16, bf16=cuda, gradient_checkpointing=cuda,
         save_steps=10_000, lora=args.lora, collapse_steps=0))
     spent: list[float] = []
     built: list = []
