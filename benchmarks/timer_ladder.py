@@ -177,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             "statuses": sorted({r["status"] for r in add + twice}),
             "flags": sorted({f for r in add + twice for f in r["flags"]}),
             "wall_s": statistics.median(r["wall_s"] for r in add + twice),
+            "window": [r["figures"].get("gpu", {}).get("window") or {} for r in add],
         })
     env = runs[0]["results"][0]["environment"]
     if args.json:
@@ -193,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{js or 0:6.2f} {r['judge_host_speedup'] or 0:6.2f} {'yes' if js and js >= 1.8 else 'NO':>5} "
               f"{'yes' if js and js >= 0.9 * r['profiler_ratio'] else 'NO':>5} "
               f"{(r['repeatability'] or 0) * 100:6.2f} {r['wall_s']:6.2f}  {','.join(r['statuses'])} {','.join(r['flags'])}")
+    print("clean window of the identical candidate (us, per run): reference slack, candidate slack, excess, bound")
+    for r in rows:
+        cells = [f"{w.get('reference_slack_ms', 0) * 1e3:7.1f} {w.get('candidate_slack_ms', 0) * 1e3:7.1f} "
+                 f"{w.get('excess_ms', 0) * 1e3:6.1f} {w.get('bound_ms', 0) * 1e3:6.1f}" for w in r["window"]]
+        print(f"{r['numel']:>9} " + " | ".join(cells))
     print("timer alone (us): N, profiler, raw span, raw - empty-kernel call, raw - no-launch call; "
           "host ms per timed call: profiler (CUPTI records), the gated timer")
     for n in sizes:

@@ -528,8 +528,10 @@ def test_seccomp_program_is_well_formed(machine, ptrace):
         assert code not in (0x15, 0x35) or at + 1 + max(jt, jf) < len(program)
     deny_at = len(program) - 1
     denied = [k for at, (code, jt, jf, k) in enumerate(program) if code == 0x15 and jt and at + 1 + jt == deny_at]
-    assert ptrace in denied and len(denied) == len(DENIED_SYSCALLS)
-    assert sum(code == 0x06 for code, *_ in program) == 2 + len(SELF_ONLY_SYSCALLS)  # one allow per self-only call
+    assert ptrace in denied and len(denied) == len(DENIED_SYSCALLS) + 1  # + prctl(PR_SET_CHILD_SUBREAPER)
+    assert 36 in denied  # PR_SET_CHILD_SUBREAPER, after the prctl number and a load of its first argument
+    # one allow per self-only call and one after prctl
+    assert sum(code == 0x06 for code, *_ in program) == 3 + len(SELF_ONLY_SYSCALLS)
 
 
 @pytest.mark.cpu

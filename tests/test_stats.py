@@ -98,20 +98,21 @@ class TestFigures:
         assert abs(np.median(f.gpu["cand"]) - 0.002) < 0.004  # a short call keeps its own time
         everywhere = self._rows(gpu=0.002, wall=1.0)
         for r in everywhere:
-            r[1] += 0.04  # 40 us on another stream after every call: charged, below the rejection floor
+            r[1] += 0.04  # 40 us later on every call: below the side-stream floor, so not charged (the host's
+            # wake-up differs between processes; work the outputs depend on is inside the clean window)
         f = figures(self._stage(self._rows(gpu=0.005), everywhere))
-        assert not f.side_stream and np.median(f.gpu["cand"]) > 0.04
+        assert not f.side_stream and np.median(f.gpu["cand"]) < 0.01 and f.charged_ms["cand"] == 0.0
 
     def test_the_join_cost_and_its_charges_are_reported(self):
         from cudal1.harness.stats import figures
 
         cand = self._rows(gpu=0.01, wall=1.0)
         for r in cand:
-            r[1] += 0.03
+            r[1] += 0.3
         stage = self._stage(self._rows(gpu=0.3), cand)
         stage.cand_join = [0.05, 0.05, 0.06]
         f = figures(stage)
-        assert f.charged_ms["ref"] == 0.0 and 0.025 < f.charged_ms["cand"] < 0.035
+        assert f.side_stream and f.charged_ms["ref"] == 0.0 and 0.295 < f.charged_ms["cand"] < 0.305
         assert f.join_probe_ms == {"ref": 0.02, "cand": 0.05}
         assert abs(np.median(f.gpu["cand"]) - (0.01 + f.charged_ms["cand"])) < 0.006  # the probe changes no figure
         stage.cand_join = []
@@ -128,7 +129,7 @@ class TestFigures:
         from cudal1.harness.stats import figures
 
         per_call = figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.1, wall=0.05)))
-        assert "inside an exchange" in per_call.timing_mismatch
+        assert "inside a clean window" in per_call.timing_mismatch
         rows = self._rows(n=4, gpu=0.1, wall=1.0)
         block = figures(self._stage(self._rows(n=4, gpu=0.3), rows, blocks=[["ref", 4, 5.0], ["cand", 4, 0.2]]))
         assert "timing block" in block.timing_mismatch
@@ -158,3 +159,13 @@ class TestFigures:
                             cand=[[0.5, 0.5, 0.5, False, False, 0.6]] * 3)
         f = figures(stage)
         assert f.gpu["cand"] == [0.5] * 3 == f.host["cand"] and not f.side_stream and not f.launch_bound
+
+
+def test_a_contended_verdict_is_never_faster():
+    from cudal1.speedup import faster
+    from cudal1.types import EvalResult, Status
+
+    sure = EvalResult(status=Status.OK, speedup=2.0, speedup_ci=(1.8, 2.2))
+    assert faster(sure)
+    sure.flags = ["contended"]
+    assert not faster(sure)  # the GPU was shared while it was timed: its figure is not trusted

@@ -103,5 +103,7 @@ def test_isolation_report_names_every_measure(tmp_path, cpu_judge_config):
     for name in ("ids", "no_new_privs", "not_dumpable", "seccomp", "landlock_fs", "netns", "home_tmp"):
         assert name in measures, sorted(measures)
         assert measures[name].split(":")[0] in ("applied", "refused", "not applicable"), measures[name]
-    assert unconfined.environment.isolation == {}
+    for name in ("subreaper", "new_processes"):  # what contains the candidate's processes: applies either way
+        assert measures[name].startswith("applied"), measures[name]
+    assert sorted(unconfined.environment.isolation) == ["new_processes", "subreaper"]
     assert confined.environment.slots == unconfined.environment.slots == "host_files"  # CPU: shared host files

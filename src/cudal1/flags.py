@@ -27,6 +27,9 @@ FLAGS: dict[str, str] = {
     "timing_mismatch": "the candidate's process reported times that do not fit the clean side's clock",
     "below_physical_limit": "a timed call was faster than writing its outputs once at the device's peak memory bandwidth",
     "persisting_l2": "the candidate set a persisting-L2 limit or an access-policy window (lines an L2 flush cannot evict)",
+    "new_process": "the candidate's process started a process after warm-up (it is sealed against that once timing begins)",
+    "foreign_gpu_work": "a process the candidate started (by descent or uid) held its own context on the GPU being timed",
+    "contended": "another process outside this judge used the GPU while it was timed: the timing is not trusted",
     # informational
     "cpu_timing": "timed on the CPU with a monotonic host clock",
     "build_cached": "the candidate's extension build was found in the build cache",
@@ -37,7 +40,7 @@ FLAGS: dict[str, str] = {
     "reviewer_suspects": "an optional LLM reviewer suspects reward hacking (second opinion, never a verdict)",
     "launch_bound": "the host's time to issue a call exceeds its GPU time (reference or candidate): figures depend on the host",
     "high_variance": "timing spread (IQR/median) above 10%: the speedup is less certain",
-    "rejudged_alone": "ran out of device memory beside other workers on its GPU, so this verdict was judged again with the GPU to itself",
+    "rejudged_alone": "judged again with the GPU to itself: it ran out of device memory beside other workers, or its timing was contended",
 }
 
 

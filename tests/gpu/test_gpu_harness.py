@@ -269,3 +269,26 @@ def test_cached_rebuild_is_fast(fixture_results, batch_config):
     assert second.status is Status.OK, describe(second)
     assert "build_cached" in second.flags, describe(second)
     assert second.build_s < 1.0, describe(second)
+
+
+@pytest.mark.gpu
+def test_a_helper_with_its_own_gpu_context_is_foreign_work(tmp_path):
+    """The two GPU-helper cheats (``_gpu_helper_*.py``).  Unconfined, where nothing stops the helper
+    from starting CUDA, the parent's watch sees a context of the candidate's own on the GPU while
+    it is timed: ``rejected`` + ``foreign_gpu_work``.  Confined (here at uid 0, its /proc narrowed)
+    the helper cannot start CUDA: the candidate fails, or is caught the same way; never ``ok``."""
+    from cudal1.harness import evaluate_pairs
+
+    task = load_task_file(FIXTURES / "task_matmul_relu.py")
+    names = ["_gpu_helper_while_stopped", "_gpu_helper_always"]
+    pairs = [(task, Candidate((FIXTURES / f"{n}.py").read_text(), task_hash=task.hash, label=n)) for n in names]
+    free = evaluate_pairs(pairs, gpu_config(tmp_path / "cache", confine_candidates=False))
+    confined = evaluate_pairs(pairs, gpu_config(tmp_path / "cache2"))
+    dump("helpers", {**{f"{n}_unconfined": r for n, r in zip(names, free)},
+                     **{f"{n}_confined": r for n, r in zip(names, confined)}})
+    for name, r in zip(names, free):
+        assert r.status is Status.REJECTED and "foreign_gpu_work" in r.flags, f"{name}: {describe(r)}"
+        assert "outside this judge" not in r.environment.isolation.get("gpu_sharing", ""), r.environment.isolation
+    for name, r in zip(names, confined):
+        caught = r.status is Status.REJECTED and "foreign_gpu_work" in r.flags
+        assert caught or r.status is Status.RUNTIME_ERROR, f"{name}: {describe(r)}"

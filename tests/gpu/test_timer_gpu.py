@@ -1,11 +1,13 @@
-"""The timer on the GPU (:mod:`cudal1.harness.timer`): its own kernels, the calibration, and the
-gate keeping host latency out of a call's span (the ladder in ``benchmarks/timer_ladder.py``
-measures fidelity against the profiler; these check the mechanism)."""
+"""The timer on the GPU (:mod:`cudal1.harness.timer`): its own kernels, the calibration, the gate
+keeping host latency out of a call's span, and the clean window's kernels against their host
+reference (tests/test_window.py) (the ladder in ``benchmarks/timer_ladder.py`` measures fidelity
+against the profiler; these check the mechanism)."""
 
 from __future__ import annotations
 
-import ctypes
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -23,14 +25,8 @@ def timer():
     return t
 
 
-def _spin(ns: int):
-    import torch
-
-    from cudal1.harness import cuda_api
-    from cudal1.harness.timer import _GATE_PTX
-
-    launch = cuda_api.PreparedLaunch(cuda_api.load_function(_GATE_PTX, "cudal1_spin"), 1, 1, [ctypes.c_uint64(ns)])
-    return lambda: launch(torch.cuda.current_stream().cuda_stream)
+def _spin(timer, ns: int):
+    return lambda: timer.spin(ns)
 
 
 def test_calibration_uses_the_timers_own_kernel(timer):
@@ -40,7 +36,7 @@ def test_calibration_uses_the_timers_own_kernel(timer):
 
 
 def test_a_spin_reads_its_duration(timer):
-    call = _spin(200_000)
+    call = _spin(timer, 200_000)
     spans = [timer.time_call(call, ())[0] for _ in range(10)]
     assert not any(t.blocked or t.escaped for t in spans)
     gpu = sorted(t.gpu_ms - timer.overhead_ms for t in spans)[5]
@@ -74,7 +70,86 @@ def test_a_call_that_waits_inside_opens_the_gate_and_says_so(timer):
     try:
         t, _ = timer.time_call(waits, ())
         assert t.blocked
-        t, _ = timer.time_call(_spin(1000), ())  # the next gate closes and opens as usual
+        t, _ = timer.time_call(_spin(timer, 1000), ())  # the next gate closes and opens as usual
         assert not t.blocked
     finally:
         timer.watchdog_s = saved
+
+
+def _window_reference():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    import test_window
+
+    return test_window
+
+
+@pytest.mark.parametrize("nbytes", [16, 4096 + 7, 3 * 2**20 + 5])
+def test_the_mask_kernel_is_philox_and_its_own_inverse(timer, nbytes):
+    import numpy as np
+    import torch
+
+    from cudal1.harness import window
+
+    data = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device="cuda")
+    key = window.new_key()
+    stager = window.Stager(torch.device("cuda", 0), timer.kernels)
+    stager.set_key(key)
+    masked = torch.empty_like(data)
+    stager.mask_into(masked, data, 5, key)
+    want = _window_reference().gpu_mask_reference(data.cpu().numpy().tobytes(), key, 5)
+    assert masked.cpu().numpy().tobytes() == want
+    back = torch.empty_like(data)
+    stager.mask_into(back, masked, 5, key)
+    assert torch.equal(back, data)
+    assert np.mean(masked.cpu().numpy() == data.cpu().numpy()) < 0.02
+
+
+def test_the_digest_kernel_is_the_host_digest(timer):
+    import torch
+
+    from cudal1.harness import window
+
+    stager = window.Stager(torch.device("cuda", 0), timer.kernels)
+    parts = [torch.randn(1000, 1003, device="cuda"), torch.randint(0, 9, (77,), dtype=torch.int8, device="cuda")]
+    want = sum(window.cpu_digest(window.raw_bytes(p).cpu().numpy()) for p in parts) % 2**64
+    assert stager.digest(parts) == want
+    assert stager.digest(parts) == want  # the accumulator was read and zeroed
+
+
+def test_a_windowed_call_unmasks_snapshots_digests_and_is_seen_on_the_host(timer):
+    """One call under the window in one process, as the reference worker times its own calls:
+    the private input holds the original after the gate, the output lands in its target, the
+    page holds the target's digest, and the host's window holds the event span plus a small
+    slack."""
+    import torch
+
+    from cudal1.harness import window
+    from cudal1.harness.timer import CallWindow
+
+    x = torch.randn(4096, 4096, device="cuda")
+    key = window.new_key()
+    stager = window.Stager(torch.device("cuda", 0), timer.kernels)
+    stager.set_key(key)
+    masked = torch.empty(x.numel() * 4, dtype=torch.uint8, device="cuda")
+    stager.mask_into(masked, x, 0, key)
+    mine = torch.empty_like(x)
+    target = torch.empty_like(x)
+    page, seq, marks = timer.page, timer.next_seq(), {}
+    page.set_key(key)
+    mine * 2 + 1  # the kernel's first launch loads its module (which waits for the device): not under a gate
+    torch.cuda.synchronize()
+
+    def issued(_ms):
+        marks["open"] = time.perf_counter_ns()
+        page.open(seq)
+        while page.done != seq:
+            pass
+        marks["done"] = time.perf_counter_ns()
+
+    win = CallWindow(page, seq, [(masked, window.raw_bytes(mine))], [target], issued=issued, gate_timeout_s=1.0)
+    t, out = timer.time_call(lambda a: a * 2 + 1, (mine,), window=win)
+    assert torch.equal(mine, x) and torch.equal(target, out) and torch.equal(out, x * 2 + 1)
+    assert page.digest == window.cpu_digest(window.raw_bytes(target).cpu().numpy())
+    window_ms = (marks["done"] - marks["open"]) / 1e6
+    assert t.gpu_ms <= window_ms < t.gpu_ms + 1.0, (t.gpu_ms, window_ms)
+    assert not t.blocked

@@ -40,6 +40,11 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
     r.environment.isolation = {str(k): str(v) for k, v in outcome.isolation.items()}
     if outcome.result is not None:
         r.environment.slots = outcome.result.slots
+        timing = outcome.result.timing
+        if timing is not None and timing.sealed:
+            r.environment.isolation["new_processes"] = f"{timing.sealed} ({timing.helpers} helper process(es) when sealed)"
+    if outcome.sharing is not None:
+        r.environment.isolation["gpu_sharing"] = outcome.sharing.summary()[:500]
     r.stderr_tail = _logs(outcome)
     r.config_hash = config.hash()
     r.build_s = r.phase_s.get("build", 0.0)  # extensions built inside ModelNew.__init__
@@ -48,13 +53,34 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
         r.compile_log = outcome.built.compile_log
     degenerate = outcome.task.degenerate
     try:
-        return _assemble(outcome, config, r)
+        _assemble(outcome, config, r)
+        _shared_gpu(outcome, r)
+        return r
     finally:
         if degenerate:
             r.flags.append("degenerate_task")
             r.message = (r.message + "\n" if r.message else "") + f"degenerate task: {degenerate}"
         for name in r.flags:  # the registry is the contract: a misspelt flag is the judge's bug, loudly
             check_flag(name)
+
+
+def _shared_gpu(outcome: JobOutcome, r: EvalResult) -> None:
+    """What the parent saw on the GPU while the job was timed: the candidate's own helper with a
+    context is ``foreign_gpu_work`` (rejected); anyone else makes the timing ``contended``."""
+    s = outcome.sharing
+    if s is None or not s.checked:
+        return
+    if s.candidate:
+        if r.status is Status.OK:
+            r.status = Status.REJECTED
+        r.flags.append("foreign_gpu_work")
+        r.message = (f"a process the candidate started held its own context on the GPU while it was timed: "
+                     f"{s.summary()}\n{r.message}").strip()
+        r.speedup = r.speedup_ci = None
+    elif s.others:
+        r.flags.append("contended")
+        r.message = (f"{r.message}\ncontended: the GPU was shared while this was timed ({s.summary()}); "
+                     "the timing is not trusted").strip()
 
 
 def _logs(outcome: JobOutcome) -> str:
@@ -107,6 +133,11 @@ def _no_verdict(outcome: JobOutcome, r: EvalResult, candidate: bool = False) -> 
     r.status = Status.RUNTIME_ERROR
     code = outcome.candidate_exitcode if candidate else outcome.exitcode
     who = "the candidate's process" if candidate else "worker"
+    if candidate and code == -signal.SIGSYS:  # the seal's seccomp filter (harness.child.seal)
+        r.status = Status.REJECTED
+        r.flags = ["new_process"]
+        r.message = f"the candidate's process tried to start a process after warm-up{where} and was stopped"
+        return r
     if code is not None and code < 0:
         r.flags = ["signal"]
         r.message = f"{who} killed by {_signal_name(code)}{where}"
@@ -153,6 +184,14 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
         ref, cand = f.samples(name, "ref"), f.samples(name, "cand")
         r.figures[name] = {"reference_ms": _median(ref), "candidate_ms": _median(cand),
                            "speedup": speedup(_median(ref), _median(cand)) if r.status is Status.OK else None}
+    if f.window:
+        r.figures["gpu"]["window"] = {k: v for k, v in f.window.items() if k != "mismatch"}
+        share = f.window.get("bound_share") or 0.0
+        if r.status is Status.OK and share > 0.10:
+            part = f"{share:.0%} of its time" if share < 1 else f"{share:.3g}x its time"
+            r.message = (f"{r.message}\nthe clean window checks this candidate's timing reports to within "
+                         f"{f.window['bound_ms'] * 1e3:.3g} us per call ({part}): smaller under-reports "
+                         "cannot be told from noise").strip()
     if clock == "cuda_event":  # what the device-wide join cost, and what of it each side was charged
         r.figures["gpu"]["join"] = {
             "base_ms": f.base_ms,

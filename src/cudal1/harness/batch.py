@@ -230,7 +230,9 @@ class _LocalBatch:
 
     def judge(self, i: int, gpu: int | None, prebuilt: Any) -> EvalResult:
         """Job ``i``'s verdict on ``gpu``.  With several workers per GPU, a job that ran out of
-        memory is judged again with the GPU to itself (:class:`GpuGate`); flag ``rejudged_alone``.
+        memory is judged again with the GPU to itself (:class:`GpuGate`); flag ``rejudged_alone``; so
+        is one whose timing was ``contended`` by a process outside the judge (once: if that process
+        stays, the second verdict says ``contended`` too).
         Its task is remembered (:data:`MEMORY_BOUND`): later jobs of it go straight to the GPU
         alone instead of paying a shared attempt first."""
         gate, stopping = self.gates[gpu], lambda: self.stopping
@@ -245,6 +247,9 @@ class _LocalBatch:
             gate.leave()
         if shared and out_of_memory(res) and not self.stopping:
             MEMORY_BOUND.add(job.task.hash)
+            res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
+            res.flags.append("rejudged_alone")
+        elif "contended" in res.flags and not self.stopping:  # another process used the GPU: once more, alone
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
         return res

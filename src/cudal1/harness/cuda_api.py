@@ -108,14 +108,28 @@ def byte_tensor(ptr: int, nbytes: int) -> Any:
 
 
 # ---- mapped host words (the gate) -------------------------------------------------------------
-def host_word() -> tuple[int, int]:
-    """A pinned, device-mapped 64-byte host block: (host address, device address)."""
+def host_word(nbytes: int = 64) -> tuple[int, int]:
+    """A pinned, device-mapped, zeroed host block of ``nbytes``: (host address, device address)."""
     host = ctypes.c_void_p()
-    _check(runtime().cudaHostAlloc(ctypes.byref(host), ctypes.c_size_t(64), 2), "cudaHostAlloc")  # 2: mapped
+    _check(runtime().cudaHostAlloc(ctypes.byref(host), ctypes.c_size_t(nbytes), 2), "cudaHostAlloc")  # 2: mapped
     dev = ctypes.c_void_p()
     _check(runtime().cudaHostGetDevicePointer(ctypes.byref(dev), host, 0), "cudaHostGetDevicePointer")
-    ctypes.memset(host, 0, 64)
+    ctypes.memset(host, 0, nbytes)
     return int(host.value or 0), int(dev.value or 0)
+
+
+def host_register(ptr: int, nbytes: int) -> int:
+    """Pin ``nbytes`` of this process's memory at ``ptr`` (page-aligned; e.g. a shared ``memfd``
+    mapping) and map it into the device's address space: returns its device address."""
+    _check(runtime().cudaHostRegister(ctypes.c_void_p(ptr), ctypes.c_size_t(nbytes), 3),
+           "cudaHostRegister")  # 3: portable | mapped
+    dev = ctypes.c_void_p()
+    _check(runtime().cudaHostGetDevicePointer(ctypes.byref(dev), ctypes.c_void_p(ptr), 0), "cudaHostGetDevicePointer")
+    return int(dev.value or 0)
+
+
+def host_unregister(ptr: int) -> None:
+    runtime().cudaHostUnregister(ctypes.c_void_p(ptr))
 
 
 # ---- modules and launches ---------------------------------------------------------------------

@@ -186,7 +186,7 @@ class Evaluator:
         _chmod(workdir, 0o711)
         try:
             spec, candidate = self._specs(job, workdir, device, gpu, mode)
-            outcome = run_job(spec, candidate, _limits(self.config))
+            outcome = run_job(spec, candidate, _limits(self.config), gpu if device == "cuda" else None)
             if spec is not None:
                 self._remember_exact(spec, outcome)
             if mode != "build" and self.on_timeline is not None:

@@ -15,23 +15,25 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from cudal1.flags import FLAGS
 from cudal1.harness import compare as cmp
-from cudal1.harness.slots import Slot, SlotPool, view
+from cudal1.harness.proctree import CandidateTree
+from cudal1.harness.slots import Slot, SlotError, SlotPool, dtype_of, view
+from cudal1.harness.window import raw_bytes
 from cudal1.harness.verdict import Verdict
 from cudal1.harness.wire import WireError, decode_outputs, encode_inputs, output_targets, tensor_leaves
 
 MAX_REPLY_BYTES = 32 * 1024 * 1024
 _FAILURES = {"compile_error", "runtime_error", "incorrect", "rejected", "timeout"}
 _perf = time.perf_counter
+_perf_ns = time.perf_counter_ns
 
 
 class CandidateGone(Exception):
@@ -55,14 +57,36 @@ def _verdict_from(data: Any) -> Verdict:
     return Verdict(str(data["status"]), str(data.get("message") or "")[:8000], *flags, **extra)
 
 
+@dataclass
+class TimedCall:
+    """One timed call of the candidate as the clean side saw it: the candidate's own report
+    (``row``: gpu, device, host ms, blocked, escaped) plus ``window_ms`` (key handed out → outputs'
+    digest seen, on this process's clock), whether the call was ``blocked`` (no ``issued`` within
+    the watchdog: this side opened the gate without it), the ``digest`` it published and its
+    output description ``desc``."""
+
+    row: list[Any]
+    window_ms: float
+    blocked: bool
+    digest: int
+    desc: Any
+    snapshot: dict[int, torch.Tensor] | None = None  # CPU: the output slots' bytes when "done" arrived
+
+
 class CandidateLink:
     def __init__(self, conn: Any, pool: SlotPool, device: torch.device, pid: int,
-                 on_event: Callable[[str, dict[str, Any]], None]) -> None:
+                 on_event: Callable[[str, dict[str, Any]], None], page: Any = None, tree: CandidateTree | None = None,
+                 stager: Any = None) -> None:
         self.conn = conn
         self.pool = pool
         self.device = device
         self.pid = pid
         self.on_event = on_event
+        self.page = page  # the window page shared with the candidate's process (cudal1.harness.window)
+        self.tree = tree or CandidateTree(pid)
+        self.stager = stager  # masks inputs into slots and digests output slots (window.Stager)
+        self._seq = 0
+        self.sealed = ""  # what the seal did, once done
         self.in_slots: list[Slot | None] = []
         self.out_slots: list[Slot | None] = []
         self.init_slots: list[Slot | None] = []
@@ -72,36 +96,16 @@ class CandidateLink:
 
     # ---- the wire ---------------------------------------------------------------------------
     def request(self, op: str, **payload: Any) -> dict[str, Any]:
-        fresh = [s.describe() for sid, s in self.pool.slots.items() if sid not in self._told]
-        self._told.update(d["id"] for d in fresh)
-        try:
-            self.conn.send_bytes(json.dumps({"op": op, "slots": fresh, **payload}).encode())
-        except (OSError, EOFError, BrokenPipeError) as exc:
-            raise CandidateGone(f"the candidate's process is gone ({exc})") from None
+        self.send(op, **payload)
         return self.read()
 
     def read(self) -> dict[str, Any]:
         """The next reply, after handing any events to ``on_event``."""
         while True:
-            try:
-                raw = self.conn.recv_bytes(MAX_REPLY_BYTES)
-            except (OSError, EOFError) as exc:
-                raise CandidateGone("the candidate's process ended without answering") from exc
-            try:
-                reply = json.loads(raw)
-            except ValueError:
-                raise Verdict("rejected", "the candidate's process sent an undecodable reply", "tampering") from None
-            if not isinstance(reply, dict):
-                raise Verdict("rejected", "the candidate's process sent a malformed reply", "tampering")
+            reply = self._next()
             if "event" in reply:
                 self.on_event(str(reply["event"]), reply)
                 continue
-            if "verdict" in reply:
-                raise _verdict_from(reply["verdict"])
-            if "slot_error" in reply:
-                if self.pool.transport != "ipc":
-                    raise Verdict("runtime_error", f"the candidate's process cannot open its slots: {reply['slot_error']}"[:2000])
-                raise _HostFallback(str(reply["slot_error"]))
             return reply
 
     def _retrying(self, build: Callable[[], tuple[str, dict[str, Any]]]) -> dict[str, Any]:
@@ -111,12 +115,7 @@ class CandidateLink:
             op, payload = build()
             return self.request(op, **payload)
         except _HostFallback as why:
-            print(f"cudal1: slots moved to host memory: the candidate's process could not open them ({why})",
-                  file=sys.stderr, flush=True)
-            self.pool.use_host()
-            self.in_slots, self.out_slots, self.init_slots = [], [], []
-            self.host_fallback = True
-            self.fallback_reason = str(why)
+            self._to_host(why)
             op, payload = build()
             return self.request(op, **payload)
 
@@ -134,10 +133,19 @@ class CandidateLink:
             pass
 
     # ---- inputs and outputs -----------------------------------------------------------------
-    def stage(self, inputs: list, slots: list[Slot | None] | None = None) -> dict[str, Any]:
-        """Copy ``inputs`` into slots (the candidate gets private copies of them)."""
+    def stage(self, inputs: list, slots: list[Slot | None] | None = None,
+              key: tuple[int, int, int, int] | None = None) -> dict[str, Any]:
+        """Copy ``inputs`` into slots (the candidate gets private copies of them); with ``key``,
+        masked with it (a timed call: :mod:`cudal1.harness.window`)."""
         slots = self.in_slots if slots is None else slots
-        desc = encode_inputs(list(inputs), self.pool, slots)
+        put = None
+        if key is not None:
+            self.stager.set_key(key)
+
+            def put(view: torch.Tensor, t: torch.Tensor, lane: int) -> None:
+                self.stager.mask_into(view, t, lane, key)
+
+        desc = encode_inputs(list(inputs), self.pool, slots, put=put)
         if self.device.type == "cuda":
             torch.cuda.synchronize()  # the candidate's process reads them from another context
         return desc
@@ -151,13 +159,41 @@ class CandidateLink:
         except (WireError, KeyError, TypeError, ValueError) as exc:
             raise Verdict("rejected", f"the candidate's process described its output wrongly ({exc})", "tampering") from None
 
-    def inputs_intact(self, inputs: list) -> bool:
-        """The input slots still hold ``inputs`` (the candidate's process only gets copies; a slot
-        that changed was written through its mapping)."""
+    def inputs_intact(self, inputs: list, key: tuple[int, int, int, int] | None = None) -> bool:
+        """The input slots still hold ``inputs`` (masked with ``key`` for a timed call; the
+        candidate's process only gets copies: a slot that changed was written through its mapping)."""
         tensors = tensor_leaves(list(inputs))
         views = [view(self.in_slots[i].raw, t.dtype, list(t.shape)).to(t.device)  # type: ignore[union-attr]
                  for i, t in enumerate(tensors)]
+        if key is not None:
+            self.stager.set_key(key)
+            wanted = [torch.empty(list(t.shape), dtype=t.dtype, device=t.device) for t in tensors]
+            for lane, (w, t) in enumerate(zip(wanted, tensors)):
+                self.stager.mask_into(w, t, lane, key)
+            tensors = wanted
         return cmp.tensors_equal(tensors, views)
+
+    def outputs_held(self, timed: TimedCall) -> bool:
+        """Whether the output slots the call's description names hold what they held when its
+        window closed: on a GPU, their digest (computed here) is the one the call published; on
+        the CPU, they equal this side's snapshot taken when ``done`` arrived."""
+        views, ids = [], []
+        for node in _tensor_nodes(timed.desc):
+            sid = node.get("slot")
+            if isinstance(sid, int) and sid in self.pool.slots:
+                try:
+                    views.append(view(self.pool.slots[sid].raw, dtype_of(str(node["dtype"])),
+                                      [int(x) for x in node["shape"]]))
+                except (SlotError, KeyError, TypeError, ValueError):
+                    return False
+                ids.append(sid)
+        if timed.snapshot is None:
+            return self.stager.digest(views) == timed.digest
+        for sid, v in zip(ids, views):
+            snap = timed.snapshot.get(sid)
+            if snap is None or not torch.equal(raw_bytes(v), snap[:v.numel() * v.element_size()]):
+                return False
+        return True
 
     # ---- requests ---------------------------------------------------------------------------
     def construct(self, init: list, seed: int) -> dict[str, Any]:
@@ -178,18 +214,138 @@ class CandidateLink:
             probe = []
         return [float(x) for x in reply.get("host_ms") or []], [float(x) for x in probe]
 
-    def time(self, inputs: list, ref_out: Any, keep: bool, where: str) -> tuple[list[Any], Any, float]:
-        """One timed call in the candidate's process: (timing row, output or None, the wall time
-        of the exchange on this process's clock)."""
-        t0 = _perf()
-        reply = self._retrying(lambda: ("time", {"inputs": self.stage(inputs), "keep": keep, "where": where,
-                                                 "targets": self.targets(ref_out) if keep else []}))
-        wall_ms = (_perf() - t0) * 1e3
+    def time(self, inputs: list, ref_out: Any, key: tuple[int, int, int, int], where: str,
+             watchdog_s: float) -> TimedCall:
+        """One timed call in the candidate's process under the clean window: stage the inputs
+        masked with ``key``, ask for the call, wait (``watchdog_s`` at most) until it is issued,
+        hand out the key (the window opens), wait until its outputs' digest appears (the window
+        closes), then read its report.  The candidate is never told which calls are re-checked."""
+        try:
+            return self._time(inputs, ref_out, key, where, watchdog_s)
+        except _HostFallback as why:
+            self._to_host(why)
+            return self._time(inputs, ref_out, key, where, watchdog_s)
+
+    def _time(self, inputs: list, ref_out: Any, key: tuple[int, int, int, int], where: str,
+              watchdog_s: float) -> TimedCall:
+        self._seq += 1
+        seq = self._seq
+        desc = self.stage(inputs, key=key)
+        targets = self.targets(ref_out)
+        snapshot: dict[int, torch.Tensor] | None = None
+        self.send("time", inputs=desc, targets=targets, seq=seq, where=where)
+        blocked = self._await("issued", watchdog_s) is None
+        if self.device.type == "cuda" and not blocked:
+            self.page.await_started(seq)  # the gate runs: its launch stays out of the window
+        t_open = _perf_ns()
+        if self.device.type == "cuda":
+            self.page.open(seq, key)
+            t_done, early = self._await_page(seq)
+            digest = self.page.digest
+        else:  # a host has no gate: the key travels in a message; host slots are read here at once
+            self.conn.send_bytes(json.dumps({"op": "go", "key": list(key)}).encode())
+            self._await("done", None)
+            t_done, early, digest = _perf_ns(), None, 0
+            snapshot = {t["slot"]: self.pool.slots[t["slot"]].raw.clone() for t in targets if t}
+        reply = early if early is not None else self._final()
+        if t_done is None:
+            if self.page.done != (seq & 0xFFFFFFFF):
+                raise Verdict("rejected", f"{where}: the call's end was never published", "timing_mismatch")
+            t_done = _perf_ns()
         row = reply.get("timing")
         if not (isinstance(row, list) and len(row) == 5 and all(isinstance(x, (int, float, bool)) for x in row)):
             raise Verdict("rejected", "the candidate's process reported a malformed timing", "tampering")
-        out = self.outputs(reply["out"]) if keep and "out" in reply else None
-        return [float(row[0]), float(row[1]), float(row[2]), bool(row[3]), bool(row[4])], out, wall_ms
+        row = [float(row[0]), float(row[1]), float(row[2]), bool(row[3]) or blocked, bool(row[4])]
+        if "out" not in reply:
+            raise Verdict("rejected", f"{where}: the candidate's process described no output", "tampering")
+        return TimedCall(row, (t_done - t_open) / 1e6, blocked, digest, reply["out"], snapshot)
+
+    def send(self, op: str, **payload: Any) -> None:
+        fresh = [s.describe() for sid, s in self.pool.slots.items() if sid not in self._told]
+        self._told.update(d["id"] for d in fresh)
+        try:
+            self.conn.send_bytes(json.dumps({"op": op, "slots": fresh, **payload}).encode())
+        except (OSError, EOFError, BrokenPipeError) as exc:
+            raise CandidateGone(f"the candidate's process is gone ({exc})") from None
+
+    def _next(self) -> dict[str, Any]:
+        """The next message, whatever it is (a ``verdict`` raises, a slot error falls back)."""
+        try:
+            raw = self.conn.recv_bytes(MAX_REPLY_BYTES)
+        except (OSError, EOFError) as exc:
+            raise CandidateGone("the candidate's process ended without answering") from exc
+        try:
+            reply = json.loads(raw)
+        except ValueError:
+            raise Verdict("rejected", "the candidate's process sent an undecodable reply", "tampering") from None
+        if not isinstance(reply, dict):
+            raise Verdict("rejected", "the candidate's process sent a malformed reply", "tampering")
+        if "verdict" in reply:
+            raise _verdict_from(reply["verdict"])
+        if "slot_error" in reply:
+            if self.pool.transport != "ipc":
+                raise Verdict("runtime_error", f"the candidate's process cannot open its slots: {reply['slot_error']}"[:2000])
+            raise _HostFallback(str(reply["slot_error"]))
+        return reply
+
+    def _await(self, event: str, timeout_s: float | None) -> dict[str, Any] | None:
+        """Read until ``event`` arrives (other events go to ``on_event``); None after ``timeout_s``."""
+        deadline = None if timeout_s is None else _perf() + timeout_s
+        while True:
+            if deadline is not None and not self.conn.poll(max(0.0, deadline - _perf())):
+                return None
+            reply = self._next()
+            if reply.get("event") == event:
+                return reply
+            if "event" in reply:
+                self.on_event(str(reply["event"]), reply)
+                continue
+            raise Verdict("rejected", f"the candidate's process answered before its call was {event}", "tampering")
+
+    def _await_page(self, seq: int) -> tuple[int | None, dict[str, Any] | None]:
+        """Spin until the page says ``seq`` is done: (this clock's time then, None), or (None, the
+        reply that came first: the call failed, or its process answered without publishing)."""
+        page, want, poll = self.page, seq & 0xFFFFFFFF, self.conn.poll
+        while True:
+            for _ in range(4096):
+                if page.done == want:
+                    return _perf_ns(), None
+            if poll(0):
+                reply = self._next()
+                if "event" in reply:
+                    if reply["event"] != "issued":
+                        self.on_event(str(reply["event"]), reply)
+                    continue
+                return None, reply
+
+    def _final(self) -> dict[str, Any]:
+        """The call's report (a late ``issued`` or ``done`` is skipped)."""
+        while True:
+            reply = self._next()
+            if reply.get("event") in ("issued", "done"):
+                continue
+            if "event" in reply:
+                self.on_event(str(reply["event"]), reply)
+                continue
+            return reply
+
+    def _to_host(self, why: Any) -> None:
+        print(f"cudal1: slots moved to host memory: the candidate's process could not open them ({why})",
+              file=sys.stderr, flush=True)
+        self.pool.use_host()
+        self.in_slots, self.out_slots, self.init_slots = [], [], []
+        self.host_fallback = True
+        self.fallback_reason = str(why)
+
+    def seal(self) -> str:
+        """Warm-up is over: the candidate's process seals itself against new processes, and the
+        set of processes it has (compile workers, helpers) is fixed for pausing and for the final
+        count.  Returns what the seal did (``applied: ...`` / ``refused: ...``)."""
+        if not self.sealed:
+            reply = self.request("seal")
+            self.tree.freeze()
+            self.sealed = str(reply.get("sealed") or "refused: no answer")[:300]
+        return self.sealed
 
     def reuse(self, first: list, second: list, ref_out: Any) -> Any:
         """The address-reuse probe (None when the inputs cannot be written in place)."""
@@ -207,19 +363,39 @@ class CandidateLink:
 
     # ---- the process ------------------------------------------------------------------------
     def pause(self) -> None:
-        """Stop the candidate's process group while the reference is timed: no thread of its
-        can launch GPU work then."""
-        self._signal(signal.SIGSTOP)
+        """Stop the candidate's process and everything it started, in any session or process
+        group (:class:`~cudal1.harness.proctree.CandidateTree`), while the reference is timed: no
+        thread of theirs can launch work then."""
+        if self.pid > 0:
+            self.tree.stop()
 
     def resume(self) -> None:
-        self._signal(signal.SIGCONT)
-
-    def _signal(self, sig: int) -> None:
         if self.pid > 0:
-            try:
-                os.killpg(self.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                try:
-                    os.kill(self.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
+            self.tree.cont()
+
+
+def _tensor_nodes(desc: Any, depth: int = 0) -> list[dict[str, Any]]:
+    """The tensor nodes of an output description, in order (malformed parts are skipped: the
+    description is decoded, and judged, separately)."""
+    if not isinstance(desc, dict) or depth > 16:
+        return []
+    if desc.get("t") == "tensor":
+        return [desc]
+    items = desc.get("items")
+    if not isinstance(items, list):
+        return []
+    if desc.get("t") == "dict":
+        return [n for pair in items if isinstance(pair, list) and len(pair) == 2 for n in _tensor_nodes(pair[1], depth + 1)]
+    return [n for x in items for n in _tensor_nodes(x, depth + 1)]
+
+
+def described(desc: Any) -> bool:
+    """Whether an output description holds a leaf the clean side did not receive as data."""
+    if isinstance(desc, dict):
+        if desc.get("t") == "obj" or (desc.get("t") == "tensor" and desc.get("slot") is None):
+            return True
+        items = desc.get("items")
+        if isinstance(items, list):
+            return any(described(p[1] if desc.get("t") == "dict" and isinstance(p, list) and len(p) == 2 else p)
+                       for p in items)
+    return False

@@ -23,15 +23,20 @@ from typing import Any
 import torch
 
 from cudal1.harness import compare as cmp
-from cudal1.harness.link import CandidateLink
+from cudal1.harness import window
+from cudal1.harness.link import CandidateLink, described
 from cudal1.harness.memory import poison_free_blocks
 from cudal1.harness.numerics import ExactAnswers, ExactReference, LeafCheck, deviation
 from cudal1.harness.spec import TimingStage
 from cudal1.harness.stats import figures
-from cudal1.harness.timer import make_timer
+from cudal1.harness.proctree import name_of
+from cudal1.harness.timer import CallWindow, make_timer
+from cudal1.harness.window import Stager, raw_bytes
+from cudal1.harness.wire import output_leaves, tensor_leaves
 from cudal1.harness.verdict import Verdict
 
 _perf = time.perf_counter
+_perf_ns = time.perf_counter_ns
 
 
 def output_bytes(out: Any) -> int:
@@ -51,6 +56,7 @@ class Measurement:
     answers: ExactAnswers
     recheck_limits: dict[str, tuple[float, float]]
     extra_flags: list[str]
+    fixed_layout: bool = True  # the reference's outputs had one layout in every correctness trial
 
     def make_inputs(self, seed: int) -> list:
         """Fresh inputs from the task's ``get_inputs`` under ``seed``, created on the device.
@@ -85,6 +91,7 @@ class Measurement:
     def correctness(self, ref_model: Any, link: CandidateLink, seed0: int, trials: int) -> tuple[dict, dict]:
         """Fresh inputs per trial; the reference runs here, the candidate in its own process."""
         est: dict[str, list[float]] = {"ref": [], "cand": []}
+        layouts: set[tuple] = set()  # the reference's output layouts: one, unless they depend on the inputs
         corr = {"trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None, "detail": "",
                 "by_dtype": {}, "exact_checks": {}, "fixed_outputs": {}}
         for i in range(trials):
@@ -95,6 +102,8 @@ class Measurement:
                 exact = self.exact(cmp.clone_tree(inputs))
             ref_out, ms = self.run_model(ref_model, cmp.clone_tree(inputs))
             est["ref"].append(ms)
+            layouts.add(tuple((str(x.dtype), tuple(x.shape)) for x in output_leaves(ref_out) if isinstance(x, torch.Tensor)))
+            self.fixed_layout = len(layouts) == 1
             try:
                 cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
             except Verdict as v:
@@ -133,21 +142,32 @@ class Measurement:
     # ---- timing ------------------------------------------------------------------------------
     def timing(self, ref_model: Any, link: CandidateLink, est: dict, recheck_fraction: float, seed_offset: int = 20_000,
                max_trials: int | None = None) -> dict[str, Any]:
-        """Both sides timed by the same timer, in blocks whose order is random in every round."""
+        """Both sides timed by the same timer under the clean window, in blocks whose order is
+        random in every round; the candidate's process is sealed after warm-up."""
         timer = make_timer(self.device, self.cfg.flush_l2)
         timer.calibrate()
+        stager = link.stager = Stager(self.device, getattr(timer, "kernels", None))
+        page = timer.page if self.device.type == "cuda" else window.cpu_page()
         rng = random.Random(self.input_seed ^ 0x5EED ^ seed_offset)
         t_gen = self.time_input_generation()
         host: list[float] = []
+        cand_host: list[float] = []
         cand_join: list[float] = []
+        template: Any = None
         for w in range(self.cfg.warmup_calls):
             inputs = self.make_inputs(self.input_seed + 10_000 + w)
             t, out = timer.time_call(ref_model, tuple(inputs), check_escape=False)
             host.append(t.host_ms)
+            template = out if template is None else template
             del out
-            _, probe = link.warmup(inputs, join=w == 0)
+            issued, probe = link.warmup(inputs, join=w == 0)
+            cand_host.extend(issued)
             cand_join = cand_join or probe
         timer.set_watchdog(host)
+        # how long the candidate's call may take to be issued before the gate is opened without it
+        # (its own warm-up, as it reported it: a longer wait gains a cheat nothing, the key is still held)
+        cand_watchdog = min(1.0, max(0.005, 4e-3 * max(cand_host, default=0.0)))
+        sealed = link.seal()
         per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 4e-4
         n = int(min(self.cfg.timing_trials, max(self.cfg.min_timing_trials, self.cfg.timing_budget_s / per_pair_s)))
         n = min(n, max_trials or n)
@@ -157,6 +177,7 @@ class Measurement:
         seed0 = self.input_seed + seed_offset
         size = max(1, self.cfg.timing_block)
         done = {"ref": 0, "cand": 0}
+        refs = _RefWindow(self, timer, stager, page, template)
         while done["ref"] < n or done["cand"] < n:
             for who in rng.sample(["ref", "cand"], 2):
                 calls = list(range(done[who], min(n, done[who] + size)))
@@ -164,42 +185,60 @@ class Measurement:
                     continue
                 t0 = _perf()
                 if who == "ref":
-                    self.ref_block(timer, ref_model, link, calls, seed0, rows["ref"])
+                    self.ref_block(refs, ref_model, link, calls, seed0, rows["ref"])
                 else:
-                    self.cand_block(ref_model, link, calls, seed0, recheck, rows["cand"])
+                    self.cand_block(ref_model, link, calls, seed0, recheck, rows["cand"], template, cand_watchdog)
                 blocks.append([who, len(calls), (_perf() - t0) * 1e3])
                 done[who] += len(calls)
+        self.no_new_processes(link)
         self.address_reuse_probe(ref_model, link, seed0 + 2 * n + 1)
         return {"timing": {"clock": timer.clock, "ref": rows["ref"], "cand": rows["cand"], "blocks": blocks,
-                           "overhead_ms": timer.overhead_ms, "calibration": timer.calibration, "cand_join": cand_join},
+                           "overhead_ms": timer.overhead_ms, "calibration": timer.calibration, "cand_join": cand_join,
+                           "sealed": sealed, "helpers": len(link.tree.helpers())},
                 "rechecked": len(recheck)}
 
-    def ref_block(self, timer: Any, ref_model: Any, link: CandidateLink, calls: list[int], seed0: int,
+    def no_new_processes(self, link: CandidateLink) -> None:
+        """After the timed calls: the candidate's process started nothing since it was sealed."""
+        new = link.tree.new_since_freeze()
+        if new:
+            names = ", ".join(f"{pid} ({name_of(pid)})" for pid in sorted(new)[:5])
+            raise Verdict("rejected", f"the candidate's process started {len(new)} process(es) after warm-up: {names}",
+                          "new_process")
+
+    def ref_block(self, refs: "_RefWindow", ref_model: Any, link: CandidateLink, calls: list[int], seed0: int,
                   rows: list[list[Any]]) -> None:
         link.pause()
         try:
             for t in calls:
-                inputs = self.make_inputs(seed0 + 2 * t)
-                ct, out = timer.time_call(ref_model, tuple(inputs), check_escape=False)
-                rows.append([ct.gpu_ms, ct.device_ms, ct.host_ms, ct.blocked, ct.escaped])
-                del out, inputs
+                rows.append(refs.time(ref_model, self.make_inputs(seed0 + 2 * t)))
         finally:
             link.resume()
 
     def cand_block(self, ref_model: Any, link: CandidateLink, calls: list[int], seed0: int, recheck: set[int],
-                   rows: list[list[Any]]) -> None:
+                   rows: list[list[Any]], template: Any, watchdog_s: float) -> None:
+        """The candidate's calls under the window; its digest is checked against the slots on every
+        call, and a secret sample of calls is re-checked against the reference afterwards."""
         for t in calls:
+            where = f"timed call {t}"
             inputs = self.make_inputs(seed0 + 2 * t + 1)
-            keep = t in recheck
-            pristine = cmp.clone_tree(inputs) if keep else None
-            ref_out = self.run_model(ref_model, cmp.clone_tree(inputs))[0] if keep else None
-            row, out, wall_ms = link.time(inputs, ref_out, keep, f"timed call {t}")
-            rows.append(row + [wall_ms])
-            if keep:
-                if not link.inputs_intact(pristine):
-                    raise Verdict("rejected", f"timed call {t}: the input slots were written", "input_mutation")
-                self.recheck(f"timed call {t}", ref_out, out)
-            del out, inputs, pristine, ref_out
+            ref_out = None if self.fixed_layout else self.run_model(ref_model, cmp.clone_tree(inputs))[0]
+            key = window.new_key()
+            timed = link.time(inputs, template if ref_out is None else ref_out, key, where, watchdog_s)
+            rows.append(timed.row + [timed.window_ms])
+            if not link.outputs_held(timed):
+                raise Verdict("rejected", f"{where}: the outputs it published when it ended are not the outputs in its "
+                                          "slots", "timing_mismatch")
+            if bool(timed.row[4]):
+                continue  # its own process saw the output change after the calling stream ended: side_stream (stats)
+            if t in recheck or described(timed.desc):
+                out = link.outputs(timed.desc)
+                if not link.inputs_intact(inputs, key):
+                    raise Verdict("rejected", f"{where}: the input slots were written", "input_mutation")
+                if ref_out is None:
+                    ref_out = self.run_model(ref_model, cmp.clone_tree(inputs))[0]
+                self.recheck(where, ref_out, out)
+                del out
+            del inputs, ref_out
 
     def recheck(self, where: str, ref_out: Any, out: Any) -> None:
         """A timed output must match the reference's output on that call's own fresh inputs."""
@@ -285,6 +324,80 @@ class Measurement:
             return None
         out = ref_model(*self.make_inputs(self.input_seed + 70_001))
         return output_bytes(out) / peak * 1e3
+
+
+class _RefWindow:
+    """The reference's timed calls under the same window as the candidate's, in this process: its
+    inputs masked into this process's own buffers and unmasked after the gate, its outputs
+    snapshotted into buffers shaped like the slots and digested, the gate opened by this process
+    once the call is issued, and the window read on the same clock (so both sides' slack, window
+    minus event span, holds the same work)."""
+
+    def __init__(self, owner: Measurement, timer: Any, stager: Stager, page: Any, template: Any) -> None:
+        self.owner, self.timer, self.stager, self.page = owner, timer, stager, page
+        self.device = owner.device
+        self.targets = [torch.empty_like(x) for x in output_leaves(template) if isinstance(x, torch.Tensor)]
+        self.buffers: list[torch.Tensor] = []
+
+    def _buffer(self, lane: int, nbytes: int) -> torch.Tensor:
+        while len(self.buffers) <= lane:
+            self.buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
+        if self.buffers[lane].numel() < nbytes:
+            self.buffers[lane] = torch.empty(max(16, nbytes), dtype=torch.uint8, device=self.device)
+        return self.buffers[lane]
+
+    def time(self, ref_model: Any, inputs: list) -> list[Any]:
+        """One call; its row ``[gpu, device, host, blocked, escaped, window]`` (ms)."""
+        key = window.new_key()
+        self.stager.set_key(key)
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        privates: list[torch.Tensor] = []
+        for lane, x in enumerate(tensor_leaves(inputs)):
+            nbytes = x.numel() * x.element_size()
+            masked = self._buffer(lane, nbytes)[:nbytes]
+            self.stager.mask_into(masked, x, lane, key)
+            mine = torch.empty(tuple(x.shape), dtype=x.dtype, device=self.device)
+            pairs.append((masked, raw_bytes(mine)))
+            privates.append(mine)
+        args = _replace_tensors(inputs, iter(privates))
+        seq = self.timer.next_seq()
+        marks: dict[str, int] = {}
+        if self.device.type == "cuda":
+            self.page.set_key(key)
+            self.owner.sync()  # the masking above is done before the gate's clock matters
+            win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: self._open(seq, marks),
+                             gate_timeout_s=self.timer.watchdog_s)
+        else:
+            win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: marks.setdefault("open", _perf_ns()),
+                             key=lambda: key, published=lambda _d: marks.setdefault("done", _perf_ns()))
+        ct, out = self.timer.time_call(ref_model, tuple(args), check_escape=False, window=win)
+        del out, args, privates
+        return [ct.gpu_ms, ct.device_ms, ct.host_ms, ct.blocked, ct.escaped, (marks["done"] - marks["open"]) / 1e6]
+
+    def _open(self, seq: int, marks: dict[str, int]) -> None:
+        """Open this process's own gate (once it runs) and watch its page until the call's digest
+        is there."""
+        self.page.await_started(seq)
+        marks["open"] = _perf_ns()
+        self.page.open(seq)
+        deadline = marks["open"] + 120 * 10**9
+        want = seq & 0xFFFFFFFF
+        while self.page.done != want:
+            if _perf_ns() > deadline:
+                raise RuntimeError("the reference's timed call never completed on the device")
+        marks["done"] = _perf_ns()
+
+
+def _replace_tensors(tree: Any, fresh: Any) -> Any:
+    """``tree`` with its tensor leaves replaced, in :func:`tensor_leaves` order, from ``fresh``."""
+    if isinstance(tree, torch.Tensor):
+        return next(fresh)
+    if isinstance(tree, (list, tuple)):
+        items = [_replace_tensors(x, fresh) for x in tree]
+        return items if isinstance(tree, list) else tuple(items)
+    if isinstance(tree, dict):
+        return {k: _replace_tensors(v, fresh) for k, v in tree.items()}
+    return tree
 
 
 def compare_described(ref_out: Any, out: Any, table: dict[str, tuple[float, float]], device_type: str,

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from cudal1.harness import window
 from cudal1.harness.channel import Sender
 from cudal1.harness.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.faults import is_out_of_memory, runtime_error_parts
@@ -30,6 +31,7 @@ from cudal1.harness.lease import Lease
 from cudal1.harness.link import CandidateGone, CandidateLink
 from cudal1.harness.measure import Measurement, scrub
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
+from cudal1.harness.proctree import CandidateTree
 from cudal1.harness.numerics import ExactAnswers, ExactReference
 from cudal1.harness.slots import SlotPool
 from cudal1.harness.spec import WorkerSpec
@@ -47,8 +49,9 @@ def classify_runtime(exc: BaseException, phase: str) -> Verdict:
 
 
 class RefWorker(Measurement):
-    def __init__(self, spec: WorkerSpec, sender: Sender, link_conn: Any) -> None:
+    def __init__(self, spec: WorkerSpec, sender: Sender, link_conn: Any, page_fd: int | None = None) -> None:
         self.spec = spec
+        self.page = window.attach(page_fd) if page_fd is not None else window.cpu_page()  # the candidate's window
         self.cfg = spec.config
         self.sender = sender
         self.link_conn = link_conn
@@ -83,7 +86,8 @@ class RefWorker(Measurement):
             phase = "import"
             self.enter(phase, "none")  # the candidate imports (and builds) on the CPU
             link = self.link = CandidateLink(self.link_conn, SlotPool(self.device, self.spec.slot_dir), self.device,
-                                             self.spec.candidate_pid, self.on_event)
+                                             self.spec.candidate_pid, self.on_event, page=self.page,
+                                             tree=CandidateTree(self.spec.candidate_pid, sibling_root=os.getppid()))
             imported = link.read()
             result.update(build_s=imported.get("build_s"), compile_log=str(imported.get("compile_log") or "")[-20000:])
             phase = "construct"
@@ -254,7 +258,7 @@ class RefWorker(Measurement):
             return 0
 
 
-def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: Any) -> None:
+def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: Any, page_fd: int | None = None) -> None:
     """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``."""
     for name, value in spec.env.items():
         os.environ[name] = value
@@ -264,7 +268,7 @@ def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: An
     redirect_output(spec.log_path)
     arm_stall_dump(spec.config, "setup")
     try:
-        RefWorker(spec, Sender(conn, key_holder.pop()), link_conn).run()
+        RefWorker(spec, Sender(conn, key_holder.pop()), link_conn, page_fd).run()
     except BaseException as exc:  # noqa: BLE001 - the channel itself failed
         print(f"cudal1 reference worker: internal failure: {exc!r}", file=sys.stderr)
     finally:

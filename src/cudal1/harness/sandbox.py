@@ -32,7 +32,10 @@ from typing import Any
 
 from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
 from cudal1.harness.launcher import get_context, launching
+from cudal1.harness.gpu_share import GpuWatch, Sharing
 from cudal1.harness.numerics import LeafCheck
+from cudal1.harness.proctree import CandidateTree, parent_of
+from cudal1.harness.window import shared_page
 from cudal1.harness.spec import BuildStage, CandidateSpec, TaskFindings, WorkerSpec, WorkerVerdict
 
 _EXIT_GRACE_S = 15.0
@@ -61,6 +64,7 @@ class JobOutcome:
     candidate_exitcode: int | None = None
     candidate_gone: bool = False  # the reference worker saw the candidate's process end first
     candidate_log_tail: str = ""
+    sharing: Sharing | None = None  # who else held a context on the GPU while the job was timed (GPU jobs)
 
 
 def _reader(who: str, conn: Any, out: "queue.Queue[tuple[str, bytes | None]]") -> None:
@@ -169,25 +173,41 @@ def _child_start(keep: list[int]) -> None:
     _forget_inherited_helpers()
 
 
-def _candidate_target(spec: CandidateSpec, conn: Any, key_holder: list, link: Any) -> None:
-    _child_start([conn.fileno()] + ([link.fileno()] if link is not None else []))
+class _Fd:
+    """A descriptor handed to a forkserver child: duplicated into it as the process starts."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any]]:
+        from multiprocessing import reduction
+
+        return _Fd._rebuilt, (reduction.DupFd(self.fd),)
+
+    @staticmethod
+    def _rebuilt(dup: Any) -> "_Fd":
+        return _Fd(dup.detach())
+
+
+def _candidate_target(spec: CandidateSpec, conn: Any, key_holder: list, link: Any, page: _Fd | None = None) -> None:
+    _child_start([conn.fileno()] + ([link.fileno()] if link is not None else []) + ([page.fd] if page else []))
     from cudal1.harness.child.worker import candidate_entry
 
-    candidate_entry(spec, conn, key_holder, link)  # empties key_holder: the key ends up in the audit hook only
+    candidate_entry(spec, conn, key_holder, link, page.fd if page else None)  # empties key_holder
 
 
-def _reference_target(spec: WorkerSpec, conn: Any, key_holder: list, link: Any) -> None:
-    _child_start([conn.fileno(), link.fileno()])
+def _reference_target(spec: WorkerSpec, conn: Any, key_holder: list, link: Any, page: _Fd | None = None) -> None:
+    _child_start([conn.fileno(), link.fileno()] + ([page.fd] if page else []))
     from cudal1.harness.refworker import reference_entry
 
-    reference_entry(spec, conn, key_holder, link)
+    reference_entry(spec, conn, key_holder, link, page.fd if page else None)
 
 
-def _start(ctx: Any, target: Any, spec: Any, extra: Any) -> tuple[Any, Any, bytes]:
+def _start(ctx: Any, target: Any, spec: Any, extra: Any, page: _Fd | None = None) -> tuple[Any, Any, bytes]:
     """Start one child: (process, read end of its signed channel, its key)."""
     key = secrets.token_bytes(32)
     recv_conn, send_conn = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=target, args=(spec, send_conn, [key], extra), daemon=False)
+    proc = ctx.Process(target=target, args=(spec, send_conn, [key], extra, page), daemon=False)
     with launching():
         proc.start()
     with _live_lock:
@@ -196,21 +216,29 @@ def _start(ctx: Any, target: Any, spec: Any, extra: Any) -> tuple[Any, Any, byte
     return proc, recv_conn, key
 
 
-def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str, float]) -> JobOutcome:
+def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str, float],
+            gpu: int | None = None) -> JobOutcome:
     """Run one job; ``limits`` maps phase name -> seconds (``setup``, ``import``, ...).  ``spec``
     None (build mode): the candidate's process alone imports the candidate.  Otherwise the clean
-    reference worker runs the job and drives the candidate's process over a private pipe."""
+    reference worker runs the job and drives the candidate's process over a private pipe; on a GPU
+    (``gpu``: its nvidia-smi index) the parent watches who else holds a context on it while the
+    job is timed (:mod:`cudal1.harness.gpu_share`)."""
     ctx = get_context()
     outcome = JobOutcome()
     t0 = time.monotonic()
     procs: list[Any] = []
     conns: list[Any] = []
     messages: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
+    page: _Fd | None = None
+    tree: CandidateTree | None = None
+    watch: GpuWatch | None = None
     try:
         link_ref = link_cand = None
         if spec is not None:
             link_ref, link_cand = ctx.Pipe(duplex=True)
-        cand_proc, cand_recv, cand_key = _start(ctx, _candidate_target, candidate, link_cand)
+            page = _Fd(shared_page())  # the clean window's page (cudal1.harness.window)
+        cand_proc, cand_recv, cand_key = _start(ctx, _candidate_target, candidate, link_cand, page)
+        tree = CandidateTree(cand_proc.pid or 0, sibling_root=parent_of(cand_proc.pid or 0))
         procs.append(cand_proc)
         conns.append(cand_recv)
         threading.Thread(target=_reader, args=("cand", cand_recv, messages), daemon=True).start()
@@ -218,14 +246,24 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
         if spec is not None:
             link_cand.close()
             spec = dataclasses.replace(spec, candidate_pid=cand_proc.pid or 0)
-            ref_proc, ref_recv, ref_key = _start(ctx, _reference_target, spec, link_ref)
+            ref_proc, ref_recv, ref_key = _start(ctx, _reference_target, spec, link_ref, page)
             link_ref.close()
             procs.append(ref_proc)
             conns.append(ref_recv)
             receivers["ref"] = Receiver(ref_key)
             threading.Thread(target=_reader, args=("ref", ref_recv, messages), daemon=True).start()
-        _monitor(procs, messages, receivers, limits, outcome, t0, spec if spec is not None else candidate)
+            if gpu is not None and spec.device == "cuda":
+                watch = GpuWatch(gpu, ref_proc.pid or 0, tree)
+        try:
+            _monitor(procs, messages, receivers, limits, outcome, t0, spec if spec is not None else candidate, watch)
+        finally:
+            if watch is not None:
+                outcome.sharing = watch.stop()
     finally:
+        if page is not None:
+            os.close(page.fd)
+        if tree is not None and tree.pid:
+            tree.kill()  # the candidate's process and everything it started, in any session
         for proc in procs:
             _kill_group(proc)
         if spec is not None and outcome.result is not None and not outcome.candidate_gone:
@@ -243,7 +281,8 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
 
 
 def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]", receivers: dict[str, Receiver],
-             limits: dict[str, float], outcome: JobOutcome, t0: float, spec: Any = None) -> None:
+             limits: dict[str, float], outcome: JobOutcome, t0: float, spec: Any = None,
+             watch: GpuWatch | None = None) -> None:
     """Read both children's signed messages until the verdict (or a deadline, or tampering).
     The phases (and so the deadlines) are the reference worker's; in build mode, the candidate's
     process is alone and its ``result`` is the verdict."""
@@ -300,6 +339,8 @@ def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]"
             phase_start = now
             outcome.phase = str(msg.data.get("name"))
             phases.append(outcome.phase)
+            if watch is not None and outcome.phase == "timing":
+                watch.start()
             outcome.limit_s = limits.get(outcome.phase, limits["default"])
             deadline = now + outcome.limit_s
         elif msg.kind == "env":

@@ -103,8 +103,9 @@ class BuildStage:
 @dataclass
 class TimingStage:
     """The timed calls as measured (statistics are the parent's job, :mod:`cudal1.harness.stats`).
-    ``ref``/``cand``: one row per call, ``[gpu_ms, device_ms, host_ms, blocked, escaped]``; a
-    candidate row adds ``wall_ms``, the reference worker's own clock around that call's exchange.
+    ``ref``/``cand``: one row per call, ``[gpu_ms, device_ms, host_ms, blocked, escaped, window_ms]``;
+    ``window_ms`` is the reference worker's own clock from handing out the call's key to seeing
+    its outputs' digest (:mod:`cudal1.harness.window`), for both sides.
     ``blocks``: ``[who, calls, span_ms]`` per timing block, in order."""
 
     clock: str = ""  # cuda_event | cpu_monotonic
@@ -116,6 +117,8 @@ class TimingStage:
     cand_join: list[float] = field(default_factory=list)  # the same probe in the candidate's process (reported, unused)
     floor_ms: float | None = None  # memory floor: inputs + outputs at measured copy bandwidth (CUDA only)
     physics_ms: float | None = None  # outputs written once at the device's peak bandwidth (CUDA only)
+    sealed: str = ""  # what sealing the candidate's process against new processes did (applied / refused: why)
+    helpers: int = 0  # processes of the candidate's beside its own when it was sealed (compile workers, helpers)
 
 
 @dataclass

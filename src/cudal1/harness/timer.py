@@ -2,29 +2,33 @@
 it measures, it does not judge.
 
 CUDA protocol for one call (docs/harness.md, "Timing"):
-  reset persisting L2 lines → **gate** (one kernel that fills every multiprocessor and waits on a
-  host-mapped word, then overwrites twice the L2 with zeros) → ``start`` event → call →
-  ``end`` event → snapshot of the outputs (on the calling stream) → the host opens the gate →
-  device-wide synchronize → ``end_device`` event.
+  reset persisting L2 lines → **gate** (one kernel that fills every multiprocessor and waits until
+  a host page says "open") → unmask the call's inputs (:mod:`cudal1.harness.window`) → overwrite
+  twice the L2 with zeros → ``start`` event → call → ``end`` event → snapshot of the outputs into
+  their slots (on the calling stream) → digest of the slots and "done" written to the page →
+  *issued* (the clean side opens the gate) → device-wide synchronize → ``end_device`` event.
 While the gate holds the GPU, the host issues the whole call, so the ``start → end`` span is the
-call's GPU time without host wake-up or launch latency (the ~40 µs that a synchronize followed by
-a launch puts under every call).  Because the gate occupies every thread slot of every
-multiprocessor, work the call puts on *other* streams cannot start early either: it starts with
-the call and is charged when the calling stream waits for it.  Work left running on other streams
-is not in the span; it is caught by the snapshot (an output still being written when the calling
-stream ended differs from itself after the synchronize: ``escaped``) and by ``device_ms`` (start →
-after the device-wide synchronize, including the host's wake-up: the judge compares its excess
-with the clean side's calibration).  ``host_ms`` is the host's time to issue the call.  A call that
-blocks inside (a synchronize, a ``cudaMalloc`` that waits for the device) cannot finish while the
-gate is closed: the gate opens itself after ``watchdog_s`` and the sample says so (``blocked``); the
-span then includes the host's gaps after that point, as it does in real use.
+call's GPU time without host wake-up or launch latency.  Because the gate occupies every thread
+slot of every multiprocessor, work the call puts on *other* streams cannot start early either.
+Work left running on other streams is not in the span; it is caught by the snapshot (an output
+still being written when the calling stream ended differs from itself after the synchronize:
+``escaped``) and by ``device_ms`` (start → after the device-wide synchronize, including the host's
+wake-up).  ``host_ms`` is the host's time to issue the call.  A call that blocks inside (a
+synchronize, a ``cudaMalloc`` that waits for the device) cannot finish while the gate is closed:
+the gate is opened anyway after ``watchdog_s`` (by the clean side, or by itself on the clean
+side's own calls) and the sample says so (``blocked``).
+
+A timed call under a :class:`CallWindow` is also observed by the clean reference worker on its own
+clock (:mod:`cudal1.harness.window`): the inputs arrive masked, the gate opens only when that
+worker hands out the key, and the worker sees the outputs' digest appear.  Without a window (the
+calibration and the join probe) the timer opens its own gate.
 
 Raw spans include the cost of the two events and of one kernel launch (``overhead_ms``, the span
 of a gated call that launches one empty kernel); the statistics subtract the clean side's figure,
 so a single-kernel call reads as its kernel's duration.
 
 CPU protocol: ``time.perf_counter_ns`` around the call; torch CPU ops are synchronous, so every
-figure is the same number.
+figure is the same number.  Under a window the key arrives in a message (a host has no gate).
 """
 
 from __future__ import annotations
@@ -32,93 +36,27 @@ from __future__ import annotations
 import ctypes
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
 from cudal1.harness.compare import same_bits as _same_bits
+from cudal1.harness.wire import output_leaves as _output_leaves
 
 # Captured before candidate code runs: a candidate rebinding these cannot change the clock.
 _perf_counter_ns = time.perf_counter_ns
 _synchronize = torch.cuda.synchronize
 _Event = torch.cuda.Event
 _current_stream = torch.cuda.current_stream
-
-_GATE_PTX = r"""
-.version 7.0
-.target sm_70
-.address_size 64
-
-.visible .entry cudal1_gate(.param .u64 p_flag, .param .u32 p_target, .param .u64 p_buf, .param .u64 p_n,
-                            .param .u64 p_timeout_ns, .param .u64 p_status)
-{
-    .reg .pred %p<5>;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<16>;
-    ld.param.u64 %rd1, [p_flag];
-    ld.param.u32 %r1, [p_target];
-    ld.param.u64 %rd2, [p_buf];
-    ld.param.u64 %rd3, [p_n];
-    ld.param.u64 %rd10, [p_timeout_ns];
-    ld.param.u64 %rd11, [p_status];
-    mov.u32 %r2, %tid.x;
-    setp.ne.u32 %p1, %r2, 0;
-    @%p1 bra WAITED;
-    mov.u64 %rd12, %globaltimer;
-POLL:
-    ld.relaxed.sys.u32 %r3, [%rd1];
-    setp.ge.u32 %p2, %r3, %r1;
-    @%p2 bra WAITED;
-    mov.u64 %rd13, %globaltimer;
-    sub.u64 %rd14, %rd13, %rd12;
-    setp.lt.u64 %p4, %rd14, %rd10;
-    @%p4 bra POLL;
-    st.relaxed.sys.u32 [%rd11], %r1;
-WAITED:
-    bar.sync 0;
-    mov.u32 %r4, %ctaid.x;
-    mov.u32 %r5, %ntid.x;
-    mov.u32 %r6, %nctaid.x;
-    mul.wide.u32 %rd4, %r4, %r5;
-    cvt.u64.u32 %rd5, %r2;
-    add.u64 %rd4, %rd4, %rd5;
-    mul.wide.u32 %rd6, %r6, %r5;
-    cvta.to.global.u64 %rd7, %rd2;
-    mov.u32 %r7, 0;
-LOOP:
-    setp.ge.u64 %p3, %rd4, %rd3;
-    @%p3 bra DONE;
-    shl.b64 %rd8, %rd4, 4;
-    add.u64 %rd9, %rd7, %rd8;
-    st.global.v4.u32 [%rd9], {%r7, %r7, %r7, %r7};
-    add.u64 %rd4, %rd4, %rd6;
-    bra.uni LOOP;
-DONE:
-    ret;
-}
-
-.visible .entry cudal1_spin(.param .u64 p_ns)
-{
-    .reg .pred %p<2>;
-    .reg .b64 %rd<5>;
-    ld.param.u64 %rd1, [p_ns];
-    mov.u64 %rd2, %globaltimer;
-SPIN:
-    mov.u64 %rd3, %globaltimer;
-    sub.u64 %rd4, %rd3, %rd2;
-    setp.lt.u64 %p1, %rd4, %rd1;
-    @%p1 bra SPIN;
-    ret;
-}
-"""
+_SELF_OPEN_TIMEOUT_S = 30.0  # a gate that waits for the clean side opens itself after this (it never should)
 
 
 @dataclass
 class CallTiming:
     """One timed call.  ``gpu_ms``: start → end on the calling stream; ``device_ms``: start →
     after a device-wide synchronize; ``host_ms``: the host's time to issue the call; ``blocked``:
-    the call waited inside and the gate opened itself; ``escaped``: an output changed after
+    the call waited inside and the gate opened without it; ``escaped``: an output changed after
     the calling stream had finished (work on another stream was still writing it)."""
 
     gpu_ms: float
@@ -128,132 +66,164 @@ class CallTiming:
     escaped: bool = False
 
 
-def _leaf_tensors(obj: Any) -> list[torch.Tensor]:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, (list, tuple)):
-        return [t for x in obj for t in _leaf_tensors(x)]
-    if isinstance(obj, dict):
-        return [t for x in obj.values() for t in _leaf_tensors(x)]
-    return []
+@dataclass
+class CallWindow:
+    """What a windowed call runs under (see the module doc and :mod:`cudal1.harness.window`).
+
+    ``page``: the page the gate polls and the digest goes to; ``seq``: the call's number on it;
+    ``unmask``: (masked source, private destination) pairs of uint8 tensors, unmasked in this
+    order (lane = position) with the key the page holds once open; ``targets``: per output tensor
+    leaf, in order, the slot view its snapshot goes into (None, or a leaf that does not fit: a
+    private clone, not digested); ``issued(host_ms)``: called once the whole call is enqueued (the
+    clean side opens the gate now); ``key()``, CPU only: blocks until the key is handed out;
+    ``published(digest)``, CPU only: the outputs are in their slots (the digest is 0 there: the
+    clean side snapshots the shared slots itself).  ``gate_timeout_s``: when
+    the gate opens by itself."""
+
+    page: Any
+    seq: int
+    unmask: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    targets: list[torch.Tensor | None] = field(default_factory=list)
+    issued: Callable[[float], None] = lambda host_ms: None
+    key: Callable[[], tuple[int, int, int, int]] | None = None
+    published: Callable[[int], None] = lambda digest: None
+    gate_timeout_s: float = _SELF_OPEN_TIMEOUT_S
 
 
-class Gate:
-    """A full-GPU gate: one kernel that occupies every thread slot of every multiprocessor until
-    the host raises a mapped word, then flushes L2.  ``close(timeout_s)`` enqueues it on the
-    current stream; ``open()`` releases it (idempotent per call).  The gate also opens itself
-    ``timeout_s`` after it started (``%globaltimer``): a call that blocks inside (a synchronize,
-    a ``cudaMalloc`` that waits for the device) would otherwise wait for a gate that only its own
-    return opens.  ``timed_out()`` says whether the last gate opened itself.  No host thread
-    watches it: a watchdog thread woken on every call would take the interpreter's lock in the
-    middle of the call and inflate the host's issue time."""
+def _fits(target: torch.Tensor | None, leaf: torch.Tensor, device_type: str) -> bool:
+    """Whether an output leaf goes into its slot: the rule of :func:`cudal1.harness.wire.encode_outputs`."""
+    return (target is not None and type(leaf) is torch.Tensor and not leaf.is_meta and leaf.device.type == device_type
+            and leaf.layout is torch.strided and leaf.dtype == target.dtype and leaf.shape == target.shape)
 
-    def __init__(self, device: torch.device, flush_bytes: int) -> None:
-        from cudal1.harness import cuda_api
-
-        self._api = cuda_api
-        self.host, self.dev = cuda_api.host_word()
-        self._word = ctypes.c_uint32.from_address(self.host)
-        self._status = ctypes.c_uint32.from_address(self.host + 8)  # the gate writes its number here on timeout
-        per_sm = max(1, cuda_api.attribute("max_threads_per_sm") // 1024)
-        self._buffer = torch.empty(max(16, flush_bytes) // 16 * 4, dtype=torch.int32, device=device)
-        self._seq = 0
-        self._launch = cuda_api.PreparedLaunch(
-            cuda_api.load_function(_GATE_PTX, "cudal1_gate"), cuda_api.attribute("sm_count") * per_sm, 1024,
-            [ctypes.c_uint64(self.dev), ctypes.c_uint32(0), ctypes.c_uint64(self._buffer.data_ptr()),
-             ctypes.c_uint64(self._buffer.numel() // 4), ctypes.c_uint64(0), ctypes.c_uint64(self.dev + 8)])
-        self._target, self._timeout_ns = self._launch.params[1], self._launch.params[4]
-
-    def close(self, timeout_s: float) -> None:
-        self._seq += 1
-        self._target.value = self._seq
-        self._timeout_ns.value = int(timeout_s * 1e9)
-        self._launch(_current_stream().cuda_stream)
-
-    def open(self) -> None:
-        self._word.value = self._seq
-
-    def timed_out(self) -> bool:
-        """Whether the last gate opened itself (read after the device finished it)."""
-        return self._status.value == self._seq
 
 
 class CudaTimer:
+    """The gated timer in this process's CUDA context.  ``page``: the timer's own page (calls
+    without a window open their own gate through it)."""
+
     clock = "cuda_event"
 
     def __init__(self, device: torch.device, flush_l2: bool = True) -> None:
+        from cudal1.harness import cuda_api, window
+        from cudal1.harness.timer_ptx import PTX
+
         self.device = device
+        self._api = cuda_api
+        self.kernels = window.GpuKernels()
+        self.page = window.private_page()
         l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
-        self.gate = Gate(device, 2 * l2 if flush_l2 else 16)
-        self.watchdog_s = 0.05  # how long the gate waits for the host before it opens itself
+        self._flush_buf = torch.empty(max(16, 2 * l2 if flush_l2 else 16) // 16 * 4, dtype=torch.int32, device=device)
+        self.keybuf = torch.zeros(8, dtype=torch.int32, device=device)  # the open call's key, and the gate's release word
+        per_sm = max(1, cuda_api.attribute("max_threads_per_sm") // 1024)
+        u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+        self._gate = cuda_api.PreparedLaunch(cuda_api.load_function(PTX, "cudal1_gate"),
+                                             cuda_api.attribute("sm_count") * per_sm, 1024,
+                                             [u64(0), u32(0), u64(0), u64(self.keybuf.data_ptr()), u64(0), u64(0),
+                                              u64(0), u32(0)])
+        self._flush = cuda_api.PreparedLaunch(cuda_api.load_function(PTX, "cudal1_flush"), self.kernels.grid, 256,
+                                              [u64(self._flush_buf.data_ptr()), u64(self._flush_buf.numel() // 4)])
+        self._spin = cuda_api.PreparedLaunch(cuda_api.load_function(PTX, "cudal1_spin"), 1, 1, [u64(0)])
+        self._seq = 0
+        self._launches = 0
+        self.watchdog_s = 0.05  # how long a gate waits for the host before it is opened anyway
         self._events = [_Event(enable_timing=True) for _ in range(3)]
         self.calibration: list[float] = []  # device_ms - gpu_ms on honest busy calls (the join cost)
         self.overhead_ms = 0.0  # gpu_ms of an empty gated call (the events' own cost)
-        self._reset_l2: Callable[[], None] = self.gate._api.reset_persisting_l2
-        self._spin: Any = None  # the timer's spin kernel, launched by calibrate and join_probe
+        self._reset_l2: Callable[[], None] = cuda_api.reset_persisting_l2
 
     def calibrate(self, n: int = 30) -> None:
         """The span of a call that launches one empty kernel (the events' cost and one launch's
         gap: what a single-kernel call adds to its kernel's own duration), and the device-wide
-        join cost on busy calls (:meth:`join_probe`).  The kernel is the timer's own
-        (``cudal1_spin``, in the gate's module): nothing to load on first use."""
-        run = self._spin_call()
-        self.overhead_ms = statistics.median(self.time_call(run, (0,))[0].gpu_ms for _ in range(n))
+        join cost on busy calls (:meth:`join_probe`)."""
+        self.overhead_ms = statistics.median(self.time_call(self.spin, (0,))[0].gpu_ms for _ in range(n))
         self.calibration.extend(self.join_probe(n))
 
     def join_probe(self, n: int = 10) -> list[float]:
         """This process's device-wide join cost: ``device_ms − gpu_ms`` of ``n`` calls of a 50 µs
         spin (what the host's wake-up from the synchronize adds once a call's work has ended)."""
-        run = self._spin_call()
         costs = []
         for _ in range(n):
-            t, _ = self.time_call(run, (50_000,))
+            t, _ = self.time_call(self.spin, (50_000,))
             costs.append(t.device_ms - t.gpu_ms)
         return costs
 
-    def _spin_call(self) -> Callable[[int], None]:
-        if self._spin is None:
-            self._spin = self.gate._api.PreparedLaunch(self.gate._api.load_function(_GATE_PTX, "cudal1_spin"), 1, 1,
-                                                       [ctypes.c_uint64(0)])
-        spin = self._spin
-
-        def run(ns: int) -> None:
-            spin.params[0].value = ns
-            spin(_current_stream().cuda_stream)
-
-        return run
+    def spin(self, ns: int) -> None:
+        """Queue the timer's own spin kernel (``ns`` nanoseconds of the GPU's clock)."""
+        self._spin.params[0].value = ns
+        self._spin(_current_stream().cuda_stream)
 
     def set_watchdog(self, host_ms: list[float]) -> None:
-        """Size the gate's own timeout from the host's issue times seen so far (warm-up)."""
+        """Size the gate's wait for the host from the host's issue times seen so far (warm-up)."""
         self.watchdog_s = min(1.0, max(0.005, 4e-3 * max(host_ms, default=0.0)))
 
-    def time_call(self, fn: Callable[..., Any], args: tuple, check_escape: bool = True) -> tuple[CallTiming, Any]:
-        """One gated call.  ``check_escape=False`` (the clean side's own calls) still takes the
-        snapshot, so both sides' device-wide spans hold the same work, but does not compare it
-        afterwards (a full read of every output, after the clocks stopped)."""
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def time_call(self, fn: Callable[..., Any], args: tuple, check_escape: bool = True,
+                  window: CallWindow | None = None) -> tuple[CallTiming, Any]:
+        """One gated call.  Without ``window`` the timer opens its own gate once the call is
+        issued (it waits ``watchdog_s`` at most for a call that blocks inside).
+        ``check_escape=False`` (the clean side's own calls) still takes the snapshot, so both
+        sides' device-wide spans hold the same work, but does not compare it afterwards."""
+        if window is None:
+            seq = self.next_seq()
+            window = CallWindow(self.page, seq, issued=lambda _ms: self.page.open(seq), gate_timeout_s=self.watchdog_s)
+        page = window.page
         start, end, end_device = self._events
+        stream = _current_stream().cuda_stream
         try:
             self._reset_l2()
         except Exception:  # noqa: BLE001 - drivers without persisting L2 support
             pass
-        self.gate.close(self.watchdog_s)
+        g = self._gate.params
+        g[0].value, g[1].value, g[2].value = page.at(0), window.seq & 0xFFFFFFFF, page.at(64)
+        g[4].value, g[5].value, g[6].value = int(window.gate_timeout_s * 1e9), page.at(192), page.at(256)
+        self._launches += 1
+        g[7].value = self._launches & 0xFFFFFFFF  # never 0: the release word starts at 0
+        self._gate(stream)
+        for lane, (src, dst) in enumerate(window.unmask):
+            self.kernels.mask(src.data_ptr(), dst.data_ptr(), src.numel(), self.keybuf.data_ptr(), lane, stream)
+        self._flush(stream)
         start.record()
         t0 = _perf_counter_ns()
         try:
             out = fn(*args)
-        finally:
-            host_ms = (_perf_counter_ns() - t0) / 1e6
-            end.record()
-            leaves = _leaf_tensors(out) if "out" in locals() else []
-            snapshot = [leaf.clone() if leaf.is_cuda else None for leaf in leaves]
-            self.gate.open()
+        except BaseException:
+            page.open(window.seq)  # never leave the GPU held (the key may be stale: the call failed anyway)
+            raise
+        host_ms = (_perf_counter_ns() - t0) / 1e6
+        end.record()
+        stream = _current_stream().cuda_stream  # the snapshot and its digest follow the call's end on its stream
+        leaves = _output_leaves(out)
+        snapshot: list[torch.Tensor | None] = []
+        to_host: list[tuple[torch.Tensor, torch.Tensor]] = []  # slots in host memory: filled after the synchronize
+        for i, leaf in enumerate(leaves):
+            target = window.targets[i] if i < len(window.targets) else None
+            if not _fits(target, leaf, "cuda"):
+                snapshot.append(leaf.clone() if isinstance(leaf, torch.Tensor) and leaf.is_cuda else None)
+                continue
+            assert target is not None
+            if target.is_cuda:
+                target.copy_(leaf.detach())
+                snap = target
+            else:  # a host copy now would wait for the GPU, which the gate holds
+                snap = leaf.detach().clone()
+                to_host.append((target, snap))
+            if snap.numel():
+                self.kernels.digest(snap.data_ptr(), snap.numel() * snap.element_size(), stream)
+            snapshot.append(snap)
+        if window.targets:
+            self.kernels.publish(page.at(128), window.seq, stream)
+        window.issued(host_ms)
         _synchronize(self.device)
+        for target, snap in to_host:
+            target.copy_(snap)
         end_device.record()
         end_device.synchronize()
-        blocked = self.gate.timed_out()
+        blocked = page.status == (window.seq & 0xFFFFFFFF)
         escaped = check_escape and any(s is not None and not _same_bits(s, leaf) for s, leaf in zip(snapshot, leaves))
-        timing = CallTiming(start.elapsed_time(end), start.elapsed_time(end_device), host_ms, blocked, escaped)
-        return timing, out
+        return CallTiming(start.elapsed_time(end), start.elapsed_time(end_device), host_ms, blocked, escaped), out
 
 
 class CpuTimer:
@@ -263,6 +233,8 @@ class CpuTimer:
         self.device = device
         self.calibration: list[float] = []
         self.overhead_ms = 0.0
+        self.watchdog_s = 0.05
+        self._seq = 0
 
     def calibrate(self, n: int = 30) -> None:
         return None
@@ -273,10 +245,35 @@ class CpuTimer:
     def set_watchdog(self, host_ms: list[float]) -> None:
         return None
 
-    def time_call(self, fn: Callable[..., Any], args: tuple, check_escape: bool = True) -> tuple[CallTiming, Any]:
+    def next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def time_call(self, fn: Callable[..., Any], args: tuple, check_escape: bool = True,
+                  window: CallWindow | None = None) -> tuple[CallTiming, Any]:
+        """One call; under ``window``: tell the clean side it may start, wait for the key, unmask,
+        time the call, copy the outputs into their slots and say so (no digest: host slots are
+        shared memory, and the clean side copies them the moment it hears ``done``)."""
+        from cudal1.harness.window import cpu_mask, raw_bytes
+
+        if window is not None:
+            window.issued(0.0)
+            key = window.key() if window.key is not None else window.page.key()
+            for lane, (src, dst) in enumerate(window.unmask):
+                cpu_mask(src.numpy(), dst.numpy(), key, lane)
         t0 = _perf_counter_ns()
         out = fn(*args)
         ms = (_perf_counter_ns() - t0) / 1e6
+        if window is not None:
+            for i, leaf in enumerate(_output_leaves(out)):
+                target = window.targets[i] if i < len(window.targets) else None
+                if not _fits(target, leaf, "cpu"):
+                    continue
+                if leaf.is_contiguous():  # one thread: torch's copy waits for its whole pool, late under load
+                    raw_bytes(target).numpy()[:] = raw_bytes(leaf.detach()).numpy()  # type: ignore[arg-type]
+                else:
+                    target.copy_(leaf.detach())  # type: ignore[union-attr]
+            window.published(0)  # host slots: the clean side reads them itself the moment it hears this
         return CallTiming(ms, ms, ms), out
 
 

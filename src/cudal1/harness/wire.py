@@ -31,10 +31,12 @@ class WireError(ValueError):
 
 
 # ---- clean side -> candidate -----------------------------------------------------------------
-def encode_inputs(obj: Any, pool: SlotPool, slots: list[Slot | None], index: list[int] | None = None) -> dict[str, Any]:
+def encode_inputs(obj: Any, pool: SlotPool, slots: list[Slot | None], index: list[int] | None = None,
+                  put: Callable[[torch.Tensor, torch.Tensor, int], None] | None = None) -> dict[str, Any]:
     """Describe ``obj``, copying each tensor leaf into its slot (``slots[i]`` for the i-th tensor
-    leaf, grown or allocated as needed).  The copies are queued on the current stream: the caller
-    synchronizes before the candidate reads them."""
+    leaf, grown or allocated as needed; ``put(slot_view, tensor, i)`` instead of a plain copy: a
+    timed call's masking).  The copies are queued on the current stream: the caller synchronizes
+    before the candidate reads them."""
     index = index if index is not None else [0]
     if isinstance(obj, torch.Tensor):
         i = index[0]
@@ -42,13 +44,17 @@ def encode_inputs(obj: Any, pool: SlotPool, slots: list[Slot | None], index: lis
         while len(slots) <= i:
             slots.append(None)
         slot = slots[i] = pool.fitting(slots[i], nbytes_of(obj))
-        view(slot.raw, obj.dtype, list(obj.shape)).copy_(obj)
+        target = view(slot.raw, obj.dtype, list(obj.shape))
+        if put is None:
+            target.copy_(obj)
+        else:
+            put(target, obj, i)
         return {"t": "tensor", **layout(slot.id, obj)}
     if isinstance(obj, (list, tuple)):
         return {"t": type(obj).__name__ if type(obj) in (list, tuple) else "tuple",
-                "items": [encode_inputs(x, pool, slots, index) for x in obj]}
+                "items": [encode_inputs(x, pool, slots, index, put) for x in obj]}
     if isinstance(obj, dict):
-        return {"t": "dict", "items": [[str(k), encode_inputs(v, pool, slots, index)] for k, v in obj.items()]}
+        return {"t": "dict", "items": [[str(k), encode_inputs(v, pool, slots, index, put)] for k, v in obj.items()]}
     if isinstance(obj, _PLAIN):
         return {"t": "py", "v": obj}
     return {"t": "pickle", "v": base64.b64encode(pickle.dumps(obj)).decode()}
@@ -84,9 +90,19 @@ def decode_inputs(desc: dict[str, Any], slots: SlotMap, make: Callable[[torch.Te
 
 
 # ---- candidate -> clean side -----------------------------------------------------------------
-def encode_outputs(out: Any, targets: list[dict[str, Any]], slots: SlotMap, device_type: str) -> dict[str, Any]:
+def output_leaves(out: Any) -> list[Any]:
+    """The output's tensor(-like) leaves in the order output slots are assigned (dict keys sorted,
+    as :func:`encode_outputs` and :func:`output_targets` walk them)."""
+    from cudal1.harness.compare import leaves
+
+    return [x for _, x in leaves(out) if isinstance(x, torch.Tensor) or hasattr(x, "__torch_function__")]
+
+
+def encode_outputs(out: Any, targets: list[dict[str, Any]], slots: SlotMap, device_type: str,
+                   copy: bool = True) -> dict[str, Any]:
     """Describe the candidate's output, copying each plain tensor leaf that fits the reference's
-    slot for that leaf (``targets[i]``, in leaf order) into it."""
+    slot for that leaf (``targets[i]``, in leaf order) into it (``copy=False``: the timer already
+    put it there, see :func:`cudal1.harness.timer._fits`; the same rule decides what fits)."""
     counter = [0]
 
     def walk(obj: Any, depth: int) -> dict[str, Any]:
@@ -106,7 +122,8 @@ def encode_outputs(out: Any, targets: list[dict[str, Any]], slots: SlotMap, devi
                     and obj.layout is torch.strided and target is not None
                     and target["dtype"] == node["dtype"] and list(target["shape"]) == node["shape"])
             if fits:
-                slots.tensor(target).copy_(obj.detach())
+                if copy:
+                    slots.tensor(target).copy_(obj.detach())
                 node["slot"] = target["slot"]
             return node
         if isinstance(obj, (list, tuple)):

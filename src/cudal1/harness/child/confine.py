@@ -299,11 +299,11 @@ def _set_env(policy: ConfinePolicy, paths: _Paths, uid: int | None) -> Measure:
 _SYSCALLS = {  # machine -> (AUDIT_ARCH, foreign x32 range, numbers)
     "x86_64": (0xC000003E, True, {
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
-        "process_madvise": 440, "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
+        "process_madvise": 440, "prctl": 157, "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
         "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "prlimit64": 302, "sched_setattr": 314}),
     "aarch64": (0xC00000B7, False, {
         "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
-        "process_madvise": 440, "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
+        "process_madvise": 440, "prctl": 167, "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
         "ioprio_set": 30, "migrate_pages": 238, "move_pages": 239, "prlimit64": 261, "sched_setattr": 274}),
 }
 _LANDLOCK_CREATE, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT = 444, 445, 446  # same on every architecture
@@ -462,7 +462,7 @@ class _Os:
         prog = _SockFprog(len(program), filters)
         if self.prctl(22, 2, ctypes.byref(prog)) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
             return self.failed("seccomp")
-        return Measure("seccomp", APPLIED, f"{machine}: {', '.join(deny)} -> EPERM; "
+        return Measure("seccomp", APPLIED, f"{machine}: {', '.join(deny)}, unsetting the subreaper -> EPERM; "
                                            f"{', '.join(SELF_ONLY_SYSCALLS)} on itself only; foreign ABIs refused")
 
 
@@ -476,6 +476,10 @@ def seccomp_program(machine: str, deny: Sequence[str] = DENIED_SYSCALLS) -> list
     if x32:
         code.append((jge, "deny", 0, 0x40000000))  # __X32_SYSCALL_BIT
     code += [(jeq, "deny", 0, numbers[name]) for name in deny]
+    # prctl(PR_SET_CHILD_SUBREAPER, ...): the judge made the process a subreaper before confining it
+    # (cudal1.harness.proctree); undoing that would let orphaned helpers leave its tree
+    code += [(jeq, 0, "after prctl", numbers["prctl"]), (ld, 0, 0, 16), (jeq, "deny", 0, 36), (ret, 0, 0, allow),
+             ("after prctl",)]
     for name, conds in SELF_ONLY_SYSCALLS.items():
         code.append((jeq, 0, f"after {name}", numbers[name]))
         for index, value in conds:  # 64-bit argument: low word == value, high word == 0 (little-endian)

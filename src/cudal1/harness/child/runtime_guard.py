@@ -84,19 +84,23 @@ def math_flags() -> dict[str, Any]:
 # covered namespace-wide, see _NAMESPACES.)
 _JUDGE: list[tuple[str, str]] = [
     ("cudal1.harness.timer.CudaTimer", "time_call"), ("cudal1.harness.timer.CpuTimer", "time_call"),
-    ("cudal1.harness.timer.Gate", "close"), ("cudal1.harness.timer.Gate", "open"),
+    ("cudal1.harness.timer.CudaTimer", "spin"), ("cudal1.harness.window.Page", "open"),
+    ("cudal1.harness.window.Page", "publish"), ("cudal1.harness.window.GpuKernels", "mask"),
+    ("cudal1.harness.window.GpuKernels", "digest"), ("cudal1.harness.window.GpuKernels", "publish"),
     ("cudal1.harness.child.runtime_guard.RuntimeGuard", "violation"),
 ] + [
     ("cudal1.harness.child.worker.CandidateProcess", n) for n in (
         "call", "time_one", "warmup", "reuse", "state", "profile", "kernel_names", "after_call", "settle", "check",
-        "inputs", "outputs", "run_model", "sync", "send", "finish", "reply", "serve")
+        "inputs", "outputs", "run_model", "sync", "send", "finish", "reply", "serve", "seal", "_issued", "_await_key",
+        "_published", "_unmasked")
 ]
 # Namespaces whose every callable is snapshotted (a rebinding of, say, torch.diag would change what
 # the candidate's process computes or checks without touching the names listed above).  The judge's
 # own modules that run beside the candidate are among them, so a helper added there is guarded
 # without a list.
 _NAMESPACES = ("torch", "torch.nn.functional", "torch.linalg", "torch.fft", "torch.special", "math", "time",
-               "cudal1.harness.compare", "cudal1.harness.wire", "cudal1.harness.slots", "cudal1.harness.timer")
+               "cudal1.harness.compare", "cudal1.harness.wire", "cudal1.harness.slots", "cudal1.harness.timer",
+               "cudal1.harness.window")
 
 _tripped: list[str] = []
 

@@ -35,10 +35,12 @@ from cudal1.harness.child import signing_hook
 from cudal1.harness.child.refusal import Refusal, runtime_refusal
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
+from cudal1.harness.proctree import become_subreaper
 from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.slots import SlotMap
 from cudal1.harness.spec import CandidateSpec
 from cudal1.harness.timer import make_timer
+from cudal1.harness.window import raw_bytes
 from cudal1.harness.wire import decode_inputs, encode_outputs
 
 _perf = time.perf_counter
@@ -51,8 +53,12 @@ BUILD_NICENESS = 10  # a pre-build's niceness (it and its compilers yield to the
 
 class CandidateProcess:
     def __init__(self, spec: CandidateSpec, link: Any, threads: Any = None,
-                 confinement: dict[str, Any] | None = None, log_fd: int | None = None) -> None:
+                 confinement: dict[str, Any] | None = None, log_fd: int | None = None, page_fd: int | None = None) -> None:
         self.spec = spec
+        self.page_fd = page_fd  # the clean window's shared page (cudal1.harness.window)
+        self.page: Any = None
+        self.timed_calls = 0
+        self.last_key: tuple[int, ...] = (0, 0, 0, 0)  # CPU: the key of the last timed call
         self.log_fd = log_fd  # the log, opened for reading before the process lost the right to
         self.confinement = confinement or {}
         self.cfg = spec.config
@@ -84,7 +90,7 @@ class CandidateProcess:
 
     def serve(self, model_new: Any) -> None:
         handlers = {"construct": self.construct, "call": self.call, "warmup": self.warmup, "time": self.time_one,
-                    "reuse": self.reuse, "profile": self.profile, "state": self.state}
+                    "reuse": self.reuse, "profile": self.profile, "state": self.state, "seal": self.seal}
         while True:
             faulthandler.cancel_dump_traceback_later()  # idle between requests is not a stall
             try:
@@ -151,6 +157,15 @@ class CandidateProcess:
         self.slots = SlotMap(self.device)
         if self.spec.mode != "build":
             self.timer = make_timer(self.device, self.cfg.flush_l2)
+            if self.page_fd is not None:
+                from cudal1.harness import window
+
+                self.page = window.attach(self.page_fd)
+                if self.device.type == "cuda":
+                    try:
+                        window.map_for_gpu(self.page)
+                    except Exception as exc:  # noqa: BLE001 - the judge's own step: say what failed
+                        raise Refusal("runtime_error", f"the timing window's page cannot be mapped for the GPU: {exc}") from None
         self.l2_start = self.persisting_l2()  # the device's own setting (nonzero by default on some GPUs)
         self.guard = RuntimeGuard()
         self.guard.watch_worker(self)
@@ -305,18 +320,77 @@ class CandidateProcess:
         return reply
 
     def time_one(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """One timed call (``inputs``, ``keep``, ``where``, ``targets``)."""
+        """One timed call under the clean window (``inputs`` masked in their slots, ``targets``,
+        ``seq``, ``where``; docs/harness.md, "Timing"): private buffers are allocated, the gate,
+        the unmasking and the call are queued, the outputs go into their slots and their digest to
+        the page, then ``issued`` tells the reference worker to open the gate (on the CPU it answers
+        with the key).  Every few calls (and never told which in advance) the second-line checks
+        run in full: the runtime guard's walk and the input-mutation check."""
+        from cudal1.harness.timer import CallWindow
+
         where = str(request.get("where") or "timed call")
-        args, views = self.inputs(request)
+        seq = int(request["seq"])
+        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def private(view: torch.Tensor) -> torch.Tensor:
+            mine = torch.empty(tuple(view.shape), dtype=view.dtype, device=self.device)
+            src = view if view.device == self.device else view.to(self.device)  # still masked: no secret moves
+            pairs.append((raw_bytes(src), raw_bytes(mine)))
+            return mine
+
+        args = list(decode_inputs(request["inputs"], self.slots, private))  # type: ignore[arg-type]
+        targets = [self.slots.tensor(t) if t else None for t in request.get("targets") or []]  # type: ignore[union-attr]
+        window = CallWindow(self.page, seq, unmask=pairs, targets=targets, issued=self._issued)
+        if self.device.type != "cuda":
+            window.key, window.published = self._await_key, self._published
         with torch.no_grad():
-            t, out = self.timer.time_call(self.model, tuple(args))
+            t, out = self.timer.time_call(self.model, tuple(args), window=window)
         busy = self.threads()
-        keep = bool(request.get("keep"))
-        self.after_call(where, args, views, out, busy, guard=keep)  # after the clocks stopped
-        reply: dict[str, Any] = {"timing": [t.gpu_ms, t.device_ms, t.host_ms, t.blocked, t.escaped]}
-        if keep:
-            reply["out"] = self.outputs(out, request)
-        return reply
+        self.timed_calls += 1
+        full = self.timed_calls % 8 == 1
+        views = self._unmasked(request["inputs"], pairs) if full else args
+        self.after_call(where, args, views, out, busy, guard=full)  # after the clocks stopped
+        desc = encode_outputs(out, request.get("targets") or [], self.slots, self.device.type, copy=False)  # type: ignore[arg-type]
+        return {"timing": [t.gpu_ms, t.device_ms, t.host_ms, t.blocked, t.escaped], "out": desc}
+
+    def _issued(self, host_ms: float) -> None:
+        self.reply({"event": "issued", "host_ms": host_ms})
+
+    def _await_key(self) -> tuple[int, int, int, int]:
+        """CPU: the reference worker's ``go`` carries the key (a host has no gate to hold)."""
+        go = json.loads(self.link.recv_bytes(MAX_REQUEST_BYTES))
+        key = go.get("key") if isinstance(go, dict) and go.get("op") == "go" else None
+        if not (isinstance(key, list) and len(key) == 4):
+            raise Refusal("runtime_error", "the reference worker sent no key")
+        self.last_key = tuple(int(k) for k in key)
+        return self.last_key  # type: ignore[return-value]
+
+    def _published(self, digest: int) -> None:
+        self.reply({"event": "done", "digest": digest})
+
+    def _unmasked(self, desc: dict[str, Any], pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+        """The inputs as handed out (unmasked again from the slots, after the call), as a tree
+        shaped like the call's arguments: what the candidate's private copies must still hold."""
+        from cudal1.harness import window as win
+
+        again: list[torch.Tensor] = []
+        for lane, (src, dst) in enumerate(pairs):
+            fresh = torch.empty_like(dst)
+            if self.device.type == "cuda":
+                self.timer.kernels.mask(src.data_ptr(), fresh.data_ptr(), src.numel(), self.timer.keybuf.data_ptr(), lane,
+                                        torch.cuda.current_stream().cuda_stream)
+            else:
+                win.cpu_mask(src.numpy(), fresh.numpy(), self.last_key, lane)
+            again.append(fresh)
+        it = iter(again)
+        return list(decode_inputs(desc, self.slots,  # type: ignore[arg-type]
+                                  lambda view: next(it).view(view.dtype).reshape(view.shape)))
+
+    def seal(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        """Warm-up is over: from now on this process can start no process (:mod:`.seal`)."""
+        from cudal1.harness.child.seal import seal
+
+        return {"sealed": seal()}
 
     def reuse(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
         """The address-reuse probe: two calls on the *same* input tensors, new values written into
@@ -460,7 +534,7 @@ def _confine(spec: CandidateSpec) -> dict[str, Any]:
         os._exit(3)
 
 
-def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any) -> None:
+def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any, page_fd: int | None = None) -> None:
     """Child entry point (multiprocessing target).  Never returns normally: ``os._exit``.
     A pre-build (``build`` mode) is background work: it and its compilers run at
     ``BUILD_NICENESS``, so the two processes of a job being timed on the same host get the CPU
@@ -478,7 +552,9 @@ def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any)
     redirect_output(spec.log_path)
     log_fd = os.open(spec.log_path, os.O_RDONLY)  # an unprivileged uid may not open the parent's file
     signing_hook.clear_process_args()
+    subreaper = become_subreaper()  # before candidate code: whatever it starts stays in this tree
     confinement = _confine(spec)  # before any other thread exists (the stall dump starts one)
+    confinement["subreaper"] = "applied" if subreaper else "refused"
     arm_stall_dump(spec.config, "setup")
     fd = os.dup(conn.fileno())
     conn.close()
@@ -490,7 +566,7 @@ def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any)
         building=CandidateProcess.building, register=CandidateProcess.import_candidate,
         tolerances_fn=CandidateProcess.check, profiled=CandidateProcess.kernel_names, tolerances={})
     try:
-        CandidateProcess(spec, link, threads, confinement, log_fd).run()
+        CandidateProcess(spec, link, threads, confinement, log_fd, page_fd).run()
     except BaseException as exc:  # noqa: BLE001 - the channel itself failed
         print(f"cudal1 candidate process: internal failure: {exc!r}", file=sys.stderr)
     finally:

@@ -1,0 +1,64 @@
+"""Seal the candidate's process once warm-up is over: from then on it can start no process.
+
+Contract: :func:`seal` stacks one more seccomp filter on the calling process (and on every thread
+it starts later): ``fork``/``vfork``, and ``clone`` without ``CLONE_THREAD``, kill the whole
+process with SIGSYS (the parent reads that exit as ``rejected`` + ``new_process``); ``clone3``
+fails with ENOSYS, so the C library falls back to ``clone``, whose flags a filter can read (a
+thread start still works).  It returns ``"applied: ..."`` or ``"refused: <reason>"``; it needs
+``no_new_privs``, which it sets (the confined process has it already).  torch.compile and Triton
+start their compile workers during warm-up, before the seal; those processes are not sealed
+(a filter only reaches later children), so the clean side lists them
+(:class:`cudal1.harness.proctree.CandidateTree`): stopped while the reference is timed, killed
+with the job, and any process that appears after the seal is ``new_process`` too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import platform
+
+from cudal1.harness.child.confine import _SockFilter, _SockFprog
+
+# machine -> (AUDIT_ARCH, {name: number}); fork and vfork exist on x86-64 only
+_NUMBERS = {
+    "x86_64": (0xC000003E, {"clone": 56, "fork": 57, "vfork": 58, "clone3": 435}),
+    "aarch64": (0xC00000B7, {"clone": 220, "clone3": 435}),
+}
+_CLONE_THREAD = 0x00010000
+_KILL_PROCESS, _ALLOW, _ENOSYS = 0x80000000, 0x7FFF0000, 0x00050000 | errno.ENOSYS
+
+
+def seal_program(machine: str) -> list[tuple[int, int, int, int]]:
+    """The classic-BPF filter as ``(code, jt, jf, k)`` (see the module doc)."""
+    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
+    arch, numbers = _NUMBERS[machine]
+    code: list[tuple[int, int, int, int]] = [(ld, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, _ALLOW), (ld, 0, 0, 0)]
+    for name in ("fork", "vfork"):
+        if name in numbers:
+            code += [(jeq, 0, 1, numbers[name]), (ret, 0, 0, _KILL_PROCESS)]
+    code += [(jeq, 0, 1, numbers["clone3"]), (ret, 0, 0, _ENOSYS)]
+    # clone: its first argument holds the flags (low word); a thread carries CLONE_THREAD
+    code += [(jeq, 0, 4, numbers["clone"]), (ld, 0, 0, 16), (jset, 1, 0, _CLONE_THREAD), (ret, 0, 0, _KILL_PROCESS),
+             (ret, 0, 0, _ALLOW)]
+    code.append((ret, 0, 0, _ALLOW))
+    return code
+
+
+def seal() -> str:
+    machine = platform.machine()
+    if machine not in _NUMBERS:
+        return f"refused: no syscall table for {machine}"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError as exc:
+        return f"refused: {exc}"
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (already set when the process was confined)
+    program = seal_program(machine)
+    filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
+    prog = _SockFprog(len(program), filters)
+    ctypes.set_errno(0)
+    if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        err = ctypes.get_errno()
+        return f"refused: {errno.errorcode.get(err, str(err))}"
+    return "applied: fork, vfork and clone without CLONE_THREAD end the process; clone3 -> ENOSYS"

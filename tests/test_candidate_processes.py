@@ -1,0 +1,162 @@
+"""What the candidate's process starts, as the clean side holds it (harness.proctree, child.seal):
+its whole process tree is found (a subreaper keeps orphans in it), stopped while the reference
+is timed, counted after the seal, and killed with the job; after the seal it can start nothing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cudal1.harness.child.seal import seal_program
+from cudal1.harness.proctree import CandidateTree, state_of
+
+REPO = Path(__file__).resolve().parent.parent
+
+# A stand-in for the candidate's process: a subreaper that is not dumpable (as the confined one),
+# with two helpers in sessions of their own and a double-forked daemon.
+TREE = textwrap.dedent("""
+    import ctypes, os, subprocess, sys, time
+    from cudal1.harness.proctree import become_subreaper
+    assert become_subreaper()
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # not dumpable, as a confined candidate is
+    helpers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+               for _ in range(2)]
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.setsid()
+            time.sleep(60)
+            os._exit(0)
+        os._exit(0)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        if line.strip() == "spawn":
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+            print("spawned", flush=True)
+""")
+
+
+@pytest.fixture
+def tree_root():
+    proc = subprocess.Popen([sys.executable, "-c", TREE], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    assert proc.stdout.readline().strip() == "ready"
+    time.sleep(0.2)  # the daemon's middle process has exited: the daemon is re-parented to the subreaper
+    yield proc
+    CandidateTree(proc.pid).kill()
+    proc.wait(timeout=10)
+
+
+@pytest.mark.cpu
+def test_the_tree_holds_helpers_in_other_sessions_and_orphaned_daemons(tree_root):
+    tree = CandidateTree(tree_root.pid)
+    members = tree.members()
+    assert tree_root.pid in members
+    alive = [p for p in members - {tree_root.pid} if state_of(p) not in ("Z", "")]
+    assert len(alive) == 3, members  # two helpers and the daemon (its exited parent is a zombie or gone)
+    frozen = tree.freeze()
+    tree.stop()
+    assert all(state_of(p) in ("T", "t", "Z", "") for p in frozen), {p: state_of(p) for p in frozen}
+    tree.cont()
+    assert all(state_of(p) not in ("T", "t") for p in frozen), {p: state_of(p) for p in frozen}
+    tree_root.stdin.write("spawn\n")
+    tree_root.stdin.flush()
+    assert tree_root.stdout.readline().strip() == "spawned"
+    assert len(tree.new_since_freeze()) == 1
+    victims = set(frozen) | tree.members()
+    tree.release()
+    tree.kill()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(state_of(p) not in ("", "Z") for p in victims):
+        time.sleep(0.02)
+    assert all(state_of(p) in ("", "Z") for p in victims), {p: state_of(p) for p in victims}
+
+
+SEALED = textwrap.dedent("""
+    import os, subprocess, sys, threading
+    from cudal1.harness.child.seal import seal
+    print(seal(), flush=True)
+    t = threading.Thread(target=lambda: None)
+    t.start(); t.join()
+    import torch
+    torch.ones(512, 512).sum()  # torch's own threads start
+    print("threads fine", flush=True)
+    if sys.argv[1] == "spawn":
+        subprocess.run(["true"])
+    elif sys.argv[1] == "fork":
+        os.fork()
+    print("survived", flush=True)
+""")
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("how", ["none", "spawn", "fork"])
+def test_a_sealed_process_can_start_threads_but_no_process(how):
+    done = subprocess.run([sys.executable, "-c", SEALED, how], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("applied"), done.stdout + done.stderr
+    assert "threads fine" in lines
+    if how == "none":
+        assert done.returncode == 0 and "survived" in lines
+    else:
+        assert done.returncode == -signal.SIGSYS and "survived" not in lines, (done.returncode, done.stdout)
+
+
+@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
+def test_seal_program_jumps_stay_inside(machine):
+    program = seal_program(machine)
+    assert program[0] == (0x20, 0, 0, 4)  # the architecture first
+    for at, (code, jt, jf, _) in enumerate(program):
+        if code in (0x15, 0x45):
+            assert at + 1 + max(jt, jf) < len(program)
+    kills = sum(1 for code, _, _, k in program if code == 0x06 and k == 0x80000000)
+    assert kills == (3 if machine == "x86_64" else 1)  # fork, vfork, clone without CLONE_THREAD
+
+
+@pytest.mark.cpu
+def test_helpers_never_run_while_the_reference_is_timed(tmp_path, cpu_judge_config):
+    """The spinner fixture's helpers (other sessions, burning a core whenever the candidate is
+    stopped) are watched from outside while the real judge times it: whenever the candidate's
+    process is stopped, so are they; and they are gone once the verdict is in."""
+    from cudal1.harness import evaluate_pairs
+    from cudal1.tasks import load_task_file
+    from cudal1.types import Candidate, Status
+
+    source = (REPO / "tests/fixtures/cpu/spinners_while_stopped.py").read_text()
+    task = load_task_file(REPO / "tests/fixtures/cpu_tasks/linear_relu.py")
+    result: dict = {}
+    judge = threading.Thread(target=lambda: result.update(
+        r=evaluate_pairs([(task, Candidate(source, task_hash=task.hash))], cpu_judge_config(tmp_path / "cache"))[0]))
+    judge.start()
+    seen = {"stopped": 0, "helper_running": 0}
+    helpers: set[int] = set()
+    while judge.is_alive():
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if b"stopped()" in Path(f"/proc/{entry}/cmdline").read_bytes():
+                        helpers.add(int(entry))
+                except OSError:
+                    continue
+        live = [p for p in helpers if state_of(p) not in ("", "Z")]
+        if live:
+            cand = int(Path(f"/proc/{live[0]}/cmdline").read_bytes().split(b"\0")[-2])
+            if state_of(cand) == "T":
+                seen["stopped"] += 1
+                seen["helper_running"] += any(state_of(p) == "R" for p in live)
+        time.sleep(0.001)
+    r = result["r"]
+    assert r.status is Status.OK, r.message
+    assert len(helpers) == 2 and seen["stopped"] >= 5, seen
+    assert seen["helper_running"] == 0, seen
+    assert all(state_of(p) in ("", "Z") for p in helpers)
+    assert r.environment.isolation["new_processes"].startswith("applied"), r.environment.isolation
+    assert "2 helper process(es)" in r.environment.isolation["new_processes"]

@@ -1,0 +1,160 @@
+"""The clean window's pieces that run without a GPU (harness.window, harness.timer_ptx, and the
+parent's check in harness.stats.window_check); the GPU kernels are checked against the reference
+implementation below in tests/gpu/test_timer_gpu.py."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from cudal1.harness import window
+from cudal1.harness.stats import window_check
+from cudal1.harness.timer_ptx import PTX
+
+_M0, _M1, _W0, _W1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)
+
+
+def philox4x32(counters: np.ndarray, k0: int, k1: int) -> np.ndarray:
+    """Philox-4x32-10 over rows of four uint32 counters: what ``cudal1_mask`` XORs in."""
+    c = [counters[:, i].astype(np.uint32) for i in range(4)]
+    key0, key1 = np.uint32(k0), np.uint32(k1)
+    with np.errstate(over="ignore"):
+        for _ in range(10):
+            p0, p1 = _M0 * c[0].astype(np.uint64), _M1 * c[2].astype(np.uint64)
+            hi0, lo0 = (p0 >> np.uint64(32)).astype(np.uint32), p0.astype(np.uint32)
+            hi1, lo1 = (p1 >> np.uint64(32)).astype(np.uint32), p1.astype(np.uint32)
+            c = [hi1 ^ c[1] ^ key0, lo1, hi0 ^ c[3] ^ key1, lo0]
+            key0, key1 = np.uint32(key0 + _W0), np.uint32(key1 + _W1)
+    return np.stack(c, axis=1)
+
+
+def gpu_mask_reference(data: bytes, key: tuple[int, int, int, int], lane: int) -> bytes:
+    """``cudal1_mask``'s output computed on the host (timer_kernels.cu: chunk i of 16 bytes is XORed
+    with philox((i, i >> 32, lane ^ key[2], key[3]), (key[0], key[1]))."""
+    n = len(data)
+    chunks = (n + 15) // 16
+    idx = np.arange(chunks, dtype=np.uint64)
+    ctr = np.stack([idx & np.uint64(0xFFFFFFFF), idx >> np.uint64(32), np.full(chunks, lane ^ key[2], np.uint64),
+                    np.full(chunks, key[3], np.uint64)], axis=1)
+    stream = philox4x32(ctr, key[0], key[1]).astype("<u4").tobytes()[:n]
+    return bytes(a ^ b for a, b in zip(data, stream)) if n < 64 else (
+        np.frombuffer(data, np.uint8) ^ np.frombuffer(stream, np.uint8)).tobytes()
+
+
+def test_philox_reference_matches_the_published_answers():
+    # Random123's known-answer vectors for philox4x32-10
+    zero = philox4x32(np.zeros((1, 4), np.uint64), 0, 0)[0]
+    assert [int(x) for x in zero] == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+    pi = philox4x32(np.array([[0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344]], np.uint64), 0xA4093822, 0x299F31D0)[0]
+    assert [int(x) for x in pi] == [0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+
+
+def test_cpu_mask_is_its_own_inverse_and_needs_the_key():
+    rng = np.random.default_rng(0)
+    data = rng.integers(0, 256, 4099, dtype=np.uint8)  # not a multiple of 8 or 16
+    key = window.new_key()
+    masked, back = np.empty_like(data), np.empty_like(data)
+    window.cpu_mask(data, masked, key, 3)
+    window.cpu_mask(masked, back, key, 3)
+    assert np.array_equal(back, data)
+    assert np.mean(masked == data) < 0.02  # about 1/256 of the bytes agree by chance
+    other, lane = np.empty_like(data), np.empty_like(data)
+    window.cpu_mask(masked, other, window.new_key(), 3)
+    window.cpu_mask(masked, lane, key, 4)
+    assert np.mean(other == data) < 0.02 and np.mean(lane == data) < 0.02
+
+
+def test_cpu_digest_is_the_kernels_sum():
+    rng = np.random.default_rng(1)
+    for n in (0, 5, 8, 4096, 4101):
+        data = rng.integers(0, 256, n, dtype=np.uint8)
+        want = 0
+        for i in range((n + 7) // 8):
+            want += int.from_bytes(bytes(data[8 * i:8 * i + 8]), "little") * (2 * i + 1)
+        assert window.cpu_digest(data) == want % 2**64, n
+    flipped = rng.integers(0, 256, 4096, dtype=np.uint8)
+    before = window.cpu_digest(flipped)
+    flipped[1000] ^= 1
+    assert window.cpu_digest(flipped) != before
+
+
+def test_a_page_orders_key_before_the_number_and_reads_back():
+    page = window.cpu_page()
+    page.open(7, (1, 2, 3, 4))
+    assert page.opened == 7 and page.key() == (1, 2, 3, 4)
+    page.publish(7, 2**64 - 5)
+    assert page.done == 7 and page.digest == 2**64 - 5
+
+
+def test_a_shared_page_is_seen_through_another_mapping():
+    fd = window.shared_page()
+    try:
+        a, b = window.attach(fd), window.attach(fd)
+        a.open(3, (9, 9, 9, 9))
+        assert b.opened == 3 and b.key() == (9, 9, 9, 9)
+    finally:
+        import os
+
+        os.close(fd)
+
+
+def test_the_ptx_holds_the_judges_kernels_and_an_old_enough_isa():
+    assert set(re.findall(r"\.entry (\w+)", PTX)) == {"cudal1_gate", "cudal1_mask", "cudal1_flush", "cudal1_digest",
+                                                      "cudal1_publish", "cudal1_spin"}
+    assert re.search(r"^\.version 7\.8$", PTX, re.M) and re.search(r"^\.target sm_75$", PTX, re.M)
+
+
+@pytest.mark.cpu
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) is not installed")
+@pytest.mark.parametrize("arch", ["sm_75", "sm_90"])
+def test_the_ptx_assembles(tmp_path, arch):
+    src = tmp_path / "k.ptx"
+    src.write_text(PTX)
+    subprocess.run(["ptxas", f"-arch={arch}", str(src), "-o", str(tmp_path / "k.cubin")], check=True)
+
+
+# ---- the parent's check ---------------------------------------------------------------------------
+def _rows(n: int, span: float, slack: float, jitter: float = 0.001, seed: int = 0, lie: float = 1.0) -> list[list]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        true = span * (1 + rng.uniform(-0.01, 0.01))
+        window_ms = true + slack + rng.uniform(0, jitter)
+        rows.append([true * lie, true * lie, 0.01, False, False, window_ms])
+    return rows
+
+
+def test_an_honest_candidate_fits_its_window():
+    out = window_check({"ref": _rows(50, 2.7, 0.05), "cand": _rows(50, 2.7, 0.05, seed=1)}, "cuda_event")
+    assert out["checked"] and "mismatch" not in out
+    assert abs(out["excess_ms"]) < 0.005 and out["bound_ms"] < 0.08
+
+
+@pytest.mark.parametrize("lie", [0.5, 0.8])
+def test_a_fifth_hidden_from_a_millisecond_call_is_a_mismatch(lie):
+    out = window_check({"ref": _rows(50, 1.0, 0.05), "cand": _rows(50, 1.0, 0.05, seed=1, lie=lie)}, "cuda_event")
+    assert "mismatch" in out and out["excess_ms"] == pytest.approx(1.0 - lie, rel=0.05)
+
+
+def test_short_calls_state_the_bound_they_could_enforce():
+    out = window_check({"ref": _rows(50, 0.002, 0.03), "cand": _rows(50, 0.002, 0.03, seed=1)}, "cuda_event")
+    assert "mismatch" not in out and out["bound_share"] > 1  # a 2 us call: only lies above the bound are seen
+
+
+def test_blocked_calls_and_missing_windows_are_left_out():
+    ref, cand = _rows(50, 1.0, 0.05), _rows(50, 1.0, 0.05, seed=1, lie=0.5)
+    for r in cand:
+        r[3] = True  # every call blocked: the window held host gaps, not a measure of the call
+    assert window_check({"ref": ref, "cand": cand}, "cuda_event") == {"checked": False, "calls": 0}
+    assert not window_check({"ref": [r[:5] for r in ref], "cand": _rows(50, 1.0, 0.05)}, "cuda_event")["checked"]
+
+
+def test_the_host_bound_is_looser():
+    ref, cand = _rows(30, 20.0, 1.0, jitter=0.5), _rows(30, 20.0, 1.0, jitter=0.5, seed=1, lie=0.85)
+    assert "mismatch" not in window_check({"ref": ref, "cand": cand}, "cpu_monotonic")  # 3 ms under a 3.5 ms bound
+    assert "mismatch" in window_check({"ref": ref, "cand": _rows(30, 20.0, 1.0, 0.5, 1, 0.5)}, "cpu_monotonic")
+
