@@ -137,21 +137,24 @@ def test_helpers_never_run_while_the_reference_is_timed(tmp_path, cpu_judge_conf
         r=evaluate_pairs([(task, Candidate(source, task_hash=task.hash))], cpu_judge_config(tmp_path / "cache"))[0]))
     judge.start()
     seen = {"stopped": 0, "helper_running": 0}
-    helpers: set[int] = set()
+    helpers: dict[int, int] = {}  # helper pid -> the candidate's pid it watches (its last argument)
     while judge.is_alive():
         for entry in os.listdir("/proc"):
-            if entry.isdigit():
+            if entry.isdigit() and int(entry) not in helpers:
                 try:
-                    if b"stopped()" in Path(f"/proc/{entry}/cmdline").read_bytes():
-                        helpers.add(int(entry))
+                    parts = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
                 except OSError:
                     continue
+                if any(b"stopped()" in p for p in parts) and len(parts) >= 2 and parts[-2].isdigit():
+                    helpers[int(entry)] = int(parts[-2])
         live = [p for p in helpers if state_of(p) not in ("", "Z")]
         if live:
-            cand = int(Path(f"/proc/{live[0]}/cmdline").read_bytes().split(b"\0")[-2])
-            if state_of(cand) == "T":
-                seen["stopped"] += 1
-                seen["helper_running"] += any(state_of(p) == "R" for p in live)
+            cand = helpers[live[0]]
+            if state_of(cand) == "T":  # read the candidate, the helpers, the candidate again: a block was on
+                running = any(state_of(p) == "R" for p in live)  # throughout (cont() wakes the candidate first)
+                if state_of(cand) == "T":
+                    seen["stopped"] += 1
+                    seen["helper_running"] += running
         time.sleep(0.001)
     r = result["r"]
     assert r.status is Status.OK, r.message

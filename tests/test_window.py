@@ -158,3 +158,36 @@ def test_the_host_bound_is_looser():
     assert "mismatch" not in window_check({"ref": ref, "cand": cand}, "cpu_monotonic")  # 3 ms under a 3.5 ms bound
     assert "mismatch" in window_check({"ref": ref, "cand": _rows(30, 20.0, 1.0, 0.5, 1, 0.5)}, "cpu_monotonic")
 
+
+def test_a_channels_last_output_travels_in_storage_order(tmp_path):
+    """A dense output in another layout is snapshotted as its storage lies (a plain copy, the
+    same work as a contiguous output's) and read back by the clean side with its strides; an
+    expanded view is copied element by element; strides that do not describe the slot are refused."""
+    import torch
+
+    from cudal1.harness.slots import SlotMap, SlotPool
+    from cudal1.harness.timer import _snapshot
+    from cudal1.harness.wire import WireError, decode_outputs, encode_outputs, output_targets, storage_order
+
+    ref = torch.randn(2, 3, 4, 5)
+    pool = SlotPool(torch.device("cpu"), tmp_path)
+    targets = output_targets((ref, ref[0]), pool, [])
+    slots = SlotMap(torch.device("cpu"))
+    slots.update([s.describe() for s in pool.slots.values()])
+    out = (ref.to(memory_format=torch.channels_last), ref[0, :, :1, :].expand(3, 4, 5))  # dense; expanded
+    assert storage_order(out[0]) is not None and storage_order(out[0]).is_contiguous()
+    assert storage_order(out[1]) is None
+    desc = encode_outputs(out, targets, slots, "cpu")
+    node = desc["items"][0]
+    assert node["strides"] == list(out[0].stride())
+    first = slots.tensor(targets[0])
+    assert torch.equal(first.reshape(-1), out[0].permute(0, 2, 3, 1).reshape(-1))  # storage order in the slot
+    back = decode_outputs(desc, pool)
+    assert torch.equal(back[0], ref) and back[0].is_contiguous() and torch.equal(back[1], out[1])
+    assert "strides" not in desc["items"][1]
+    snap = torch.empty(2, 3, 4, 5)
+    _snapshot(snap, out[0])
+    assert torch.equal(snap, first)
+    node["strides"] = [60, 20, 5, 2]  # overlapping
+    with pytest.raises(WireError):
+        decode_outputs(desc, pool)

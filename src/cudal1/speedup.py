@@ -2,8 +2,9 @@
 
 Contract (one rule for the optimizer's summary, ``best/``, the CLI tables and the report):
 
-* A verdict is **faster** than a threshold ``p`` only when it is ``ok`` and its speedup's 95%
-  confidence interval lies above ``p`` (lower bound > ``p``).  A speedup without an interval
+* A verdict is **faster** than a threshold ``p`` only when it is ``ok``, its timing is trusted
+  (not ``contended``) and its speedup's 95% confidence interval lies above ``p`` (lower bound >
+  ``p``).  A speedup without an interval
   (published release files, records from before intervals were kept) is read as its point value.
 * A result is **uncertain** when its interval includes 1.0 (not measurably faster or slower than
   the reference), and **noisy** when the judge flagged ``high_variance`` (timing IQR above 10% of
@@ -42,8 +43,10 @@ def _ok(result: Any) -> bool:
 
 
 def faster(result: Any, threshold: float = 1.0) -> bool:
-    """An ``ok`` verdict (an :class:`~cudal1.types.EvalResult`) faster than ``threshold`` with confidence."""
-    return _ok(result) and clears(result.speedup, result.speedup_ci, threshold)
+    """An ``ok`` verdict (an :class:`~cudal1.types.EvalResult`) faster than ``threshold`` with
+    confidence; never one whose timing the judge did not trust (``contended``: the GPU was shared)."""
+    return (_ok(result) and "contended" not in (result.flags or [])
+            and clears(result.speedup, result.speedup_ci, threshold))
 
 
 def uncertain(speedup: float | None, ci: Sequence[float] | None) -> bool:

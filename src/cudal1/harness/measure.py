@@ -336,7 +336,8 @@ class _RefWindow:
     def __init__(self, owner: Measurement, timer: Any, stager: Stager, page: Any, template: Any) -> None:
         self.owner, self.timer, self.stager, self.page = owner, timer, stager, page
         self.device = owner.device
-        self.targets = [torch.empty_like(x) for x in output_leaves(template) if isinstance(x, torch.Tensor)]
+        self.targets = [torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)  # contiguous, like a slot view
+                        for x in output_leaves(template) if isinstance(x, torch.Tensor)]
         self.buffers: list[torch.Tensor] = []
 
     def _buffer(self, lane: int, nbytes: int) -> torch.Tensor:

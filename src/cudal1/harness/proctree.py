@@ -209,6 +209,7 @@ class CandidateTree:
                     stopped.add(pid)
             if self._frozen:
                 break
+        _wait_stopped(list(stopped), settle_s)  # the helpers are really stopped before the candidate is
         try:
             os.killpg(self.pid, signal.SIGSTOP)
         except (ProcessLookupError, PermissionError):
@@ -216,7 +217,7 @@ class CandidateTree:
         if self._signal(self.pid, signal.SIGSTOP):
             stopped.add(self.pid)
         self._stopped = list(stopped)
-        _wait_stopped(self._stopped, settle_s)
+        _wait_stopped([self.pid], settle_s)
         return len(stopped)
 
     def cont(self) -> None:
@@ -230,13 +231,14 @@ class CandidateTree:
         self._stopped = []
 
     def kill(self) -> int:
-        """Stop everything, then SIGKILL it all (the candidate's process last).  Returns how many
-        processes were signalled."""
+        """Stop everything, then SIGKILL it all, the candidate's process first (its helpers, still
+        stopped, cannot exit and free their pids meanwhile; never is a helper seen running beside a
+        stopped candidate).  Returns how many processes were signalled."""
         self.stop()
         victims = set(self._stopped) | (set(self._frozen) if self._frozen else self.members())
+        self._signal(self.pid, signal.SIGKILL)
         for pid in sorted(victims - {self.pid}):
             self._signal(pid, signal.SIGKILL)
-        self._signal(self.pid, signal.SIGKILL)
         self._stopped = []
         return len(victims)
 

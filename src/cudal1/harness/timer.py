@@ -43,6 +43,15 @@ import torch
 
 from cudal1.harness.compare import same_bits as _same_bits
 from cudal1.harness.wire import output_leaves as _output_leaves
+from cudal1.harness.wire import storage_order
+
+
+def _as_snapshot(leaf: Any, snap: torch.Tensor) -> Any:
+    """``leaf`` in the layout its snapshot was taken in (for comparing the two bit by bit)."""
+    if not isinstance(leaf, torch.Tensor) or snap.shape == leaf.shape and leaf.is_contiguous():
+        return leaf
+    flat = storage_order(leaf.detach())
+    return flat.reshape(snap.shape) if flat is not None and flat.numel() == snap.numel() else leaf
 
 # Captured before candidate code runs: a candidate rebinding these cannot change the clock.
 _perf_counter_ns = time.perf_counter_ns
@@ -95,6 +104,17 @@ def _fits(target: torch.Tensor | None, leaf: torch.Tensor, device_type: str) -> 
     return (target is not None and type(leaf) is torch.Tensor and not leaf.is_meta and leaf.device.type == device_type
             and leaf.layout is torch.strided and leaf.dtype == target.dtype and leaf.shape == target.shape)
 
+
+def _snapshot(target: torch.Tensor, leaf: torch.Tensor) -> None:
+    """Copy ``leaf`` into its (contiguous) slot view: a dense leaf's storage bytes as they lie
+    (:func:`cudal1.harness.wire.storage_order`: a channels-last output costs a plain copy, as a
+    contiguous one does, so both sides' windows hold the same work), any other one element by
+    element."""
+    flat = storage_order(leaf.detach())
+    if flat is None:
+        target.copy_(leaf.detach())
+    else:
+        target.reshape(-1).copy_(flat)
 
 
 class CudaTimer:
@@ -205,10 +225,11 @@ class CudaTimer:
                 continue
             assert target is not None
             if target.is_cuda:
-                target.copy_(leaf.detach())
+                _snapshot(target, leaf)
                 snap = target
             else:  # a host copy now would wait for the GPU, which the gate holds
-                snap = leaf.detach().clone()
+                snap = torch.empty_like(target)
+                _snapshot(snap, leaf)
                 to_host.append((target, snap))
             if snap.numel():
                 self.kernels.digest(snap.data_ptr(), snap.numel() * snap.element_size(), stream)
@@ -222,7 +243,8 @@ class CudaTimer:
         end_device.record()
         end_device.synchronize()
         blocked = page.status == (window.seq & 0xFFFFFFFF)
-        escaped = check_escape and any(s is not None and not _same_bits(s, leaf) for s, leaf in zip(snapshot, leaves))
+        escaped = check_escape and any(s is not None and not _same_bits(s, _as_snapshot(leaf, s))
+                                       for s, leaf in zip(snapshot, leaves))
         return CallTiming(start.elapsed_time(end), start.elapsed_time(end_device), host_ms, blocked, escaped), out
 
 
@@ -269,8 +291,9 @@ class CpuTimer:
                 target = window.targets[i] if i < len(window.targets) else None
                 if not _fits(target, leaf, "cpu"):
                     continue
-                if leaf.is_contiguous():  # one thread: torch's copy waits for its whole pool, late under load
-                    raw_bytes(target).numpy()[:] = raw_bytes(leaf.detach()).numpy()  # type: ignore[arg-type]
+                flat = storage_order(leaf.detach())
+                if flat is not None:  # one thread: torch's copy waits for its whole pool, late under load
+                    raw_bytes(target).numpy()[:] = raw_bytes(flat).numpy()  # type: ignore[arg-type]
                 else:
                     target.copy_(leaf.detach())  # type: ignore[union-attr]
             window.published(0)  # host slots: the clean side reads them itself the moment it hears this

@@ -90,6 +90,30 @@ def decode_inputs(desc: dict[str, Any], slots: SlotMap, make: Callable[[torch.Te
 
 
 # ---- candidate -> clean side -----------------------------------------------------------------
+def storage_order(t: torch.Tensor) -> torch.Tensor | None:
+    """A dense tensor's elements as a flat view in the order they lie in memory (a contiguous
+    tensor's own order; a channels-last one's, ...), or None for a tensor that is not dense and
+    non-overlapping (an expanded or sliced view: it must be copied element by element)."""
+    if t.is_contiguous():
+        return t.reshape(-1)
+    if not dense(list(t.shape), list(t.stride())):
+        return None
+    return t.as_strided((t.numel(),), (1,), t.storage_offset())
+
+
+def dense(shape: list[int], strides: list[int]) -> bool:
+    """Whether ``strides`` lay ``shape`` out densely without overlap (a permutation of a
+    contiguous layout; dimensions of size 1 may have any stride)."""
+    if len(shape) != len(strides):
+        return False
+    expected = 1
+    for size, stride in sorted(((n, s) for n, s in zip(shape, strides) if n != 1), key=lambda p: p[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
 def output_leaves(out: Any) -> list[Any]:
     """The output's tensor(-like) leaves in the order output slots are assigned (dict keys sorted,
     as :func:`encode_outputs` and :func:`output_targets` walk them)."""
@@ -122,9 +146,14 @@ def encode_outputs(out: Any, targets: list[dict[str, Any]], slots: SlotMap, devi
                     and obj.layout is torch.strided and target is not None
                     and target["dtype"] == node["dtype"] and list(target["shape"]) == node["shape"])
             if fits:
-                if copy:
+                flat = storage_order(obj.detach())
+                if copy and flat is None:
                     slots.tensor(target).copy_(obj.detach())
+                elif copy:
+                    slots.tensor(target).reshape(-1).copy_(flat)
                 node["slot"] = target["slot"]
+                if flat is not None and not obj.is_contiguous():
+                    node["strides"] = list(obj.stride())  # the slot holds its storage order
             return node
         if isinstance(obj, (list, tuple)):
             return {"t": "tuple" if isinstance(obj, tuple) else "list", "items": [walk(x, depth + 1) for x in obj]}
@@ -181,8 +210,11 @@ def decode_outputs(desc: Any, pool: SlotPool) -> Any:
             slot = pool.slots.get(int(sid)) if isinstance(sid, int) else None
             if slot is None:
                 raise WireError(f"unknown slot {sid!r}")
-            data = view(slot.raw, dtype_of(str(node["dtype"])), [int(s) for s in node["shape"]]).clone()
-            return data.to(pool.device)
+            shape = [int(s) for s in node["shape"]]
+            data = view(slot.raw, dtype_of(str(node["dtype"])), shape)
+            if node.get("strides") is not None:
+                data = _strided(data, shape, node["strides"])
+            return data.contiguous().clone().to(pool.device)
         if kind in ("list", "tuple"):
             items = node.get("items")
             if not isinstance(items, list):
@@ -204,6 +236,19 @@ def decode_outputs(desc: Any, pool: SlotPool) -> Any:
         raise WireError(f"unknown output node {kind!r}")
 
     return walk(desc, 0)
+
+
+def _strided(data: torch.Tensor, shape: list[int], strides: Any) -> torch.Tensor:
+    """The slot's elements (in storage order) seen with the candidate's strides, which must
+    describe a dense, non-overlapping layout of exactly those elements."""
+    if not (isinstance(strides, list) and len(strides) == len(shape) and all(type(s) is int and s > 0 for s in strides)):
+        raise WireError("malformed strides")
+    flat = data.reshape(-1)
+    if flat.numel() == 0:
+        return data
+    if not dense(shape, strides):
+        raise WireError("strides of an overlapping or sparse layout")
+    return flat.as_strided(shape, strides)
 
 
 def output_targets(ref_out: Any, pool: SlotPool, slots: list[Slot | None]) -> list[dict[str, Any] | None]:
