@@ -160,6 +160,65 @@ def test_helpers_never_run_while_the_reference_is_timed(tmp_path, cpu_judge_conf
     assert r.status is Status.OK, r.message
     assert len(helpers) == 2 and seen["stopped"] >= 5, seen
     assert seen["helper_running"] == 0, seen
-    assert all(state_of(p) in ("", "Z") for p in helpers)
+    deadline = time.monotonic() + 5  # killed with the job (a killed process takes a moment to be gone)
+    while time.monotonic() < deadline and any(state_of(p) not in ("", "Z") for p in helpers):
+        time.sleep(0.02)
+    assert all(state_of(p) in ("", "Z") for p in helpers), {p: state_of(p) for p in helpers}
     assert r.environment.isolation["new_processes"].startswith("applied"), r.environment.isolation
     assert "2 helper process(es)" in r.environment.isolation["new_processes"]
+
+
+@pytest.mark.cpu
+def test_identical_code_beside_busy_processes_claims_nothing(tmp_path, cpu_judge_config):
+    """An A/A verdict (the reference against itself) with two processes spinning beside the judge
+    on this host: either its CI includes 1.0 or it says ``contended`` (with the evidence); it never
+    says faster or slower.  benchmarks/aa_load.py measures this over 20 verdicts."""
+    from cudal1.harness import evaluate_pairs
+    from cudal1.speedup import faster, slower
+    from cudal1.tasks import load_task_file
+    from cudal1.types import Candidate, Status
+
+    task = load_task_file(REPO / "tests/fixtures/cpu_tasks/linear_relu.py")
+    source = task.source.replace("class Model(", "class ModelNew(")
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    try:
+        (r,) = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))], cpu_judge_config(tmp_path / "cache"))
+    finally:
+        for p in spinners:
+            p.kill()
+    assert r.status is Status.OK, r.message
+    host = r.figures["contention"]["host"]
+    assert host["cpus"] >= 1 and 0.0 <= host["wait_share"]["reference"] <= 1.0
+    assert not faster(r) and not slower(r), (r.speedup, r.speedup_ci, r.flags, host)
+    assert "contended" in r.flags or r.speedup_ci[0] <= 1.0 <= r.speedup_ci[1], (r.speedup_ci, host)
+    if "contended" in r.flags:
+        assert "waited" in r.message
+
+
+@pytest.mark.cpu
+def test_the_judges_processes_keep_idle_openmp_threads_asleep(tmp_path, cpu_judge_config):
+    """Both processes of a job come from a forkserver started with OMP_WAIT_POLICY=PASSIVE (unless
+    the caller set it): a spinning OpenMP pool in the reference worker took a core from the
+    candidate on a small host (an identical program read 0.23x on two cores)."""
+    from cudal1.harness import evaluate_pairs
+    from cudal1.tasks import load_task_file
+    from cudal1.types import Candidate, Status
+
+    if os.environ.get("OMP_WAIT_POLICY"):
+        pytest.skip("the caller chose an OpenMP wait policy")
+    task = load_task_file(REPO / "tests/fixtures/small_tasks/diag_matmul.py")
+    source = textwrap.dedent("""
+        import os
+        import torch.nn as nn
+
+        POLICY = os.environ.get("OMP_WAIT_POLICY")
+
+
+        class ModelNew(nn.Module):
+            def forward(self, A, B):
+                assert POLICY == "PASSIVE", POLICY
+                return A.unsqueeze(1) * B
+    """)
+    (r,) = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))], cpu_judge_config(tmp_path / "cache"))
+    assert r.status is Status.OK, r.message
+    assert "OMP_WAIT_POLICY" not in os.environ  # this process's environment is left as it was

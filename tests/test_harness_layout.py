@@ -6,7 +6,7 @@ import ast
 from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parents[1] / "src" / "cudal1" / "harness"
-CLEAN = ("refworker", "measure", "link", "numerics", "compare", "degenerate", "memory")  # the reference worker's modules
+CLEAN = ("refworker", "measure", "link", "hostload", "numerics", "compare", "degenerate", "memory")  # the reference worker's modules
 PARENT = ("api", "plan", "batch", "evaluator", "lease", "assemble", "stats", "farm", "batchstats", "ray_backend",
           "gpu_share")
 

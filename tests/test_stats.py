@@ -169,3 +169,71 @@ def test_a_contended_verdict_is_never_faster():
     assert faster(sure)
     sure.flags = ["contended"]
     assert not faster(sure)  # the GPU was shared while it was timed: its figure is not trusted
+
+
+class TestPairedInterval:
+    """stats.speedup_ci: the CI follows the alternating blocks (rounds), never narrower than the
+    pooled bootstrap; stats.host_contention reads the worker's per-block wait shares."""
+
+    def _rounds(self, n_rounds, per_block=5, drift=0.0, seed=0):
+        rng = np.random.default_rng(seed)
+        ref, cand, blocks = [], [], []
+        for k in range(n_rounds):
+            level = 1.0 + drift * rng.standard_normal()  # what the host did to this round, both blocks alike
+            shift = drift * rng.standard_normal()  # ... and what it did to one block only
+            ref += list(10.0 * level * (1 + shift) + 0.05 * rng.standard_normal(per_block))
+            cand += list(10.0 * level + 0.05 * rng.standard_normal(per_block))
+            blocks += [["ref", per_block, 1.0], ["cand", per_block, 1.0]] if k % 2 else [["cand", per_block, 1.0],
+                                                                                         ["ref", per_block, 1.0]]
+        return ref, cand, blocks
+
+    def test_rounds_pair_blocks_in_either_order(self):
+        from cudal1.harness.stats import rounds
+
+        assert rounds([["cand", 5, 1], ["ref", 5, 1], ["ref", 3, 1], ["cand", 3, 1]]) == [((0, 5), (0, 5)),
+                                                                                            ((5, 8), (5, 8))]
+
+    def test_steady_rounds_keep_the_pooled_width(self):
+        from cudal1.harness.stats import speedup_ci
+
+        ref, cand, blocks = self._rounds(20)
+        pooled = bootstrap_speedup_ci(ref, cand)
+        paired = speedup_ci(ref, cand, blocks)
+        assert paired[0] <= pooled[0] and paired[1] >= pooled[1]
+        assert paired[1] - paired[0] < 2 * (pooled[1] - pooled[0]) + 0.01
+
+    def test_rounds_that_disagree_widen_it_past_one(self):
+        from cudal1.harness.stats import speedup_ci
+
+        ref, cand, blocks = self._rounds(8, drift=0.3, seed=3)  # an identical program on a loaded host
+        pooled = bootstrap_speedup_ci(ref, cand)
+        assert pooled[1] < 1.0  # the calls taken as independent: "slower", with confidence
+        lo, hi = speedup_ci(ref, cand, blocks)
+        assert lo < 1.0 < hi and hi - lo > 1.5 * (pooled[1] - pooled[0])
+
+    def test_few_rounds_fall_back_to_the_pooled_bootstrap(self):
+        from cudal1.harness.stats import speedup_ci
+
+        ref, cand, blocks = self._rounds(3, drift=0.3)
+        assert speedup_ci(ref, cand, blocks) == bootstrap_speedup_ci(ref, cand)
+
+    def test_host_contention_from_wait_shares(self):
+        from cudal1.harness.stats import host_contention
+
+        quiet = host_contention({"wait_share": {"ref": [0.0, 0.01], "cand": [0.02, 0.0]}, "runnable": [1, 2], "cpus": 2})
+        assert quiet["contended"] is False and quiet["runnable"] == 1.5
+        busy = host_contention({"wait_share": {"ref": [0.4, 0.5, 0.45], "cand": [0.05]}, "runnable": [4], "cpus": 2})
+        assert busy["contended"] is True and busy["wait_share"]["reference"] == 0.45
+        assert host_contention({}) == {}
+
+
+def test_a_cpu_verdict_claims_only_beyond_its_margin():
+    from cudal1.speedup import CPU_MARGIN, faster, slower
+    from cudal1.types import EvalResult, Status
+
+    near = EvalResult(status=Status.OK, speedup=0.94, speedup_ci=(0.92, 0.96), flags=["cpu_timing"])
+    assert not slower(near) and not faster(near)  # within the CPU clock's few percent of protocol bias
+    near.flags = []
+    assert slower(near)  # on the GPU clock the same interval is slower
+    far = EvalResult(status=Status.OK, speedup=1.5, speedup_ci=(1 + CPU_MARGIN + 0.05, 1.7), flags=["cpu_timing"])
+    assert faster(far)

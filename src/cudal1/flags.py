@@ -29,7 +29,7 @@ FLAGS: dict[str, str] = {
     "persisting_l2": "the candidate set a persisting-L2 limit or an access-policy window (lines an L2 flush cannot evict)",
     "new_process": "the candidate's process started a process after warm-up (it is sealed against that once timing begins)",
     "foreign_gpu_work": "a process the candidate started (by descent or uid) held its own context on the GPU being timed",
-    "contended": "another process outside this judge used the GPU while it was timed: the timing is not trusted",
+    "contended": "the GPU (another process outside this judge) or the host (its timed threads waited for a CPU) was shared while it was timed: the timing is not trusted",
     # informational
     "cpu_timing": "timed on the CPU with a monotonic host clock",
     "build_cached": "the candidate's extension build was found in the build cache",

@@ -6,12 +6,8 @@ import argparse
 
 from cudal1.cli.options import add_judge_flags, config_from_args, out_dir, read_text
 from cudal1.cli.output import as_user_file, fmt, print_json
-from cudal1.speedup import faster, result_cell
+from cudal1.speedup import faster, result_cell, slower
 from cudal1.types import Candidate, EvalResult
-
-
-def clears_below(r: EvalResult) -> bool:
-    return r.speedup is not None and bool(r.speedup_ci) and r.speedup_ci[1] < 1.0  # type: ignore[index]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +27,8 @@ def describe(r: EvalResult) -> str:
     lines = [f"status      {r.status.value}"]
     if r.speedup is not None:
         ci = f"  (95% CI {r.speedup_ci[0]:.3g}-{r.speedup_ci[1]:.3g})" if r.speedup_ci else ""
-        verdict = ("faster than the reference" if faster(r) else "slower than the reference" if clears_below(r)
+        verdict = ("not trusted: the host or GPU was shared while it was timed (contended)" if "contended" in r.flags
+                   else "faster than the reference" if faster(r) else "slower than the reference" if slower(r)
                    else "not measurably faster or slower (the CI includes 1.0)")
         lines.append(f"speedup     {result_cell(r)}{ci}: {verdict}")
     if r.reference and r.candidate:

@@ -16,7 +16,7 @@ from cudal1.config import EvalConfig
 from cudal1.flags import check as check_flag
 from cudal1.harness.sandbox import JobOutcome
 from cudal1.harness.spec import TimingStage
-from cudal1.harness.stats import FIGURES, _median, bootstrap_speedup_ci, figures, speedup
+from cudal1.harness.stats import FIGURES, _median, figures, host_contention, speedup, speedup_ci
 from cudal1.harness.faults import is_cuda_fault
 from cudal1.types import Correctness, Environment, EvalResult, Status, Timing
 
@@ -79,6 +79,7 @@ def _shared_gpu(outcome: JobOutcome, r: EvalResult) -> None:
         r.speedup = r.speedup_ci = None
     elif s.others:
         r.flags.append("contended")
+        r.figures.setdefault("contention", {})["gpu"] = s.others
         r.message = (f"{r.message}\ncontended: the GPU was shared while this was timed ({s.summary()}); "
                      "the timing is not trusted").strip()
 
@@ -199,4 +200,17 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
             "probe_ms": {"reference": f.join_probe_ms.get("ref"), "candidate": f.join_probe_ms.get("cand")}}
     if r.status is Status.OK:
         r.speedup = speedup(r.reference.median_ms, r.candidate.median_ms)
-        r.speedup_ci = bootstrap_speedup_ci(f.samples(figure, "ref"), f.samples(figure, "cand"), config.bootstrap_samples)
+        r.speedup_ci = speedup_ci(f.samples(figure, "ref"), f.samples(figure, "cand"), t.blocks, config.bootstrap_samples)
+    host = host_contention(t.load or {})
+    if host:
+        r.figures["contention"] = {"host": host}
+        # the host's share matters to a figure the host is part of: the CPU's, the host figure, or
+        # a launch-bound call's (its GPU time follows the host's issue)
+        host_bound = clock != "cuda_event" or figure == "host" or "launch_bound" in r.flags
+        if host["contended"] and host_bound and r.status is Status.OK:
+            r.flags.append("contended")
+            share = host["wait_share"]
+            r.message = (f"{r.message}\ncontended: the host was shared while this was timed (the reference's threads "
+                         f"waited {share['reference']:.0%} of their runnable time for a CPU, the candidate's "
+                         f"{share['candidate']:.0%}; {host.get('runnable', 0):.3g} tasks runnable on {host['cpus']} CPUs): "
+                         "the timing is not trusted").strip()

@@ -249,7 +249,7 @@ class _LocalBatch:
             MEMORY_BOUND.add(job.task.hash)
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
-        elif "contended" in res.flags and not self.stopping:  # another process used the GPU: once more, alone
+        elif (res.figures.get("contention") or {}).get("gpu") and not self.stopping:  # another process used the GPU: once more, alone
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
         return res

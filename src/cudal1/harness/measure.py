@@ -15,6 +15,7 @@ block runs.  Statistics are the parent's: this module only measures.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 import time
@@ -24,6 +25,7 @@ import torch
 
 from cudal1.harness import compare as cmp
 from cudal1.harness import window
+from cudal1.harness.hostload import BlockLoad
 from cudal1.harness.link import CandidateLink, described
 from cudal1.harness.memory import poison_free_blocks
 from cudal1.harness.numerics import ExactAnswers, ExactReference, LeafCheck, deviation
@@ -175,9 +177,12 @@ class Measurement:
         rows: dict[str, list[list[Any]]] = {"ref": [], "cand": []}
         blocks: list[list[Any]] = []
         seed0 = self.input_seed + seed_offset
-        size = max(1, self.cfg.timing_block)
+        # at least six rounds where the calls allow: the confidence interval is computed from
+        # per-round ratios (stats.speedup_ci), which needs several rounds to see drift between them
+        size = max(1, min(self.cfg.timing_block, n // 6))
         done = {"ref": 0, "cand": 0}
         refs = _RefWindow(self, timer, stager, page, template)
+        load = BlockLoad()
         while done["ref"] < n or done["cand"] < n:
             for who in rng.sample(["ref", "cand"], 2):
                 calls = list(range(done[who], min(n, done[who] + size)))
@@ -185,16 +190,18 @@ class Measurement:
                     continue
                 t0 = _perf()
                 if who == "ref":
-                    self.ref_block(refs, ref_model, link, calls, seed0, rows["ref"])
+                    self.ref_block(refs, ref_model, link, calls, seed0, rows["ref"], load)
                 else:
+                    load.begin(link.pid)
                     self.cand_block(ref_model, link, calls, seed0, recheck, rows["cand"], template, cand_watchdog)
+                    load.end("cand", link.pid)
                 blocks.append([who, len(calls), (_perf() - t0) * 1e3])
                 done[who] += len(calls)
         self.no_new_processes(link)
         self.address_reuse_probe(ref_model, link, seed0 + 2 * n + 1)
         return {"timing": {"clock": timer.clock, "ref": rows["ref"], "cand": rows["cand"], "blocks": blocks,
                            "overhead_ms": timer.overhead_ms, "calibration": timer.calibration, "cand_join": cand_join,
-                           "sealed": sealed, "helpers": len(link.tree.helpers())},
+                           "sealed": sealed, "helpers": len(link.tree.helpers()), "load": load.as_dict()},
                 "rechecked": len(recheck)}
 
     def no_new_processes(self, link: CandidateLink) -> None:
@@ -206,11 +213,13 @@ class Measurement:
                           "new_process")
 
     def ref_block(self, refs: "_RefWindow", ref_model: Any, link: CandidateLink, calls: list[int], seed0: int,
-                  rows: list[list[Any]]) -> None:
+                  rows: list[list[Any]], load: BlockLoad) -> None:
         link.pause()
         try:
+            load.begin(os.getpid())
             for t in calls:
                 rows.append(refs.time(ref_model, self.make_inputs(seed0 + 2 * t)))
+            load.end("ref", os.getpid())
         finally:
             link.resume()
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
-from cudal1.harness.launcher import get_context, launching
+from cudal1.harness.launcher import ensure_server, get_context, launching
 from cudal1.harness.gpu_share import GpuWatch, Sharing
 from cudal1.harness.numerics import LeafCheck
 from cudal1.harness.proctree import CandidateTree, parent_of
@@ -206,6 +206,7 @@ def _reference_target(spec: WorkerSpec, conn: Any, key_holder: list, link: Any, 
 def _start(ctx: Any, target: Any, spec: Any, extra: Any, page: _Fd | None = None) -> tuple[Any, Any, bytes]:
     """Start one child: (process, read end of its signed channel, its key)."""
     key = secrets.token_bytes(32)
+    ensure_server()
     recv_conn, send_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target, args=(spec, send_conn, [key], extra, page), daemon=False)
     with launching():

@@ -119,6 +119,7 @@ class TimingStage:
     physics_ms: float | None = None  # outputs written once at the device's peak bandwidth (CUDA only)
     sealed: str = ""  # what sealing the candidate's process against new processes did (applied / refused: why)
     helpers: int = 0  # processes of the candidate's beside its own when it was sealed (compile workers, helpers)
+    load: dict[str, Any] = field(default_factory=dict)  # host load per block (cudal1.harness.hostload.BlockLoad)
 
 
 @dataclass

@@ -1,0 +1,71 @@
+"""How much the host was shared while a timing block ran, as the kernel counts it: the time the
+timed process's threads spent runnable but waiting for a CPU (``/proc/<pid>/task/*/schedstat``),
+and how many tasks were runnable on the machine (``/proc/stat``'s ``procs_running``).
+
+Contract: :class:`BlockLoad` is the clean reference worker's; it reads these counters around each
+timing block, for the process the block timed (itself for the reference's blocks, the
+candidate's process for the candidate's), and reports per block the *wait share*: waiting time
+over waiting plus running time of those threads.  Nothing here judges: the parent decides
+(:func:`cudal1.harness.stats.host_contention`).  Without ``/proc`` (not Linux) every figure is
+absent.  Cost: a read of each thread's counters per block (about 10 µs a thread).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def thread_times(pid: int) -> tuple[int, int] | None:
+    """(ns on a CPU, ns runnable but waiting) summed over ``pid``'s threads; None when unreadable."""
+    run = wait = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+            run, wait = run + int(fields[0]), wait + int(fields[1])
+        except (OSError, ValueError, IndexError):
+            continue
+    return run, wait
+
+
+def runnable() -> int | None:
+    """Tasks runnable on the machine right now (the reader included)."""
+    try:
+        with open("/proc/stat") as f:
+            for line in f:
+                if line.startswith("procs_running"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+class BlockLoad:
+    """Per-block wait shares of the timed processes, and the machine's runnable tasks."""
+
+    def __init__(self) -> None:
+        self.wait_share: dict[str, list[float]] = {"ref": [], "cand": []}
+        self.runnable: list[int] = []
+        self._start: tuple[int, int] | None = None
+
+    def begin(self, pid: int) -> None:
+        self._start = thread_times(pid)
+
+    def end(self, who: str, pid: int) -> None:
+        after, before = thread_times(pid), self._start
+        if after is not None and before is not None:
+            run, wait = after[0] - before[0], after[1] - before[1]
+            if run + wait > 0:
+                self.wait_share[who].append(wait / (run + wait))
+        count = runnable()
+        if count is not None:
+            self.runnable.append(count)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"wait_share": self.wait_share, "runnable": self.runnable, "cpus": len(os.sched_getaffinity(0))
+                if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)}
