@@ -93,7 +93,8 @@ def test_ray_backend_judges_like_the_local_backend(cluster, judge_config, tmp_pa
     for a, b in zip(local, remote):
         assert type(a) is type(b) and set(a.to_dict()) == set(b.to_dict())
         assert (a.task_hash, a.candidate_hash, a.config_hash, a.phase) == (b.task_hash, b.candidate_hash, b.config_hash, b.phase)
-        assert set(a.flags) - {"high_variance", "strict_verified"} == set(b.flags) - {"high_variance", "strict_verified"}
+        noise = {"high_variance", "strict_verified", "contended"}  # what the host's load at that moment decides
+        assert set(a.flags) - noise == set(b.flags) - noise
     s = ray_stats[0]
     assert s.backend == "ray" and s.jobs == 7 and s.retries == 0
     for stats in (s, local_stats[0]):

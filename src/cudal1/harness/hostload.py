@@ -33,6 +33,38 @@ def thread_times(pid: int) -> tuple[int, int] | None:
     return run, wait
 
 
+def thread_wait(pid: int, tid: int) -> int:
+    """ns thread ``tid`` of ``pid`` has spent runnable but waiting for a CPU so far (0 when unreadable)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return int(f.read().split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class WindowWaits:
+    """Run-queue waits of the threads a clean window depends on (this process's current thread,
+    and, on the CPU, the candidate's main thread): what a busy host adds to the window, not to
+    the call.  :meth:`start` before the window's start, :meth:`stop` after its end (reads outside
+    the window)."""
+
+    def __init__(self, candidate_pid: int = 0) -> None:
+        import threading
+
+        self.me, self.tid, self.candidate = os.getpid(), threading.get_native_id(), candidate_pid
+        self._start = 0
+
+    def _now(self) -> int:
+        return thread_wait(self.me, self.tid) + (thread_wait(self.candidate, self.candidate) if self.candidate else 0)
+
+    def start(self) -> None:
+        self._start = self._now()
+
+    def stop(self) -> float:
+        """ms waited since :meth:`start`."""
+        return max(0, self._now() - self._start) / 1e6
+
+
 def runnable() -> int | None:
     """Tasks runnable on the machine right now (the reader included)."""
     try:

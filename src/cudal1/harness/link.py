@@ -24,6 +24,7 @@ import torch
 
 from cudal1.flags import FLAGS
 from cudal1.harness import compare as cmp
+from cudal1.harness.hostload import WindowWaits
 from cudal1.harness.proctree import CandidateTree
 from cudal1.harness.slots import Slot, SlotError, SlotPool, dtype_of, view
 from cudal1.harness.window import raw_bytes
@@ -71,6 +72,7 @@ class TimedCall:
     digest: int
     desc: Any
     snapshot: dict[int, torch.Tensor] | None = None  # CPU: the output slots' bytes when "done" arrived
+    waited_ms: float = 0.0  # run-queue waits of the threads the window depends on (hostload.WindowWaits)
 
 
 class CandidateLink:
@@ -237,6 +239,8 @@ class CandidateLink:
         blocked = self._await("issued", watchdog_s) is None
         if self.device.type == "cuda" and not blocked:
             self.page.await_started(seq)  # the gate runs: its launch stays out of the window
+        waits = WindowWaits(0 if self.device.type == "cuda" else self.pid)  # on a GPU the candidate's host is done
+        waits.start()
         t_open = _perf_ns()
         if self.device.type == "cuda":
             self.page.open(seq, key)
@@ -247,6 +251,7 @@ class CandidateLink:
             self._await("done", None)
             t_done, early, digest = _perf_ns(), None, 0
             snapshot = {t["slot"]: self.pool.slots[t["slot"]].raw.clone() for t in targets if t}
+        waited_ms = waits.stop()
         reply = early if early is not None else self._final()
         if t_done is None:
             if self.page.done != (seq & 0xFFFFFFFF):
@@ -258,7 +263,7 @@ class CandidateLink:
         row = [float(row[0]), float(row[1]), float(row[2]), bool(row[3]) or blocked, bool(row[4])]
         if "out" not in reply:
             raise Verdict("rejected", f"{where}: the candidate's process described no output", "tampering")
-        return TimedCall(row, (t_done - t_open) / 1e6, blocked, digest, reply["out"], snapshot)
+        return TimedCall(row, (t_done - t_open) / 1e6, blocked, digest, reply["out"], snapshot, waited_ms)
 
     def send(self, op: str, **payload: Any) -> None:
         fresh = [s.describe() for sid, s in self.pool.slots.items() if sid not in self._told]

@@ -25,7 +25,7 @@ import torch
 
 from cudal1.harness import compare as cmp
 from cudal1.harness import window
-from cudal1.harness.hostload import BlockLoad
+from cudal1.harness.hostload import BlockLoad, WindowWaits
 from cudal1.harness.link import CandidateLink, described
 from cudal1.harness.memory import poison_free_blocks
 from cudal1.harness.numerics import ExactAnswers, ExactReference, LeafCheck, deviation
@@ -233,7 +233,7 @@ class Measurement:
             ref_out = None if self.fixed_layout else self.run_model(ref_model, cmp.clone_tree(inputs))[0]
             key = window.new_key()
             timed = link.time(inputs, template if ref_out is None else ref_out, key, where, watchdog_s)
-            rows.append(timed.row + [timed.window_ms])
+            rows.append(timed.row + [timed.window_ms, timed.waited_ms])
             if not link.outputs_held(timed):
                 raise Verdict("rejected", f"{where}: the outputs it published when it ended are not the outputs in its "
                                           "slots", "timing_mismatch")
@@ -371,31 +371,42 @@ class _RefWindow:
             privates.append(mine)
         args = _replace_tensors(inputs, iter(privates))
         seq = self.timer.next_seq()
-        marks: dict[str, int] = {}
+        marks: dict[str, float] = {}
+        waits = WindowWaits()
+
+        def opened() -> None:
+            waits.start()
+            marks["open"] = _perf_ns()
+
+        def closed() -> None:
+            marks["done"] = _perf_ns()
+            marks["waited"] = waits.stop()
+
         if self.device.type == "cuda":
             self.page.set_key(key)
             self.owner.sync()  # the masking above is done before the gate's clock matters
-            win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: self._open(seq, marks),
+            win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: self._open(seq, opened, closed),
                              gate_timeout_s=self.timer.watchdog_s)
         else:
-            win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: marks.setdefault("open", _perf_ns()),
-                             key=lambda: key, published=lambda _d: marks.setdefault("done", _perf_ns()))
+            win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: opened(), key=lambda: key,
+                             published=lambda _d: closed())
         ct, out = self.timer.time_call(ref_model, tuple(args), check_escape=False, window=win)
         del out, args, privates
-        return [ct.gpu_ms, ct.device_ms, ct.host_ms, ct.blocked, ct.escaped, (marks["done"] - marks["open"]) / 1e6]
+        return [ct.gpu_ms, ct.device_ms, ct.host_ms, ct.blocked, ct.escaped, (marks["done"] - marks["open"]) / 1e6,
+                marks["waited"]]
 
-    def _open(self, seq: int, marks: dict[str, int]) -> None:
+    def _open(self, seq: int, opened: Any, closed: Any) -> None:
         """Open this process's own gate (once it runs) and watch its page until the call's digest
         is there."""
         self.page.await_started(seq)
-        marks["open"] = _perf_ns()
+        opened()
         self.page.open(seq)
-        deadline = marks["open"] + 120 * 10**9
+        deadline = _perf_ns() + 120 * 10**9
         want = seq & 0xFFFFFFFF
         while self.page.done != want:
             if _perf_ns() > deadline:
                 raise RuntimeError("the reference's timed call never completed on the device")
-        marks["done"] = _perf_ns()
+        closed()
 
 
 def _replace_tensors(tree: Any, fresh: Any) -> Any:

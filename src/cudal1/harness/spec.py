@@ -103,9 +103,10 @@ class BuildStage:
 @dataclass
 class TimingStage:
     """The timed calls as measured (statistics are the parent's job, :mod:`cudal1.harness.stats`).
-    ``ref``/``cand``: one row per call, ``[gpu_ms, device_ms, host_ms, blocked, escaped, window_ms]``;
-    ``window_ms`` is the reference worker's own clock from handing out the call's key to seeing
-    its outputs' digest (:mod:`cudal1.harness.window`), for both sides.
+    ``ref``/``cand``: one row per call, ``[gpu_ms, device_ms, host_ms, blocked, escaped, window_ms,
+    waited_ms]``; ``window_ms`` is the reference worker's own clock from handing out the call's key
+    to seeing its outputs' digest (:mod:`cudal1.harness.window`), for both sides; ``waited_ms``
+    the run-queue waits inside it of the threads it depends on (:mod:`cudal1.harness.hostload`).
     ``blocks``: ``[who, calls, span_ms]`` per timing block, in order."""
 
     clock: str = ""  # cuda_event | cpu_monotonic

@@ -218,22 +218,27 @@ def figures(stage: Any) -> Figures:
 
 
 # What the clean window must explain beyond the reference's own slack, per call: a floor (the
-# device's poll and launch gaps on a GPU; two pipe wake-ups on a host), three times the spread of
-# the reference's slack, and a share of the candidate's reported time.
-WINDOW_FLOOR_MS = {"cuda_event": 0.020, "cpu_monotonic": 1.0}
-WINDOW_SHARE = {"cuda_event": 0.01, "cpu_monotonic": 0.10}
+# device's poll and launch gaps on a GPU; on a host, two pipe wake-ups and the unmasking beside
+# whatever else runs: honest CPU candidates read 2.4-4.1 ms over the reference while compilers ran
+# beside the judge on 2 cores, 2026-12-02), three times the spread of the reference's slack, and a
+# share of the candidate's reported time.
+WINDOW_FLOOR_MS = {"cuda_event": 0.020, "cpu_monotonic": 5.0}
+WINDOW_SHARE = {"cuda_event": 0.01, "cpu_monotonic": 0.15}
 
 
 def window_check(rows: dict[str, list[list[Any]]], clock: str) -> dict[str, Any]:
-    """Compare each side's slack (the clean window minus the reported span: the judge's own steps
-    around the call) over the calls that did not block.  Both sides run the same steps on the same
+    """Compare each side's slack (the clean window minus the reported span and minus the run-queue
+    waits of the threads the window depends on: the judge's own steps around the call) over the
+    calls that did not block.  Both sides run the same steps on the same
     bytes, so an honest candidate's slack matches the reference's; time the candidate's process
     hid from its own report shows up as excess slack.  Returns the figures (``excess_ms``, the
     ``bound_ms`` it is held to: the smallest hidden time per call this verdict can tell from noise,
     and ``bound_share`` of the candidate's time) and ``mismatch``, the reason when it is over."""
     def slack(rs: list[list[Any]]) -> tuple[list[float], list[float]]:
         usable = [r for r in rs if len(r) > 5 and not bool(r[3])]
-        return [float(r[5]) - float(r[0]) for r in usable], [float(r[0]) for r in usable]
+        # r[6]: the run-queue waits of the threads the window depends on (a busy host's, not the call's)
+        return ([float(r[5]) - float(r[0]) - (float(r[6]) if len(r) > 6 else 0.0) for r in usable],
+                [float(r[0]) for r in usable])
 
     ref_slack, _ = slack(rows["ref"])
     cand_slack, cand_span = slack(rows["cand"])
