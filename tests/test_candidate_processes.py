@@ -222,3 +222,19 @@ def test_the_judges_processes_keep_idle_openmp_threads_asleep(tmp_path, cpu_judg
     (r,) = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))], cpu_judge_config(tmp_path / "cache"))
     assert r.status is Status.OK, r.message
     assert "OMP_WAIT_POLICY" not in os.environ  # this process's environment is left as it was
+
+
+@pytest.mark.cpu
+def test_minus_v_shows_each_phase_of_a_job_as_it_starts(tmp_path):
+    """``cudal1 eval -v`` logs the job's phases live (logger ``cudal1.judge``), not only the
+    verdict's summary afterwards."""
+    done = subprocess.run([sys.executable, "-m", "cudal1.cli.main", "eval", "-v", "--device", "cpu",
+                           "--reference", str(REPO / "tests/fixtures/small_tasks/diag_matmul.py"),
+                           "--candidate", str(REPO / "examples/candidates/diag_matmul_broadcast.py")],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src"), "CUDAL1_CACHE_DIR": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    live = [line for line in done.stderr.splitlines() if "cudal1.judge:" in line]
+    phases = [line.split(": ")[-1].split(" ")[0] for line in live]
+    assert phases[:5] == ["reference", "import", "construct", "correctness", "timing"], live
+    assert "verdict ok" in live[-1], live

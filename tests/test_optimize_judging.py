@@ -83,3 +83,31 @@ def test_baselines_hand_their_batch_stats_to_the_caller(monkeypatch):
     task = Task("t", "import torch\n")
     judge.baselines([task], ["eager"], on_stats=got.append)
     assert got == [stats] and judge.judging_summary()["jobs"] == 1
+
+
+def test_an_identical_pair_settles_when_its_original_does(monkeypatch):
+    """Progress and ETA see a copy of a pair (the same candidate proposed twice) settle the moment
+    its original's verdict arrives, not at the end of the batch."""
+    import cudal1.harness as harness
+    from cudal1.config import EvalConfig
+    from cudal1.recorded import RecordedJudge
+    from cudal1.types import Candidate, EvalResult, Status, Task
+
+    events: list[tuple[str, str]] = []
+
+    def run_jobs(jobs, config, plan=None, on_result=None, on_stats=None):
+        out = []
+        for i, job in enumerate(jobs):
+            res = EvalResult(status=Status.OK, task_hash=job.task.hash, candidate_hash=job.candidate.hash)
+            on_result(i, res)
+            events.append(("judged", job.candidate.source))
+            out.append(res)
+        return out
+
+    monkeypatch.setattr(harness, "run_jobs", run_jobs)
+    task = Task("t", "class Model: pass\n")
+    a, b = Candidate("A = 1\n", task_hash=task.hash), Candidate("B = 2\n", task_hash=task.hash)
+    judge = RecordedJudge(EvalConfig(device="cpu"), on_event=lambda e: events.append((e.kind, e.result.candidate_hash)))
+    results = judge.judge([(task, a), (task, a), (task, b)])
+    assert [r.candidate_hash for r in results] == [a.hash, a.hash, b.hash]
+    assert events[:3] == [("verdict", a.hash), ("recorded", a.hash), ("judged", "A = 1\n")]

@@ -166,6 +166,10 @@ class RecordedJudge:
                 first[key] = i
                 todo.append(i)
 
+        copies_of: dict[int, list[int]] = {}
+        for i, j in copies:
+            copies_of.setdefault(j, []).append(i)
+
         def record(index: int, res: EvalResult) -> None:
             task, cand = pairs[todo[index]]
             with self._lock:
@@ -174,6 +178,8 @@ class RecordedJudge:
             if self.store is not None:
                 self.store.record_evaluation(res)
             self._emit(JudgeEvent("verdict", task.task_id, res))
+            for copy in copies_of.get(todo[index], []):  # an identical pair settles as its original does
+                self._emit(JudgeEvent("recorded", pairs[copy][0].task_id, res))
 
         if todo:
             fresh = run_jobs([Job(*pairs[i]) for i in todo], self.config, plan=self.plan, on_result=record,
@@ -185,7 +191,6 @@ class RecordedJudge:
                 self._review([(pairs[i], results[i]) for i in todo])
         for i, j in copies:
             results[i] = results[j]
-            self._emit(JudgeEvent("recorded", pairs[i][0].task_id, results[j]))
         return [r for r in results if r is not None]
 
     def _review(self, done: list[tuple[tuple[Task, Candidate], EvalResult | None]]) -> None:

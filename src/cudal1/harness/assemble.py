@@ -190,9 +190,10 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
         share = f.window.get("bound_share") or 0.0
         if r.status is Status.OK and share > 0.10:
             part = f"{share:.0%} of its time" if share < 1 else f"{share:.3g}x its time"
+            bound = f.window["bound_ms"]
+            within = f"{bound * 1e3:.3g} us" if bound < 1 else f"{bound:.3g} ms"
             r.message = (f"{r.message}\nthe clean window checks this candidate's timing reports to within "
-                         f"{f.window['bound_ms'] * 1e3:.3g} us per call ({part}): smaller under-reports "
-                         "cannot be told from noise").strip()
+                         f"{within} per call ({part}): smaller under-reports cannot be told from noise").strip()
     if clock == "cuda_event":  # what the device-wide join cost, and what of it each side was charged
         r.figures["gpu"]["join"] = {
             "base_ms": f.base_ms,

@@ -21,6 +21,7 @@ candidate's reported times included) is :mod:`cudal1.harness.assemble`'s job.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import queue
 import secrets
@@ -38,6 +39,7 @@ from cudal1.harness.proctree import CandidateTree, parent_of
 from cudal1.harness.window import shared_page
 from cudal1.harness.spec import BuildStage, CandidateSpec, TaskFindings, WorkerSpec, WorkerVerdict
 
+_log = logging.getLogger("cudal1.judge")  # what the judge is doing, live: -v (INFO) shows each job's phases
 _EXIT_GRACE_S = 15.0
 _POLL_S = 0.05
 
@@ -256,7 +258,8 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
             if gpu is not None and spec.device == "cuda":
                 watch = GpuWatch(gpu, ref_proc.pid or 0, tree)
         try:
-            _monitor(procs, messages, receivers, limits, outcome, t0, spec if spec is not None else candidate, watch)
+            _monitor(procs, messages, receivers, limits, outcome, t0, spec if spec is not None else candidate, watch,
+                     label=candidate.display_name or candidate.mode)
         finally:
             if watch is not None:
                 outcome.sharing = watch.stop()
@@ -283,7 +286,7 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
 
 def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]", receivers: dict[str, Receiver],
              limits: dict[str, float], outcome: JobOutcome, t0: float, spec: Any = None,
-             watch: GpuWatch | None = None) -> None:
+             watch: GpuWatch | None = None, label: str = "job") -> None:
     """Read both children's signed messages until the verdict (or a deadline, or tampering).
     The phases (and so the deadlines) are the reference worker's; in build mode, the candidate's
     process is alone and its ``result`` is the verdict."""
@@ -340,6 +343,9 @@ def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]"
             phase_start = now
             outcome.phase = str(msg.data.get("name"))
             phases.append(outcome.phase)
+            if outcome.phase != phases[-2]:
+                _log.info("%s: %s (%.1f s into the job; %s took %.2f s)", label, outcome.phase, now - t0, phases[-2],
+                          outcome.phase_times.get(phases[-2], 0.0))
             if watch is not None and outcome.phase == "timing":
                 watch.start()
             outcome.limit_s = limits.get(outcome.phase, limits["default"])
@@ -367,6 +373,7 @@ def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]"
                 outcome.tamper = f"verdict channel: malformed verdict ({type(exc).__name__}: {exc})"
                 return
             outcome.candidate_gone = bool(msg.data.get("candidate_gone"))
+            _log.info("%s: verdict %s after %.1f s", label, msg.data.get("status"), now - t0)
             if judge == "ref":
                 return  # the clean worker's verdict is final: its exit (a CUDA context's teardown) is not waited for
             deadline = time.monotonic() + _EXIT_GRACE_S  # let it exit; a later message is tampering
