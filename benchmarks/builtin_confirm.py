@@ -31,7 +31,7 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
             on_stats: Callable[[str, Any], None] | None = None, tick: Callable[[Any], None] | None = None) -> int:
     """Re-judge what ``rows`` (:func:`builtin_figures.task_rows`) name for finished, non-degenerate
     tasks and not yet in ``OUT/confirm.json``; returns how many were judged."""
-    from cudal1.harness.api import time_baselines
+    from cudal1.harness.parent.api import time_baselines
 
     path = out / "confirm.json"
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}

@@ -36,7 +36,7 @@ SCENARIOS = ("quiet", "load", "quiet2")
 
 
 def jobs_of(args: argparse.Namespace) -> list[Any]:
-    from cudal1.harness.api import Job
+    from cudal1.harness.parent.api import Job
     from cudal1.releases import candidates_of, read_records
     from cudal1.tasks import load_task_file
     from cudal1.types import Candidate
@@ -67,7 +67,7 @@ def stop_load(procs: list[subprocess.Popen]) -> None:
 
 def judge(jobs: list[Any], args: argparse.Namespace) -> list[Any]:
     from cudal1.config import EvalConfig
-    from cudal1.harness.api import DevicePlan, run_jobs
+    from cudal1.harness.parent.api import DevicePlan, run_jobs
 
     cfg = EvalConfig(device=args.device, cache_dir=args.cache, input_seed=1234, workers_per_gpu=1)
     plan = DevicePlan.detect(args.device)

@@ -189,7 +189,7 @@ class Child:
         from cudal1.harness import DevicePlan
 
         if self.args.backend == "ray":
-            from cudal1.harness.ray_backend import cluster_plan
+            from cudal1.harness.parent.ray_backend import cluster_plan
 
             return cluster_plan(self.args.device, self.args.ray_address)
         return DevicePlan.detect(self.args.device)
@@ -238,7 +238,7 @@ class Child:
         counts: dict[str, int] = {}
         for r in results:
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
-        from cudal1.harness.batchstats import total as merged
+        from cudal1.harness.parent.batchstats import total as merged
 
         total = merged(stats)
         return {"name": cur["name"], "complete": complete, "wall_s": wall, "judged": len(results),

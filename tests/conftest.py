@@ -276,8 +276,8 @@ def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_ro
     ``ok``, no job's ``timing`` phase overlapping another job's GPU phases (worker clocks), and
     workers that did run side by side.  Returns (results, batch stats)."""
     from cudal1.config import EvalConfig
-    from cudal1.harness.batchstats import GPU_PHASES, StatsRecorder
-    from cudal1.harness.api import DevicePlan, Job, run_jobs
+    from cudal1.harness.parent.batchstats import GPU_PHASES, StatsRecorder
+    from cudal1.harness.parent.api import DevicePlan, Job, run_jobs
     from cudal1.tasks import load_task_file
     from cudal1.types import Candidate, Status
 

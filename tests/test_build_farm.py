@@ -20,9 +20,9 @@ import pytest
 from cudal1.config import EvalConfig
 from cudal1.harness import build
 from cudal1.harness.envinfo import Gpu
-from cudal1.harness.farm import BuildBudget, BuildFarm
-from cudal1.harness.evaluator import Evaluator
-from cudal1.harness.plan import DevicePlan, Job
+from cudal1.harness.parent.farm import BuildBudget, BuildFarm
+from cudal1.harness.parent.evaluator import Evaluator
+from cudal1.harness.parent.plan import DevicePlan, Job
 from cudal1.types import Candidate, Task
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -66,7 +66,7 @@ def test_budget_is_not_bounded_by_lanes():
 # ---- build targets and compiler parallelism handed to workers ---------------------------------
 
 def test_arch_list_names_each_present_capability_once(monkeypatch):
-    from cudal1.harness import plan as plan_module
+    from cudal1.harness.parent import plan as plan_module
 
     inventory = [Gpu(0, "H200", "570", "9.0"), Gpu(1, "H200", "570", "9.0"), Gpu(2, "A100", "570", "8.0")]
     monkeypatch.setattr(plan_module, "gpu_inventory", lambda: inventory)
@@ -130,7 +130,7 @@ TWO_RUNS = textwrap.dedent("""
     import sys, threading, time
     from pathlib import Path
     from cudal1.harness import build
-    from cudal1.harness.farm import BuildBudget, BuildFarm
+    from cudal1.harness.parent.farm import BuildBudget, BuildFarm
 
     class Out:
         wall_s, built, timed_out = 1.0, None, False
@@ -443,7 +443,7 @@ def test_prebuilds_run_below_the_jobs_being_timed(tmp_path, cpu_judge_config):
 def test_a_clean_prebuild_is_not_repeated(tmp_path, monkeypatch):
     """A source whose pre-build imported cleanly is not imported again by a later judge (the
     record sits beside its build directory); a failed or timed-out pre-build is always retried."""
-    from cudal1.harness.sandbox import JobOutcome
+    from cudal1.harness.parent.sandbox import JobOutcome
     from cudal1.harness.spec import WorkerVerdict
 
     ev = Evaluator(EvalConfig(device="cpu", cache_dir=str(tmp_path)), DevicePlan("cpu", (None,), ""))

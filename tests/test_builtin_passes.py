@@ -68,7 +68,7 @@ def test_inductor_sets_compile_with_scoped_options_only_where_they_can_matter():
     assert render_candidate(ELEMENTWISE, "inductor[freezing]") is None  # no weights to freeze
     assert render_candidate(ELEMENTWISE, "inductor[gemm]") is None and render_candidate(ELEMENTWISE, "inductor[padding]") is None
     assert render_candidate(ELEMENTWISE, "inductor[cd,aggressive]") is not None
-    from cudal1.harness.static_guard import run_static_guards
+    from cudal1.harness.parent.static_guard import run_static_guards
 
     assert [f for f in run_static_guards(code, reference=WEIGHTS) if f.reject] == []
 

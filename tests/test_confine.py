@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.harness.child.confine import (DENIED_SYSCALLS, SELF_ONLY_SYSCALLS, UID_BASE, UID_SPAN, seccomp_program, uid_for)
+from cudal1.harness.child.confine import UID_BASE, UID_SPAN, uid_for
+from cudal1.harness.child.seccomp import DENIED_SYSCALLS, SELF_ONLY_SYSCALLS, seccomp_program
 from cudal1.harness.spec import CUDA_WRITABLE
 
 ROOT = os.geteuid() == 0

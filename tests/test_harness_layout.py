@@ -1,4 +1,11 @@
-"""The harness laid out by trust boundary: what the clean side may import, and no import cycles."""
+"""The harness laid out by process, read from its folders: ``parent/`` (the judging process),
+``reference/`` (the clean reference worker), ``child/`` (the candidate's process), and beside
+them, at ``harness/``, the modules more than one of them loads.
+
+Rules: a process's folder imports only its own folder and the shared modules; the shared modules
+import no process's folder; the parent names the workers only where it starts them (the sandbox's
+child targets); a shared module is loaded by at least two processes and a folder's module by its
+own process only; no import cycles."""
 
 from __future__ import annotations
 
@@ -6,9 +13,9 @@ import ast
 from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parents[1] / "src" / "cudal1" / "harness"
-CLEAN = ("refworker", "measure", "link", "hostload", "numerics", "compare", "degenerate", "memory")  # the reference worker's modules
-PARENT = ("api", "plan", "batch", "evaluator", "lease", "assemble", "stats", "farm", "batchstats", "ray_backend",
-          "gpu_share")
+FOLDERS = ("parent", "reference", "child")
+ENTRIES = {"reference": "cudal1.harness.reference.worker", "child": "cudal1.harness.child.worker"}
+STARTER = "cudal1.harness.parent.sandbox"  # starts both workers: its child targets import their entry points
 
 
 def _module(path: Path) -> str:
@@ -28,21 +35,88 @@ def _imports(path: Path) -> set[str]:
     return found
 
 
+def _folder(module: str) -> str:
+    """The process folder a module lives in, or "shared".  The package itself is the parent's front
+    door (it re-exports :mod:`cudal1.harness.parent.api` on first use)."""
+    if module == "cudal1.harness":
+        return "parent"
+    parts = module.split(".")
+    return parts[2] if len(parts) > 3 and parts[2] in FOLDERS else "shared"
+
+
 MODULES = {_module(p): p for p in HARNESS.rglob("*.py")}
-GRAPH = {m: {i for i in _imports(p) if i in MODULES and i != m and i != "cudal1.harness"} for m, p in MODULES.items()}
+PACKAGES = {"cudal1.harness", *(f"cudal1.harness.{f}" for f in FOLDERS)}  # lazy or empty: importing them loads nothing
+GRAPH = {m: {i for i in _imports(p) if i in MODULES and i != m and i not in PACKAGES} for m, p in MODULES.items()}
 
 
-def test_the_clean_side_never_imports_what_runs_beside_candidate_code():
-    for name in CLEAN + PARENT:
-        module = f"cudal1.harness.{name}"
-        assert module in MODULES, module
-        child = sorted(i for i in GRAPH[module] if i.startswith("cudal1.harness.child"))
-        assert not child, f"{module} imports {child}"
+def _reach(roots: list[str], stop: set[str]) -> set[str]:
+    seen: set[str] = set()
+    todo = list(roots)
+    while todo:
+        m = todo.pop()
+        if m not in seen:
+            seen.add(m)
+            todo += [n for n in GRAPH[m] if n not in stop]
+    return seen
 
 
-def test_only_the_sandbox_starts_the_candidates_process():
-    importers = sorted(m for m, deps in GRAPH.items() if "cudal1.harness.child.worker" in deps)
-    assert importers == ["cudal1.harness.sandbox"], importers
+LOADED = {  # what each process loads
+    "parent": _reach([m for m in MODULES if _folder(m) == "parent"] + ["cudal1.harness"], set(ENTRIES.values())),
+    "reference": _reach([ENTRIES["reference"]], set()),
+    "child": _reach([ENTRIES["child"]], set()),
+}
+
+
+def test_the_folders_exist_and_hold_their_entry_points():
+    for folder in FOLDERS:
+        assert (HARNESS / folder / "__init__.py").is_file(), folder
+    assert set(ENTRIES.values()) | {STARTER} <= set(MODULES)
+
+
+def test_each_process_imports_only_its_folder_and_the_shared_modules():
+    bad = []
+    for m, deps in GRAPH.items():
+        mine = _folder(m)
+        for d in deps:
+            theirs = _folder(d)
+            if theirs == "shared" or theirs == mine:
+                continue
+            if m == STARTER and d in ENTRIES.values():
+                continue  # the sandbox's child targets: they run in the new process
+            bad.append(f"{m} ({mine}) imports {d} ({theirs})")
+    assert not bad, bad
+
+
+def test_only_the_sandbox_starts_the_workers():
+    for folder, entry in ENTRIES.items():
+        importers = sorted(m for m, deps in GRAPH.items() if entry in deps and _folder(m) != folder)
+        assert importers == [STARTER], (entry, importers)
+
+
+def test_a_shared_module_is_loaded_by_two_processes_and_a_folders_by_its_own():
+    for m in MODULES:
+        if m in PACKAGES - {"cudal1.harness"}:
+            continue
+        loaders = sorted(p for p, mods in LOADED.items() if m in mods)
+        if _folder(m) == "shared":
+            assert len(loaders) >= 2, f"{m} is loaded by {loaders or 'no process'} only: move it into that folder"
+        else:
+            assert loaders == [_folder(m)], f"{m} is loaded by {loaders}"
+
+
+def test_the_check_sees_a_violation():
+    saved = dict(GRAPH)
+    try:
+        GRAPH["cudal1.harness.reference.measure"] = GRAPH["cudal1.harness.reference.measure"] | {"cudal1.harness.child.refusal"}
+        try:
+            test_each_process_imports_only_its_folder_and_the_shared_modules()
+        except AssertionError as exc:
+            assert "reference.measure (reference) imports cudal1.harness.child.refusal (child)" in str(exc)
+        else:
+            raise AssertionError("a reference module importing the candidate's side passed the check")
+    finally:
+        GRAPH.clear()
+        GRAPH.update(saved)
 
 
 def test_no_import_cycles():

@@ -68,7 +68,7 @@ def imported(path: Path) -> set[str]:
 
 
 def _top(name: str) -> str | None:
-    """``cudal1.harness.api`` -> ``harness``; names outside cudal1 -> None."""
+    """``cudal1.harness.parent.api`` -> ``harness``; names outside cudal1 -> None."""
     parts = name.split(".")
     return parts[1] if parts[0] == "cudal1" and len(parts) > 1 else None
 
@@ -117,8 +117,8 @@ def test_the_shared_vocabulary_imports_no_torch():
 
 def test_the_check_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from cudal1.policy.builtin import PASSES\n    import cudal1.harness.api\n")
-    assert _violations(bad, FORBIDDEN["rewrite"]) == ["cudal1.harness.api", "cudal1.policy.builtin"]
+    bad.write_text("def f():\n    from cudal1.policy.builtin import PASSES\n    import cudal1.harness.parent.api\n")
+    assert _violations(bad, FORBIDDEN["rewrite"]) == ["cudal1.harness.parent.api", "cudal1.policy.builtin"]
 
 
 def test_relative_imports_are_resolved(tmp_path, monkeypatch):
@@ -140,7 +140,7 @@ def test_the_worker_launcher_starts_before_torch_is_imported():
     import subprocess
     import sys
 
-    code = ("import sys, cudal1.harness.launcher as launcher\n"
+    code = ("import sys, cudal1.harness.parent.launcher as launcher\n"
             "assert 'torch' not in sys.modules, 'the launcher imported torch'\n"
             "launcher.prestart()\n"
             "from multiprocessing import forkserver\n"

@@ -1,4 +1,4 @@
-"""harness.link / wire / slots: the reference worker's line to the candidate's process, without
+"""harness.reference.link, harness.wire, harness.slots: the reference worker's line to the candidate's process, without
 processes (a scripted peer on a real pipe)."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import multiprocessing as mp
 import pytest
 import torch
 
-from cudal1.harness.link import CandidateLink
+from cudal1.harness.reference.link import CandidateLink
 from cudal1.harness.slots import SlotMap, SlotPool
-from cudal1.harness.verdict import Verdict
+from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.wire import Described, decode_outputs, encode_outputs
 
 

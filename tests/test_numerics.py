@@ -16,8 +16,8 @@ import torch
 from cudal1.config import TOLERANCES, EvalConfig
 from cudal1.harness import compare as cmp
 from cudal1.harness.numerics import ExactReference, LeafCheck, exact_applies, float64_model, leaf_check
-from cudal1.harness.sandbox import verdict_problem
-from cudal1.harness.measure import stale
+from cudal1.harness.parent.sandbox import verdict_problem
+from cudal1.harness.reference.measure import stale
 
 REPO = Path(__file__).resolve().parent.parent
 EXACT = TOLERANCES["exact"]

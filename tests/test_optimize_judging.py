@@ -9,7 +9,7 @@ import pytest
 
 from cudal1.cli.optimize import COMPILING_WORKERS_PER_GPU, default_workers_per_gpu
 from cudal1.config import EvalConfig
-from cudal1.harness.batchstats import BatchStats
+from cudal1.harness.parent.batchstats import BatchStats
 from cudal1.recorded import RecordedJudge
 from cudal1.types import Task
 
@@ -65,7 +65,7 @@ def test_judging_summary_merges_every_batch_and_passes_stats_on(monkeypatch):
 
 
 def test_baselines_hand_their_batch_stats_to_the_caller(monkeypatch):
-    import cudal1.harness.api as api
+    import cudal1.harness.parent.api as api
 
     stats = _stats(1, 4.0, 3.0)
 

@@ -32,7 +32,7 @@ def test_core_imports_and_cli_explains_without_ray(tmp_path):
     cands = tmp_path / "c.jsonl"
     cands.write_text(json.dumps({"task": "diag_matmul", "code": (FIX / "wrong.py").read_text()}) + "\n")
     code = ("import sys; sys.modules['ray'] = None\n"
-            "import cudal1.harness, cudal1.harness.ray_backend, cudal1.recorded\n"
+            "import cudal1.harness, cudal1.harness.parent.ray_backend, cudal1.recorded\n"
             "from cudal1.cli.main import main\n"
             f"sys.exit(main(['eval-suite', '--candidates', {str(cands)!r}, '--suite', {str(TASKS / 'diag_matmul.py')!r}, "
             f"'--out', {str(tmp_path / 'out')!r}, '--device', 'cpu', '--backend', 'ray']))\n")
@@ -48,7 +48,7 @@ ray = pytest.importorskip("ray")
 
 @pytest.fixture(scope="module")
 def cluster():
-    from cudal1.harness import ray_backend
+    from cudal1.harness.parent import ray_backend
 
     if ray.is_initialized():
         pytest.skip("a Ray session is already running in this process")

@@ -1,4 +1,4 @@
-"""harness.sandbox.verdict_problem: the parent's re-checks of an "ok" verdict."""
+"""harness.parent.sandbox.verdict_problem: the parent's re-checks of an "ok" verdict."""
 
 from __future__ import annotations
 
@@ -25,28 +25,28 @@ class TestVerdictProblem:
     PHASES = ["setup", "reference", "import", "construct", "correctness", "timing", "verify", "verify_timing"]
 
     def test_honest_verdict_holds(self):
-        from cudal1.harness.sandbox import verdict_problem
+        from cudal1.harness.parent.sandbox import verdict_problem
 
         assert verdict_problem(self.JOB, self.PHASES, _ok_verdict()) == ""
         assert verdict_problem(self.JOB, ["setup"], {"status": "incorrect"}) == ""  # only "ok" is re-checked
         assert verdict_problem(spec("build"), ["setup", "import"], {"status": "ok"}) == ""
 
     def test_missing_or_reordered_phases(self):
-        from cudal1.harness.sandbox import verdict_problem
+        from cudal1.harness.parent.sandbox import verdict_problem
 
         assert "phases" in verdict_problem(self.JOB, ["setup", "reference", "import", "construct", "correctness"], _ok_verdict())
         assert "phases" in verdict_problem(self.JOB, ["setup", "reference", "import", "construct", "timing", "correctness"],
                                            _ok_verdict())
 
     def test_too_few_trials_or_no_timing(self):
-        from cudal1.harness.sandbox import verdict_problem
+        from cudal1.harness.parent.sandbox import verdict_problem
 
         assert "correctness trials" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 2, "passed": 2}))
         assert "correctness trials" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 5, "passed": 4}))
         assert "timed calls" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(timing={}))
 
     def test_errors_beyond_the_parents_tolerances(self):
-        from cudal1.harness.sandbox import verdict_problem
+        from cudal1.harness.parent.sandbox import verdict_problem
 
         # 1% off on values near 3: passes only with a loosened table in the worker
         loose = _ok_verdict(correctness={"trials": 5, "passed": 5, "by_dtype": {"float32": [0.03, 3.0]}})

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.cpu  # starts processes: the CPU tier (tests/tiers.py)
 SCRIPT = textwrap.dedent('''
     import json, os, sys, warnings
     import multiprocessing as mp
-    from cudal1.harness import sandbox
+    from cudal1.harness.parent import sandbox
 
     def child(path, forget):
         sandbox._close_inherited_fds([])

@@ -15,8 +15,8 @@ import pytest
 from cli_support import SMALL_DIAG
 
 from cudal1.config import EvalConfig
-from cudal1.harness import batch
-from cudal1.harness.api import DevicePlan, Job, run_jobs
+from cudal1.harness.parent import batch
+from cudal1.harness.parent.api import DevicePlan, Job, run_jobs
 from cudal1.types import Candidate, EvalResult, Status, Task
 
 REPO = Path(__file__).resolve().parents[1]
@@ -295,7 +295,7 @@ def test_verify_report_carries_batch_stats(tmp_path, capsys):
 def test_in_worker_builds_count_as_gpu_idle():
     from types import SimpleNamespace
 
-    from cudal1.harness.batchstats import StatsRecorder
+    from cudal1.harness.parent.batchstats import StatsRecorder
 
     rec = StatsRecorder("local", [SimpleNamespace(label="a"), SimpleNamespace(label="b")], 2, 1)
     rec.lane_start(0)
@@ -315,7 +315,7 @@ def test_in_worker_builds_count_as_gpu_idle():
 def test_gpu_idle_share_from_worker_timelines():
     from types import SimpleNamespace
 
-    from cudal1.harness.batchstats import StatsRecorder, union_s
+    from cudal1.harness.parent.batchstats import StatsRecorder, union_s
 
     assert union_s([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == pytest.approx(4.0)
     rec = StatsRecorder("local", [SimpleNamespace(label="a"), SimpleNamespace(label="b")], 2, 1)

@@ -24,18 +24,11 @@ def send(kind, payload):
 def finish(status):
     send("result", '{"status": "%s"}' % status)
 
-def phase(name):
-    send("phase", '{"name": "%s"}' % name)
-
-def tolerances():
-    table = {}
-    sys.audit("cudal1.tolerances", table)
-    return table
+def env(name):
+    send("phase" if scenario == "reference_kind" else "env", '{"name": "%s"}' % name)
 
 def run():
-    phase("correctness")
-    if scenario == "tolerances":
-        assert tolerances() == {"float32": (1e-4, 1e-4)}
+    env("cpu")
     if scenario == "library_frames":  # the standard library reading frames for the judge or the candidate
         try:
             1 / 0
@@ -71,9 +64,8 @@ CANDIDATE = {
 INVENTORY = []
 
 def entry():
-    INVENTORY[:] = [signing_hook.install(b"k" * 32, fd, candidate_path=CAND, bottom=sys._getframe(), send=send, chain=[finish, phase, run],
-                        building=entry, register=entry, tolerances_fn=tolerances, profiled=entry,
-                        tolerances={"float32": (1e-4, 1e-4)})]
+    INVENTORY[:] = [signing_hook.install(b"k" * 32, fd, candidate_path=CAND, bottom=sys._getframe(), send=send,
+                                         chain=[finish, env, run], register=entry, profiled=entry)]
     run()
 
 entry()
@@ -109,17 +101,22 @@ def _audit_run(scenario: str) -> list[Message]:
 
 class TestAuditGuard:
     def test_the_protocol_chain_signs(self):
-        msgs = _audit_run("tolerances")
-        assert [(m.kind, m.data) for m in msgs] == [("phase", {"name": "correctness"}), ("result", {"status": "ok"})]
+        msgs = _audit_run("protocol")
+        assert [(m.kind, m.data) for m in msgs] == [("env", {"name": "cpu"}), ("result", {"status": "ok"})]
+
+    def test_only_the_candidate_process_kinds_are_signed(self):
+        """Phases and verdicts are the reference worker's: the candidate's process cannot send one."""
+        (msg,) = _audit_run("reference_kind")
+        assert msg.kind == "tamper" and "outside the judge's protocol" in msg.data["reason"]
 
     def test_library_code_may_read_frames(self):
-        assert [m.kind for m in _audit_run("library_frames")] == ["phase", "result"]
+        assert [m.kind for m in _audit_run("library_frames")] == ["env", "result"]
 
     def test_one_verdict_only(self):
-        assert [m.kind for m in _audit_run("twice")] == ["phase", "result"]
+        assert [m.kind for m in _audit_run("twice")] == ["env", "result"]
 
     def test_thread_inventory_keeps_no_frames_alive(self):
-        assert [m.kind for m in _audit_run("inventory_no_leak")] == ["phase", "result"]
+        assert [m.kind for m in _audit_run("inventory_no_leak")] == ["env", "result"]
 
     @pytest.mark.parametrize("scenario, reason", [
         ("forge_finish", "outside the judge's protocol"),
@@ -135,5 +132,5 @@ class TestAuditGuard:
         if reason == "sys._getframe" and sys.version_info < (3, 11):
             pytest.skip("sys._getframe is an audit event from Python 3.11 on")
         msgs = _audit_run(scenario)
-        assert [m.kind for m in msgs] == ["phase", "tamper"], msgs
+        assert [m.kind for m in msgs] == ["env", "tamper"], msgs
         assert reason in msgs[-1].data["reason"]

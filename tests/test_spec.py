@@ -60,3 +60,22 @@ def test_verdict_without_timing_and_a_malformed_one():
 def test_task_findings():
     t = TaskFindings.from_message({"degenerate": None, "exact_digest": "abc", "exact_source": "computed"})
     assert t.degenerate is None and t.exact_digest == "abc" and t.exact_source == "computed"
+
+
+def test_the_candidates_spec_carries_no_seed_and_no_tolerances(tmp_path):
+    """A fixed ``--seed`` (the secret input seed) and the correctness rule stay on the clean side:
+    the candidate's process gets only the settings it needs to run the calls it is handed."""
+    from cudal1.harness.parent.evaluator import Evaluator
+    from cudal1.harness.parent.plan import DevicePlan, Job
+    from cudal1.harness.spec import CandidateSettings, CandidateSpec
+    from cudal1.types import Candidate, Task
+
+    names = {f.name for cls in (CandidateSpec, CandidateSettings) for f in dataclasses.fields(cls)}
+    assert not {n for n in names if "seed" in n or "toleran" in n or n == "config"}, names
+    config = EvalConfig(device="cpu", input_seed=987654321, cache_dir=str(tmp_path / "cache"))
+    task = Task(name="t", source="import torch\nclass Model(torch.nn.Module):\n    pass\n")
+    job = Job(task, Candidate("class ModelNew: pass\n", task_hash=task.hash))
+    reference, candidate = Evaluator(config, DevicePlan("cpu", (None,), ""))._specs(job, tmp_path, "cpu", None, "eval")
+    assert reference is not None and reference.input_seed == 987654321
+    assert "987654321" not in candidate.fingerprint()
+    assert candidate.settings == CandidateSettings.of(config)

@@ -1,4 +1,4 @@
-"""harness.stats: bootstrap confidence intervals, speedup, and two-clock charging."""
+"""harness.figures and harness.parent.stats: bootstrap confidence intervals, speedup, and two-clock charging."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from cudal1.harness.stats import bootstrap_speedup_ci, speedup
+from cudal1.harness.parent.stats import bootstrap_speedup_ci, speedup
 
 class TestBootstrap:
     def _clean(self, n: int = 40):
@@ -71,14 +71,14 @@ class TestFigures:
                            calibration=calibration if calibration is not None else [0.02] * 30, physics_ms=physics)
 
     def test_honest_candidate_keeps_its_calling_stream_time(self):
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         f = figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.1, wall=1.0), overhead=0.003))
         assert not f.side_stream and not f.timing_mismatch and not f.below_physics and not f.launch_bound
         assert abs(np.median(f.gpu["cand"]) - 0.097) < 0.005  # the events' own cost is taken off
 
     def test_work_left_on_another_stream_is_charged_and_flagged(self):
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         cand = self._rows(gpu=0.01, wall=1.0)
         for r in cand:
@@ -88,7 +88,7 @@ class TestFigures:
         assert np.median(f.gpu["cand"]) > 0.25
 
     def test_a_late_wake_up_on_some_calls_is_not_charged(self):
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         cand = self._rows(gpu=0.002, wall=1.0)
         for r in cand[::3]:
@@ -104,7 +104,7 @@ class TestFigures:
         assert not f.side_stream and np.median(f.gpu["cand"]) < 0.01 and f.charged_ms["cand"] == 0.0
 
     def test_the_join_cost_and_its_charges_are_reported(self):
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         cand = self._rows(gpu=0.01, wall=1.0)
         for r in cand:
@@ -119,14 +119,14 @@ class TestFigures:
         assert figures(stage).join_probe_ms["cand"] is None
 
     def test_an_output_written_after_the_call_is_side_stream(self):
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         cand = self._rows(gpu=0.1, wall=1.0)
         cand[3][4] = True  # escaped: the snapshot differed from the output after the join
         assert "returned before their output was written" in figures(self._stage(self._rows(gpu=0.3), cand)).side_stream
 
     def test_reported_times_must_fit_the_clean_clock(self):
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         per_call = figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.1, wall=0.05)))
         assert "inside a clean window" in per_call.timing_mismatch
@@ -137,14 +137,14 @@ class TestFigures:
         assert not fits.timing_mismatch
 
     def test_faster_than_writing_the_outputs_is_below_the_physical_limit(self):
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         f = figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.01, wall=1.0), physics=0.05))
         assert "peak bandwidth" in f.below_physics
         assert not figures(self._stage(self._rows(gpu=0.3), self._rows(gpu=0.1, wall=1.0), physics=0.05)).below_physics
 
     def test_host_figure_and_launch_bound(self):
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         f = figures(self._stage(self._rows(gpu=0.3, host=0.05), self._rows(gpu=0.02, host=0.2, wall=1.0)))
         assert f.launch_bound == "candidate"
@@ -153,7 +153,7 @@ class TestFigures:
 
     def test_cpu_rows_agree(self):
         from cudal1.harness.spec import TimingStage
-        from cudal1.harness.stats import figures
+        from cudal1.harness.figures import figures
 
         stage = TimingStage(clock="cpu_monotonic", ref=[[1.0, 1.0, 1.0, False, False]] * 3,
                             cand=[[0.5, 0.5, 0.5, False, False, 0.6]] * 3)
@@ -188,13 +188,13 @@ class TestPairedInterval:
         return ref, cand, blocks
 
     def test_rounds_pair_blocks_in_either_order(self):
-        from cudal1.harness.stats import rounds
+        from cudal1.harness.parent.stats import rounds
 
         assert rounds([["cand", 5, 1], ["ref", 5, 1], ["ref", 3, 1], ["cand", 3, 1]]) == [((0, 5), (0, 5)),
                                                                                             ((5, 8), (5, 8))]
 
     def test_steady_rounds_keep_the_pooled_width(self):
-        from cudal1.harness.stats import speedup_ci
+        from cudal1.harness.parent.stats import speedup_ci
 
         ref, cand, blocks = self._rounds(20)
         pooled = bootstrap_speedup_ci(ref, cand)
@@ -203,7 +203,7 @@ class TestPairedInterval:
         assert paired[1] - paired[0] < 2 * (pooled[1] - pooled[0]) + 0.01
 
     def test_rounds_that_disagree_widen_it_past_one(self):
-        from cudal1.harness.stats import speedup_ci
+        from cudal1.harness.parent.stats import speedup_ci
 
         ref, cand, blocks = self._rounds(8, drift=0.3, seed=3)  # an identical program on a loaded host
         pooled = bootstrap_speedup_ci(ref, cand)
@@ -212,13 +212,13 @@ class TestPairedInterval:
         assert lo < 1.0 < hi and hi - lo > 1.5 * (pooled[1] - pooled[0])
 
     def test_few_rounds_fall_back_to_the_pooled_bootstrap(self):
-        from cudal1.harness.stats import speedup_ci
+        from cudal1.harness.parent.stats import speedup_ci
 
         ref, cand, blocks = self._rounds(3, drift=0.3)
         assert speedup_ci(ref, cand, blocks) == bootstrap_speedup_ci(ref, cand)
 
     def test_host_contention_from_wait_shares(self):
-        from cudal1.harness.stats import host_contention
+        from cudal1.harness.parent.stats import host_contention
 
         quiet = host_contention({"wait_share": {"ref": [0.0, 0.01], "cand": [0.02, 0.0]}, "runnable": [1, 2], "cpus": 2})
         assert quiet["contended"] is False and quiet["runnable"] == 1.5

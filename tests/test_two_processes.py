@@ -73,7 +73,7 @@ def test_reference_and_candidate_run_in_separate_processes(tmp_path, cpu_judge_c
     assert result.environment.isolation  # the confinement report reached the verdict
     # The parent returned at the reference worker's verdict; both processes are killed and reaped
     # behind it, none left running or unreaped.
-    from cudal1.harness import sandbox
+    from cudal1.harness.parent import sandbox
 
     pids = {r["pid"] for r in ref_seen} | {c["pid"] for c in cand_seen}
     deadline = time.monotonic() + 20

@@ -1,5 +1,5 @@
 """The clean window's pieces that run without a GPU (harness.window, harness.timer_ptx, and the
-parent's check in harness.stats.window_check); the GPU kernels are checked against the reference
+parent's check in harness.figures.window_check); the GPU kernels are checked against the reference
 implementation below in tests/gpu/test_timer_gpu.py."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from cudal1.harness import window
-from cudal1.harness.stats import window_check
+from cudal1.harness.figures import window_check
 from cudal1.harness.timer_ptx import PTX
 
 _M0, _M1, _W0, _W1 = np.uint64(0xD2511F53), np.uint64(0xCD9E8D57), np.uint32(0x9E3779B9), np.uint32(0xBB67AE85)

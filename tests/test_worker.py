@@ -8,7 +8,7 @@ import torch
 def test_out_of_memory_is_flagged_also_when_the_reference_runs_out():
     """An OOM verdict carries ``oom`` wherever it happened (the reference's phases too): the
     scheduler judges such a job again alone when it shared its GPU."""
-    from cudal1.harness.refworker import _oom_flag, classify_runtime
+    from cudal1.harness.reference.worker import _oom_flag, classify_runtime
 
     assert "oom" in classify_runtime(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB"), "x").flags
     assert _oom_flag(RuntimeError("CUDA error: out of memory")) == ["oom"]
@@ -16,7 +16,7 @@ def test_out_of_memory_is_flagged_also_when_the_reference_runs_out():
 
 
 def test_cuda_error_boilerplate_is_not_an_illegal_memory_access():
-    from cudal1.harness.refworker import classify_runtime
+    from cudal1.harness.reference.worker import classify_runtime
 
     boilerplate = ("CUDA kernel errors might be asynchronously reported at some other API call.\n"
                    "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
@@ -30,7 +30,7 @@ def test_cuda_error_boilerplate_is_not_an_illegal_memory_access():
 def test_invalid_address_space_is_an_illegal_memory_access():
     """On the H200 with CUDA 13 an out-of-bounds store surfaced as cudaErrorInvalidAddressSpace."""
     from cudal1.harness.faults import is_cuda_fault
-    from cudal1.harness.refworker import classify_runtime
+    from cudal1.harness.reference.worker import classify_runtime
 
     text = "CUDA error: operation not supported on global/shared address space\nSearch for `cudaErrorInvalidAddressSpace'"
     assert "illegal_memory_access" in classify_runtime(RuntimeError(text), "correctness").flags
@@ -46,7 +46,7 @@ class _LeaseProbe:
 
     def __init__(self, path, probe, device: str = "cpu"):
         from cudal1.harness.lease import Lease
-        from cudal1.harness.refworker import RefWorker
+        from cudal1.harness.reference.worker import RefWorker
 
         self.worker = RefWorker.__new__(RefWorker)
         self.worker.current_phase = ""

@@ -256,7 +256,7 @@ class RecordedJudge:
     def judging_summary(self) -> dict[str, Any] | None:
         """The batches this object judged, merged: jobs, wall seconds and the GPU's idle share
         (None when it judged nothing)."""
-        from cudal1.harness.batchstats import total
+        from cudal1.harness.parent.batchstats import total
 
         merged = total(self.batch_stats)
         if merged is None:
@@ -271,7 +271,7 @@ class RecordedJudge:
         per (task, mode, environment, config): a baseline is measured once per machine.
         ``on_stats`` gets the timed batch's ``BatchStats`` (not called when every one was cached)."""
         from cudal1.harness import DevicePlan
-        from cudal1.harness.api import environment_key, time_baselines
+        from cudal1.harness.parent.api import environment_key, time_baselines
         from cudal1.harness.baselines import check_modes
 
         plan = self.plan or DevicePlan.detect(self.config.device)

@@ -44,7 +44,7 @@ def test_a_job_out_of_memory_beside_its_neighbour_is_judged_again_alone(tmp_path
     import torch
 
     from cudal1.config import EvalConfig
-    from cudal1.harness.api import DevicePlan, Job, run_jobs
+    from cudal1.harness.parent.api import DevicePlan, Job, run_jobs
     from cudal1.types import Candidate, Status, Task
 
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30

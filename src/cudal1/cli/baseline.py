@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     tasks, _ = load_suite(args, args.suite, args.source)  # bad input is refused before the judge is imported
     from cudal1.config import write_config_file
     from cudal1.harness import DevicePlan
-    from cudal1.harness.launcher import prestart
+    from cudal1.harness.parent.launcher import prestart
     from cudal1.recorded import JudgeEvent, RecordedJudge
     from cudal1.store import RunStore
 

@@ -51,7 +51,7 @@ def describe(r: EvalResult) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cudal1.harness.launcher import prestart
+    from cudal1.harness.parent.launcher import prestart
     from cudal1.tasks import load_task_file
 
     config = config_from_args(args)

@@ -127,7 +127,7 @@ def log_level(args: argparse.Namespace) -> int:
 # judge (and torch) just to classify it: an exception of a class from a module never imported
 # cannot have been raised.
 USER_ERRORS = (("cudal1.config", "ConfigError"), ("cudal1.extras", "MissingExtra"), ("cudal1.tasks", "TaskError"),
-               ("cudal1.harness.plan", "HarnessError"), ("cudal1.store", "StoreError"))
+               ("cudal1.harness.parent.plan", "HarnessError"), ("cudal1.store", "StoreError"))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:

@@ -100,7 +100,7 @@ def add_out_flags(p: argparse.ArgumentParser, command: str, what: str) -> None:
 
 def plan_from_args(args: argparse.Namespace, device: str, gpus: list[int] | None = None) -> Any:
     """The device plan for ``--backend``: local GPUs, or the Ray cluster's (actors start here).
-    Locally, the workers' forkserver is started here (:func:`~cudal1.harness.launcher.prestart`),
+    Locally, the workers' forkserver is started here (:func:`~cudal1.harness.parent.launcher.prestart`),
     so its preload overlaps the command's own imports and set-up."""
     backend = getattr(args, "backend", "local")
     address = getattr(args, "ray_address", None)
@@ -109,10 +109,10 @@ def plan_from_args(args: argparse.Namespace, device: str, gpus: list[int] | None
     if backend == "ray" and (getattr(args, "workers_per_gpu", None) or 1) > 1:
         raise UsageError("--workers-per-gpu is for the local backend (Ray runs one timing actor per GPU)")
     if backend == "ray":
-        from cudal1.harness.ray_backend import cluster_plan
+        from cudal1.harness.parent.ray_backend import cluster_plan
 
         return cluster_plan(device, address, gpus)
-    from cudal1.harness.launcher import prestart
+    from cudal1.harness.parent.launcher import prestart
 
     prestart()
     from cudal1.harness import DevicePlan

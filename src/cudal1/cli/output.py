@@ -24,7 +24,7 @@ def retry_warning(retries: int, quiet: bool) -> None:
 
 def batch_summary(stats: list[Any]) -> dict[str, Any] | None:
     """The ``BatchStats`` of a command's batches, totalled, as JSON (None when nothing was judged)."""
-    from cudal1.harness.batchstats import total
+    from cudal1.harness.parent.batchstats import total
 
     merged = total(stats)
     return None if merged is None else merged.to_dict()

@@ -21,14 +21,14 @@ __all__ = ["BASELINE_MODES", "DevicePlan", "HarnessError", "Job", "evaluate", "e
 
 
 def __getattr__(name: str) -> Any:
-    """The front door, imported on first use: ``import cudal1.harness.launcher`` (the CLI's first
+    """The front door, imported on first use: ``import cudal1.harness.parent.launcher`` (the CLI's first
     step) must not pull in torch."""
     if name == "BASELINE_MODES":
         from cudal1.harness.baselines import MODES
 
         return MODES
     if name in __all__:
-        from cudal1.harness import api
+        from cudal1.harness.parent import api
 
         return getattr(api, name)
     raise AttributeError(f"module 'cudal1.harness' has no attribute {name!r}")

@@ -10,6 +10,8 @@ import os
 import sys
 from typing import Any
 
+from cudal1.harness.spec import PhaseLimits
+
 
 def redirect_output(log_path: str) -> None:
     """stdout and stderr append to ``log_path`` (0600); stdin reads ``/dev/null``."""
@@ -34,8 +36,7 @@ def load_module(path: str, name: str) -> Any:
     return module
 
 
-def arm_stall_dump(cfg: Any, phase: str) -> None:
+def arm_stall_dump(limits: PhaseLimits, phase: str) -> None:
     """A phase that stalls leaves every thread's stack in the log shortly before the parent's
     deadline for that phase kills the process."""
-    key = {"setup": "setup_timeout_s", "import": "build_timeout_s", "build": "build_timeout_s"}.get(phase, "timeout_s")
-    faulthandler.dump_traceback_later(max(1.0, 0.8 * float(getattr(cfg, key))), repeat=True)
+    faulthandler.dump_traceback_later(max(1.0, 0.8 * limits.of_phase(phase)), repeat=True)

@@ -2,9 +2,10 @@
 
 Contract: :class:`WorkerSpec` is the clean reference worker's whole job and
 :class:`CandidateSpec` the candidate's process's (both frozen; pickled to forkserver children).
-The candidate's spec holds nothing secret: no input seed, no tolerance table.  ``config`` is the
-resolved :class:`~cudal1.config.EvalConfig`, so defaults are stated once, in the config, never
-restated by a reader.  :class:`WorkerVerdict` is the reference worker's signed ``result`` message
+The reference worker's ``config`` is the resolved :class:`~cudal1.config.EvalConfig`, so defaults
+are stated once, in the config, never restated by a reader.  The candidate's spec holds only what
+its process needs (:class:`CandidateSettings`, taken from that config): no seed, no tolerances, no
+timing plan; the weights' seed comes with its ``construct`` request, the inputs call by call.  :class:`WorkerVerdict` is the reference worker's signed ``result`` message
 parsed into stages (build, correctness, timing); unknown keys in a message are ignored, missing
 ones take the defaults below.
 """
@@ -28,6 +29,37 @@ MODES = ("eval", "build", "baseline")
 CUDA_WRITABLE = ("/dev", "/proc")
 
 @dataclass(frozen=True)
+class PhaseLimits:
+    """Each phase's deadline as the parent enforces it (a stalled process dumps its stacks at 80%)."""
+
+    setup_s: float
+    build_s: float  # the import, and builds outside it
+    call_s: float  # every other phase
+
+    @classmethod
+    def of(cls, config: EvalConfig) -> "PhaseLimits":
+        return cls(config.setup_timeout_s, config.build_timeout_s, config.timeout_s)
+
+    def of_phase(self, phase: str) -> float:
+        return {"setup": self.setup_s, "import": self.build_s, "build": self.build_s}.get(phase, self.call_s)
+
+
+@dataclass(frozen=True)
+class CandidateSettings:
+    """What the candidate's process takes from the judge config: how it sets up the device and
+    its own timer, and its deadlines (nothing a verdict rests on)."""
+
+    math_mode: str  # strict: TF32 off (the reference worker sets the same); torch-default: as torch ships
+    flush_l2: bool  # its timer flushes L2 before each timed call, as the reference worker's does
+    poison_freed_memory: bool  # fill the allocator's free blocks with NaN after each checked call
+    limits: PhaseLimits
+
+    @classmethod
+    def of(cls, config: EvalConfig) -> "CandidateSettings":
+        return cls(config.math_mode, config.flush_l2, config.poison_freed_memory, PhaseLimits.of(config))
+
+
+@dataclass(frozen=True)
 class ExactCacheSpec:
     """Where the float64 answers of the task's correctness inputs live in this batch."""
 
@@ -40,7 +72,7 @@ class WorkerSpec:
     mode: str  # eval (the full protocol) | build (import only, no GPU) | baseline (reference vs wrapped copy)
     device: str  # cpu | cuda (the worker sees one GPU, index 0)
     config: EvalConfig
-    tolerances: dict[str, tuple[float, float]]  # the correctness table (handed to the audit hook, then unused)
+    tolerances: dict[str, tuple[float, float]]  # the correctness table
     input_seed: int  # secret per-batch seed of every input the worker draws
     reference_path: str
     reference_module: str
@@ -73,7 +105,7 @@ class CandidateSpec:
 
     mode: str
     device: str  # cpu | cuda (the process sees one GPU, index 0)
-    config: EvalConfig
+    settings: CandidateSettings
     reference_path: str
     reference_module: str
     log_path: str
@@ -102,11 +134,11 @@ class BuildStage:
 
 @dataclass
 class TimingStage:
-    """The timed calls as measured (statistics are the parent's job, :mod:`cudal1.harness.stats`).
+    """The timed calls as measured (figures and statistics are computed from them: :mod:`cudal1.harness.figures`, :mod:`cudal1.harness.parent.stats`).
     ``ref``/``cand``: one row per call, ``[gpu_ms, device_ms, host_ms, blocked, escaped, window_ms,
     waited_ms]``; ``window_ms`` is the reference worker's own clock from handing out the call's key
     to seeing its outputs' digest (:mod:`cudal1.harness.window`), for both sides; ``waited_ms``
-    the run-queue waits inside it of the threads it depends on (:mod:`cudal1.harness.hostload`).
+    the run-queue waits inside it of the threads it depends on (:mod:`cudal1.harness.reference.hostload`).
     ``blocks``: ``[who, calls, span_ms]`` per timing block, in order."""
 
     clock: str = ""  # cuda_event | cpu_monotonic
@@ -120,7 +152,7 @@ class TimingStage:
     physics_ms: float | None = None  # outputs written once at the device's peak bandwidth (CUDA only)
     sealed: str = ""  # what sealing the candidate's process against new processes did (applied / refused: why)
     helpers: int = 0  # processes of the candidate's beside its own when it was sealed (compile workers, helpers)
-    load: dict[str, Any] = field(default_factory=dict)  # host load per block (cudal1.harness.hostload.BlockLoad)
+    load: dict[str, Any] = field(default_factory=dict)  # host load per block (cudal1.harness.reference.hostload.BlockLoad)
 
 
 @dataclass

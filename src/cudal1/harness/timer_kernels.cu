@@ -1,5 +1,5 @@
 // The judge's own GPU kernels (cudal1.harness.timer, cudal1.harness.window).  The PTX that the
-// judge loads is generated from this file and kept in timer_ptx.py; regenerate it after any change:
+// judge loads is generated from this file into timer_kernels.ptx; regenerate it after any change:
 //
 //     python -m cudal1.harness.timer_ptx --write      (needs nvcc; checks the result with ptxas)
 //

@@ -51,16 +51,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from cudal1.harness.child.seccomp import (DEFAULT_PROGRAM, DENIED_SYSCALLS, SELF_ONLY_SYSCALLS, SYSCALLS, bpf,
+                                         seccomp_program)
+
 APPLIED, REFUSED, NOT_APPLICABLE = "applied", "refused", "not applicable"
 UID_BASE, UID_SPAN = 1_900_000_000, 100_000_000  # above systemd's container ranges, below 2**31
-DENIED_SYSCALLS = ("ptrace", "process_vm_readv", "process_vm_writev", "kcmp", "pidfd_getfd", "process_madvise")
-# syscall -> (argument index, required value) pairs: allowed only on the caller itself
-SELF_ONLY_SYSCALLS: dict[str, tuple[tuple[int, int], ...]] = {
-    "setpriority": ((0, 0), (1, 0)),  # PRIO_PROCESS, who=0 (PRIO_USER with 0 would mean every process of the uid)
-    "ioprio_set": ((0, 1), (1, 0)),  # IOPRIO_WHO_PROCESS, who=0
-    **{name: ((0, 0),) for name in ("sched_setparam", "sched_setscheduler", "sched_setaffinity", "sched_setattr",
-                                    "prlimit64", "migrate_pages", "move_pages")},
-}
 MEASURES = ("home_tmp", "ownership", "netns", "no_new_privs", "ids", "capabilities", "not_dumpable", "env",
             "landlock_fs", "landlock_net", "landlock_scope", "seccomp")  # the report's names, in order
 _SYSTEM_TREES = ("/", "/bin", "/boot", "/etc", "/lib", "/root", "/run", "/sbin", "/sys", "/usr", "/var")
@@ -188,7 +183,7 @@ class _Paths:
         default = {sys.prefix, sys.base_prefix, sys.exec_prefix, cuda, *(p for p in sys.path if p)}
         must = [p for p in default if os.path.isdir(p)] if policy.must_read is None else policy.must_read
         must_read = tuple(sorted(abs_(p) for p in must))
-        if unknown := sorted(set(policy.deny) - set(_SYSCALLS["x86_64"][2])):
+        if unknown := sorted(set(policy.deny) - set(SYSCALLS["x86_64"][2])):
             raise ConfineError(f"unknown syscalls to deny: {', '.join(unknown)}")
         return cls(build, abs_(policy.home), abs_(policy.tmp), writable, readable, must_read)
 
@@ -296,16 +291,6 @@ def _set_env(policy: ConfinePolicy, paths: _Paths, uid: int | None) -> Measure:
 
 # ---- the OS calls --------------------------------------------------------------------------------
 
-_SYSCALLS = {  # machine -> (AUDIT_ARCH, foreign x32 range, numbers)
-    "x86_64": (0xC000003E, True, {
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
-        "process_madvise": 440, "prctl": 157, "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
-        "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "prlimit64": 302, "sched_setattr": 314}),
-    "aarch64": (0xC00000B7, False, {
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
-        "process_madvise": 440, "prctl": 167, "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
-        "ioprio_set": 30, "migrate_pages": 238, "move_pages": 239, "prlimit64": 261, "sched_setattr": 274}),
-}
 _LANDLOCK_CREATE, _LANDLOCK_ADD_RULE, _LANDLOCK_RESTRICT = 444, 445, 446  # same on every architecture
 _FS_EXECUTE, _FS_WRITE_FILE, _FS_READ_FILE, _FS_READ_DIR, _FS_REFER, _FS_TRUNCATE = 1, 2, 4, 8, 1 << 13, 1 << 14
 _FS_WRITE_V1 = _FS_WRITE_FILE | sum(1 << b for b in range(4, 13))  # remove and make_* (dir, reg, sym, ...)
@@ -322,14 +307,6 @@ class _RulesetAttr(ctypes.Structure):
 class _PathBeneath(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed", ctypes.c_uint64), ("fd", ctypes.c_int32)]
-
-
-class _SockFilter(ctypes.Structure):
-    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
 def _reason(err: int) -> str:
@@ -455,49 +432,10 @@ class _Os:
 
     def seccomp(self, deny: Sequence[str]) -> Measure:
         machine = platform.machine()
-        if machine not in _SYSCALLS:
+        if machine not in SYSCALLS:
             return Measure("seccomp", NOT_APPLICABLE, f"no syscall table for {machine}")
-        program = _DEFAULT_PROGRAM if tuple(deny) == DENIED_SYSCALLS and _DEFAULT_PROGRAM else seccomp_program(machine, deny)
-        filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
-        prog = _SockFprog(len(program), filters)
-        if self.prctl(22, 2, ctypes.byref(prog)) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+        program = DEFAULT_PROGRAM if tuple(deny) == DENIED_SYSCALLS and DEFAULT_PROGRAM else seccomp_program(machine, deny)
+        if self.prctl(22, 2, ctypes.byref(bpf(program))) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
             return self.failed("seccomp")
         return Measure("seccomp", APPLIED, f"{machine}: {', '.join(deny)}, unsetting the subreaper -> EPERM; "
                                            f"{', '.join(SELF_ONLY_SYSCALLS)} on itself only; foreign ABIs refused")
-
-
-def seccomp_program(machine: str, deny: Sequence[str] = DENIED_SYSCALLS) -> list[tuple[int, int, int, int]]:
-    """The classic-BPF filter, as ``(code, jt, jf, k)``: refuse ``deny`` and foreign ABIs with
-    EPERM, allow :data:`SELF_ONLY_SYSCALLS` only with their required arguments, allow the rest."""
-    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06  # BPF_LD|W|ABS, JMP|JEQ|K, JMP|JGE|K, RET|K
-    allow, eperm = 0x7FFF0000, 0x00050000 | errno.EPERM
-    arch, x32, numbers = _SYSCALLS[machine]
-    code: list[tuple] = [(ld, 0, 0, 4), (jeq, 0, "deny", arch), (ld, 0, 0, 0)]
-    if x32:
-        code.append((jge, "deny", 0, 0x40000000))  # __X32_SYSCALL_BIT
-    code += [(jeq, "deny", 0, numbers[name]) for name in deny]
-    # prctl(PR_SET_CHILD_SUBREAPER, ...): the judge made the process a subreaper before confining it
-    # (cudal1.harness.proctree); undoing that would let orphaned helpers leave its tree
-    code += [(jeq, 0, "after prctl", numbers["prctl"]), (ld, 0, 0, 16), (jeq, "deny", 0, 36), (ret, 0, 0, allow),
-             ("after prctl",)]
-    for name, conds in SELF_ONLY_SYSCALLS.items():
-        code.append((jeq, 0, f"after {name}", numbers[name]))
-        for index, value in conds:  # 64-bit argument: low word == value, high word == 0 (little-endian)
-            code += [(ld, 0, 0, 16 + 8 * index), (jeq, 0, "deny", value), (ld, 0, 0, 20 + 8 * index), (jeq, 0, "deny", 0)]
-        code += [(ret, 0, 0, allow), (f"after {name}",)]
-    code += [(ret, 0, 0, allow), ("deny",), (ret, 0, 0, eperm)]
-    labels: dict[str, int] = {}
-    program = []
-    for insn in code:
-        if len(insn) == 1:
-            labels[insn[0]] = len(program)
-        else:
-            program.append(insn)
-    def offset(j: int | str, at: int) -> int:  # jumps count from the next instruction
-        return labels[j] - at - 1 if isinstance(j, str) else j
-
-    return [(op, offset(jt, at), offset(jf, at), k) for at, (op, jt, jf, k) in enumerate(program)]
-
-
-# built at import (the judge's forkserver imports this module), not in each child
-_DEFAULT_PROGRAM = seccomp_program(platform.machine()) if platform.machine() in _SYSCALLS else []

@@ -205,7 +205,7 @@ class RuntimeGuard:
             if self.worker.threads is not self.worker_threads:
                 return "tampering", "the worker's thread inventory was replaced"
             if self.worker.spec.fingerprint() != self.worker_job:
-                return "tampering", "the judge's job (config, tolerances, seeds) was modified"
+                return "tampering", "the process's job (its spec) was modified"
         found = _candidate_signal_handler(self.signals)
         if found:
             return "tampering", found

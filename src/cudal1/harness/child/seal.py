@@ -18,7 +18,7 @@ import ctypes
 import errno
 import platform
 
-from cudal1.harness.child.confine import _SockFilter, _SockFprog
+from cudal1.harness.child.seccomp import bpf
 
 # machine -> (AUDIT_ARCH, {name: number}); fork and vfork exist on x86-64 only
 _NUMBERS = {
@@ -54,9 +54,7 @@ def seal() -> str:
     except OSError as exc:
         return f"refused: {exc}"
     libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS (already set when the process was confined)
-    program = seal_program(machine)
-    filters = (_SockFilter * len(program))(*(_SockFilter(*insn) for insn in program))
-    prog = _SockFprog(len(program), filters)
+    prog = bpf(seal_program(machine))
     ctypes.set_errno(0)
     if libc.prctl(22, 2, ctypes.byref(prog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
         err = ctypes.get_errno()

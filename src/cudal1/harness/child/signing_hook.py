@@ -1,42 +1,47 @@
-"""The worker's audit hook: sole holder of the signing key, guard on frames, thread inventory.
+"""The candidate's process's audit hook: sole holder of its channel key, guard on frames, thread
+inventory.
 
-Why a ``sys.addaudithook`` hook.  Candidate code runs inside the worker, on the same call stack
-as the judge.  Anything the judge keeps in a Python object — the channel key in a ``Sender``, the
-tolerance table in the job — is reachable from the candidate by walking frames
-(``exc.__traceback__.tb_frame.f_back.f_locals``), ``gc`` or ``sys.modules``.  An audit hook is
-the one Python object that nothing in Python refers to (hooks cannot be listed or removed), and
-the interpreter calls it *synchronously* whenever code obtains a frame (``sys._getframe``,
-``tb_frame``, ``gi_frame``...), walks ``gc``, installs a trace hook, and so on.  So:
+Where it stands.  A job is two processes (docs/harness.md): the clean reference worker decides the
+verdict and signs it on its own channel; the candidate's process sends the parent only its
+environment (with what confined it), its build report, a pre-build's one ``result`` and, from
+this hook, ``tamper`` reports.  Nothing it sends can make a verdict ``ok`` (the parent takes
+phases and verdicts from the reference worker alone), so this hook is the second line that names
+a cheat, not what a verdict rests on.
 
-1. **Signing.**  :func:`install` runs in ``worker_entry`` before any task or candidate code; the
-   key is turned into SHA-256 inner/outer states that live only in the hook's closure (the key
+Why a ``sys.addaudithook`` hook.  Candidate code runs on the same call stack as the process's
+protocol code, so anything kept in a Python object (the channel key, the process's own state) is
+reachable by walking frames (``exc.__traceback__.tb_frame.f_back.f_locals``), ``gc`` or
+``sys.modules``.  An audit hook is the one Python object nothing in Python refers to (hooks
+cannot be listed or removed), and the interpreter calls it *synchronously* whenever code obtains
+a frame (``sys._getframe``, ``tb_frame``, ``gi_frame`` ...), walks ``gc``, installs a trace hook,
+and so on.  So:
+
+1. **Signing.**  :func:`install` runs in ``candidate_entry`` before any task or candidate code;
+   the key is turned into SHA-256 inner/outer states that live only in the hook's closure (the key
    bytes are dropped, the process's ``_args`` cleared, the pipe descriptor duplicated).  The
-   worker sends by raising the audit event ``cudal1.channel`` (kind, JSON payload); the hook
-   signs and writes the message only if the caller of ``sys.audit`` is ``Worker.send`` and every
-   frame from there down to ``worker_entry``'s own frame, on the worker's main thread, is one of
-   the judge's protocol functions (``phase``/``finish``/``setup``/``run``...; a ``phase``
-   message may also come through ``Worker.building``, which candidate-triggered builds call).
-   A candidate calling the worker's ``send``/``finish`` — or raising the event itself — has its
-   own frames on that chain: the hook reports ``tamper`` and ends the process.  After the
-   ``result`` message the hook signs nothing else (one-shot).
+   process sends by raising the audit event ``cudal1.channel`` (kind, JSON payload); the hook signs
+   and writes the message only if the caller of ``sys.audit`` is ``CandidateProcess.send`` and
+   every frame from there down to ``candidate_entry``'s own frame, on the main thread, is one of
+   the protocol functions in ``chain`` (``setup``, ``import_candidate``, ``finish``, ``run``,
+   ``serve``).  Candidate code calling ``send``/``finish``, or raising the event itself, has its
+   own frames on that chain: the hook reports ``tamper`` and ends the process.  After a ``result``
+   the hook signs nothing else (one-shot).
 2. **Frame guard.**  When code from the candidate's file (or running in the candidate module's
-   globals) obtains a frame — ``sys._getframe``, ``tb_frame``, ``gi_frame``, ``cr_frame``,
-   ``ag_frame``, ``inspect.currentframe``/``stack``/``trace``,
-   ``traceback.walk_stack``/``walk_tb``, ``logging.currentframe`` — looks up a Python C-API
-   symbol through ``ctypes``, replaces a function's ``__code__`` or adds an audit hook, the
-   hook reports ``tamper`` before the frame is handed over, then ends the process (raising
-   instead would put the hook's own frame into the candidate's traceback).  Always refused,
-   whoever asks: ``gc``'s object-graph walkers, ``sys._current_exceptions``,
-   ``sys._current_frames`` (except the judge's inventory below), trace/profile/monitoring
-   hooks (except during the judge's profiled forward).  Library code reading frames for its
-   own purposes (Dynamo, ``warnings``, ``traceback.print_exc``, ``enum``) or adding its own
-   audit hook (``filelock``) is not candidate code and is left alone.
-3. **Tolerances.**  The comparison asks the hook for its tolerance table on every use (event
-   ``cudal1.tolerances``), so no object on the worker's stack holds a table worth loosening.
-4. **Thread inventory** (:func:`escaped_threads`, returned by :func:`install`): the judge's only
-   licence to call ``sys._current_frames``.  A thread other than the worker's main thread that
-   is running a candidate frame, running a C callable directly as a thread/pool target, or
-   holding a pending ``threading.Timer`` is work that escaped the call (``side_stream``).
+   globals, registered once through the event ``cudal1.candidate``) obtains a frame —
+   ``sys._getframe``, ``tb_frame``, ``gi_frame``, ``cr_frame``, ``ag_frame``,
+   ``inspect.currentframe``/``stack``/``trace``, ``traceback.walk_stack``/``walk_tb``,
+   ``logging.currentframe`` — looks up a Python C-API symbol through ``ctypes``, replaces a
+   function's ``__code__`` or adds an audit hook, the hook reports ``tamper`` before the frame is
+   handed over, then ends the process (raising instead would put the hook's own frame into the
+   candidate's traceback).  Always refused, whoever asks: ``gc``'s object-graph walkers,
+   ``sys._current_exceptions``, ``sys._current_frames`` (except the inventory below),
+   trace/profile/monitoring hooks (except during the profiled forward).  Library code reading
+   frames for its own purposes (Dynamo, ``warnings``, ``traceback.print_exc``, ``enum``) or adding
+   its own audit hook (``filelock``) is not candidate code and is left alone.
+3. **Thread inventory** (:func:`escaped_threads`, returned by :func:`install`): the only licence
+   to call ``sys._current_frames``.  A thread other than the main thread that is running a
+   candidate frame, running a C callable directly as a thread/pool target, or holding a pending
+   ``threading.Timer`` is work that escaped the call (``side_stream``).
 
 The hook runs no code the candidate could have replaced: every callable it uses is bound in
 :func:`install` before candidate code exists, it performs no global or builtin name lookups, it
@@ -44,13 +49,11 @@ compares only exact ``str``/``int``/identity values (a ``str`` subclass could ru
 ``__eq__``), and it disables the cyclic GC while it runs (a finalizer would run on top of the
 hook's frame).
 
-What this cannot prevent (in-process limits, see docs/harness.md): native code and ``ctypes``
-memory reads; code compiled under another file name with fresh globals (it is not attributed to
-the candidate, so it may walk frames — it still cannot sign, and what it changes in the judge's
-objects meets the runtime guards and the parent's re-checks); a Python signal handler that
-fires while the hook itself runs (it receives the hook's frame); library helpers that read the
-caller's frame on its behalf (e.g. ``torch.jit``'s resolution callbacks).  The real fix is a
-signer outside the candidate's process.
+What it cannot prevent (docs/harness.md): native code and ``ctypes`` memory reads; code compiled
+under another file name with fresh globals (not attributed to the candidate, so it may walk
+frames; it still cannot sign); a Python signal handler that fires while the hook itself runs (it
+receives the hook's frame); library helpers that read the caller's frame on its behalf (e.g.
+``torch.jit``'s resolution callbacks).  Each of these reaches only the candidate's own verdict.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ import sys
 from typing import Any, Callable
 
 # Events the hook looks at; everything else returns after one dict lookup.
-R_FRAME, R_ALWAYS, R_CURRENT_FRAMES, R_TRACE, R_CHANNEL, R_CANDIDATE, R_TOLERANCES, R_GETATTR, R_SETATTR, R_DLSYM = range(10)
+R_FRAME, R_ALWAYS, R_CURRENT_FRAMES, R_TRACE, R_CHANNEL, R_CANDIDATE, R_GETATTR, R_SETATTR, R_DLSYM = range(9)
 _RULES = {
     "sys._getframe": R_FRAME,
     "object.__getattr__": R_GETATTR,
@@ -79,10 +82,9 @@ _RULES = {
     "sys.monitoring.register_callback": R_TRACE,
     "cudal1.channel": R_CHANNEL,
     "cudal1.candidate": R_CANDIDATE,
-    "cudal1.tolerances": R_TOLERANCES,
 }
 _FRAME_ATTRS = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
-_KINDS = ("phase", "env", "built", "task", "result", "tamper")
+_KINDS = ("env", "built", "result", "tamper")  # what the candidate's process sends the parent
 
 
 def _helper_codes() -> set[int]:
@@ -114,14 +116,12 @@ def _hmac_states(key: bytes) -> tuple[Any, Any]:
 
 
 def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, send: Any, chain: list[Any],
-            building: Any, register: Any, tolerances_fn: Any, profiled: Any,
-            tolerances: dict[str, tuple[float, float]]) -> Callable[[], list[tuple[int, str]]]:
-    """Install the hook (once per worker process).  ``fd``: the channel's write end (the hook
-    owns it from now on); ``bottom``: ``worker_entry``'s frame; ``send``, ``chain``,
-    ``building``, ``register``, ``tolerances_fn``, ``profiled``: the worker's functions whose
-    frames may (respectively) raise ``cudal1.channel``, sit between it and ``bottom``, relay a
-    build's ``phase``, register the candidate module, ask for tolerances, or run the profiled
-    forward (trace hooks allowed there).  Returns :func:`escaped_threads`."""
+            register: Any, profiled: Any) -> Callable[[], list[tuple[int, str]]]:
+    """Install the hook (once per process).  ``fd``: the channel's write end (the hook owns it from
+    now on); ``bottom``: ``candidate_entry``'s frame; ``send``, ``chain``, ``register``,
+    ``profiled``: the process's functions whose frames may (respectively) raise ``cudal1.channel``,
+    sit between it and ``bottom``, register the candidate module, or run the profiled forward
+    (trace hooks allowed there).  Returns :func:`escaped_threads`."""
     import _thread
     import gc
     import os
@@ -130,15 +130,13 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
     from concurrent.futures import thread as futures_thread
 
     # ---- everything the hook touches, bound now (no global/builtin lookups in the hook) ----
-    (_FRAME, _ALWAYS, _CURRENT_FRAMES, _TRACE, _CHANNEL, _CANDIDATE, _TOLERANCES, _GETATTR, _SETATTR,
-     _DLSYM) = (R_FRAME, R_ALWAYS, R_CURRENT_FRAMES, R_TRACE, R_CHANNEL, R_CANDIDATE, R_TOLERANCES, R_GETATTR,
-                R_SETATTR, R_DLSYM)
+    (_FRAME, _ALWAYS, _CURRENT_FRAMES, _TRACE, _CHANNEL, _CANDIDATE, _GETATTR, _SETATTR, _DLSYM) = (
+        R_FRAME, R_ALWAYS, R_CURRENT_FRAMES, R_TRACE, R_CHANNEL, R_CANDIDATE, R_GETATTR, R_SETATTR, R_DLSYM)
     _type, _id, _len, _str, _dict, _BaseException = type, id, len, str, dict, BaseException
     _getframe, _current_frames, _get_ident = sys._getframe, sys._current_frames, _thread.get_ident
     _write, _exit = os.write, os._exit
     _pack = struct.Struct("!i").pack  # multiprocessing.Connection framing
     _gc_isenabled, _gc_disable, _gc_enable = gc.isenabled, gc.disable, gc.enable
-    _dict_update = dict.update
     lock = _thread.allocate_lock()
     _acquire, _release = lock.acquire, lock.release
     rules_get = dict(_RULES).get  # a private copy: the module's table is reachable by anyone
@@ -146,10 +144,8 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
     kind_json = {k: '"' + k + '"' for k in _KINDS}
     kind_json_get = kind_json.get
     helper_ids = frozenset(_helper_codes())
-    send_id, building_id, register_id = id(send.__code__), id(building.__code__), id(register.__code__)
-    tolerances_id, profiled_id = id(tolerances_fn.__code__), id(profiled.__code__)
+    send_id, register_id, profiled_id = id(send.__code__), id(register.__code__), id(profiled.__code__)
     chain_ids = frozenset(id(fn.__code__) for fn in chain)
-    table = {str(k): (float(a), float(r)) for k, (a, r) in tolerances.items()}
     cand_path = str(candidate_path) if candidate_path else None
     cand_globals: list[Any] = [None]
     main_tid = _get_ident()
@@ -201,15 +197,12 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
             return True
         return cand_globals[0] is not None and f.f_globals is cand_globals[0]
 
-    def judge_chain(f: Any, kind: str) -> bool:
-        """Every frame from ``f`` down to ``bottom`` is a protocol function of the judge."""
+    def judge_chain(f: Any) -> bool:
+        """Every frame from ``f`` down to ``bottom`` is one of the process's protocol functions."""
         while f is not None:
             if f is bottom:
                 return True
-            code_id = _id(f.f_code)
-            if code_id == building_id:
-                return kind == "phase"
-            if code_id not in chain_ids:
+            if _id(f.f_code) not in chain_ids:
                 return False
             f = f.f_back
         return False
@@ -233,16 +226,11 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
                     return ""
                 f = f.f_back
             return "installed a trace/profile hook (" + event + ")"
-        if rule == _TOLERANCES:
-            if caller is None or _id(caller.f_code) != tolerances_id or _len(args) != 1 or _type(args[0]) is not _dict:
-                return "asked for the tolerance table"
-            _dict_update(args[0], table)
-            return ""
         if tid != main_tid or caller is None:
             return "sent on the verdict channel from another thread"
         if rule == _CANDIDATE:
             if (_id(caller.f_code) != register_id or cand_globals[0] is not None or _len(args) != 1
-                    or _type(args[0]) is not _dict or not judge_chain(caller.f_back, "")):
+                    or _type(args[0]) is not _dict or not judge_chain(caller.f_back)):
                 return "registered a candidate module"
             cand_globals[0] = args[0]
             return ""
@@ -250,7 +238,7 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
         if _len(args) != 2 or _type(args[0]) is not _str or _type(args[1]) is not _str:
             return "malformed message for the verdict channel"
         kind, payload = args
-        if _id(caller.f_code) != send_id or kind_json_get(kind) is None or kind == "tamper" or not judge_chain(caller.f_back, kind):
+        if _id(caller.f_code) != send_id or kind_json_get(kind) is None or kind == "tamper" or not judge_chain(caller.f_back):
             return "sent a message on the verdict channel from outside the judge's protocol"
         if not write(kind, payload):
             return "sent a message after the verdict"
@@ -296,7 +284,7 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
     timer_id = id(threading.Timer.run.__code__)
 
     def escaped_threads() -> list[tuple[int, str]]:
-        """Threads (other than the worker's main thread) doing work the call did not wait for:
+        """Threads (other than the main thread) doing work the call did not wait for:
         running a candidate frame, running a C callable directly as a thread or pool target,
         holding a pending ``threading.Timer``, or still starting/ending (a thread the call
         started may not have reached its target yet).  (ident, description) pairs; the caller

@@ -7,10 +7,8 @@ uid, no ptrace, own HOME/TMPDIR, writes only to its build directory, no network,
 allows), installs the audit hook (:mod:`cudal1.harness.child.signing_hook`: frames, ``gc``, the
 parent channel's signer), then imports the candidate.  In ``build`` mode that is all: one signed
 ``result`` goes to the parent.  Otherwise it serves the reference worker on ``link`` (requests
-and replies are JSON; tensors live in the reference worker's slots): ``construct``, ``call``
-(an untimed call, checked), ``warmup``, ``time`` (one call under :mod:`cudal1.harness.timer`),
-``reuse`` (the address-reuse probe), ``profile`` (kernel names), ``state`` (persisting-L2
-settings) and ``exit``.  Every reply either carries what was asked or a ``verdict`` that can
+and replies are JSON; tensors live in the reference worker's slots): ``construct`` here, the
+calls in :mod:`.calls`, and ``exit``.  Every reply either carries what was asked or a ``verdict`` that can
 only make the candidate's own verdict worse (the reference worker never takes ``ok`` from it).
 The candidate gets private copies of its inputs, never the slots; its outputs are copied into
 the reference's output slots after the call (and after the timer stopped).  The in-process
@@ -32,26 +30,24 @@ import torch
 
 from cudal1.harness import compare as cmp
 from cudal1.harness.child import signing_hook
+from cudal1.harness.child.calls import MAX_REQUEST_BYTES, CallHandlers
 from cudal1.harness.child.refusal import Refusal, runtime_refusal
-from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
 from cudal1.harness.proctree import become_subreaper
 from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.slots import SlotMap
 from cudal1.harness.spec import CandidateSpec
 from cudal1.harness.timer import make_timer
-from cudal1.harness.window import raw_bytes
 from cudal1.harness.wire import decode_inputs, encode_outputs
 
 _perf = time.perf_counter
 _audit = sys.audit  # captured before candidate code runs
 _dumps = json.dumps
 _THREAD_GRACE_S = 0.1  # a thread seen right after a call gets this long to finish (its writes are watched)
-MAX_REQUEST_BYTES = 64 * 1024 * 1024
 BUILD_NICENESS = 10  # a pre-build's niceness (it and its compilers yield to the processes being timed)
 
 
-class CandidateProcess:
+class CandidateProcess(CallHandlers):
     def __init__(self, spec: CandidateSpec, link: Any, threads: Any = None,
                  confinement: dict[str, Any] | None = None, log_fd: int | None = None, page_fd: int | None = None) -> None:
         self.spec = spec
@@ -61,7 +57,7 @@ class CandidateProcess:
         self.last_key: tuple[int, ...] = (0, 0, 0, 0)  # CPU: the key of the last timed call
         self.log_fd = log_fd  # the log, opened for reading before the process lost the right to
         self.confinement = confinement or {}
-        self.cfg = spec.config
+        self.settings = spec.settings
         self.link = link
         self.threads = threads or (lambda: [])
         self.device = torch.device("cpu")
@@ -98,7 +94,7 @@ class CandidateProcess:
             except (EOFError, OSError):
                 return
             op = request.get("op")
-            arm_stall_dump(self.cfg, str(op))  # a request that hangs leaves its stacks in the log
+            arm_stall_dump(self.settings.limits, str(op))  # a request that hangs leaves its stacks in the log
             if op == "exit":
                 return
             try:
@@ -135,7 +131,7 @@ class CandidateProcess:
         gives it the build deadline."""
         self.in_build = on
         if self.spec.mode != "build":
-            arm_stall_dump(self.cfg, "build" if on else "construct")
+            arm_stall_dump(self.settings.limits, "build" if on else "construct")
             self.notify("building", on=on)
 
     # ---- phases -----------------------------------------------------------------------------
@@ -145,7 +141,7 @@ class CandidateProcess:
                 raise Refusal("runtime_error", "CUDA requested but no GPU is visible to the candidate's process")
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
-        if self.cfg.math_mode == "strict":
+        if self.settings.math_mode == "strict":
             torch.backends.cuda.matmul.allow_tf32 = False
             torch.backends.cudnn.allow_tf32 = False
             torch.set_float32_matmul_precision("highest")
@@ -156,7 +152,7 @@ class CandidateProcess:
         build.install_memo(self.building)
         self.slots = SlotMap(self.device)
         if self.spec.mode != "build":
-            self.timer = make_timer(self.device, self.cfg.flush_l2)
+            self.timer = make_timer(self.device, self.settings.flush_l2)
             if self.page_fd is not None:
                 from cudal1.harness import window
 
@@ -174,7 +170,7 @@ class CandidateProcess:
         self.send("env", **collect_environment(self.device), isolation=self.confinement)
 
     def import_candidate(self) -> Any:
-        arm_stall_dump(self.cfg, "import")
+        arm_stall_dump(self.settings.limits, "import")
         start = self.log_size()
         t0 = _perf()
         try:
@@ -280,187 +276,6 @@ class CandidateProcess:
         self.sync()
         return desc
 
-    def call(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        where = str(request.get("where") or "call")
-        args, views = self.inputs(request)
-        with torch.no_grad():
-            out, ms = self.run_model(args)
-        busy = self.threads()  # first thing after the call: a late writer may be quick
-        self.after_call(where, args, views, out, busy, full=bool(request.get("full")))
-        reply = {"out": self.outputs(out, request), "ms": ms}
-        del out
-        if self.cfg.poison_freed_memory:  # an output element left unwritten next time reads NaN
-            from cudal1.harness.memory import poison_free_blocks
-
-            poison_free_blocks(self.device)
-        return reply
-
-    def warmup(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """Untimed calls that also measure the host's issue time (sizes the timer's watchdog);
-        with ``join``, then the timer's join probe in this process (``join_ms``: reported for the
-        verdict, no figure depends on it)."""
-        host: list[float] = []
-        for i, _ in enumerate(request["sets"]):
-            args, views = self.inputs(request["sets"][i], "inputs")
-            with torch.no_grad():
-                self.sync()
-                t0 = _perf()
-                out = self.model(*args)
-                host.append((_perf() - t0) * 1e3)
-                self.sync()
-            self.after_call(f"warm-up call {i}", args, views, out, self.threads())
-            del out
-        self.timer.set_watchdog(host)
-        reply: dict[str, Any] = {"host_ms": host}
-        if request.get("join"):
-            try:
-                reply["join_ms"] = self.timer.join_probe()
-            except Exception:  # noqa: BLE001 - a diagnostic: its failure costs the verdict nothing
-                reply["join_ms"] = []
-        return reply
-
-    def time_one(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """One timed call under the clean window (``inputs`` masked in their slots, ``targets``,
-        ``seq``, ``where``; docs/harness.md, "Timing"): private buffers are allocated, the gate,
-        the unmasking and the call are queued, the outputs go into their slots and their digest to
-        the page, then ``issued`` tells the reference worker to open the gate (on the CPU it answers
-        with the key).  Every few calls (and never told which in advance) the second-line checks
-        run in full: the runtime guard's walk and the input-mutation check."""
-        from cudal1.harness.timer import CallWindow
-
-        where = str(request.get("where") or "timed call")
-        seq = int(request["seq"])
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-
-        def private(view: torch.Tensor) -> torch.Tensor:
-            mine = torch.empty(tuple(view.shape), dtype=view.dtype, device=self.device)
-            src = view if view.device == self.device else view.to(self.device)  # still masked: no secret moves
-            pairs.append((raw_bytes(src), raw_bytes(mine)))
-            return mine
-
-        args = list(decode_inputs(request["inputs"], self.slots, private))  # type: ignore[arg-type]
-        targets = [self.slots.tensor(t) if t else None for t in request.get("targets") or []]  # type: ignore[union-attr]
-        window = CallWindow(self.page, seq, unmask=pairs, targets=targets, issued=self._issued)
-        if self.device.type != "cuda":
-            window.key, window.published = self._await_key, self._published
-        with torch.no_grad():
-            t, out = self.timer.time_call(self.model, tuple(args), window=window)
-        busy = self.threads()
-        self.timed_calls += 1
-        full = self.timed_calls % 8 == 1
-        views = self._unmasked(request["inputs"], pairs) if full else args
-        self.after_call(where, args, views, out, busy, guard=full)  # after the clocks stopped
-        desc = encode_outputs(out, request.get("targets") or [], self.slots, self.device.type, copy=False)  # type: ignore[arg-type]
-        return {"timing": [t.gpu_ms, t.device_ms, t.host_ms, t.blocked, t.escaped], "out": desc}
-
-    def _issued(self, host_ms: float) -> None:
-        self.reply({"event": "issued", "host_ms": host_ms})
-
-    def _await_key(self) -> tuple[int, int, int, int]:
-        """CPU: the reference worker's ``go`` carries the key (a host has no gate to hold)."""
-        go = json.loads(self.link.recv_bytes(MAX_REQUEST_BYTES))
-        key = go.get("key") if isinstance(go, dict) and go.get("op") == "go" else None
-        if not (isinstance(key, list) and len(key) == 4):
-            raise Refusal("runtime_error", "the reference worker sent no key")
-        self.last_key = tuple(int(k) for k in key)
-        return self.last_key  # type: ignore[return-value]
-
-    def _published(self, digest: int) -> None:
-        self.reply({"event": "done", "digest": digest})
-
-    def _unmasked(self, desc: dict[str, Any], pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-        """The inputs as handed out (unmasked again from the slots, after the call), as a tree
-        shaped like the call's arguments: what the candidate's private copies must still hold."""
-        from cudal1.harness import window as win
-
-        again: list[torch.Tensor] = []
-        for lane, (src, dst) in enumerate(pairs):
-            fresh = torch.empty_like(dst)
-            if self.device.type == "cuda":
-                self.timer.kernels.mask(src.data_ptr(), fresh.data_ptr(), src.numel(), self.timer.keybuf.data_ptr(), lane,
-                                        torch.cuda.current_stream().cuda_stream)
-            else:
-                win.cpu_mask(src.numpy(), fresh.numpy(), self.last_key, lane)
-            again.append(fresh)
-        it = iter(again)
-        return list(decode_inputs(desc, self.slots,  # type: ignore[arg-type]
-                                  lambda view: next(it).view(view.dtype).reshape(view.shape)))
-
-    def seal(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """Warm-up is over: from now on this process can start no process (:mod:`.seal`)."""
-        from cudal1.harness.child.seal import seal
-
-        return {"sealed": seal()}
-
-    def reuse(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """The address-reuse probe: two calls on the *same* input tensors, new values written into
-        them in between; the second output goes back for a re-check."""
-        args, views = self.inputs(request)
-        with torch.no_grad():
-            out, _ = self.run_model(args)
-            self.after_call("address-reuse probe", args, views, out, self.threads())
-            del out
-            second = decode_inputs(request["second"], self.slots, self.on_device)  # type: ignore[arg-type]
-            try:
-                for dst, src in zip(args, second):
-                    if isinstance(dst, torch.Tensor):
-                        dst.copy_(src)
-            except RuntimeError:
-                return {"skipped": True}  # inputs that cannot be written in place (e.g. expanded views)
-            out, _ = self.run_model(args)
-        self.after_call("address-reuse probe", args, list(second), out, self.threads())
-        return {"out": self.outputs(out, request)}
-
-    def profile(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """CUDA kernels launched by one profiled call (informational)."""
-        if self.device.type != "cuda" or self.spec.mode == "baseline":
-            return {"kernels": None}
-        names = self.kernel_names(request)
-        return {"kernels": names, "custom": custom_kernels(names) if names is not None else None}
-
-    def kernel_names(self, request: dict[str, Any]) -> list[str] | None:
-        from torch.profiler import ProfilerActivity, profile
-
-        args, views = self.inputs(request)
-        try:
-            with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
-                out = self.model(*args)
-                self.sync()
-                busy = self.threads()
-            events = prof.events()
-        except Exception:  # noqa: BLE001 - informational only
-            return None
-        self.after_call("profiled call", args, views, out, busy)
-        cuda = torch.autograd.DeviceType.CUDA
-        return sorted({e.name for e in events if getattr(e, "device_type", None) == cuda})[:200]
-
-    def state(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """Device settings a candidate must leave alone: a persisting-L2 set-aside or an
-        access-policy window survives an L2 flush."""
-        from cudal1.harness.build import failed_builds
-
-        fallback = bool(failed_builds)  # it built nothing, yet ran: PyTorch fallback behind try/except
-        window = 0
-        if self.device.type == "cuda":
-            from cudal1.harness import cuda_api
-
-            try:
-                window = cuda_api.stream_access_window_bytes(torch.cuda.current_stream().cuda_stream)
-            except cuda_api.CudaCallError:
-                window = 0
-        return {"persisting_l2": self.persisting_l2(), "persisting_l2_start": self.l2_start, "window": window,
-                "fallback": fallback}
-
-    def persisting_l2(self) -> int:
-        if self.device.type != "cuda":
-            return 0
-        from cudal1.harness import cuda_api
-
-        try:
-            return cuda_api.persisting_l2_limit()
-        except cuda_api.CudaCallError:
-            return 0
-
     # ---- second-line checks -----------------------------------------------------------------
     def check(self, where: str) -> None:
         found = self.guard.violation() if self.guard else None
@@ -555,16 +370,14 @@ def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any,
     subreaper = become_subreaper()  # before candidate code: whatever it starts stays in this tree
     confinement = _confine(spec)  # before any other thread exists (the stall dump starts one)
     confinement["subreaper"] = "applied" if subreaper else "refused"
-    arm_stall_dump(spec.config, "setup")
+    arm_stall_dump(spec.settings.limits, "setup")
     fd = os.dup(conn.fileno())
     conn.close()
     threads = signing_hook.install(
-        key_holder.pop(), fd, candidate_path=spec.candidate_path, bottom=sys._getframe(),
-        send=CandidateProcess.send, chain=[CandidateProcess.finish, CandidateProcess.setup,
-                                           CandidateProcess.import_candidate, CandidateProcess.run,
-                                           CandidateProcess.serve],
-        building=CandidateProcess.building, register=CandidateProcess.import_candidate,
-        tolerances_fn=CandidateProcess.check, profiled=CandidateProcess.kernel_names, tolerances={})
+        key_holder.pop(), fd, candidate_path=spec.candidate_path, bottom=sys._getframe(), send=CandidateProcess.send,
+        chain=[CandidateProcess.finish, CandidateProcess.setup, CandidateProcess.import_candidate, CandidateProcess.run,
+               CandidateProcess.serve],
+        register=CandidateProcess.import_candidate, profiled=CandidateProcess.kernel_names)
     try:
         CandidateProcess(spec, link, threads, confinement, log_fd, page_fd).run()
     except BaseException as exc:  # noqa: BLE001 - the channel itself failed

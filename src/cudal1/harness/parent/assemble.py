@@ -1,4 +1,4 @@
-"""Turn a worker's :class:`~cudal1.harness.sandbox.JobOutcome` into a typed ``EvalResult``.
+"""Turn a worker's :class:`~cudal1.harness.parent.sandbox.JobOutcome` into a typed ``EvalResult``.
 
 Contract: statistics (medians, IQR, speedup, bootstrap CI) are computed here, in the parent,
 from the raw samples; the worker only reports measurements.  Missing verdicts are classified:
@@ -14,9 +14,10 @@ from __future__ import annotations
 import signal
 from cudal1.config import EvalConfig
 from cudal1.flags import check as check_flag
-from cudal1.harness.sandbox import JobOutcome
+from cudal1.harness.parent.sandbox import JobOutcome
 from cudal1.harness.spec import TimingStage
-from cudal1.harness.stats import FIGURES, _median, figures, host_contention, speedup, speedup_ci
+from cudal1.harness.figures import FIGURES, figures, median
+from cudal1.harness.parent.stats import host_contention, speedup, speedup_ci
 from cudal1.harness.faults import is_cuda_fault
 from cudal1.types import Correctness, Environment, EvalResult, Status, Timing
 
@@ -183,8 +184,8 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
         r.flags.append("high_variance")
     for name in FIGURES:
         ref, cand = f.samples(name, "ref"), f.samples(name, "cand")
-        r.figures[name] = {"reference_ms": _median(ref), "candidate_ms": _median(cand),
-                           "speedup": speedup(_median(ref), _median(cand)) if r.status is Status.OK else None}
+        r.figures[name] = {"reference_ms": median(ref), "candidate_ms": median(cand),
+                           "speedup": speedup(median(ref), median(cand)) if r.status is Status.OK else None}
     if f.window:
         r.figures["gpu"]["window"] = {k: v for k, v in f.window.items() if k != "mismatch"}
         share = f.window.get("bound_share") or 0.0

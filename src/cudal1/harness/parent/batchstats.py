@@ -1,6 +1,6 @@
 """Where a batch's time went: build queue, builds, judging, and timing lanes left idle.
 
-Contract: :class:`BatchStats` is what :func:`cudal1.harness.batch.run_jobs` hands its
+Contract: :class:`BatchStats` is what :func:`cudal1.harness.parent.batch.run_jobs` hands its
 ``on_stats`` callback once per batch (both backends).  Times are wall-clock seconds on the driver
 (the Ray backend's build and judge times are measured where they ran and sent back).  The totals
 add up by construction: per lane ``startup_s + busy_s + idle_s == wall_s`` of that lane, and the

@@ -3,9 +3,9 @@ the verdict.
 
 Contract: :func:`run_job` never raises for anything a child does.  A job is two processes, both
 started from a ``forkserver`` whose only preloaded state is ``torch`` and the judge's modules (no
-CUDA context, nothing from the parent; :mod:`cudal1.harness.launcher`), each in its own process
+CUDA context, nothing from the parent; :mod:`cudal1.harness.parent.launcher`), each in its own process
 group and killed with SIGKILL (with every process it started, e.g. a hung ``nvcc``) when a phase
-overruns: the clean reference worker (:mod:`cudal1.harness.refworker`, never runs candidate code)
+overruns: the clean reference worker (:mod:`cudal1.harness.reference.worker`, never runs candidate code)
 and the candidate's process (:mod:`cudal1.harness.child.worker`), joined by a private pipe that
 only the two of them hold.  A build job is the candidate's process alone.  Messages from both are
 read raw by reader threads and verified by :class:`~cudal1.harness.channel.Receiver`; a forged,
@@ -15,7 +15,7 @@ verdict come from the reference worker; from the candidate's process the parent 
 environment (with what confined it), its build report and tamper reports.  The parent re-checks
 what it can of an ``ok`` verdict with its own copy of the job (:func:`verdict_problem`).  Mapping
 the outcome to an :class:`~cudal1.types.EvalResult` (statistics and the checks on the
-candidate's reported times included) is :mod:`cudal1.harness.assemble`'s job.
+candidate's reported times included) is :mod:`cudal1.harness.parent.assemble`'s job.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
-from cudal1.harness.launcher import ensure_server, get_context, launching
-from cudal1.harness.gpu_share import GpuWatch, Sharing
+from cudal1.harness.parent.launcher import ensure_server, get_context, launching
+from cudal1.harness.parent.gpu_share import GpuWatch, Sharing
 from cudal1.harness.numerics import LeafCheck
 from cudal1.harness.proctree import CandidateTree, parent_of
 from cudal1.harness.window import shared_page
@@ -200,12 +200,13 @@ def _candidate_target(spec: CandidateSpec, conn: Any, key_holder: list, link: An
 
 def _reference_target(spec: WorkerSpec, conn: Any, key_holder: list, link: Any, page: _Fd | None = None) -> None:
     _child_start([conn.fileno(), link.fileno()] + ([page.fd] if page else []))
-    from cudal1.harness.refworker import reference_entry
+    from cudal1.harness.reference.worker import reference_entry
 
     reference_entry(spec, conn, key_holder, link, page.fd if page else None)
 
 
-def _start(ctx: Any, target: Any, spec: Any, extra: Any, page: _Fd | None = None) -> tuple[Any, Any, bytes]:
+def _start(ctx: Any, target: Any, spec: WorkerSpec | CandidateSpec, extra: Any,
+           page: _Fd | None = None) -> tuple[Any, Any, bytes]:
     """Start one child: (process, read end of its signed channel, its key)."""
     key = secrets.token_bytes(32)
     ensure_server()
@@ -225,7 +226,7 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
     None (build mode): the candidate's process alone imports the candidate.  Otherwise the clean
     reference worker runs the job and drives the candidate's process over a private pipe; on a GPU
     (``gpu``: its nvidia-smi index) the parent watches who else holds a context on it while the
-    job is timed (:mod:`cudal1.harness.gpu_share`)."""
+    job is timed (:mod:`cudal1.harness.parent.gpu_share`)."""
     ctx = get_context()
     outcome = JobOutcome()
     t0 = time.monotonic()
@@ -285,7 +286,7 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
 
 
 def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]", receivers: dict[str, Receiver],
-             limits: dict[str, float], outcome: JobOutcome, t0: float, spec: Any = None,
+             limits: dict[str, float], outcome: JobOutcome, t0: float, spec: WorkerSpec | CandidateSpec,
              watch: GpuWatch | None = None, label: str = "job") -> None:
     """Read both children's signed messages until the verdict (or a deadline, or tampering).
     The phases (and so the deadlines) are the reference worker's; in build mode, the candidate's
@@ -362,7 +363,7 @@ def _monitor(procs: list[Any], messages: "queue.Queue[tuple[str, bytes | None]]"
             now = time.monotonic()
             outcome.phase_times[outcome.phase] = outcome.phase_times.get(outcome.phase, 0.0) + now - phase_start
             outcome.timeline.append((outcome.phase, wall_start, _stamp(msg.data, wall_start)))
-            problem = verdict_problem(spec, phases, msg.data) if spec is not None else ""
+            problem = verdict_problem(spec, phases, msg.data) if isinstance(spec, WorkerSpec) else ""
             if problem:
                 outcome.tamper = f"the verdict does not hold up: {problem}"
                 outcome.result = None

@@ -1,10 +1,10 @@
-"""The Ray backend of :func:`cudal1.harness.batch.run_jobs`: the same jobs, judged by
+"""The Ray backend of :func:`cudal1.harness.parent.batch.run_jobs`: the same jobs, judged by
 long-lived timing actors (one per GPU of the cluster; one on a CPU-only cluster) fed by build
 tasks on the cluster's CPUs.
 
 Contract:
 
-- Each actor holds an :class:`~cudal1.harness.evaluator.Evaluator` and judges exactly as the
+- Each actor holds an :class:`~cudal1.harness.parent.evaluator.Evaluator` and judges exactly as the
   local backend does: a fresh sandboxed worker process per candidate (``sandbox.run_job`` with a
   ``WorkerSpec``), the same static guards, assembly and flags; results are the same
   ``EvalResult`` type and shape.  The actor never sees a store; results come back to the driver,
@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import cudal1
 from cudal1.config import EvalConfig
-from cudal1.harness.batchstats import BatchStats, StatsRecorder, in_worker_build_s
-from cudal1.harness.evaluator import Evaluator
-from cudal1.harness.plan import DevicePlan, HarnessError, Job
+from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
+from cudal1.harness.parent.evaluator import Evaluator
+from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
 from cudal1.types import EvalResult, Status, content_hash
 
 INSTALL_HINT = "the ray backend needs Ray: pip install 'cudal1[distributed]'"
@@ -78,7 +79,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus
     ray = _ray()
     if ray.is_initialized():
         return ray
-    src = str(Path(__file__).resolve().parents[2])  # where ``cudal1`` is importable from
+    src = str(Path(cudal1.__file__).resolve().parents[1])  # where ``cudal1`` is importable from
     path = os.pathsep.join(p for p in (src, os.environ.get("PYTHONPATH", "")) if p)
     runtime_env = {"env_vars": {"PYTHONPATH": path}}
     if address is None:
@@ -89,7 +90,7 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, num_gpus
                 ray_constants.ENABLE_RAY_CLUSTER = False  # ray imported earlier: the env came too late
         except (ImportError, AttributeError):
             pass
-        from cudal1.harness.farm import cpu_cores
+        from cudal1.harness.parent.farm import cpu_cores
 
         ray.init(address="local", include_dashboard=False, num_cpus=num_cpus or cpu_cores(), num_gpus=num_gpus,
                  log_to_driver=False, namespace="cudal1", runtime_env=runtime_env)
@@ -241,7 +242,7 @@ def run_jobs_ray(jobs: list[Job], config: EvalConfig, *, plan: DevicePlan,
 class _RayBatch:
     def __init__(self, pool_: ActorPool, jobs: list[Job], config: EvalConfig,
                  on_result: Callable[[int, EvalResult], None] | None) -> None:
-        from cudal1.harness.farm import BuildBudget
+        from cudal1.harness.parent.farm import BuildBudget
 
         self.pool, self.ray, self.jobs, self.config, self.on_result = pool_, pool_.ray, jobs, config, on_result
         lanes_per_node = max(1, len(pool_.slots) // max(1, len({s.node for s in pool_.slots})))
@@ -272,7 +273,7 @@ class _RayBatch:
         return list(groups), groups
 
     def run(self, on_stats: Callable[[BatchStats], None] | None) -> list[EvalResult]:
-        from cudal1.harness.farm import shared
+        from cudal1.harness.parent.farm import shared
 
         ray, t0 = self.ray, time.monotonic()
         keys, groups = self._plan_builds()

@@ -2,7 +2,7 @@
 
 Contract: an :class:`Evaluator` is thread-safe and lives for one batch (its input seed is that
 batch's secret).  :meth:`Evaluator.evaluate_job` never raises for anything a candidate does; a
-job is the clean reference worker plus the candidate's process (:func:`cudal1.harness.sandbox.run_job`),
+job is the clean reference worker plus the candidate's process (:func:`cudal1.harness.parent.sandbox.run_job`),
 a pre-build is the candidate's process alone on the CPU.  Untrusted code runs only in those
 children; this process never imports it.
 """
@@ -19,11 +19,11 @@ from typing import Any, Callable
 
 from cudal1.config import TOLERANCES, EvalConfig
 from cudal1.harness import build
-from cudal1.harness.assemble import assemble
+from cudal1.harness.parent.assemble import assemble
 from cudal1.harness.lease import lease_path
-from cudal1.harness.plan import DevicePlan, HarnessError, Job
-from cudal1.harness.sandbox import JobOutcome, run_job
-from cudal1.harness.spec import CUDA_WRITABLE, BuildStage, CandidateSpec, ExactCacheSpec, WorkerSpec
+from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
+from cudal1.harness.parent.sandbox import JobOutcome, run_job
+from cudal1.harness.spec import CUDA_WRITABLE, BuildStage, CandidateSettings, CandidateSpec, ExactCacheSpec, WorkerSpec
 from cudal1.types import Candidate, EvalResult, Status, Task, content_hash
 
 
@@ -100,7 +100,7 @@ class Evaluator:
 
     @staticmethod
     def _static_names(spec: str) -> list[str]:
-        from cudal1.harness.static_guard import CHECKS
+        from cudal1.harness.parent.static_guard import CHECKS
 
         spec = spec.strip()
         names = [] if spec == "none" else list(CHECKS) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
@@ -151,7 +151,7 @@ class Evaluator:
                        "tmp": str(workdir / "tmp"),
                        "writable": [str(slot_dir)] + (list(CUDA_WRITABLE) if device == "cuda" else ["/dev"])}
         candidate = CandidateSpec(
-            mode=mode, device=device, config=self.config, reference_path=str(ref_path),
+            mode=mode, device=device, settings=CandidateSettings.of(self.config), reference_path=str(ref_path),
             reference_module=reference_module, log_path=str(workdir / "candidate.log"), env=cand_env,
             candidate_path=str(cand_path) if cand_path else None, candidate_module=cand_module,
             baseline_mode=job.baseline_mode, cwd=str(cwd), confine=confine,
@@ -196,7 +196,7 @@ class Evaluator:
             shutil.rmtree(workdir, ignore_errors=True)
 
     def static_findings(self, candidate: Candidate, task: Task) -> list:
-        from cudal1.harness.static_guard import run_static_guards
+        from cudal1.harness.parent.static_guard import run_static_guards
 
         return run_static_guards(candidate.source, self.static_names, reference=task.source) if self.static_names else []
 
@@ -225,8 +225,8 @@ class Evaluator:
             task_hash=job.task.hash,
             candidate_hash=job.candidate.hash if job.candidate else f"baseline:{job.baseline_mode}",
         )
-        if job.candidate is not None:
-            findings = self.static_findings(job.candidate, job.task)
+        findings = self.static_findings(job.candidate, job.task) if job.candidate is not None else []
+        if findings:
             rejects = [f for f in findings if f.reject]
             if rejects:
                 base.status = Status.REJECTED
@@ -247,8 +247,7 @@ class Evaluator:
             result.wall_s += prebuilt[0].wall_s  # the pre-build is part of what this candidate cost
             if prebuilt[1]:
                 result.flags.append("build_cached")
-        if job.candidate is not None:
-            result.flags.extend(f.flag for f in self.static_findings(job.candidate, job.task) if f.flag not in result.flags)
+        result.flags.extend(dict.fromkeys(f.flag for f in findings if f.flag not in result.flags))  # the informational ones
         if self.plan.driver and not result.environment.driver:
             result.environment.driver = self.plan.driver
         return result

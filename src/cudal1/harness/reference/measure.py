@@ -1,12 +1,12 @@
 """The clean side's measurements: correctness trials, timing in alternating blocks, re-checks, the
 address-reuse probe and the stricter second pass, as a mixin of
-:class:`~cudal1.harness.refworker.RefWorker` (which owns the protocol).
+:class:`~cudal1.harness.reference.worker.RefWorker` (which owns the protocol).
 
 Contract: everything here runs in the reference worker, a process that never imports candidate
-code.  The candidate is reached only through a :class:`~cudal1.harness.link.CandidateLink`:
+code.  The candidate is reached only through a :class:`~cudal1.harness.reference.link.CandidateLink`:
 inputs drawn here from the secret seed go into slots, the candidate's process answers with
 outputs in slots (cloned here) and, for timed calls, with its own measurements, which the parent
-bounds (:mod:`cudal1.harness.stats`).  Comparisons use the configured rule (the float64 answer
+bounds (:mod:`cudal1.harness.figures`).  Comparisons use the configured rule (the float64 answer
 by default, :mod:`cudal1.harness.numerics`).  Both sides are timed with the same timer
 (:mod:`cudal1.harness.timer`) in blocks of ``timing_block`` calls, the order of the two blocks
 random in every round, so drift cancels; the candidate's process is stopped while the reference's
@@ -23,19 +23,20 @@ from typing import Any
 
 import torch
 
+from cudal1.config import EvalConfig
 from cudal1.harness import compare as cmp
 from cudal1.harness import window
-from cudal1.harness.hostload import BlockLoad, WindowWaits
-from cudal1.harness.link import CandidateLink, described
+from cudal1.harness.reference.hostload import BlockLoad, WindowWaits
+from cudal1.harness.reference.link import CandidateLink, described
 from cudal1.harness.memory import poison_free_blocks
 from cudal1.harness.numerics import ExactAnswers, ExactReference, LeafCheck, deviation
-from cudal1.harness.spec import TimingStage
-from cudal1.harness.stats import figures
+from cudal1.harness.spec import TimingStage, WorkerSpec
+from cudal1.harness.figures import figures
 from cudal1.harness.proctree import name_of
 from cudal1.harness.timer import CallWindow, make_timer
 from cudal1.harness.window import Stager, raw_bytes
 from cudal1.harness.wire import output_leaves, tensor_leaves
-from cudal1.harness.verdict import Verdict
+from cudal1.harness.reference.verdict import Verdict
 
 _perf = time.perf_counter
 _perf_ns = time.perf_counter_ns
@@ -49,8 +50,8 @@ class Measurement:
     """Correctness and timing for the reference worker (see the module doc).  Attributes it relies
     on are set by ``RefWorker.__init__``."""
 
-    spec: Any
-    cfg: Any
+    spec: WorkerSpec
+    cfg: EvalConfig
     device: torch.device
     input_seed: int
     ref_mod: Any

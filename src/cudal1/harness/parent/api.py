@@ -1,7 +1,7 @@
 """The judge's front door: ``evaluate(task, candidates, config) -> list[EvalResult]``.
 
 Contract: untrusted code (reference and candidates) runs only in worker children; the caller's
-process never imports it.  Builds overlap timing (see :mod:`cudal1.harness.batch`).  These
+process never imports it.  Builds overlap timing (see :mod:`cudal1.harness.parent.batch`).  These
 calls judge; they do not remember: resuming from a run store and second opinions on accepted
 candidates are the apps' business (:mod:`cudal1.recorded`).  Nothing here raises for candidate
 behaviour; bad *usage* (no GPU when ``device='cuda'``) raises :class:`HarnessError`.
@@ -12,9 +12,9 @@ from __future__ import annotations
 from typing import Callable
 
 from cudal1.config import EvalConfig
-from cudal1.harness.batch import run_jobs
-from cudal1.harness.batchstats import BatchStats
-from cudal1.harness.plan import DevicePlan, HarnessError, Job
+from cudal1.harness.parent.batch import run_jobs
+from cudal1.harness.parent.batchstats import BatchStats
+from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
 from cudal1.types import Candidate, EvalResult, Task
 
 __all__ = ["DevicePlan", "HarnessError", "Job", "evaluate", "evaluate_pairs", "environment_key", "measure_baselines",

@@ -24,11 +24,11 @@ import torch
 
 from cudal1.flags import FLAGS
 from cudal1.harness import compare as cmp
-from cudal1.harness.hostload import WindowWaits
+from cudal1.harness.reference.hostload import WindowWaits
 from cudal1.harness.proctree import CandidateTree
 from cudal1.harness.slots import Slot, SlotError, SlotPool, dtype_of, view
 from cudal1.harness.window import raw_bytes
-from cudal1.harness.verdict import Verdict
+from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.wire import WireError, decode_outputs, encode_inputs, output_targets, tensor_leaves
 
 MAX_REPLY_BYTES = 32 * 1024 * 1024

@@ -6,7 +6,7 @@ Contract: :class:`BlockLoad` is the clean reference worker's; it reads these cou
 timing block, for the process the block timed (itself for the reference's blocks, the
 candidate's process for the candidate's), and reports per block the *wait share*: waiting time
 over waiting plus running time of those threads.  Nothing here judges: the parent decides
-(:func:`cudal1.harness.stats.host_contention`).  Without ``/proc`` (not Linux) every figure is
+(:func:`cudal1.harness.parent.stats.host_contention`).  Without ``/proc`` (not Linux) every figure is
 absent.  Cost: a read of each thread's counters per block (about 10 µs a thread).
 """
 

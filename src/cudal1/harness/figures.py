@@ -1,7 +1,10 @@
-"""Statistics on timing samples, computed in the parent from the raw times both processes sent.
+"""The two timing figures of a job, and the clean side's bounds on the candidate's reported times,
+from the raw rows both processes measured (:class:`~cudal1.harness.spec.TimingStage`).  Read by
+the parent, which decides the verdict from them, and by the reference worker, which decides from
+them whether a stricter second pass runs.
 
-Contract: the parent trusts the reference worker's measurements and bounds the candidate's
-(:func:`figures`).  Two figures per call:
+Contract: :func:`figures` trusts the reference worker's measurements and bounds the candidate's.
+Two figures per call:
 
 - ``gpu`` (the default speedup figure): the call's span on the GPU, enqueued behind the timer's
   gate so host latency is out of it (see :mod:`cudal1.harness.timer`), minus the clean side's
@@ -20,11 +23,6 @@ call may be faster than writing its outputs once at the device's peak bandwidth
 an output that changed after the calling stream finished, or a device-wide excess over the
 clean side's join cost beyond the noise.  ``launch_bound``: the host's issue time exceeds the
 GPU time (for the reference or the candidate), so the figures depend on the host.
-
-The speedup is ``median(reference) / median(candidate)`` of the chosen figure; its 95% confidence
-interval follows the paired design (:func:`speedup_ci`): from the rounds' ratios, never narrower
-than a percentile bootstrap that resamples both sample sets independently.  :func:`host_contention`
-reads how much the host was shared while the blocks ran.
 """
 
 from __future__ import annotations
@@ -34,101 +32,17 @@ from typing import Any
 
 import numpy as np
 
+from cudal1.harness.spec import TimingStage
+
 FIGURES = ("gpu", "host")
 _FIT_SLACK_MS = 0.05  # events and the host clock are different clocks
 
 
-def bootstrap_speedup_ci(ref_ms: list[float], cand_ms: list[float], samples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
-    """95% percentile-bootstrap CI of median(ref)/median(cand); None with fewer than 2 samples."""
-    if len(ref_ms) < 2 or len(cand_ms) < 2 or samples < 10:
-        return None
-    rng = np.random.default_rng(seed)
-    r = np.asarray(ref_ms, dtype=np.float64)
-    c = np.asarray(cand_ms, dtype=np.float64)
-    ri = rng.integers(0, len(r), size=(samples, len(r)))
-    ci = rng.integers(0, len(c), size=(samples, len(c)))
-    ratios = np.median(r[ri], axis=1) / np.maximum(np.median(c[ci], axis=1), 1e-12)
-    lo, hi = np.percentile(ratios, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-# Student's t, 97.5th percentile, for 1..30 degrees of freedom (above: the normal's 1.96 is close enough)
-_T975 = (12.71, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-MIN_ROUNDS = 4  # rounds below which the per-round interval is not used (t grows too fast: 12.7 for two)
-
-
-def rounds(blocks: list[list[Any]]) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """The timing blocks paired into rounds (one reference and one candidate block each, in either
-    order): per round the (start, end) of its calls in each side's samples."""
-    out: list[tuple[tuple[int, int], tuple[int, int]]] = []
-    at = {"ref": 0, "cand": 0}
-    pending: dict[str, tuple[int, int]] = {}
-    for block in blocks:
-        who, n = str(block[0]), int(block[1])
-        if who not in at:
-            continue
-        pending[who] = (at[who], at[who] + n)
-        at[who] += n
-        if len(pending) == 2:
-            out.append((pending.pop("ref"), pending.pop("cand")))
-    return out
-
-
-def speedup_ci(ref_ms: list[float], cand_ms: list[float], blocks: list[list[Any]], samples: int = 1000,
-               seed: int = 0) -> tuple[float, float] | None:
-    """95% CI of the speedup that follows the timing design: both sides are timed in alternating
-    blocks, so a round's two blocks share the host's and the device's state, and what moves
-    between rounds (load arriving, clocks) moves the speedup.  With at least :data:`MIN_ROUNDS`
-    rounds: a t-interval on the rounds' log ratios of medians, widened to the pooled bootstrap's
-    interval where that is wider; with fewer, the pooled bootstrap alone (which takes the calls as
-    independent, too narrow when the rounds disagree)."""
-    pooled = bootstrap_speedup_ci(ref_ms, cand_ms, samples, seed)
-    logs = []
-    for (a, b), (c, d) in rounds(blocks):
-        r, k = ref_ms[a:b], cand_ms[c:d]
-        if r and k and _median(k) > 0 and _median(r) > 0:
-            logs.append(float(np.log(_median(r) / _median(k))))
-    if len(logs) < MIN_ROUNDS or pooled is None:
-        return pooled
-    n = len(logs)
-    half = _T975[min(n - 1, len(_T975)) - 1] * float(np.std(logs, ddof=1)) / n**0.5
-    mid = float(np.mean(logs))
-    return min(pooled[0], float(np.exp(mid - half))), max(pooled[1], float(np.exp(mid + half)))
-
-
-# A timed process's threads waited this share of their runnable time for a CPU: contended.  Honest
-# runs on a quiet 2-core host wait up to about a fifth (the two processes' wake-ups between calls);
-# beside two busy processes, half and more.
-HOST_WAIT_SHARE = 0.25
-
-
-def host_contention(load: dict[str, Any]) -> dict[str, Any]:
-    """Host contention during the timing blocks, from the clean worker's counters
-    (:mod:`cudal1.harness.hostload`): each side's median wait share, the runnable tasks beside the
-    reader, and ``contended`` when a side's threads waited more than :data:`HOST_WAIT_SHARE` of
-    their runnable time for a CPU."""
-    shares = {who: [float(x) for x in (load.get("wait_share") or {}).get(who) or []] for who in ("ref", "cand")}
-    if not shares["ref"] or not shares["cand"]:
-        return {}
-    out: dict[str, Any] = {"wait_share": {"reference": _median(shares["ref"]), "candidate": _median(shares["cand"])},
-                           "cpus": int(load.get("cpus") or 0)}
-    running = [int(x) for x in load.get("runnable") or []]
-    if running:
-        out["runnable"] = _median([float(x) for x in running])
-    out["contended"] = max(out["wait_share"].values()) > HOST_WAIT_SHARE
-    return out
-
-
-def speedup(ref_median_ms: float, cand_median_ms: float) -> float:
-    return ref_median_ms / max(cand_median_ms, 1e-12)
-
-
-def _median(xs: list[float]) -> float:
+def median(xs: list[float]) -> float:
     return float(np.median(xs)) if xs else 0.0
 
 
-def _iqr(xs: list[float]) -> float:
+def iqr(xs: list[float]) -> float:
     return float(np.subtract(*np.percentile(xs, [75, 25]))) if len(xs) >= 2 else 0.0
 
 
@@ -163,12 +77,12 @@ class Figures:
         return (self.gpu if figure == "gpu" else self.host)[who]
 
 
-def _sides(stage: Any) -> dict[str, list[list[Any]]]:
+def _sides(stage: TimingStage) -> dict[str, list[list[Any]]]:
     return {"ref": [list(r) for r in stage.ref], "cand": [list(r) for r in stage.cand]}
 
 
-def figures(stage: Any) -> Figures:
-    """Figures and findings from a :class:`~cudal1.harness.spec.TimingStage`."""
+def figures(stage: TimingStage) -> Figures:
+    """Figures and findings from a job's timed rows."""
     rows = _sides(stage)
     overhead = float(stage.overhead_ms or 0.0)
     out = Figures()
@@ -177,9 +91,9 @@ def figures(stage: Any) -> Figures:
     calibration = [float(x) for x in stage.calibration or []]
     # The join cost: the host's wake-up after the device-wide synchronize plus the output snapshot,
     # as the reference (trusted, one stream, same outputs) pays it.
-    out.base_ms = max(_median(calibration), _median(ref_excess))
+    out.base_ms = max(median(calibration), median(ref_excess))
     raw = {who: [max(float(r[0]) - overhead, MIN_CALL_MS) for r in rs] for who, rs in rows.items()}
-    slack = max(SIDE_STREAM_MIN_MS, 3 * _iqr(ref_excess), 3 * _iqr(calibration), 0.05 * _median(raw["cand"]))
+    slack = max(SIDE_STREAM_MIN_MS, 3 * iqr(ref_excess), 3 * iqr(calibration), 0.05 * median(raw["cand"]))
     for who, rs in rows.items():
         # Work on other streams past the calling stream, beyond the noise (a side stream: the
         # candidate is rejected), is charged to every call at its typical (median) size, so the
@@ -187,16 +101,16 @@ def figures(stage: Any) -> Figures:
         # carries each process's host wake-up from the synchronize, which differs between the
         # two processes by microseconds, and work an output depends on is inside the clean window
         # (window_check) whatever stream it runs on.
-        extra = _median(excess[who]) - out.base_ms
+        extra = median(excess[who]) - out.base_ms
         charge = extra if extra > slack else 0.0
         out.charged_ms[who] = charge
         out.gpu[who] = [g + charge for g in raw[who]]
         out.host[who] = [g if bool(r[3]) else max(g, float(r[2])) for g, r in zip(out.gpu[who], rs)]
     probe = [float(x) for x in stage.cand_join or []]
-    out.join_probe_ms = {"ref": _median(calibration) if calibration else None, "cand": _median(probe) if probe else None}
+    out.join_probe_ms = {"ref": median(calibration) if calibration else None, "cand": median(probe) if probe else None}
     cand = rows["cand"]
     escaped = sum(1 for r in cand if bool(r[4]))
-    out.cand_excess_ms = _median(excess["cand"]) - out.base_ms
+    out.cand_excess_ms = median(excess["cand"]) - out.base_ms
     if escaped:
         out.side_stream = f"{escaped} of {len(cand)} timed calls returned before their output was written"
     elif out.cand_excess_ms > slack:
@@ -211,7 +125,7 @@ def figures(stage: Any) -> Figures:
             out.below_physics = (f"a call took {fastest * 1e3:.3g} us, below the {physics * 1e3:.3g} us it takes to write "
                                  f"the outputs once at the device's peak bandwidth")
     sides = [who for who in ("ref", "cand") if rows[who] and
-             _median([float(r[2]) for r in rows[who] if not bool(r[3])] or [0.0]) > _median(out.gpu[who])]
+             median([float(r[2]) for r in rows[who] if not bool(r[3])] or [0.0]) > median(out.gpu[who])]
     if sides:
         out.launch_bound = " and ".join({"ref": "reference", "cand": "candidate"}[w] for w in sides)
     return out
@@ -244,16 +158,16 @@ def window_check(rows: dict[str, list[list[Any]]], clock: str) -> dict[str, Any]
     cand_slack, cand_span = slack(rows["cand"])
     if len(ref_slack) < 3 or len(cand_slack) < 3:
         return {"checked": False, "calls": len(cand_slack)}
-    excess = _median(cand_slack) - _median(ref_slack)
-    reported = _median(cand_span)
-    bound = (WINDOW_FLOOR_MS.get(clock, 0.01) + 3 * _iqr(ref_slack) + WINDOW_SHARE.get(clock, 0.01) * reported)
-    out: dict[str, Any] = {"checked": True, "calls": len(cand_slack), "reference_slack_ms": _median(ref_slack),
-                           "candidate_slack_ms": _median(cand_slack), "excess_ms": excess, "bound_ms": bound,
+    excess = median(cand_slack) - median(ref_slack)
+    reported = median(cand_span)
+    bound = (WINDOW_FLOOR_MS.get(clock, 0.01) + 3 * iqr(ref_slack) + WINDOW_SHARE.get(clock, 0.01) * reported)
+    out: dict[str, Any] = {"checked": True, "calls": len(cand_slack), "reference_slack_ms": median(ref_slack),
+                           "candidate_slack_ms": median(cand_slack), "excess_ms": excess, "bound_ms": bound,
                            "bound_share": bound / max(reported, 1e-9)}
     if excess > bound:
         out["mismatch"] = (f"the clean side's window holds {excess:.4g} ms per call that the candidate's own report "
-                           f"leaves out (its slack {_median(cand_slack):.4g} ms against the reference's "
-                           f"{_median(ref_slack):.4g} ms; noise bound {bound:.4g} ms)")
+                           f"leaves out (its slack {median(cand_slack):.4g} ms against the reference's "
+                           f"{median(ref_slack):.4g} ms; noise bound {bound:.4g} ms)")
     return out
 
 

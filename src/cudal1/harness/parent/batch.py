@@ -2,13 +2,13 @@
 lane (or several sharing a GPU), verdicts in job order.
 
 Contract: :func:`run_jobs` is the harness's batch entry (``plan.backend == "ray"`` hands the same
-jobs to :mod:`cudal1.harness.ray_backend`).  A lane takes the first *ready* job (no build, or its
+jobs to :mod:`cudal1.harness.parent.ray_backend`).  A lane takes the first *ready* job (no build, or its
 build finished) and sleeps until a build finishes when none is; it never commits to a build that
 has not started.  With several workers per GPU, a job that ran out of memory beside its
 neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``rejudged_alone``),
 and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`).
 ``on_result(index, result)`` is called from a lane thread as each verdict arrives, ``on_stats``
-once after the batch (:class:`~cudal1.harness.batchstats.BatchStats`).  An interrupt stops every
+once after the batch (:class:`~cudal1.harness.parent.batchstats.BatchStats`).  An interrupt stops every
 lane and kills running workers; their jobs leave no verdict.
 """
 
@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 from cudal1.config import EvalConfig
 from cudal1.harness import build
-from cudal1.harness.batchstats import BatchStats, StatsRecorder, in_worker_build_s
-from cudal1.harness.evaluator import Evaluator
-from cudal1.harness.plan import BACKENDS, DevicePlan, HarnessError, Job
+from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
+from cudal1.harness.parent.evaluator import Evaluator
+from cudal1.harness.parent.plan import BACKENDS, DevicePlan, HarnessError, Job
 from cudal1.types import EvalResult, Status
 
 
@@ -39,7 +39,7 @@ def run_jobs(
     ``on_stats(stats)`` once, after the batch."""
     plan = plan or DevicePlan.detect(config.device)
     if plan.backend == "ray":
-        from cudal1.harness.ray_backend import run_jobs_ray
+        from cudal1.harness.parent.ray_backend import run_jobs_ray
 
         return run_jobs_ray(jobs, config, plan=plan, on_result=on_result, on_stats=on_stats)
     if plan.backend != "local":
@@ -121,7 +121,7 @@ class _LocalBatch:
 
     def __init__(self, jobs: list[Job], config: EvalConfig, plan: DevicePlan,
                  on_result: Callable[[int, EvalResult], None] | None) -> None:
-        from cudal1.harness.farm import BuildBudget
+        from cudal1.harness.parent.farm import BuildBudget
 
         self.jobs, self.config, self.plan, self.on_result = jobs, config, plan, on_result
         self.budget = BuildBudget.detect(config.build_workers, len(plan.lanes) * config.workers_per_gpu)
@@ -138,7 +138,7 @@ class _LocalBatch:
         self.gates = {gpu: GpuGate() for gpu in plan.lanes}  # jobs on each GPU (run alone after an OOM)
 
     def run(self, on_stats: Callable[[BatchStats], None] | None) -> list[EvalResult]:
-        from cudal1.harness.farm import BuildFarm
+        from cudal1.harness.parent.farm import BuildFarm
 
         farm = self.farm = BuildFarm(self.ev.prebuild, self.ev.build_dir, self.budget, self.ready,
                                      stale_after_s=self.config.build_timeout_s + 60.0,
@@ -176,7 +176,7 @@ class _LocalBatch:
     def stop(self) -> None:
         """Interrupt the batch: no lane takes another job, the verdicts of jobs still running are
         dropped (their workers and pre-builds are killed), recorded ones stay."""
-        from cudal1.harness import sandbox
+        from cudal1.harness.parent import sandbox
 
         with self.ready:
             self.stopping = True

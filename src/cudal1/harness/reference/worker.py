@@ -24,18 +24,18 @@ import torch
 
 from cudal1.harness import window
 from cudal1.harness.channel import Sender
-from cudal1.harness.degenerate import degenerate_reason, fingerprint
+from cudal1.harness.reference.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.faults import is_out_of_memory, runtime_error_parts
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.lease import Lease
-from cudal1.harness.link import CandidateGone, CandidateLink
-from cudal1.harness.measure import Measurement, scrub
+from cudal1.harness.reference.link import CandidateGone, CandidateLink
+from cudal1.harness.reference.measure import Measurement, scrub
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
 from cudal1.harness.proctree import CandidateTree
 from cudal1.harness.numerics import ExactAnswers, ExactReference
 from cudal1.harness.slots import SlotPool
-from cudal1.harness.spec import WorkerSpec
-from cudal1.harness.verdict import Verdict
+from cudal1.harness.spec import PhaseLimits, WorkerSpec
+from cudal1.harness.reference.verdict import Verdict
 
 
 def _oom_flag(exc: BaseException) -> list[str]:
@@ -53,6 +53,7 @@ class RefWorker(Measurement):
         self.spec = spec
         self.page = window.attach(page_fd) if page_fd is not None else window.cpu_page()  # the candidate's window
         self.cfg = spec.config
+        self.limits = PhaseLimits.of(spec.config)
         self.sender = sender
         self.link_conn = link_conn
         self.device = torch.device("cpu")
@@ -126,7 +127,7 @@ class RefWorker(Measurement):
 
     def phase(self, name: str) -> None:
         self.current_phase = name
-        arm_stall_dump(self.cfg, name)
+        arm_stall_dump(self.limits, name)
         self.sender.send("phase", name=name, t=time.time())
 
     def enter(self, name: str, lease: str) -> None:
@@ -266,7 +267,7 @@ def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: An
         sys.path[:] = [os.path.abspath(p) for p in sys.path]
         os.chdir(spec.cwd)
     redirect_output(spec.log_path)
-    arm_stall_dump(spec.config, "setup")
+    arm_stall_dump(PhaseLimits.of(spec.config), "setup")
     try:
         RefWorker(spec, Sender(conn, key_holder.pop()), link_conn, page_fd).run()
     except BaseException as exc:  # noqa: BLE001 - the channel itself failed
