@@ -203,10 +203,11 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
     search_cfg = SearchConfig(rounds=args.rounds, samples=args.samples, budget_minutes=args.budget_minutes)
     store = RunStore(out / STORE)
     try:
-        rj = Judge(judge, store, plan=plan, on_event=lambda e: tick(e.result) if e.kind == "verdict" else None)
+        rj = Judge(judge, store, plan=plan, on_event=lambda e: tick(e.result) if e.kind == "verdict" else None,
+                   hardware="GPU")
         for start in range(0, len(tasks), size):
             chunk = tasks[start:start + size]
-            optimize(chunk, policy, search_cfg, rj, out, hardware="GPU", record={"benchmark": "builtin_kernelbench"})
+            optimize(chunk, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
             if modes:
                 rj.baselines(chunk, modes, on_result=tick, on_stats=lambda s: batches.add("baselines", s))
             if args.confirm:
@@ -215,7 +216,7 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
                 rows = task_rows(out, chunk, judge.hash(), {}, modes)
                 confirm(out, chunk, rows, judge.replace(workers_per_gpu=args.confirm_workers_per_gpu), plan,
                         on_stats=batches.add, tick=tick)
-        optimize(tasks, policy, search_cfg, rj, out, hardware="GPU", record={"benchmark": "builtin_kernelbench"})
+        optimize(tasks, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
     finally:
         store.close()
 

@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     from cudal1.harness import DevicePlan
     from cudal1.train import smoke
     from cudal1.train.config import load_config
+    from cudal1.recorded import RecordedJudge
     from cudal1.train.grpo import run_grpo
 
     t0 = time.monotonic()
@@ -280,8 +281,9 @@ def main(argv: list[str] | None = None) -> int:
           f"answers of {min(lengths)}-{max(lengths)} tokens; {time.monotonic() - t0:.0f} s", flush=True)
     with ScriptedLLMServer(server_script(answers), lifetime_s=3600) as srv:
         t1 = time.monotonic()
-        summary = run_grpo(str(model), tasks, cfg, judge, out / "grpo", plan=plan if cuda else None,
-                           hardware=plan.hardware_name() if cuda else "CPU", on_result=built.append,
+        recorded = RecordedJudge(judge, plan=plan if cuda else None, hardware=plan.hardware_name() if cuda else "CPU",
+                                 on_event=lambda e: built.append(e.result) if e.kind == "verdict" else None)
+        summary = run_grpo(str(model), tasks, cfg, recorded, out / "grpo",
                            rollout=scripted_rollout(srv.url, tok, cfg.max_completion_length, spent),
                            allow_held_out=True)  # a benchmark: nothing here is evaluated later
         wall = time.monotonic() - t1

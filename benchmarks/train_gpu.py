@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="priming SFT steps (default 240 with the GPU variants: their long programs need them to come "
                         "out intact, each changed CUDA program being a fresh build; 120 without)")
     p.add_argument("--lr", type=float, default=1e-3, help="GRPO learning rate")
-    p.add_argument("--beta", type=float, default=0.05, help="GRPO KL coefficient (the 2026-11-30 H200 run in docs/benchmarks.md: 0.05)")
+    p.add_argument("--beta", type=float, default=0.05, help="GRPO KL coefficient (the 2026-11-30 H200 run in benchmarks/LOG.md: 0.05)")
     p.add_argument("--judge-preset", default="fast")
     p.add_argument("--deadline-s", type=float, default=None,
                    help="stop GRPO after the first step that ends this many seconds after the script started "
@@ -86,13 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     from cudal1.train.config import SFTConfig, load_config
     from cudal1.train.grpo import run_grpo
     from cudal1.train.sft import run_sft
+    from cudal1.recorded import RecordedJudge
     from cudal1.train.judging import RolloutJudge
     from train_gpu_programs import GPU_VARIANTS, program_kind
 
     from cudal1.train.smoke import (CHEATS, FAILURES, VARIANTS, fixed_strings, priming_records,
                                     short_answer, smoke_task)
     from cudal1.train.tiny import build_tiny_model
-    from cudal1.store import RunStore
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -125,14 +125,14 @@ def main(argv: list[str] | None = None) -> int:
     # variants as exemplars).
     t_w = time.monotonic()
     (out / "grpo").mkdir(parents=True, exist_ok=True)
-    warm_store = RunStore(out / "grpo" / "cudal1.sqlite")
-    try:
-        warm_judge = RolloutJudge(warm_store, judge, plan=plan, policy="warmup")
+    judge_wall: list[float] = []  # GRPO's verdicts' wall times (the warm-up's are left out below)
+    recorded = RecordedJudge(judge, plan=plan, hardware=hardware,
+                             on_event=lambda e: judge_wall.append(e.result.wall_s) if e.kind == "verdict" else None)
+    with recorded.store_at(out / "grpo" / "cudal1.sqlite"):
         names = list(answers) + ["caches_output"]
         texts_w = [short_answer(answers.get(n) or CHEATS[n]) for n in names]
-        verdicts = warm_judge.judge([(task, t) for t in texts_w], round_=0, label="warmup")
-    finally:
-        warm_store.close()
+        verdicts = RolloutJudge(recorded, "warmup").judge([(task, t) for t in texts_w], round_=0, label="warmup")
+    judge_wall.clear()
     warm_s = time.monotonic() - t_w
     warmup = []
     print(f"warm-up ({warm_s:.1f} s): every variant judged once on {hardware}")
@@ -147,7 +147,6 @@ def main(argv: list[str] | None = None) -> int:
         sp = f"{row['speedup']:.2f}" if row["speedup"] is not None else "-"
         print(f"{name:<18} {row['kind']:<8} {row['status']:<14} {sp:>8} {row['wall_s'] or 0:>7.1f} {','.join(row['flags'])}")
 
-    judge_wall: list[float] = []
     cfg = dataclasses.replace(load_config("grpo", "smoke"), group_size=args.group, prompts_per_step=args.prompts,
                               max_steps=args.steps, learning_rate=args.lr, beta=args.beta, max_completion_length=max(96, longest + 16), bf16=True,
                               save_steps=max(args.steps, 1))
@@ -155,8 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.cuda.reset_peak_memory_stats()
     t1 = time.monotonic()
     callbacks = (_deadline_callback(t0 + args.deadline_s),) if args.deadline_s else ()
-    summary = run_grpo(str(out / "primed"), [task], cfg, judge, out / "grpo", plan=plan, hardware=hardware,
-                       on_result=lambda r: judge_wall.append(r.wall_s), callbacks=callbacks)
+    summary = run_grpo(str(out / "primed"), [task], cfg, recorded, out / "grpo", callbacks=callbacks)
     grpo_s = time.monotonic() - t1
     peak_gb = torch.cuda.max_memory_allocated() / 2**30 if cuda else float("nan")
 

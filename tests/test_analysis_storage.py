@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from cudal1.prompts import check_analysis, parse_response
+from cudal1.recorded import RecordedJudge
 from cudal1.train import smoke
 
 pytestmark = pytest.mark.cpu
@@ -55,7 +56,7 @@ def test_search_stores_each_answers_analysis(tmp_path, monkeypatch):
         policy = make_policy("openai", base_url=srv.url, model="m", concurrency=1)
         try:
             optimize([smoke.smoke_task()], policy, SearchConfig(rounds=1, samples=3, exemplars=0, seed=0),
-                     smoke.smoke_judge_config(), tmp_path / "out", hardware="CPU")
+                     RecordedJudge(smoke.smoke_judge_config(), hardware="CPU"), tmp_path / "out")
         finally:
             policy.close()
     rows = [r for r in _stored(tmp_path / "out" / "cudal1.sqlite", "openai") if r["round"] == 1]
@@ -79,7 +80,7 @@ def test_grpo_reward_stores_the_analysis_and_its_check_and_pays_the_bonus(tmp_pa
                 "traffic.", ANALYSES[1], ANALYSES[2]]
     texts = [smoke.answer(code, analysis) for code, analysis in zip(PROGRAMS, measured)]
     with RunStore(tmp_path / "grpo.sqlite") as store:
-        judge = RolloutJudge(store, smoke.smoke_judge_config(), policy="grpo")
+        judge = RolloutJudge(RecordedJudge(smoke.smoke_judge_config(), store), "grpo")
         contrast = ContrastivePrompts(judge, [task])
         shown = [Exemplar(reference_candidate(task).source, 1.0), Exemplar(smoke.VARIANTS["broadcast"], 3.1)]
         prompt = build_prompt(task, shown, "CPU")  # what a prompt with two exemplars shows

@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from cudal1.config import EvalConfig
+from cudal1.recorded import RecordedJudge
 from cudal1.policy.base import PoolEntry, PoolPrompt, Proposal
 from cudal1.policy.builtin import PASSES, BuiltinPolicy, passes_in, render_candidate
 from cudal1.search import SearchConfig, optimize
@@ -60,6 +61,11 @@ NO_CODE = "## Performance Analysis\nI am not sure what to do here, sorry."
 def judge_config(tmp_path: Path) -> EvalConfig:
     return EvalConfig(cache_dir=str(tmp_path / "cache"), timing_budget_s=0.3, timing_trials=20, min_timing_trials=5,
                       timeout_s=60, correctness_trials=3)
+
+
+def recorded(tmp_path: Path, **options) -> RecordedJudge:
+    """The run's judge: :func:`judge_config` on this CPU (optimize opens OUT/cudal1.sqlite for it)."""
+    return RecordedJudge(judge_config(tmp_path), hardware="CPU", **options)
 
 
 def fast_candidate_verdict(out: Path):
@@ -111,7 +117,7 @@ def test_contrastive_rounds_show_measured_exemplars_and_survive_bad_answers(tmp_
         policy = make_policy("openai", base_url=srv.url, model="test-model", backoff_base_s=0.01, max_retries=2,
                              concurrency=1, temperature=0.5)
         summary = optimize([load_task_file(TASK)], policy, SearchConfig(rounds=2, samples=2, exemplars=2, seed=1),
-                           judge_config(tmp_path), tmp_path / "out", hardware="CPU")
+                           recorded(tmp_path), tmp_path / "out")
         policy.close()
         requests = list(srv.requests)
         url = srv.url
@@ -145,7 +151,7 @@ def test_endpoint_down_is_recorded_not_fatal(tmp_path):
 
     with ScriptedLLMServer(default=Reply(status=503)) as srv:
         policy = make_policy("openai", base_url=srv.url, model="m", backoff_base_s=0.01, max_retries=1)
-        summary = optimize([load_task_file(TASK)], policy, SearchConfig(rounds=1, samples=2), judge_config(tmp_path),
+        summary = optimize([load_task_file(TASK)], policy, SearchConfig(rounds=1, samples=2), recorded(tmp_path),
                            tmp_path / "out")
     row = summary["tasks"][0]
     assert row["judged"] == 0 and row["best_speedup"] is None  # only the reference was judged (not counted)
@@ -225,7 +231,7 @@ class _Proposer:
 def test_pool_prompts_mark_the_reference_anchor_by_field(tmp_path):
     task = load_task_file(TASK)
     policy = _Proposer()
-    summary = optimize([task], policy, SearchConfig(rounds=2, samples=1), judge_config(tmp_path), tmp_path / "out")
+    summary = optimize([task], policy, SearchConfig(rounds=2, samples=1), recorded(tmp_path), tmp_path / "out")
     first, second = policy.prompts
     assert isinstance(first, PoolPrompt) and first.task_source == task.source
     assert [e.reference for e in first.pool] == [True]  # round 1: only the judged reference
@@ -271,7 +277,7 @@ def test_resume_judges_candidates_sampled_but_not_judged_before_the_kill(tmp_pat
         cand = Candidate(code, task_hash=task.hash, label="openai:r1")
         store.add_candidate(cand, task.hash, {"round": 1})
         store.record_response(task.hash, 1, "openai", {}, FAST, "", cand.hash)
-    summary = optimize([task], _NoMoreSampling(), SearchConfig(rounds=1, samples=1), judge_config(tmp_path), out)
+    summary = optimize([task], _NoMoreSampling(), SearchConfig(rounds=1, samples=1), recorded(tmp_path), out)
     row = summary["tasks"][0]
     assert row["judged"] == 1 and row["statuses"] == {"ok": 1}, row
     assert "A.unsqueeze(1) * B" in Path(row["best_path"]).read_text()
@@ -350,8 +356,8 @@ def test_llm_reviewer_adds_a_second_opinion_but_never_a_verdict(tmp_path):
 
     with ScriptedLLMServer(script) as srv:
         policy = make_policy("openai", base_url=srv.url, model="m", backoff_base_s=0.01, max_retries=1)
-        summary = optimize([load_task_file(TASK)], policy, SearchConfig(rounds=1, samples=1), judge_config(tmp_path),
-                           tmp_path / "out", reviewer=LLMReviewer(policy))
+        summary = optimize([load_task_file(TASK)], policy, SearchConfig(rounds=1, samples=1),
+                           recorded(tmp_path, reviewer=LLMReviewer(policy)), tmp_path / "out")
         reviews = [b for b in srv.requests if b["messages"][-1]["content"].startswith("Reference (the function")]
     assert len(reviews) == 1  # the round-1 candidate only, not the reference anchor
     with RunStore(tmp_path / "out" / "cudal1.sqlite") as store:
@@ -380,7 +386,8 @@ def test_best_holds_only_programs_measured_faster_and_the_uncertain_best_is_kept
     anchor = verdict("anchor", 1.0, (0.9, 1.1))
 
     def outputs(*pairs) -> dict:
-        judge = SimpleNamespace(store=None, config_hash="h", results=lambda t: [anchor, *pairs], judging_summary=lambda: None)
+        judge = SimpleNamespace(config_hash="h", results=lambda t: [anchor, *pairs], judging_summary=lambda: None,
+                                round_counts=lambda t: {})
         search = SimpleNamespace(tasks=[task], judge=judge, generation=Generation(), policy=object())
         (row,) = write_outputs(search, tmp_path, "")["tasks"]
         assert row == json.loads((tmp_path / "summary.json").read_text())["tasks"][0]

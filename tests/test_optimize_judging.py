@@ -111,3 +111,50 @@ def test_an_identical_pair_settles_when_its_original_does(monkeypatch):
     results = judge.judge([(task, a), (task, a), (task, b)])
     assert [r.candidate_hash for r in results] == [a.hash, a.hash, b.hash]
     assert events[:3] == [("verdict", a.hash), ("recorded", a.hash), ("judged", "A = 1\n")]
+
+
+def _verdict(task: Task, cand, config: EvalConfig, speedup: float = 2.0):
+    from cudal1.types import EvalResult, Status
+
+    return EvalResult(status=Status.OK, task_name=task.name, task_hash=task.hash, candidate_hash=cand.hash,
+                      config_hash=config.hash(), speedup=speedup)
+
+
+def test_an_outside_verdict_enters_the_store_only_through_adopt(tmp_path):
+    """Another run's verdict under the same judge config is adopted (recorded, read back, never
+    judged again); one under another config, for another candidate, or where this run has its own
+    is not."""
+    from cudal1.store import RunStore
+    from cudal1.types import Candidate
+
+    config = EvalConfig(device="cpu")
+    task = Task(name="t", source="class Model: pass\n")
+    cand, other = Candidate("class ModelNew: pass\n", task_hash=task.hash), Candidate("x = 1\n", task_hash=task.hash)
+    judge = RecordedJudge(config)
+    with judge.store_at(tmp_path / "run.sqlite") as store:
+        assert not judge.adopt(task, cand, _verdict(task, cand, EvalConfig(device="cpu", correctness_trials=9)))
+        assert not judge.adopt(task, cand, _verdict(task, other, config))
+        assert judge.adopt(task, cand, _verdict(task, cand, config))
+        assert not judge.adopt(task, cand, _verdict(task, cand, config, 3.0))  # this run has one already
+        assert judge.judge([(task, cand)])[0].speedup == 2.0 and judge.judged == 0
+        assert [c.hash for c in store.candidates(task.hash)] == [cand.hash]
+    assert judge.store is None  # store_at closes what it opened
+    with RunStore(tmp_path / "run.sqlite") as store:
+        assert store.get_evaluation(task.hash, cand.hash, config.hash()).speedup == 2.0
+
+
+def test_a_given_store_stays_open_and_runs_are_recorded_with_their_status(tmp_path):
+    from cudal1.store import RunStore
+
+    with RunStore(tmp_path / "run.sqlite") as store:
+        judge = RecordedJudge(EvalConfig(device="cpu"), store)
+        with judge.store_at(tmp_path / "elsewhere.sqlite") as used:
+            assert used is store
+        assert judge.store is store and not (tmp_path / "elsewhere.sqlite").exists()
+        with judge.run("optimize", {"n": 1}):
+            pass
+        with pytest.raises(KeyboardInterrupt), judge.run("optimize", {"n": 2}):
+            raise KeyboardInterrupt
+        with judge.run("optimize", {"n": 3}, record=False):
+            pass
+        assert [store.get_run(i)["status"] for i in (1, 2)] == ["done", "interrupted"] and store.get_run(3) is None

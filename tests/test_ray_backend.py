@@ -142,6 +142,7 @@ def test_grpo_rewards_are_judged_on_the_cluster(cluster, judge_config, tmp_path)
     from cudal1.store import RunStore
     from cudal1.train.contrast import ContrastivePrompts
     from cudal1.train.grpo import JudgeReward
+    from cudal1.recorded import RecordedJudge
     from cudal1.train.judging import RolloutJudge
     from cudal1.train.reward import RewardConfig, RunningStats
 
@@ -151,7 +152,7 @@ def test_grpo_rewards_are_judged_on_the_cluster(cluster, judge_config, tmp_path)
     seen = {}
     for plan in (DevicePlan.detect("cpu"), cluster.cluster_plan("cpu")):
         with RunStore(tmp_path / f"{plan.backend}.sqlite") as store:
-            judge = RolloutJudge(store, judge_config, plan=plan, policy="grpo")
+            judge = RolloutJudge(RecordedJudge(judge_config, store, plan=plan), "grpo")
             contrast = ContrastivePrompts(judge, [task])
             messages = contrast.prompt(task).messages()
             reward = JudgeReward(judge, contrast, RewardConfig(), RunningStats(64))

@@ -46,12 +46,14 @@ def test_collect_keeps_only_verified_programs(tmp_path, monkeypatch, capsys):
 
     # --per-task 1 from the same store: no new teacher requests are needed to re-select (resume)
     out1 = tmp_path / "data.jsonl"
-    from cudal1.store import RunStore
+    from cudal1.recorded import RecordedJudge
     from cudal1.train.collect import select_records, store_path
 
-    with RunStore(store_path(out1)) as store:
-        sources = sorted({row["policy"] for row in store.responses()})
-        one = select_records(store, [smoke.smoke_task()], sources, records[0]["config_hash"], 1)
+    judge = RecordedJudge(smoke.smoke_judge_config("cpu"))
+    assert judge.config_hash == records[0]["config_hash"]
+    with judge.store_at(store_path(out1)):
+        sources = sorted({row["policy"] for row in judge.responses()})
+        one = select_records(judge, [smoke.smoke_task()], sources, 1)
     assert len(one) == 1 and one[0]["candidate_hash"] == records[0]["candidate_hash"]
 
 

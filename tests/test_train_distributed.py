@@ -110,7 +110,7 @@ def test_sft_smoke_under_two_processes(tmp_path):
     assert [r["rank"] for r in summary["distributed"]["ranks"]] == [0, 1]
 
     config = yaml.safe_load((out / "config.yaml").read_text())
-    assert config["stage"] == "sft" and config["processes"] == 2
+    assert config["run"]["stage"] == "sft" and config["run"]["processes"] == 2
 
     data = [json.loads(x) for x in (out / "data.jsonl").read_text().splitlines()]
     assert len(data) == 6 and all(r["messages"][-1]["role"] == "assistant" for r in data)
@@ -146,7 +146,7 @@ def test_grpo_smoke_under_two_processes(tmp_path, seed_primed):
     assert summaries[0]["distributed"]["world_size"] == 2 and summaries[0]["judge_device"] == "cpu"
 
     config = yaml.safe_load((out / "config.yaml").read_text())
-    assert config["processes"] == 2
+    assert config["run"]["processes"] == 2
     per_step = config["grpo"]["group_size"] * config["grpo"]["prompts_per_step"]
     assert [(m["step"], m["stage"]) for m in _metrics(out)] == [(1, "grpo"), (1, "eval")]
     step = _metrics(out)[0]  # its counts are gathered from both ranks, not rank 0's half
@@ -182,7 +182,7 @@ def test_ssl_smoke_under_two_processes(tmp_path, seed_primed):
     summary = summaries[0]
     config = yaml.safe_load((out / "config.yaml").read_text())
     rounds, samples = config["ssl"]["rounds"], config["ssl"]["samples"]
-    assert config["processes"] == 2 and [r["round"] for r in summary["rounds"]] == list(range(1, rounds + 1))
+    assert config["run"]["processes"] == 2 and [r["round"] for r in summary["rounds"]] == list(range(1, rounds + 1))
     assert [m["step"] for m in _metrics(out)] == list(range(1, rounds + 1))  # one line per round, rank 0 only
     for r in summary["rounds"]:
         assert r["generated"] == samples and r["success_rate"] is not None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import yaml
 
 from cudal1.config import ConfigError
 from cudal1.train.config import GRPOConfig, SFTConfig, SSLConfig, load_config, presets
@@ -129,14 +130,21 @@ def test_strict_keys_and_overrides(tmp_path):
 
 
 def test_a_runs_saved_config_reproduces_it(tmp_path):
-    from cudal1.train.metrics import write_config
+    from cudal1.config import EvalConfig, read_config_file, write_config_file
 
     cfg = load_config("grpo", "smoke", {"max_steps": 3, "reward.clip": 2.0, "trl": {"max_grad_norm": 0.5}})
-    write_config(tmp_path, {"stage": "grpo", "smoke": True, "processes": 1, "grpo": cfg.to_dict(),
-                            "judge": {"device": "cpu"}, "args": {"out": str(tmp_path)}})
+    write_config_file(tmp_path, judge=EvalConfig(device="cpu"), grpo=cfg,
+                      run={"command": "train grpo", "stage": "grpo", "smoke": True, "args": {"out": str(tmp_path)}})
     again = load_config("grpo", tmp_path / "config.yaml")  # the run's OUT/config.yaml: its grpo section
     assert again == cfg and again.trl == {"max_grad_norm": 0.5}
     assert load_config("grpo", tmp_path / "config.yaml", {"max_steps": 5}).max_steps == 5
+    # the same file every other command reads: its judge section too
+    assert read_config_file(tmp_path / "config.yaml", ("judge", "grpo"))["judge"]["device"] == "cpu"
+    # a training run of cudal1 0.1 (its record keys beside the sections) still reproduces
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump({"cudal1": "0.1.0", "stage": "grpo", "smoke": True, "processes": 1,
+                                   "grpo": cfg.to_dict(), "judge": {"device": "cpu"}, "args": {}}))
+    assert load_config("grpo", old) == cfg
     with pytest.raises(ConfigError, match="group_size"):
         GRPOConfig.from_dict({"group_size": "one"})  # the config base coerces and names the key
 
@@ -158,6 +166,7 @@ def test_analysis_bonus_is_off_by_default_and_keeps_the_orderings():
 
 def test_rollouts_carry_their_analysis_score(tmp_path):
     from cudal1.prompts import build_prompt
+    from cudal1.recorded import RecordedJudge
     from cudal1.store import RunStore
     from cudal1.train import smoke
     from cudal1.train.judging import RolloutJudge
@@ -170,7 +179,7 @@ def test_rollouts_carry_their_analysis_score(tmp_path):
     text = ("### Performance Analysis\nThe 1.00x version materialises an N x N diagonal matrix and multiplies it; at 3.20x "
             "the broadcast avoids that memory traffic for a row scaling.\n\nNo code this time.")
     with RunStore(tmp_path / "s.sqlite") as store:
-        judge = RolloutJudge(store, smoke.smoke_judge_config())
+        judge = RolloutJudge(RecordedJudge(smoke.smoke_judge_config(), store))
         [(res, outcome), (_, bare)] = judge.judge([(task, text), (task, text)], prompts=[shown, one_shot])
     assert res is None and outcome.kind == FORMAT and outcome.analysis == 1.0
     assert bare.analysis == 0.0  # a one-shot prompt showed nothing measured to check it against

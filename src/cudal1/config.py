@@ -379,6 +379,8 @@ class EvalConfig(Config):
 
 CONFIG_FILE = "config.yaml"
 RECORD_SECTION = "run"  # what a run records about itself (target, device, version): never read back as settings
+# What training runs of cudal1 0.1 wrote beside their sections instead of a ``run`` record (skipped, like it)
+LEGACY_RECORD_KEYS = ("cudal1", "stage", "smoke", "processes", "args")
 
 
 def read_config_file(path: str | os.PathLike[str], sections: Iterable[str], flat: str | None = "judge") -> dict[str, dict[str, Any]]:
@@ -386,13 +388,16 @@ def read_config_file(path: str | os.PathLike[str], sections: Iterable[str], flat
     ``sections``.  This is the format every run writes as ``OUT/config.yaml``
     (:func:`write_config_file`), so feeding a run's saved file back reproduces its settings.  A
     file without any section name is the ``flat`` section on its own (a plain judge config file);
-    the ``run`` section is skipped; a section the command does not read is one ConfigError."""
+    the ``run`` section is skipped; a section the command does not read is one ConfigError.  Every
+    command reads its settings through this function, ``cudal1 train`` too (sections ``judge`` and
+    its stage's)."""
     data = read_yaml_mapping(path)
     known = list(sections)
+    records = (RECORD_SECTION, *LEGACY_RECORD_KEYS)
     named = [k for k in data if k in known or k == RECORD_SECTION]
     if flat is not None and not named:
         return {flat: data}
-    unknown = [str(k) for k in data if k not in known and k != RECORD_SECTION]
+    unknown = [str(k) for k in data if k not in known and k not in records]
     if unknown:
         raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)} for this command; known: {', '.join(known)}")
     out: dict[str, dict[str, Any]] = {}

@@ -1,8 +1,12 @@
 """Recorded judging: the one object through which the apps judge and keep what was judged.
 
 Contract: a :class:`RecordedJudge` owns one run's judging state — the judge config, the device
-plan, the run store, the optional reviewer and the event callback — and is the only writer of
-candidates and verdicts to the store for the optimizer, training and the CLI:
+plan (and the hardware name prompts show), the run store, the optional reviewer and the event
+callback — and is what every app takes to judge (``optimize``, collect, SFT data, self-supervised
+rounds, GRPO, evaluate).  It is the only writer of candidates and verdicts to a run store:
+
+* The run store is given at construction, or opened by the app at its run's conventional place
+  (:meth:`~RecordedJudge.open_store`, :meth:`~RecordedJudge.store_at`) and closed by it again.
 
 * :meth:`~RecordedJudge.judge` returns one verdict per (task, candidate) pair, in input order.
   A pair already recorded under the same judge config comes from the store (or the in-memory
@@ -15,6 +19,8 @@ candidates and verdicts to the store for the optimizer, training and the CLI:
   the batch, so a slow reviewer never stalls a GPU lane.  A reason it returns becomes the
   informational flag ``reviewer_suspects`` and a line of the message; it never changes a
   verdict, and an exception from it is ignored.
+* :meth:`~RecordedJudge.adopt` records a verdict judged elsewhere under the same judge config
+  (another run's store) as this run's, so it is not judged again.
 * The exemplar pool (:meth:`~RecordedJudge.pool`) is what the contrastive prompts are built
   from: the task's ``ok`` candidates with a finite speedup, and its failed ones with the
   judge's feedback, oldest first; empty for a task the judge found degenerate.
@@ -30,10 +36,12 @@ The judge itself (:mod:`cudal1.harness`) knows nothing of stores, pools or revie
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from cudal1.config import EvalConfig
 from cudal1.types import Candidate, EvalResult, Exemplar, Status, Task, reference_candidate
@@ -76,26 +84,61 @@ class RecordedJudge:
     """One run's judging through a run store (see the module docstring)."""
 
     def __init__(self, config: EvalConfig, store: RunStore | None = None, *, plan: DevicePlan | None = None,
-                 reviewer: Reviewer | None = None, on_event: Callable[[JudgeEvent], None] | None = None) -> None:
+                 reviewer: Reviewer | None = None, on_event: Callable[[JudgeEvent], None] | None = None,
+                 hardware: str = "") -> None:
+        """``plan``: where candidates are judged (None: detected from ``config.device`` when first
+        needed); ``hardware``: what prompts call it ("": the plan's own name)."""
         self.config, self.store, self.plan, self.reviewer, self.on_event = config, store, plan, reviewer, on_event
+        self.hardware_name = hardware
         self.config_hash = config.hash()
         self.judged = 0  # verdicts judged (not read back) by this object
         self._verdicts: dict[tuple[str, str], EvalResult] = {}
         self._rows: set[tuple[str, str]] = set()  # (task hash, candidate hash) rows written by this object
         self._tasks: set[str] = set()
         self._lock = threading.Lock()
+        self._owned_store = False  # the store was opened here (open_store) and is closed here
         self.batch_stats: list[Any] = []  # BatchStats of every batch this object judged (candidates and baselines)
-
-    hardware_name: str = ""  # set to override what prompts call the hardware
 
     @property
     def hardware(self) -> str:
         """What judges this run's candidates ("CPU", the GPU model, a Ray cluster), as prompts name it."""
         if not self.hardware_name:
+            self.hardware_name = self.device_plan().hardware_name()
+        return self.hardware_name
+
+    def device_plan(self) -> DevicePlan:
+        """The plan candidates are judged on (detected from the config once, when none was given)."""
+        if self.plan is None:
             from cudal1.harness import DevicePlan
 
-            self.hardware_name = (self.plan or DevicePlan.detect(self.config.device)).hardware_name()
-        return self.hardware_name
+            self.plan = DevicePlan.detect(self.config.device)
+        return self.plan
+
+    # ---- the run store ------------------------------------------------------------------
+    def open_store(self, path: str | Path) -> RunStore:
+        """The run's store: the one given at construction, else the store at ``path``, opened here
+        (and closed by :meth:`close_store`)."""
+        if self.store is None:
+            from cudal1.store import RunStore
+
+            self.store = RunStore(path)
+            self._owned_store = True
+        return self.store
+
+    def close_store(self) -> None:
+        """Close the store :meth:`open_store` opened (a store given at construction stays open)."""
+        if self._owned_store and self.store is not None:
+            self.store.close()
+            self.store, self._owned_store = None, False
+
+    @contextlib.contextmanager
+    def store_at(self, path: str | Path) -> Iterator[RunStore]:
+        """:meth:`open_store` for the length of a ``with`` block."""
+        store = self.open_store(path)
+        try:
+            yield store
+        finally:
+            self.close_store()
 
     # ---- recording ----------------------------------------------------------------------
     def add_task(self, task: Task) -> None:
@@ -119,6 +162,20 @@ class RecordedJudge:
             self.store.record_response(task.hash, round_, policy, prompt, text, analysis,
                                        candidate.hash if candidate else None, problem=problem, error=error, usage=usage)
 
+    def adopt(self, task: Task, candidate: Candidate, result: EvalResult) -> bool:
+        """Record ``result``, a verdict of ``candidate`` judged elsewhere (another run's store), as
+        this run's when it was judged under this judge config and this run has none; returns
+        whether it was adopted.  :meth:`judge` then reads it back instead of judging again."""
+        if (result.config_hash != self.config_hash or result.task_hash != task.hash
+                or result.candidate_hash != candidate.hash or self.verdict(task, candidate) is not None):
+            return False
+        self.propose(task, candidate)
+        with self._lock:
+            self._verdicts[(task.hash, candidate.hash)] = result
+        if self.store is not None:
+            self.store.record_evaluation(result)
+        return True
+
     def unjudged(self, task: Task, note: str) -> None:
         """Report a slot that never reached the judge (a failed generation, a response without code)."""
         self._emit(JudgeEvent("unjudged", task.task_id, None, note))
@@ -135,10 +192,14 @@ class RecordedJudge:
     # ---- judging ------------------------------------------------------------------------
     def verdict(self, task: Task, candidate: Candidate) -> EvalResult | None:
         """The verdict of ``candidate`` under this config, if judged (this run or an earlier one)."""
-        key = (task.hash, candidate.hash)
+        return self.verdict_of(task.hash, candidate.hash)
+
+    def verdict_of(self, task_hash: str, candidate_hash: str) -> EvalResult | None:
+        """:meth:`verdict` of a candidate known by its hash (a recorded response's)."""
+        key = (task_hash, candidate_hash)
         found = self._verdicts.get(key)
         if found is None and self.store is not None:
-            found = self.store.get_evaluation(task.hash, candidate.hash, self.config_hash)
+            found = self.store.get_evaluation(task_hash, candidate_hash, self.config_hash)
             if found is not None:
                 self._verdicts[key] = found
         return found
@@ -245,6 +306,34 @@ class RecordedJudge:
         reference anchor never), or None (nothing verified, or a degenerate task)."""
         return best_of(task, self.results(task))
 
+    # ---- the run's record ---------------------------------------------------------------
+    @contextlib.contextmanager
+    def run(self, kind: str, settings: dict[str, Any], *, record: bool = True) -> Iterator[None]:
+        """Record a run of ``kind`` with its ``settings`` in the store for the ``with`` block:
+        finished ``done``, or ``interrupted`` when the block raises.  Nothing is recorded without
+        a store or with ``record=False`` (the training ranks after the first)."""
+        store = self.store if record else None
+        run_id = store.start_run(kind, settings) if store is not None else None
+        status = "interrupted"
+        try:
+            yield
+            status = "done"
+        finally:
+            if store is not None and run_id is not None:
+                store.finish_run(run_id, status)
+
+    def responses(self, task: Task | None = None) -> list[dict[str, Any]]:
+        """The policy responses recorded for ``task`` (for every task: None), oldest first."""
+        return self.store.responses(task.hash if task is not None else None) if self.store is not None else []
+
+    def round_counts(self, task: Task) -> dict[int, tuple[int, int]]:
+        """Per round of ``task``: (responses answered, generations failed), as recorded."""
+        return self.store.round_counts(task.hash) if self.store is not None else {}
+
+    def status_counts(self) -> dict[str, int]:
+        """How many verdicts the store holds per status (every task, every config)."""
+        return self.store.counts() if self.store is not None else {}
+
     # ---- baselines ----------------------------------------------------------------------
     def _stats_to(self, on_stats: Callable[[Any], None] | None) -> Callable[[Any], None]:
         def keep(stats: Any) -> None:
@@ -270,11 +359,10 @@ class RecordedJudge:
         """Baselines of ``tasks`` under ``modes`` ({(task hash, mode): result}), cached in the store
         per (task, mode, environment, config): a baseline is measured once per machine.
         ``on_stats`` gets the timed batch's ``BatchStats`` (not called when every one was cached)."""
-        from cudal1.harness import DevicePlan
-        from cudal1.harness.parent.api import environment_key, time_baselines
         from cudal1.harness.baselines import check_modes
+        from cudal1.harness.parent.api import environment_key, time_baselines
 
-        plan = self.plan or DevicePlan.detect(self.config.device)
+        plan = self.device_plan()
         modes = check_modes(modes, plan.device)
         env_key = environment_key(plan)
         out: dict[tuple[str, str], EvalResult] = {}

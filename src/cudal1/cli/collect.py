@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cudal1.cli.options import add_backend_flags, add_judge_flags, config_from_args, plan_from_args, UsageError
 from cudal1.cli.output import print_json, table
 from cudal1.cli.progress import progress
+
+if TYPE_CHECKING:
+    from cudal1.recorded import RecordedJudge
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -49,13 +53,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cudal1.recorded import RecordedJudge
     from cudal1.train.collect import CollectError, collect_file, collect_teachers, parse_teacher
 
     if args.smoke:
         from cudal1.train.smoke import smoke_judge_config
 
-        config = (smoke_judge_config(args.device or "cpu").replace(workers_per_gpu=args.workers_per_gpu)
-                  if not (args.config or args.preset) else config_from_args(args))
+        config = config_from_args(args, base=smoke_judge_config(args.device or "cpu"))
     else:
         config = config_from_args(args)
     # bad input is refused before the judge starts
@@ -71,19 +75,17 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     tasks = _tasks(args) if args.suite and not args.smoke else None
     plan = plan_from_args(args, config.device, [int(g) for g in args.gpus.split(",")] if args.gpus else None)
-    hardware = plan.hardware_name()
     try:
         with progress(0, "collect", not args.json) as bar:
+            judge = RecordedJudge(config, plan=plan, on_event=lambda e: bar.update(1) if e.kind == "verdict" else None)
             if args.smoke:
-                summary = _smoke(args, config, plan, hardware, bar)
+                summary = _smoke(args, judge)
             elif args.from_file:
-                summary = collect_file(args.from_file, tasks, args.per_task, args.out, config, plan=plan, hardware=hardware,
-                                       on_result=lambda r: bar.update(1),
+                summary = collect_file(args.from_file, tasks, args.per_task, args.out, judge,
                                        allow_held_out=args.allow_held_out, kernelbench=args.source)
             else:
-                summary = collect_teachers(tasks, teachers, args.attempts or 20, args.per_task, args.out, config, plan=plan,
-                                           hardware=hardware, policy_options=_policy_options(args),
-                                           on_result=lambda r: bar.update(1), allow_held_out=args.allow_held_out,
+                summary = collect_teachers(tasks, teachers, args.attempts or 20, args.per_task, args.out, judge,
+                                           policy_options=_policy_options(args), allow_held_out=args.allow_held_out,
                                            kernelbench=args.source)
     except CollectError as exc:
         raise UsageError(str(exc)) from None
@@ -117,7 +119,7 @@ def _policy_options(args: argparse.Namespace) -> dict:
     return {k: v for k, v in opts.items() if v is not None}
 
 
-def _smoke(args: argparse.Namespace, config, plan, hardware: str, bar) -> dict:
+def _smoke(args: argparse.Namespace, judge: RecordedJudge) -> dict:
     from cudal1.train.collect import Teacher, collect_teachers
     from cudal1.train.smoke import ScriptedTeacher, smoke_task, teacher_script
 
@@ -125,7 +127,5 @@ def _smoke(args: argparse.Namespace, config, plan, hardware: str, bar) -> dict:
     attempts = args.attempts or len(teacher_script())  # by default one pass over the script: every kind of answer
     with ScriptedTeacher() as teacher:
         summary = collect_teachers([smoke_task()], [Teacher(teacher.url, teacher.state.model)], attempts, args.per_task,
-                                   args.out, config, plan=plan, hardware=hardware,
-                                   policy_options=_policy_options(args) | {"temperature": 0.0},
-                                   on_result=lambda r: bar.update(1))
+                                   args.out, judge, policy_options=_policy_options(args) | {"temperature": 0.0})
     return summary

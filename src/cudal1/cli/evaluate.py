@@ -117,6 +117,7 @@ def guard_model(out, cfg, name: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cudal1.config import write_config_file
+    from cudal1.recorded import RecordedJudge
     from cudal1.train.evaluate import run_evaluate
 
     if args.samples < 1:
@@ -141,8 +142,9 @@ def run(args: argparse.Namespace) -> int:
         with progress_for(args, "evaluate", 0) as progress:
             progress.line(f"{len(tasks)} task(s) x {args.samples} sample(s), policy {name}, "
                           f"judged on {plan.hardware_name()}; out {out}")
-            summary = run_evaluate(tasks, policy, args.samples, judge, out, plan=plan, hardware=plan.hardware_name(),
-                                   on_event=progress, record=record | {"policy_config": policy_cfg.to_dict()})
+            recorded = RecordedJudge(judge, plan=plan, on_event=progress)
+            summary = run_evaluate(tasks, policy, args.samples, recorded, out,
+                                   record=record | {"policy_config": policy_cfg.to_dict()})
     finally:
         policy.close()
     summary["policy"] = name

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_endpoint, config_from_args,
                                 config_sections, default_of, early_guard, load_suite, plan_from_args, resolve_device,
@@ -26,6 +27,9 @@ from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flag
 from cudal1.cli.output import batch_line, batch_summary, print_json, retry_warning, table
 from cudal1.cli.progress import progress_for
 from cudal1.prompts.select import STRATEGIES
+
+if TYPE_CHECKING:
+    from cudal1.policy.base import Policy
 
 POLICIES = ("builtin", "openai", "hf", "replay")
 
@@ -158,7 +162,7 @@ def check_passes(cfg) -> None:
 COMPILING_WORKERS_PER_GPU = 2  # default --workers-per-gpu for a builtin policy that proposes compiled candidates
 
 
-def default_workers_per_gpu(args: argparse.Namespace, device: str, policy: Any) -> int | None:
+def default_workers_per_gpu(args: argparse.Namespace, device: str, policy: Policy) -> int | None:
     """``--workers-per-gpu`` when given; else 2 on a local GPU for a policy whose candidates run
     torch.compile (minutes of CPU work inside a worker: one worker compiles while the other is
     timed; 4 ran KernelBench level-1 tasks out of memory beside each other); else None (the
@@ -173,7 +177,6 @@ def default_workers_per_gpu(args: argparse.Namespace, device: str, policy: Any) 
 def run(args: argparse.Namespace) -> int:
     from cudal1.recorded import RecordedJudge
     from cudal1.search import optimize
-    from cudal1.store import RunStore
 
     judge = config_from_args(args)
     search = search_config(args)  # a ConfigError is a one-line usage error (cli.main)
@@ -218,11 +221,10 @@ def run(args: argparse.Namespace) -> int:
                 if tracker is not None and event.kind == "verdict":
                     tracker(event.result)
 
-            with RunStore(out / "cudal1.sqlite") as store:
-                recorded = RecordedJudge(judge, store, plan=plan, reviewer=reviewer, on_event=on_event)
-                summary = optimize(tasks, policy, search, recorded, out,
-                                   record={"command": "optimize", "target": args.target, "source": args.source},
-                                   extra={"skipped_tasks": [{"path": p, "error": e} for p, e in skipped]})
+            recorded = RecordedJudge(judge, plan=plan, reviewer=reviewer, on_event=on_event)
+            summary = optimize(tasks, policy, search, recorded, out,
+                               record={"command": "optimize", "target": args.target, "source": args.source},
+                               extra={"skipped_tasks": [{"path": p, "error": e} for p, e in skipped]})
             if args.verbose:  # -v: where the judging time went (builds, lanes, GPU idle share)
                 progress.line(batch_line(batch_summary(recorded.batch_stats)))
     finally:
@@ -233,7 +235,7 @@ def run(args: argparse.Namespace) -> int:
     return report_summary(args, summary, policy, out)
 
 
-def report_summary(args: argparse.Namespace, summary: dict, policy: Any, out) -> int:
+def report_summary(args: argparse.Namespace, summary: dict, policy: Policy, out: Path) -> int:
     """Print the run's table (or ``--json``) and say when generations failed or were retried;
     the exit status: 1 when the policy produced no completion at all, else 0."""
     import sys

@@ -9,9 +9,12 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cudal1.config import EvalConfig
+
+if TYPE_CHECKING:
+    from cudal1.harness import DevicePlan
 
 
 class UsageError(Exception):
@@ -47,10 +50,12 @@ def check_endpoint(cfg) -> None:
         raise RunFailure(f"the endpoint {exc}; nothing was judged") from None
 
 
-def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("judge",)) -> None:
+def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("judge",), flat: str = "judge",
+                    also: str = "") -> None:
     """The judge's flags, and ``--config``: the command's settings file, in the format of the
-    ``OUT/config.yaml`` it writes (a plain mapping of judge settings is read as ``judge``)."""
-    p.set_defaults(config_sections=sections)
+    ``OUT/config.yaml`` it writes (a plain mapping is read as the ``flat`` section; ``also``: more
+    the help says ``--config`` takes)."""
+    p.set_defaults(config_sections=sections, config_flat=flat)
     g = p.add_argument_group("judge")
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=with_default("where to run", EvalConfig, "device"))
     g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
@@ -67,8 +72,9 @@ def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("ju
                                      "the call)", EvalConfig, "timing_figure"))
     g.add_argument("--preset", default=None, help="judge preset: default, fast, thorough, kernelbench-v0 (default: default)")
     g.add_argument("--config", default=None, metavar="YAML",
-                   help=f"settings file ({', '.join(sections)} section{'s' * (len(sections) > 1)}), e.g. a run's OUT/config.yaml, which "
-                        "reproduces that run; a plain mapping of judge settings also works; unknown keys are errors")
+                   help=f"settings file ({', '.join(sections)} section{'s' * (len(sections) > 1)}), e.g. a run's "
+                        f"OUT/config.yaml, which reproduces that run; a plain mapping of {flat} settings also works"
+                        f"{also}; unknown keys are errors")
     g.add_argument("--seed", type=int, default=None, help="fix the input seed (default: secret, random per run)")
 
 
@@ -98,7 +104,7 @@ def add_out_flags(p: argparse.ArgumentParser, command: str, what: str) -> None:
                         "config.yaml is kept as config.N.yaml (without this flag such a run is refused)")
 
 
-def plan_from_args(args: argparse.Namespace, device: str, gpus: list[int] | None = None) -> Any:
+def plan_from_args(args: argparse.Namespace, device: str, gpus: list[int] | None = None) -> DevicePlan:
     """The device plan for ``--backend``: local GPUs, or the Ray cluster's (actors start here).
     Locally, the workers' forkserver is started here (:func:`~cudal1.harness.parent.launcher.prestart`),
     so its preload overlaps the command's own imports and set-up."""
@@ -127,20 +133,24 @@ def config_sections(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
         from cudal1.config import read_config_file
 
         path = getattr(args, "config", None)
-        cached = read_config_file(path, getattr(args, "config_sections", ("judge",))) if path else {}
+        sections, flat = getattr(args, "config_sections", ("judge",)), getattr(args, "config_flat", "judge")
+        cached = read_config_file(path, sections, flat) if path else {}
         args._config_sections = cached
     return cached
 
 
-def config_from_args(args: argparse.Namespace) -> EvalConfig:
-    """The judge config: the defaults, or ``--preset``, or ``--config``'s judge section; then the
-    judge flags that were given."""
-    if args.config and args.preset:
-        raise UsageError("give --config or --preset, not both")
+def config_from_args(args: argparse.Namespace, base: EvalConfig | None = None) -> EvalConfig:
+    """The judge config: ``--preset``, or ``--config``'s judge section, else ``base`` (default: the
+    defaults); then the judge flags that were given."""
+    section = config_sections(args).get("judge")
+    if section is not None and args.preset:
+        raise UsageError("give --config with judge settings or --preset, not both")
     if args.preset:
         config = EvalConfig.preset(args.preset)
+    elif section is not None or base is None:
+        config = EvalConfig.from_dict(section or {})
     else:
-        config = EvalConfig.from_dict(config_sections(args).get("judge", {}))
+        config = base
     return config.replace(
         device=args.device,
         timeout_s=args.timeout,
@@ -199,7 +209,7 @@ def guard_config(out: Path, allow: bool, *configs: Any, early: bool = False) -> 
     keep_previous_config(out)
 
 
-def resolve_device(config: EvalConfig, plan: Any) -> EvalConfig:
+def resolve_device(config: EvalConfig, plan: DevicePlan) -> EvalConfig:
     """The judge config with ``device: auto`` replaced by the device the plan resolved, so that
     ``--device cpu`` and the default ``auto`` on a machine without a GPU are the same settings:
     the same default run folder, the same recorded config, the same verdicts to resume from."""

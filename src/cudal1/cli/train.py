@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from cudal1.cli.options import add_backend_flags, plan_from_args, UsageError
+from cudal1.cli.options import (UsageError, add_backend_flags, add_judge_flags, config_from_args, config_sections,
+                                plan_from_args)
 from cudal1.cli.output import print_json, table
-from cudal1.config import EvalConfig
+from cudal1.config import Config, EvalConfig
+
+if TYPE_CHECKING:
+    from cudal1.recorded import RecordedJudge
 
 STAGES = ("sft", "ssl", "grpo")
 
@@ -75,53 +79,52 @@ def _common(p: argparse.ArgumentParser, stage: str) -> None:
     p.add_argument("--allow-held-out", action="store_true",
                    help="train on KernelBench held-out tasks anyway (refused by default: by level and id, or by source)")
     p.add_argument("--out", default=f"runs/train-{stage}", metavar="DIR", help="output directory")
-    p.add_argument("--config", default=None, metavar="FILE_OR_PRESET",
-                   help=f"{stage} config: a YAML file or a packaged preset (smoke, default{', lora' if stage == 'sft' else ''})")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (overrides the config)")
     p.add_argument("--learning-rate", type=float, default=None, help="peak learning rate (overrides the config)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
     p.add_argument("--report-to", default="none", metavar="NAME", help="none, tensorboard, wandb or mlflow (comma-separated)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
-    if stage != "sft":
-        g = p.add_argument_group("judge")
-        g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help="where candidates run (default auto)")
-        g.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)")
-        g.add_argument("--judge-preset", default=None, help="judge preset: default, fast, thorough, kernelbench-v0 (default fast)")
-        g.add_argument("--judge-config", default=None, metavar="YAML", help="judge config file (unknown keys are errors)")
-        g.add_argument("--trials", type=int, default=None, metavar="N", help="correctness trials per candidate")
-        g.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="hard limit per judge phase")
-        add_backend_flags(p)
+    presets = f"; or a packaged {stage} preset (smoke, default{', lora' if stage == 'sft' else ''}, ...)"
+    if stage == "sft":
+        p.set_defaults(config_sections=("sft",), config_flat="sft")
+        p.add_argument("--config", default=None, metavar="YAML_OR_PRESET",
+                       help=f"settings file (sft section), e.g. a run's OUT/config.yaml, which reproduces that run; a plain "
+                            f"mapping of sft settings also works{presets}; unknown keys are errors")
+        return
+    add_judge_flags(p, sections=("judge", stage), flat=stage, also=presets)
+    g = p.add_argument_group("judge")
+    g.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)")
+    # the spellings of cudal1 0.1, kept as aliases: --preset and a judge-only settings file
+    g.add_argument("--judge-preset", dest="preset", default=None, help=argparse.SUPPRESS)
+    g.add_argument("--judge-config", default=None, metavar="YAML", help=argparse.SUPPRESS)
+    add_backend_flags(p)
 
 
 def judge_config(args: argparse.Namespace) -> EvalConfig:
-    if args.judge_config and args.judge_preset:
-        raise UsageError("give --judge-config or --judge-preset, not both")
-    if args.smoke:
+    """The judge config, as every judging command resolves it (:func:`~cudal1.cli.options.config_from_args`:
+    the defaults, ``--preset`` or ``--config``'s judge section, then the judge flags); ``--smoke``
+    without a judge setting judges with the smoke preset on the CPU.  ``--judge-config FILE`` (an
+    alias of cudal1 0.1) stands for ``--config``'s judge section."""
+    from cudal1.config import read_config_file
+
+    if args.judge_config:
+        if args.preset:
+            raise UsageError("give --judge-config or --preset, not both")
+        judge = read_config_file(args.judge_config, ("judge",))["judge"]
+        args._config_sections = {k: v for k, v in config_sections(args).items() if k != "judge"} | {"judge": judge}
+        args.preset = None
+    if args.smoke and not args.preset and "judge" not in config_sections(args):
         from cudal1.train.smoke import smoke_judge_config
 
-        config = smoke_judge_config(args.device or "cpu")
-    elif args.judge_config:
-        config = EvalConfig.from_yaml(args.judge_config)
-    elif _saved_judge(args.config) is not None:
-        config = EvalConfig.from_dict(_saved_judge(args.config))
-    else:
-        config = EvalConfig.preset(args.judge_preset or "fast")
-    return config.replace(device=args.device, correctness_trials=args.trials, timeout_s=args.timeout,
-                          workers_per_gpu=args.workers_per_gpu)
+        args.device = args.device or "cpu"
+        return config_from_args(args, base=smoke_judge_config(args.device))
+    return config_from_args(args)
 
 
-def _saved_judge(path: str | None) -> dict[str, Any] | None:
-    """The judge section of ``--config`` when it is a run's OUT/config.yaml (None otherwise)."""
-    if not path or not Path(path).is_file():
-        return None
-    from cudal1.config import read_yaml_mapping
-
-    judge = read_yaml_mapping(path).get("judge")
-    return judge if isinstance(judge, dict) else None
-
-
-def stage_config(args: argparse.Namespace) -> Any:
-    from cudal1.train.config import load_config
+def stage_config(args: argparse.Namespace) -> Config:
+    """The stage's config: its section of ``--config`` (a file or a packaged preset), else the
+    ``smoke`` (with ``--smoke``) or ``default`` preset; then the flags that were given."""
+    from cudal1.train.config import load_config, stage_config as build
 
     overrides: dict[str, Any] = {"learning_rate": args.learning_rate, "max_steps": args.max_steps}
     if args.stage == "sft":
@@ -131,8 +134,18 @@ def stage_config(args: argparse.Namespace) -> Any:
                      "sft.max_steps": args.max_steps}
     if args.stage == "grpo":
         overrides |= {"eval_every": args.eval_every, "eval_samples": args.eval_samples}
-    source = args.config or ("smoke" if args.smoke else "default")
-    return load_config(args.stage, source, overrides)
+    section = config_sections(args).get(args.stage)
+    if section is None:
+        return load_config(args.stage, "smoke" if args.smoke else "default", overrides)
+    return build(args.stage, section, overrides)
+
+
+def _resolve_config_file(args: argparse.Namespace) -> None:
+    """``--config NAME`` of a packaged stage preset: its file."""
+    if args.config:
+        from cudal1.train.config import config_file
+
+        args.config = str(config_file(args.stage, args.config))
 
 
 def _need(args: argparse.Namespace, *names: str) -> None:
@@ -142,10 +155,10 @@ def _need(args: argparse.Namespace, *names: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cudal1 import __version__
+    from cudal1.config import write_config_file
     from cudal1.train import MissingExtra, dist, require_train
     from cudal1.train.common import report_to as check_report_to
-    from cudal1.train.config import to_dict
-    from cudal1.train.metrics import write_config
 
     try:
         require_train(f"cudal1 train {args.stage}")
@@ -154,6 +167,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from None
     if getattr(args, "backend", "local") == "ray" and dist.world_size() > 1 and not args.ray_address:
         raise UsageError("--backend ray under several training processes needs --ray-address (one cluster for all ranks)")
+    _resolve_config_file(args)
     cfg = stage_config(args)
     if getattr(args, "exemplars_from", None):
         from cudal1.train.exemplars import SeedError, store_file
@@ -165,11 +179,11 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     out = Path(args.out)
     judge = judge_config(args) if args.stage != "sft" else None
-    resolved = {"stage": args.stage, "smoke": args.smoke, "processes": dist.world_size(), args.stage: to_dict(cfg),
-                "judge": judge.to_dict() if judge else None,
-                "args": {k: v for k, v in vars(args).items() if k != "func" and not callable(v)}}
+    record = {"command": f"train {args.stage}", "stage": args.stage, "smoke": args.smoke, "processes": dist.world_size(),
+              "version": __version__, "args": {k: v for k, v in vars(args).items()
+                                               if k != "func" and not k.startswith("_") and not callable(v)}}
     if dist.is_main():  # under several processes: rank 0 writes and prints, every rank trains
-        write_config(out, resolved)
+        write_config_file(out, judge=judge, **{args.stage: cfg}, run=record)
     try:
         summary = _dispatch(args, cfg, judge, out, report)
     except (FileNotFoundError, ValueError) as exc:
@@ -184,7 +198,21 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out: Path, report: Any) -> dict[str, Any]:
+def _recorded(args: argparse.Namespace, config: EvalConfig) -> RecordedJudge:
+    """The run's judge: on this machine's GPUs (``--gpus``) or a Ray cluster's; a local smoke
+    picks each rank's GPU itself (:func:`~cudal1.train.smoke_stages.smoke_judge`)."""
+    from cudal1.recorded import RecordedJudge
+
+    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
+    plan = plan_from_args(args, config.device, gpus)  # checks the backend flags too
+    if args.smoke:
+        from cudal1.train.smoke_stages import smoke_judge
+
+        return smoke_judge(config, plan if plan.backend == "ray" else None)
+    return RecordedJudge(config, plan=plan)
+
+
+def _dispatch(args: argparse.Namespace, cfg: Config, judge: EvalConfig | None, out: Path, report: Any) -> dict[str, Any]:
     from cudal1.train import smoke_stages
 
     if args.stage == "sft":
@@ -196,36 +224,33 @@ def _dispatch(args: argparse.Namespace, cfg: Any, judge: EvalConfig | None, out:
         return run_sft(args.model, args.data, cfg, out, resume=args.resume, report_to=report,
                        allow_held_out=args.allow_held_out)
     assert judge is not None
-    gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
     if args.smoke:
-        plan = plan_from_args(args, judge.device, gpus)  # checks the flags too
-        # local: the smoke picks each rank's GPU itself (smoke_stages.judge_plan)
-        plan = plan if plan.backend == "ray" else None
+        recorded = _recorded(args, judge)
         if args.stage == "grpo":
             evals = [smoke_stages.smoke_eval_task()] if cfg.eval_every else None  # no split in a one-task smoke
-            return smoke_stages.smoke_grpo(out, config=cfg, resume=args.resume, report_to=report, judge=judge, plan=plan,
+            return smoke_stages.smoke_grpo(out, config=cfg, resume=args.resume, report_to=report, judge=recorded,
                                            eval_tasks=evals, exemplars_from=args.exemplars_from,
                                            exemplars_per_task=args.exemplars_per_task)
-        return smoke_stages.smoke_ssl(out, config=cfg, resume=args.resume, report_to=report, judge=judge, plan=plan)
+        return smoke_stages.smoke_ssl(out, config=cfg, resume=args.resume, report_to=report, judge=recorded)
     _need(args, "model", "suite")
     from cudal1.tasks import load_tasks
 
     tasks = load_tasks(args.suite, args.source)
-    plan = plan_from_args(args, judge.device, gpus)
+    recorded = _recorded(args, judge)
     if args.stage == "grpo":
         from cudal1.train.grpo import run_grpo
 
-        return run_grpo(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
-                        report_to=report, eval_tasks=eval_tasks(args, cfg, tasks), exemplars_from=args.exemplars_from,
+        return run_grpo(args.model, tasks, cfg, recorded, out, resume=args.resume, report_to=report,
+                        eval_tasks=eval_tasks(args, cfg, tasks), exemplars_from=args.exemplars_from,
                         exemplars_per_task=args.exemplars_per_task, allow_held_out=args.allow_held_out,
                         kernelbench=args.source)
     from cudal1.train.ssl import run_ssl
 
-    return run_ssl(args.model, tasks, cfg, judge, out, plan=plan, hardware=plan.hardware_name(), resume=args.resume,
-                   report_to=report, allow_held_out=args.allow_held_out, kernelbench=args.source)
+    return run_ssl(args.model, tasks, cfg, recorded, out, resume=args.resume, report_to=report,
+                   allow_held_out=args.allow_held_out, kernelbench=args.source)
 
 
-def eval_tasks(args: argparse.Namespace, cfg: Any, tasks: list) -> list | None:
+def eval_tasks(args: argparse.Namespace, cfg: Config, tasks: list) -> list | None:
     """The tasks ``--eval-split`` names (None without evaluation); ``run_grpo`` refuses them when
     some are also trained on."""
     from cudal1.tasks import SPLITS, load_tasks, parse_selector

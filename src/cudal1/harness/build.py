@@ -394,7 +394,7 @@ class _WrappingLoader(importlib.abc.Loader):
     def __init__(self, loader: Any, building: Callable[[bool], None]) -> None:
         self.loader, self.building = loader, building
 
-    def create_module(self, spec: Any) -> Any:
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Any:
         return self.loader.create_module(spec)
 
     def exec_module(self, module: Any) -> None:

@@ -158,7 +158,7 @@ def resolve_config(config: PolicyConfig | None, options: dict[str, Any]) -> Poli
     return (config or PolicyConfig()).replace(**options)
 
 
-def policy_settings(policy: Any) -> dict[str, Any]:
+def policy_settings(policy: Policy) -> dict[str, Any]:
     """What a run saves about ``policy`` (the ``policy`` section of ``OUT/config.yaml``, which
     :class:`PolicyConfig` reads back): its ``name``; its own ``settings()`` when it has that
     method (builtin: device and passes); else the fields of its :class:`PolicyConfig`

@@ -15,6 +15,7 @@ import json
 import re
 from typing import Any
 
+from cudal1.policy.base import Policy
 from cudal1.types import Candidate, Prompt, Task
 
 SYSTEM = (
@@ -59,7 +60,7 @@ def parse_verdict(text: str) -> dict[str, Any] | None:
 class LLMReviewer:
     """Callable second opinion (see module docstring)."""
 
-    def __init__(self, policy: Any, max_chars: int = 24000) -> None:
+    def __init__(self, policy: Policy, max_chars: int = 24000) -> None:
         self.policy = policy
         self.max_chars = max_chars
 

@@ -32,15 +32,16 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from cudal1.policy.base import PoolEntry, PoolPrompt, Proposal
-from cudal1.config import EvalConfig
-from cudal1.recorded import RecordedJudge, Reviewer
+from cudal1.policy.base import Policy, PoolEntry, PoolPrompt, Proposal
+from cudal1.recorded import RecordedJudge
 from cudal1.search.config import SearchConfig
-from cudal1.types import Candidate, Completion, EvalResult, Task, reference_candidate
+from cudal1.types import Candidate, Completion, Task, reference_candidate
 
 log = logging.getLogger(__name__)
+
+STORE = "cudal1.sqlite"  # the run store in OUT
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,7 @@ class Generation:
 class Search:
     """State of one optimize run: the tasks, the policy, budgets; judging is ``judge``'s."""
 
-    def __init__(self, tasks: list[Task], policy: Any, cfg: SearchConfig, judge: RecordedJudge) -> None:
+    def __init__(self, tasks: list[Task], policy: Policy, cfg: SearchConfig, judge: RecordedJudge) -> None:
         self.tasks, self.policy, self.cfg, self.judge = tasks, policy, cfg, judge
         self.started = time.monotonic()
         self.generation = Generation()
@@ -109,8 +110,7 @@ class Search:
     # ---- rounds -------------------------------------------------------------------------
     def missing(self, task: Task, round_: int) -> int:
         """Completions round ``round_`` still lacks for ``task`` (failed generations included)."""
-        store = self.judge.store
-        answered = store.round_counts(task.hash).get(round_, (0, 0))[0] if store is not None else 0
+        answered = self.judge.round_counts(task).get(round_, (0, 0))[0]
         return max(self.cfg.samples - answered, 0)
 
     def prompts_for(self, task: Task, round_: int, k: int) -> list[PoolPrompt]:
@@ -155,74 +155,54 @@ class Search:
         return len(pairs)
 
 
-def optimize(tasks: list[Task], policy: Any, search: SearchConfig, judge: RecordedJudge | EvalConfig, out: str | Path, *,
-             plan: Any = None, hardware: str | None = None, on_result: Callable[[EvalResult], None] | None = None,
-             reviewer: Reviewer | None = None, record: dict[str, Any] | None = None,
-             extra: dict[str, Any] | None = None) -> dict[str, Any]:
+def optimize(tasks: list[Task], policy: Policy, search: SearchConfig, judge: RecordedJudge, out: str | Path, *,
+             record: dict[str, Any] | None = None, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the search; writes ``best/``, ``summary.json`` and ``config.yaml`` (judge,
     search, policy and the ``record`` the caller gives, e.g. the target) under ``out`` and
     returns the summary (with the caller's ``extra`` keys).
 
-    ``judge`` is the run's :class:`~cudal1.recorded.RecordedJudge` (its store is the run's; its
-    config, plan, reviewer and event listener are the run's; the caller closes the store), or an
-    :class:`~cudal1.config.EvalConfig`, for which one is made here on ``OUT/cudal1.sqlite`` with
-    ``plan``, ``reviewer`` and ``on_result`` (each new verdict) and closed at the end."""
+    ``judge`` is the run's :class:`~cudal1.recorded.RecordedJudge`: its config, plan, hardware
+    name, reviewer and event listener are the run's.  Its store is the run's when it has one (the
+    caller closes it); otherwise ``OUT/cudal1.sqlite`` is opened for the run and closed at the end."""
     from cudal1.config import write_config_file
     from cudal1.policy.base import policy_settings
-    from cudal1.store import RunStore
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    own = isinstance(judge, EvalConfig)
-    if isinstance(judge, EvalConfig):
-        on_event = (lambda e: on_result(e.result) if e.kind == "verdict" else None) if on_result else None
-        judge = RecordedJudge(judge, RunStore(out / "cudal1.sqlite"), plan=plan, reviewer=reviewer, on_event=on_event)
-    if hardware:
-        judge.hardware_name = hardware
-    try:
+    with judge.store_at(out / STORE):
         write_config_file(out, judge=judge.config, search=search, policy=policy_settings(policy), run=record)
         return _search(Search(tasks, policy, search, judge), out, extra)
-    finally:
-        if own and judge.store is not None:
-            judge.store.close()
 
 
 def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any]:
     from cudal1.search.outputs import write_outputs
 
     judge, tasks, search = s.judge, s.tasks, s.cfg
-    store = judge.store
-    if store is None:
-        raise ValueError("optimize needs a run store")
-    run_id = store.start_run("optimize", {"judge_hash": judge.config_hash, "search": search.to_dict()})
-    status, stop = "done", ""
-    try:
-        for t in tasks:
-            judge.add_task(t)
-        done = s.evaluations()
-        if done:
-            judge.note(f"resuming: {done} already judged")
-        anchors = [(t, reference_candidate(t)) for t in tasks]
-        pending = [p for p in judge.pending(tasks) if p not in anchors]
-        # every slot this run settles, those read back from the store included (each anchor settles
-        # once, judged or read back), so a progress display counts up to its total and no further
-        judge.expect(len(anchors) + len(pending) + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1)))
-        judge.judge(anchors, review=False)
-        if pending:  # sampled before a kill, not yet judged: judge them before new rounds
-            log.info("resuming: %d candidate(s) recorded but not judged", len(pending))
-            judge.judge(pending)
-        for round_ in range(1, search.rounds + 1):
-            stop = s.out_of_budget()
-            if stop:
-                break
-            wanted = {t.hash: s.missing(t, round_) for t in tasks}
-            if any(wanted.values()):
-                log.info("round %d: %d task(s)", round_, sum(1 for v in wanted.values() if v))
-                s.run_round(round_, wanted)
-    except BaseException:
-        status = "interrupted"
-        raise
-    finally:
-        summary = write_outputs(s, out, stop, extra)
-        store.finish_run(run_id, status)
+    with judge.run("optimize", {"judge_hash": judge.config_hash, "search": search.to_dict()}):
+        stop = ""
+        try:
+            for t in tasks:
+                judge.add_task(t)
+            done = s.evaluations()
+            if done:
+                judge.note(f"resuming: {done} already judged")
+            anchors = [(t, reference_candidate(t)) for t in tasks]
+            pending = [p for p in judge.pending(tasks) if p not in anchors]
+            # every slot this run settles, those read back from the store included (each anchor settles
+            # once, judged or read back), so a progress display counts up to its total and no further
+            judge.expect(len(anchors) + len(pending) + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1)))
+            judge.judge(anchors, review=False)
+            if pending:  # sampled before a kill, not yet judged: judge them before new rounds
+                log.info("resuming: %d candidate(s) recorded but not judged", len(pending))
+                judge.judge(pending)
+            for round_ in range(1, search.rounds + 1):
+                stop = s.out_of_budget()
+                if stop:
+                    break
+                wanted = {t.hash: s.missing(t, round_) for t in tasks}
+                if any(wanted.values()):
+                    log.info("round %d: %d task(s)", round_, sum(1 for v in wanted.values() if v))
+                    s.run_round(round_, wanted)
+        finally:
+            summary = write_outputs(s, out, stop, extra)
     return summary

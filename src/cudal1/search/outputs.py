@@ -82,10 +82,9 @@ def write_outputs(s: Search, out: Path, stop: str, extra: dict[str, Any] | None 
         row, env = task_row(s, task, out)
         rows.append(row)
         environment = environment or env
-    store = s.judge.store
     answered = failed = 0
     for task in s.tasks:
-        for a, f in (store.round_counts(task.hash).values() if store is not None else ()):
+        for a, f in s.judge.round_counts(task).values():
             answered, failed = answered + a, failed + f
     gen = s.generation
     summary = {"tasks": rows, "environment": environment, "stopped_by": stop or "rounds",

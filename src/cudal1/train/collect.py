@@ -35,10 +35,9 @@ import logging
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from cudal1.config import EvalConfig
-from cudal1.store import RunStore
+from cudal1.recorded import RecordedJudge
 from cudal1.train.judging import RolloutJudge
 from cudal1.types import EvalResult, Prompt, Status, Task
 
@@ -102,15 +101,15 @@ def _record(row: dict[str, Any], task: Task, res: EvalResult, source: str) -> di
             "environment": dataclasses.asdict(res.environment)}
 
 
-def select_records(store: RunStore, tasks: list[Task], sources: list[str], config_hash: str, per_task: int) -> list[dict]:
+def select_records(judge: RecordedJudge, tasks: list[Task], sources: list[str], per_task: int) -> list[dict]:
     """The kept records: per task, verified distinct programs from ``sources``, fastest first, ≤ ``per_task``."""
     records = []
     for task in tasks:
         best: dict[str, tuple[float, dict]] = {}
-        for row in store.responses(task.hash):
+        for row in judge.responses(task):
             if row["policy"] not in sources or not row["candidate_hash"] or row["candidate_hash"] in best:
                 continue
-            res = store.get_evaluation(task.hash, row["candidate_hash"], config_hash)
+            res = judge.verdict_of(task.hash, row["candidate_hash"])
             if verified(res):
                 best[row["candidate_hash"]] = (res.speedup or 0.0, _record(row, task, res, row["policy"]))  # type: ignore[arg-type]
         ranked = sorted(best.values(), key=lambda sr: -sr[0])
@@ -139,17 +138,16 @@ def store_path(out: str | Path) -> Path:
     return out.with_name(out.stem + ".sqlite")
 
 
-def _summary(store: RunStore, records: list[dict], judged: Counter, out: Path, **extra: Any) -> dict[str, Any]:
-    return {"out": str(out), "store": str(store.path), "kept": len(records),
+def _summary(records: list[dict], judged: Counter, out: Path, **extra: Any) -> dict[str, Any]:
+    return {"out": str(out), "store": str(store_path(out)), "kept": len(records),
             "tasks_with_data": len({r["task_hash"] for r in records}), "judged": dict(judged)} | extra
 
 
 def collect_teachers(tasks: list[Task], teachers: list[Teacher], attempts: int, per_task: int, out: str | Path,
-                     judge_config: EvalConfig, *, plan: Any = None, hardware: str = "CPU",
-                     policy_options: dict[str, Any] | None = None,
-                     on_result: Callable[[EvalResult], None] | None = None, allow_held_out: bool = False,
+                     judge: RecordedJudge, *, policy_options: dict[str, Any] | None = None, allow_held_out: bool = False,
                      kernelbench: str | Path | None = None) -> dict[str, Any]:
-    """Sample, judge and keep (see the module docstring).  Returns a summary."""
+    """Sample, judge and keep (see the module docstring), judging through ``judge`` (its store is
+    ``DATA.sqlite`` beside ``out`` unless it has one).  Returns a summary."""
     from cudal1.policy import PolicyConfig, make_policy
     from cudal1.train.heldout import HeldOut, HeldOutError, refuse
 
@@ -166,13 +164,13 @@ def collect_teachers(tasks: list[Task], teachers: list[Teacher], attempts: int, 
     out.parent.mkdir(parents=True, exist_ok=True)
     judged: Counter[str] = Counter()
     errors = 0
-    with RunStore(store_path(out)) as store:
-        run_id = store.start_run("collect", {"teachers": [t.label for t in teachers], "attempts": attempts,
-                                             "per_task": per_task, "judge": judge_config.to_dict()})
-        prompts = {t.hash: answer_prompt(t, hardware) for t in tasks}
+    settings = {"teachers": [t.label for t in teachers], "attempts": attempts, "per_task": per_task,
+                "judge": judge.config.to_dict()}
+    with judge.store_at(store_path(out)), judge.run("collect", settings):
+        prompts = {t.hash: answer_prompt(t, judge.hardware) for t in tasks}
         for teacher in teachers:
-            judge = RolloutJudge(store, judge_config, plan=plan, policy=teacher.label, on_result=on_result)
-            need = {t.hash: attempts - sum(r["policy"] == teacher.label for r in store.responses(t.hash)) for t in tasks}
+            rollouts = RolloutJudge(judge, teacher.label)
+            need = {t.hash: attempts - sum(r["policy"] == teacher.label for r in judge.responses(t)) for t in tasks}
             todo = [t for t in tasks if need[t.hash] > 0]
             if not todo:
                 continue
@@ -186,14 +184,13 @@ def collect_teachers(tasks: list[Task], teachers: list[Teacher], attempts: int, 
                     if len(good) < len(batch):
                         log.warning("teacher %s: %d request(s) failed for %s: %s", teacher.url, len(batch) - len(good),
                                     task.task_id, next(c.error for c in batch if c.error))
-                    verdicts = judge.judge([(task, c.text) for c in good], prompts=[prompts[task.hash]] * len(good))
+                    verdicts = rollouts.judge([(task, c.text) for c in good], prompts=[prompts[task.hash]] * len(good))
                     judged.update(o.kind for _, o in verdicts)
             finally:
                 policy.close()
-        records = select_records(store, tasks, [t.label for t in teachers], judge_config.hash(), per_task)
+        records = select_records(judge, tasks, [t.label for t in teachers], per_task)
         write_jsonl(out, records)
-        store.finish_run(run_id, "done")
-        return _summary(store, records, judged, out, request_errors=errors)
+    return _summary(records, judged, out, request_errors=errors)
 
 
 def _release_reader():
@@ -203,10 +200,10 @@ def _release_reader():
     return read_records, ReleaseError
 
 
-def collect_file(path: str | Path, tasks: list[Task] | None, per_task: int, out: str | Path, judge_config: EvalConfig, *,
-                 plan: Any = None, hardware: str = "CPU", on_result: Callable[[EvalResult], None] | None = None,
+def collect_file(path: str | Path, tasks: list[Task] | None, per_task: int, out: str | Path, judge: RecordedJudge, *,
                  allow_held_out: bool = False, kernelbench: str | Path | None = None) -> dict[str, Any]:
-    """Re-judge a published set and keep only what verifies here (see the module docstring)."""
+    """Re-judge a published set and keep only what verifies here (see the module docstring),
+    judging through ``judge`` (its store is ``DATA.sqlite`` beside ``out`` unless it has one)."""
     from cudal1.train.heldout import HeldOut
 
     read_records, bad_input = _release_reader()
@@ -226,19 +223,17 @@ def collect_file(path: str | Path, tasks: list[Task] | None, per_task: int, out:
     out.parent.mkdir(parents=True, exist_ok=True)
     source = f"file:{path}"
     judged: Counter[str] = Counter()
-    with RunStore(store_path(out)) as store:
-        run_id = store.start_run("collect", {"from": str(path), "per_task": per_task, "judge": judge_config.to_dict()})
-        judge = RolloutJudge(store, judge_config, plan=plan, policy=source, on_result=on_result)
+    settings = {"from": str(path), "per_task": per_task, "judge": judge.config.to_dict()}
+    with judge.store_at(store_path(out)), judge.run("collect", settings):
         items = [(r.task, code_answer(r.code)) for r in records
                  if r.task is not None and r.code is not None]
-        done = {(row["task_hash"], row["response"]) for row in store.responses() if row["policy"] == source}
+        done = {(row["task_hash"], row["response"]) for row in judge.responses() if row["policy"] == source}
         todo = [(t, text) for t, text in items if (t.hash, text) not in done]
         if todo:
-            verdicts = judge.judge(todo, prompts=[answer_prompt(t, hardware) for t, _ in todo])
+            verdicts = RolloutJudge(judge, source).judge(todo, prompts=[answer_prompt(t, judge.hardware) for t, _ in todo])
             judged.update(o.kind for _, o in verdicts)
         task_list = list({t.hash: t for t, _ in items}.values())
-        kept = select_records(store, task_list, [source], judge_config.hash(), per_task)
+        kept = select_records(judge, task_list, [source], per_task)
         write_jsonl(out, kept)
-        store.finish_run(run_id, "done")
-        return _summary(store, kept, judged, out, input_records=len(records) + len(held_out),
-                        missing_code=len(records) - len(items), held_out_left_out=len(held_out))
+    return _summary(kept, judged, out, input_records=len(records) + len(held_out),
+                    missing_code=len(records) - len(items), held_out_left_out=len(held_out))

@@ -1,12 +1,14 @@
 """Training configuration on cudal1's config base (:class:`cudal1.config.Config`): frozen
 dataclasses, YAML presets, strict keys (no torch, no TRL).
 
-Contract: :func:`load_config` builds a config from a packaged preset (``configs/<kind>-<name>.yaml``,
+Contract: :func:`stage_config` builds a stage's config from its section of a settings file, then
+applies overrides (CLI flags; ``None`` = not given; dotted keys reach nested fields);
+:func:`load_config` reads that section from a packaged preset (``configs/<kind>-<name>.yaml``,
 e.g. ``grpo-smoke``) or a YAML file — a plain mapping of the stage's fields, or a run's own
-``OUT/config.yaml``, whose ``<kind>`` section is read (so a saved file reproduces the run) — then
-applies overrides (CLI flags; ``None`` = not given; dotted keys reach nested fields).  Unknown
-keys, at any nesting level, raise :class:`~cudal1.config.ConfigError`; so do bad values.  The
-resolved config is written to ``OUT/config.yaml`` by every stage (:func:`to_dict`), together with
+``OUT/config.yaml`` (so a saved file reproduces the run) — through the reader every command uses
+(:func:`cudal1.config.read_config_file`).  Unknown keys, at any nesting level, raise
+:class:`~cudal1.config.ConfigError`; so do bad values.  ``cudal1 train`` writes the resolved stage
+config as one more section of ``OUT/config.yaml`` (:func:`cudal1.config.write_config_file`), beside
 the judge's :class:`~cudal1.config.EvalConfig`.
 
 What each stage reads:
@@ -22,12 +24,13 @@ can map them one to one (``group_size`` → ``num_generations``, ``beta`` → ``
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cudal1.config import Config, ConfigError
+from cudal1.config import Config, ConfigError, read_config_file
 from cudal1.train.reward import RewardConfig
 
 
@@ -192,15 +195,6 @@ def _positive(obj: Any, *names: str) -> None:
             raise ConfigError(f"{type(obj).__name__}.{name} must be positive")
 
 
-def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """``cls`` from a mapping (nested configs from nested mappings); unknown keys are errors."""
-    return cls.from_dict(data, where or None)
-
-
-def to_dict(config: Config) -> dict[str, Any]:
-    return config.to_dict()
-
-
 def presets(kind: str) -> list[str]:
     """Names of the packaged presets for ``kind`` (``sft``, ``ssl``, ``grpo``)."""
     root = resources.files("cudal1.train") / "configs"
@@ -208,47 +202,32 @@ def presets(kind: str) -> list[str]:
     return sorted(e.name[len(prefix):-5] for e in root.iterdir() if e.name.startswith(prefix) and e.name.endswith(".yaml"))
 
 
-def _read_yaml(text: str, where: str) -> dict[str, Any]:
-    import yaml
+def config_file(kind: str, source: str | os.PathLike[str]) -> Path:
+    """The file ``source`` names: a path, or a packaged preset (``configs/<kind>-<source>.yaml``);
+    ConfigError naming the known presets when it is neither."""
+    path = Path(source)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        return path
+    ref = resources.files("cudal1.train") / "configs" / f"{kind}-{source}.yaml"
+    if not ref.is_file():
+        raise ConfigError(f"unknown {kind} preset {str(source)!r}; known: {', '.join(presets(kind))}")
+    return Path(str(ref))
 
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"cannot parse {where}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must be a mapping")
-    return data
 
-
-def _stage_section(data: dict[str, Any], kind: str, where: str) -> dict[str, Any]:
-    """The ``kind`` settings of a file: its ``kind`` section when it is a run's config.yaml (it
-    has one, next to ``judge``, ``stage`` ...), else the whole mapping."""
-    section = data.get(kind)
-    if isinstance(section, dict) and not set(data) <= {f for f in KINDS[kind].__dataclass_fields__}:
-        return section
-    if kind in data and section is None:
-        raise ConfigError(f"{where}: the {kind} section is empty")
-    return data
+def stage_config(kind: str, section: Mapping[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """The ``kind`` config from its section of a settings file (``None``: the defaults) with
+    ``overrides`` (``None`` values ignored; dotted keys reach nested fields, e.g. ``{"reward.clip": 2.0}``)."""
+    if kind not in KINDS:
+        raise ConfigError(f"unknown config kind {kind!r}; known: {', '.join(KINDS)}")
+    return KINDS[kind].from_dict(section or {}, kind).replace(**(overrides or {}))
 
 
 def load_config(kind: str, source: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Any:
-    """The ``kind`` config from ``source`` — a YAML path (a plain mapping, or a run's
-    ``OUT/config.yaml``), or a preset name such as ``smoke`` or ``default`` — with ``overrides``
-    (``None`` values ignored; dotted keys reach nested fields, e.g. ``{"reward.clip": 2.0}``)."""
-    if kind not in KINDS:
-        raise ConfigError(f"unknown config kind {kind!r}; known: {', '.join(KINDS)}")
-    cls = KINDS[kind]
-    data: dict[str, Any] = {}
+    """The ``kind`` config from ``source`` — a YAML path (a plain mapping of the stage's fields, or a
+    run's ``OUT/config.yaml``, whose ``kind`` section is read) or a preset name such as ``smoke`` or
+    ``default`` — with ``overrides`` (see :func:`stage_config`).  Files are read by
+    :func:`cudal1.config.read_config_file`, as every command's ``--config`` is."""
+    section = None
     if source is not None and str(source):
-        path = Path(source)
-        if path.suffix in (".yaml", ".yml") or path.exists():
-            try:
-                data = _stage_section(_read_yaml(path.read_text(), str(path)), kind, str(path))
-            except OSError as exc:
-                raise ConfigError(f"cannot read config {path}: {exc.strerror or exc}") from None
-        else:
-            ref = resources.files("cudal1.train") / "configs" / f"{kind}-{source}.yaml"
-            if not ref.is_file():
-                raise ConfigError(f"unknown {kind} preset {str(source)!r}; known: {', '.join(presets(kind))}")
-            data = _read_yaml(ref.read_text(), f"preset {kind}-{source}")
-    return cls.from_dict(data, kind).replace(**(overrides or {}))
+        section = read_config_file(config_file(kind, source), ("judge", kind), flat=kind).get(kind)
+    return stage_config(kind, section, overrides)

@@ -26,50 +26,51 @@ import json
 import logging
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from cudal1.config import EvalConfig
+from cudal1.policy.base import Policy
+from cudal1.recorded import RecordedJudge
 from cudal1.train.eval_figures import Sample, figures
 from cudal1.train.judging import RolloutJudge
-from cudal1.types import Task
+from cudal1.types import Prompt, Task
 
 log = logging.getLogger(__name__)
 
 POLICY = "evaluate"  # the responses' policy label in the run store
 ROUND = 1
 SUMMARY = "evaluation.json"
+STORE = "cudal1.sqlite"
 
 
-def answered(store, task: Task) -> list[dict[str, Any]]:
+def answered(judge: RecordedJudge, task: Task) -> list[dict[str, Any]]:
     """The evaluation's recorded answers of ``task`` (failed requests left out), oldest first."""
-    return [r for r in store.responses(task.hash) if r["policy"] == POLICY and not r["error"]]
+    return [r for r in judge.responses(task) if r["policy"] == POLICY and not r["error"]]
 
 
-def samples_of(store, tasks: list[Task], config_hash: str, k: int) -> dict[str, list[Sample]]:
+def samples_of(judge: RecordedJudge, tasks: list[Task], k: int) -> dict[str, list[Sample]]:
     """Each task's first ``k`` answers as :class:`Sample` values (a response without code is a
     format failure; an answer not judged yet is left out)."""
     out: dict[str, list[Sample]] = {}
     for task in tasks:
-        rows = answered(store, task)[:k]
+        rows = answered(judge, task)[:k]
         got = []
         for row in rows:
             if not row["candidate_hash"]:
                 got.append(Sample("format"))
                 continue
-            res = store.get_evaluation(task.hash, row["candidate_hash"], config_hash)
+            res = judge.verdict_of(task.hash, row["candidate_hash"])
             if res is not None:
                 got.append(Sample.of(res))
         out[task.task_id] = got
     return out
 
 
-def run_evaluate(tasks: list[Task], policy: Any, samples: int, judge_config: EvalConfig, out: str | Path, *,
-                 plan: Any = None, hardware: str = "CPU", on_event: Callable[[Any], None] | None = None,
+def run_evaluate(tasks: list[Task], policy: Policy, samples: int, judge: RecordedJudge, out: str | Path, *,
                  record: dict[str, Any] | None = None) -> dict[str, Any]:
     """Evaluate ``policy`` on ``tasks`` with ``samples`` one-shot answers each (see the module
-    docstring).  Returns the summary (also written to ``OUT/evaluation.json``)."""
+    docstring), judging through ``judge`` (its store is ``OUT/cudal1.sqlite`` unless it has one).
+    Returns the summary (also written to ``OUT/evaluation.json``)."""
     from cudal1.prompts import build_prompt
-    from cudal1.store import RunStore
 
     if samples < 1:
         raise ValueError("evaluate needs at least one sample per task")
@@ -77,37 +78,32 @@ def run_evaluate(tasks: list[Task], policy: Any, samples: int, judge_config: Eva
         raise ValueError("evaluate needs at least one task")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    store = RunStore(out / "cudal1.sqlite")
-    try:
-        run_id = store.start_run("evaluate", {"samples": samples, "judge": judge_config.to_dict(), **(record or {})})
-        judge = RolloutJudge(store, judge_config, plan=plan, policy=POLICY, on_event=on_event)
+    settings = {"samples": samples, "judge": judge.config.to_dict(), **(record or {})}
+    with judge.store_at(out / STORE), judge.run("evaluate", settings):
         for task in tasks:
-            judge.recorded.add_task(task)
-        pending = judge.recorded.pending(tasks)  # answers recorded by a run killed while judging
+            judge.add_task(task)
+        pending = judge.pending(tasks)  # answers recorded by a run killed while judging
         if pending:
-            judge.recorded.note(f"resuming: judging {len(pending)} recorded answer(s) first")
-            judge.recorded.expect(len(pending))
-            judge.recorded.judge(pending)
-        prompts = {t.hash: build_prompt(t, [], hardware) for t in tasks}
-        slots = [t for t in tasks for _ in range(max(0, samples - len(answered(store, t))))]
+            judge.note(f"resuming: judging {len(pending)} recorded answer(s) first")
+            judge.expect(len(pending))
+            judge.judge(pending)
+        prompts = {t.hash: build_prompt(t, [], judge.hardware) for t in tasks}
+        slots = [t for t in tasks for _ in range(max(0, samples - len(answered(judge, t))))]
         have = len(tasks) * samples - len(slots)
         if have:
-            judge.recorded.note(f"resuming: {have} of {len(tasks) * samples} answer(s) already recorded")
-        judge.recorded.expect(len(slots))
+            judge.note(f"resuming: {have} of {len(tasks) * samples} answer(s) already recorded")
+        judge.expect(len(slots))
         failed = _ask_and_judge(policy, judge, slots, prompts)
-        by_task = samples_of(store, tasks, judge.config_hash, samples)
+        by_task = samples_of(judge, tasks, samples)
         summary = figures(by_task, samples) | {
-            "out": str(out), "store": str(out / "cudal1.sqlite"), "requests": len(slots), "failed_requests": failed,
+            "out": str(out), "store": str(out / STORE), "requests": len(slots), "failed_requests": failed,
             "judged": dict(Counter(s.kind for ss in by_task.values() for s in ss)), "config_hash": judge.config_hash,
         }
         (out / SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
-        store.finish_run(run_id, "done")
-        return summary
-    finally:
-        store.close()
+    return summary
 
 
-def _ask_and_judge(policy: Any, judge: RolloutJudge, slots: list[Task], prompts: dict[str, Any]) -> int:
+def _ask_and_judge(policy: Policy, judge: RecordedJudge, slots: list[Task], prompts: dict[str, Prompt]) -> int:
     """One request per slot; answers judged in one batch, failed requests recorded.  Returns the
     number of failed requests."""
     if not slots:
@@ -119,15 +115,14 @@ def _ask_and_judge(policy: Any, judge: RolloutJudge, slots: list[Task], prompts:
         error = "no completion" if completion is None else completion.error
         if error:
             failed += 1
-            judge.recorded.record_response(task, ROUND, POLICY, dataclasses.asdict(prompts[task.hash]), "", "", None,
-                                           error=error)
-            judge.recorded.unjudged(task, f"request failed: {error}")
+            judge.record_response(task, ROUND, POLICY, dataclasses.asdict(prompts[task.hash]), "", "", None, error=error)
+            judge.unjudged(task, f"request failed: {error}")
             continue
         items.append((task, completion.text))
         item_prompts.append(prompts[task.hash])
     if failed:
         log.warning("evaluate: %d of %d request(s) failed; a re-run with the same --out asks again", failed, len(slots))
-    judge.judge(items, round_=ROUND, prompts=item_prompts, label=POLICY)
+    RolloutJudge(judge, POLICY).judge(items, round_=ROUND, prompts=item_prompts, label=POLICY)
     return failed
 
 

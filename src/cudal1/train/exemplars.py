@@ -10,7 +10,8 @@ fastest first, at most ``per_task`` per task over all sources.  Each is proposed
 :class:`~cudal1.recorded.RecordedJudge` (candidate provenance ``policy: seed``, ``from: SOURCE``)
 and judged **here, under this run's judge config**, so the speedups the prompts show are
 measured like every rollout's: a source verdict recorded under the same judge config
-(``config_hash``) is copied instead of judged again; any other verdict only chooses what to seed.
+(``config_hash``) is adopted (:meth:`~cudal1.recorded.RecordedJudge.adopt`) instead of judged
+again; any other verdict only chooses what to seed.
 
 Sources are read, never written: each store is opened read-only.  A source that is missing or not
 a run store raises :class:`SeedError` (one line) before anything is judged.
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from cudal1.recorded import RecordedJudge
 from cudal1.types import Candidate, EvalResult, Status, Task, reference_candidate
 
 log = logging.getLogger(__name__)
@@ -121,9 +123,9 @@ def choose(tasks: list[Task], sources: list[str | Path], per_task: int) -> dict[
     return chosen
 
 
-def seed_pool(recorded: Any, tasks: list[Task], sources: list[str | Path], per_task: int = 4) -> dict[str, Any]:
-    """Seed ``recorded``'s pool (see the module docstring).  Returns ``{"sources", "tasks",
-    "seeded", "reused", "judged", "ok"}``: tasks seeded, programs seeded, verdicts copied, judged
+def seed_pool(judge: RecordedJudge, tasks: list[Task], sources: list[str | Path], per_task: int = 4) -> dict[str, Any]:
+    """Seed ``judge``'s pool (see the module docstring).  Returns ``{"sources", "tasks",
+    "seeded", "reused", "judged", "ok"}``: tasks seeded, programs seeded, verdicts adopted, judged
     anew, and how many of those are ``ok`` here."""
     for source in sources:
         store_file(source)  # every source checked before anything is judged
@@ -133,12 +135,10 @@ def seed_pool(recorded: Any, tasks: list[Task], sources: list[str | Path], per_t
     for th, picks in chosen.items():
         task = by_hash[th]
         for cand, res, source in picks:
-            recorded.propose(task, cand, {"round": 0, "policy": SEED_POLICY, "from": source})
-            if res.config_hash == recorded.config_hash and recorded.verdict(task, cand) is None and recorded.store is not None:
-                recorded.store.record_evaluation(res)
-                reused += 1
+            judge.propose(task, cand, {"round": 0, "policy": SEED_POLICY, "from": source})
+            reused += judge.adopt(task, cand, res)  # judged under this config already: not judged again
             pairs.append((task, cand))
-    verdicts = recorded.judge(pairs) if pairs else []
+    verdicts = judge.judge(pairs) if pairs else []
     summary = {"sources": [str(s) for s in sources], "tasks": len(chosen), "seeded": len(pairs), "reused": reused,
                "judged": len(pairs) - reused, "ok": sum(1 for r in verdicts if r.status is Status.OK)}
     log.info("exemplar pool seeded: %s", summary)

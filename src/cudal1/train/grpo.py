@@ -47,7 +47,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable
 
-from cudal1.config import EvalConfig
+from cudal1.recorded import RecordedJudge
 from cudal1.train import dist, require_train
 from cudal1.train.checkpoint import check_engine, last_checkpoint, save_final
 from cudal1.train.collapse import CollapseWatch
@@ -59,7 +59,7 @@ from cudal1.train.judging import RolloutJudge, reference_candidate
 from cudal1.train.metrics import metrics_callback, read_metrics
 from cudal1.train.preflight import memory_shortfalls
 from cudal1.train.reward import RewardConfig, RunningStats, outcome_of, shape_rewards
-from cudal1.types import EvalResult, Task
+from cudal1.types import EvalResult, Status, Task
 
 log = logging.getLogger(__name__)
 
@@ -138,13 +138,13 @@ def _release_cached_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def restore_stats(judge: RolloutJudge, stats: RunningStats, cfg: RewardConfig) -> int:
+def restore_stats(judge: RecordedJudge, stats: RunningStats, cfg: RewardConfig) -> int:
     """Replay the recorded GRPO rollouts' successes into ``stats`` (resume).  Returns how many."""
     pushed = 0
-    for row in judge.store.responses():
+    for row in judge.responses():
         if row["policy"] != POLICY or not row["candidate_hash"]:
             continue
-        res = judge.store.get_evaluation(row["task_hash"], row["candidate_hash"], judge.config_hash)
+        res = judge.verdict_of(row["task_hash"], row["candidate_hash"])
         outcome = outcome_of(res) if res is not None else None
         if outcome is not None and outcome.success:
             stats.push([math.log(outcome.speedup) if cfg.log_speedup else outcome.speedup])  # type: ignore[arg-type]
@@ -205,21 +205,19 @@ def eval_batch(samples: int, processes: int) -> int:
     return samples // math.gcd(samples, processes)
 
 
-def judge_references(judge: RolloutJudge, tasks: list[Task]) -> list[EvalResult]:
+def judge_references(judge: RecordedJudge, tasks: list[Task]) -> list[EvalResult]:
     """Round 0: each task's reference as a candidate (the 1.00x exemplar)."""
-    from cudal1.recorded import judge_recorded
-
-    return judge_recorded([(t, reference_candidate(t)) for t in tasks], judge.config, store=judge.store, plan=judge.plan,
-                          on_result=judge.on_result)
+    return judge.judge([(t, reference_candidate(t)) for t in tasks], review=False)
 
 
-def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: str | Path, *,
-             plan: Any = None, hardware: str = "CPU", resume: bool = False, report_to: Any = "none",
-             on_result: Callable[[EvalResult], None] | None = None, callbacks: tuple = (),
+def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge, out: str | Path, *,
+             resume: bool = False, report_to: Any = "none", callbacks: tuple = (),
              eval_tasks: list[Task] | None = None, exemplars_from: list[str] | None = None,
              exemplars_per_task: int = 4, allow_held_out: bool = False,
              kernelbench: str | Path | None = None, rollout: Callable | None = None) -> dict[str, Any]:
-    """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring).  Returns a summary.
+    """Train ``model`` with GRPO on ``tasks`` into ``out`` (see the module docstring), judging
+    through ``judge`` (its config, plan, hardware name and listener are the run's; its store is
+    ``OUT/cudal1.sqlite`` unless it has one).  Returns a summary.
     ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline).
     ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`.grpo_eval`).
     ``exemplars_from``: earlier runs whose verified programs seed the exemplar pool, at most
@@ -229,7 +227,6 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
     the trainer -> ``prompt_ids``, ``completion_ids``, ``logprobs``), to generate elsewhere than in
     the trainer — e.g. ``benchmarks/reward_loop.py``'s scripted OpenAI-compatible server."""
     require_train("cudal1 train grpo")
-    from cudal1.store import RunStore
     from cudal1.train.heldout import HeldOut, overlap, refuse
 
     if not tasks:
@@ -244,37 +241,33 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalC
     out = Path(out)
     with dist.main_first():  # rank 0 creates the store (schema, WAL) before the others open it
         out.mkdir(parents=True, exist_ok=True)
-        store = RunStore(out / "cudal1.sqlite")
+        judge.open_store(out / "cudal1.sqlite")
     try:
-        return _train(model, tasks, cfg, judge_config, out, store, plan=plan, hardware=hardware, resume=resume,
-                      report_to=report_to, on_result=on_result, callbacks=callbacks, eval_tasks=eval_tasks or [],
-                      seeds=(list(exemplars_from or []), exemplars_per_task), rollout=rollout)
+        return _train(model, tasks, cfg, judge, out, resume=resume, report_to=report_to, callbacks=callbacks,
+                      eval_tasks=eval_tasks or [], seeds=(list(exemplars_from or []), exemplars_per_task), rollout=rollout)
     finally:
-        store.close()
+        judge.close_store()
 
 
-def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalConfig, out: Path, store, *, plan: Any,
-           hardware: str, resume: bool, report_to: Any, on_result: Callable[[EvalResult], None] | None,
-           callbacks: tuple = (), eval_tasks: list[Task] = (), seeds: tuple[list[str], int] = ([], 4),
+def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge, out: Path, *, resume: bool,
+           report_to: Any, callbacks: tuple = (), eval_tasks: list[Task] = (), seeds: tuple[list[str], int] = ([], 4),
            rollout: Callable | None = None) -> dict[str, Any]:
     import trl
     from transformers import AutoTokenizer
 
     main = dist.is_main()
-    run_id = store.start_run("train-grpo", {"model": str(model), "grpo": _asdict(cfg), "judge": judge_config.to_dict(),
-                                            "processes": dist.world_size()}) if main else None
-    status = "interrupted"
-    try:
-        judge = RolloutJudge(store, judge_config, plan=plan, policy=POLICY, on_result=on_result)
+    settings = {"model": str(model), "grpo": _asdict(cfg), "judge": judge.config.to_dict(), "processes": dist.world_size()}
+    with judge.run("train-grpo", settings, record=main):
+        rollouts = RolloutJudge(judge, POLICY)
         seeded = None
         with dist.main_first():  # the other ranks then find the references' (and seeds') verdicts in the store
             judge_references(judge, tasks)
             if seeds[0] and main:
                 from cudal1.train.exemplars import seed_pool
 
-                seeded = seed_pool(judge.recorded, tasks, seeds[0], seeds[1])
-        contrast = ContrastivePrompts(judge, tasks, exemplars=cfg.exemplars, strategy=cfg.strategy, tau=cfg.tau,
-                                      feedback=cfg.feedback, hardware=hardware, seed=cfg.seed)
+                seeded = seed_pool(judge, tasks, seeds[0], seeds[1])
+        contrast = ContrastivePrompts(rollouts, tasks, exemplars=cfg.exemplars, strategy=cfg.strategy, tau=cfg.tau,
+                                      feedback=cfg.feedback, hardware=judge.hardware, seed=cfg.seed)
         stats = RunningStats(cfg.reward.window)
         checkpoint = last_checkpoint(out) if resume else None
         if resume and checkpoint is None:
@@ -284,16 +277,16 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
                      restore_stats(judge, stats, cfg.reward))
         evalset = None
         if eval_tasks and cfg.eval_every:
-            evalset = EvalSet(list(eval_tasks), cfg.eval_samples, hardware)
-            evalset.judge = RolloutJudge(store, judge_config, plan=plan, policy=EVAL_POLICY, on_result=on_result)
+            evalset = EvalSet(list(eval_tasks), cfg.eval_samples, judge.hardware)
+            evalset.judge = RolloutJudge(judge, EVAL_POLICY)
         watch = CollapseWatch(cfg.collapse_share, cfg.collapse_steps)
-        reward = JudgeReward(judge, contrast, cfg.reward, stats, evalset, watch)
+        reward = JudgeReward(rollouts, contrast, cfg.reward, stats, evalset, watch)
         tokenizer = AutoTokenizer.from_pretrained(model)
         tokenizer.padding_side = "left"
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
         args = grpo_arguments(cfg, out, report_to, world_size(), eval_tasks=len(evalset.tasks) if evalset else 0)
-        short = memory_shortfalls(str(model), cfg, args, judge_config, plan, world_size())
+        short = memory_shortfalls(str(model), cfg, args, judge.config, judge.plan, world_size())
         for line in short if main else []:
             log.warning("grpo: memory estimate (cudal1/train/recipes.py): %s", line)
         trainer = trl.GRPOTrainer(
@@ -306,11 +299,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge_config: EvalCon
         check_engine(trainer)
         result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
         save_final(trainer, out, tokenizer)
-        status = "done"
-    finally:
-        if run_id is not None:
-            store.finish_run(run_id, status)
-    return summarize(out, store, tasks, judge_config) | {
+    return summarize(out, judge, tasks) | {
         "steps": int(result.global_step), "seeded": seeded, "resumed_from": str(checkpoint) if checkpoint else None,
         "collapses": [c.to_dict() for c in watch.reported], "memory_shortfalls": short}
 
@@ -329,16 +318,16 @@ def collapse_stop(watch: CollapseWatch):
     return CollapseStop()
 
 
-def summarize(out: Path, store, tasks: list[Task], judge_config: EvalConfig) -> dict[str, Any]:
+def summarize(out: Path, judge: RecordedJudge, tasks: list[Task]) -> dict[str, Any]:
     rows = [m for m in read_metrics(out) if m.get("stage") == "grpo"]
     best = {}
     for t in tasks:
-        res = store.best(t.hash)
-        best[t.task_id] = res.speedup if res is not None and res.config_hash == judge_config.hash() else None
+        speedups = [r.speedup for _, r in judge.results(t) if r.status is Status.OK and r.speedup is not None]
+        best[t.task_id] = max(speedups) if speedups else None
     evals = sorted((m for m in read_metrics(out) if m.get("stage") == "eval"), key=lambda m: m["step"])
     return {"out": str(out), "reward_mean": [r.get("reward_mean") for r in rows],
             "success_rate": [r.get("success_rate") for r in rows], "best_speedup": best,
-            "judged": store.counts(), "eval": [{k: v for k, v in m.items() if k not in ("time", "stage")} for m in evals]}
+            "judged": judge.status_counts(), "eval": [{k: v for k, v in m.items() if k not in ("time", "stage")} for m in evals]}
 
 
 def _asdict(cfg: GRPOConfig) -> dict[str, Any]:

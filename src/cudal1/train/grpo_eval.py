@@ -24,11 +24,14 @@ import json
 import time
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cudal1.train import dist
 from cudal1.train.eval_figures import Sample, figures
 from cudal1.types import Prompt, Task
+
+if TYPE_CHECKING:
+    from cudal1.train.judging import RolloutJudge
 
 EVAL_POLICY = "grpo-eval"
 PHASE = "eval"
@@ -43,7 +46,7 @@ class EvalSet:
         self.tasks = {t.task_id: t for t in tasks}
         self.prompts: dict[str, Prompt] = {t.task_id: build_prompt(t, [], hardware) for t in tasks}
         self.samples = samples
-        self.judge: Any = None  # a RolloutJudge labelled EVAL_POLICY, set by the trainer's set-up
+        self.judge: RolloutJudge | None = None  # labelled EVAL_POLICY, set by the trainer's set-up
         self._collected: dict[str, list[Sample]] = defaultdict(list)
 
     def dataset(self):
@@ -59,6 +62,7 @@ class EvalSet:
 
         from cudal1.train.reward import shape_rewards
 
+        assert self.judge is not None, "the trainer's set-up gives the eval set its judge"
         tasks = [self.tasks[t] for t in task_ids]
         verdicts = self.judge.judge(list(zip(tasks, texts)), round_=step, prompts=[self.prompts[t] for t in task_ids],
                                     label=f"{EVAL_POLICY}:s{step}")

@@ -1,14 +1,15 @@
-"""Judging rollouts for training: parse, then judge and record through the one recorded-judging seam.
+"""Judging rollouts for training: parse, then judge and record through the run's recorded judge.
 
 Contract: :class:`RolloutJudge` turns ``(task, response text)`` pairs into
 ``(EvalResult | None, Outcome)`` — ``None`` when the response has no usable code (a format
 failure; :func:`cudal1.prompts.parse_response` decides).  Every response is recorded in the run
-store (``responses`` table: prompt, text, parse; ``candidates``; ``evaluations``), so each
-rollout can become an exemplar and a killed run loses nothing that was judged.  Judging,
-recording, the verdict cache and the exemplar pool are :class:`~cudal1.recorded.RecordedJudge`'s
-(``self.recorded``): verdicts are cached by ``(task hash, candidate hash, judge config hash)`` in
-memory and through the run store, so identical completions — frequent once a policy converges —
-cost one evaluation.
+store under the rollout judge's policy label (``responses`` table: prompt, text, parse;
+``candidates``; ``evaluations``), so each rollout can become an exemplar and a killed run loses
+nothing that was judged.  Judging, recording, the verdict cache and the exemplar pool are the
+run's :class:`~cudal1.recorded.RecordedJudge`'s, which several rollout judges of one run share
+(GRPO's training and evaluation rollouts, collect's teachers): verdicts are cached by
+``(task hash, candidate hash, judge config hash)`` in memory and through the run store, so
+identical completions — frequent once a policy converges — cost one evaluation.
 
 Not covered: a verdict cached from earlier in the run is reused as is, including its timing
 noise (a lucky timing keeps its reward).  That is the price of not re-judging; the judge's
@@ -19,34 +20,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from typing import Any, Callable
 
-from cudal1.config import EvalConfig
-from cudal1.recorded import JudgeEvent, RecordedJudge
-from cudal1.store import RunStore
+from cudal1.recorded import RecordedJudge
 from cudal1.train.reward import FORMAT, Outcome, outcome_of
 from cudal1.types import Candidate, EvalResult, Exemplar, Prompt, Task, reference_candidate
 
 
 class RolloutJudge:
-    """Parses rollouts and hands them to a :class:`~cudal1.recorded.RecordedJudge` (see the module docstring)."""
+    """Parses rollouts and hands them to the run's :class:`~cudal1.recorded.RecordedJudge`
+    under the policy label ``policy`` (see the module docstring)."""
 
-    def __init__(self, store: RunStore, config: EvalConfig, *, plan: Any = None, policy: str = "train",
-                 on_result: Callable[[EvalResult], None] | None = None,
-                 on_event: Callable[[JudgeEvent], None] | None = None) -> None:
-        """``on_result`` gets each fresh verdict; ``on_event`` (instead) every event of the
-        :class:`~cudal1.recorded.RecordedJudge`, responses without code as ``unjudged``."""
-        self.store, self.config, self.plan, self.policy, self.on_result = store, config, plan, policy, on_result
-        if on_event is None and on_result is not None:
-            on_event = lambda e: on_result(e.result) if e.kind == "verdict" else None  # noqa: E731
-        self.recorded = RecordedJudge(config, store, plan=plan, on_event=on_event)
-        self.config_hash = self.recorded.config_hash
+    def __init__(self, recorded: RecordedJudge, policy: str = "train") -> None:
+        self.recorded, self.policy = recorded, policy
+        self.config_hash = recorded.config_hash
         self.counts: Counter[str] = Counter()  # outcome kinds judged since the last drain
-
-    @property
-    def evaluated(self) -> int:
-        """Evaluations actually run (not read back from the cache or the store)."""
-        return self.recorded.judged
+        self.evaluated = 0  # evaluations this rollout judge ran (not read back from the cache or the store)
 
     def drain_counts(self) -> dict[str, int]:
         out, self.counts = dict(self.counts), Counter()
@@ -74,7 +62,9 @@ class RolloutJudge:
                 self.recorded.unjudged(task, parsed.problem or "no usable code")
             cands.append(cand)
         pairs = [(task, cand) for (task, _), cand in zip(items, cands) if cand is not None]
+        before = self.recorded.judged
         verdicts = iter(self.recorded.judge(pairs) if pairs else [])
+        self.evaluated += self.recorded.judged - before
         out = []
         for cand, score in zip(cands, scores):
             res = next(verdicts) if cand is not None else None

@@ -1,4 +1,5 @@
-"""Run records of every training stage: ``OUT/metrics.jsonl`` and ``OUT/config.yaml``.
+"""Run records of every training stage: ``OUT/metrics.jsonl`` (``OUT/config.yaml`` is written as every
+command writes it, :func:`cudal1.config.write_config_file`).
 
 Contract: :func:`metrics_callback` returns a ``transformers.TrainerCallback`` that appends one
 JSON object per logged step to ``OUT/metrics.jsonl`` with the stable keys ``step`` and ``loss``
@@ -6,8 +7,7 @@ JSON object per logged step to ``OUT/metrics.jsonl`` with the stable keys ``step
 counts per outcome kind since the previous line — supplied by ``extra``), followed by
 ``stage``, ``lr`` and the trainer's raw log under ``trl``.  The file is appended to, never
 rewritten: a resumed run continues it (lines logged after the checkpoint it resumes from appear
-twice, with the same ``step``; readers keep the last).  :func:`write_config` writes the resolved
-configuration as YAML.
+twice, with the same ``step``; readers keep the last).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
 
 # TRL/transformers log key -> our key
 RENAMES = {"loss": "loss", "reward": "reward_mean", "reward_std": "reward_std", "kl": "kl", "learning_rate": "lr"}
@@ -76,13 +75,3 @@ def read_metrics(out: str | Path) -> list[dict[str, Any]]:
             rec = json.loads(line)
             by_step[(rec.get("stage", ""), rec["step"])] = rec
     return list(by_step.values())
-
-
-def write_config(out: str | Path, config: dict[str, Any]) -> Path:
-    """Write the resolved configuration to ``out/config.yaml`` (with the cudal1 version)."""
-    from cudal1 import __version__
-
-    path = Path(out) / "config.yaml"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump({"cudal1": __version__} | config, sort_keys=False, default_flow_style=False))
-    return path

@@ -19,7 +19,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cudal1.config import EvalConfig
+    from cudal1.harness import DevicePlan
+    from cudal1.train.config import GRPOConfig
 
 
 def _engine(args: Any) -> tuple[int, bool]:
@@ -50,7 +55,8 @@ def _host_gib() -> float:
     return float("inf")
 
 
-def memory_shortfalls(model: str, cfg: Any, args: Any, judge_config: Any, plan: Any, processes: int) -> list[str]:
+def memory_shortfalls(model: str, cfg: GRPOConfig, args: Any, judge_config: EvalConfig, plan: DevicePlan | None,
+                      processes: int) -> list[str]:
     """What does not fit for this run (see the module docstring)."""
     config_file = Path(model) / "config.json"
     if not config_file.is_file():
@@ -65,8 +71,7 @@ def memory_shortfalls(model: str, cfg: Any, args: Any, judge_config: Any, plan: 
     cuda = torch.cuda.is_available()
     gpu_gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2**30 if cuda else None
     zero, offload = _engine(args)
-    judge_here = cuda and getattr(judge_config, "device", "cpu") in ("cuda", "auto") and \
-        getattr(plan, "backend", "local") != "ray"
+    judge_here = cuda and judge_config.device in ("cuda", "auto") and (plan is None or plan.backend != "ray")
     return check_run(config, cfg, processes=processes, zero_stage=zero, optimizer_offload=offload, gpu_gib=gpu_gib,
                      host_gib=_host_gib(), judge_workers=max(1, int(getattr(judge_config, "workers_per_gpu", 1) or 1)),
                      judge_on_training_gpus=judge_here)

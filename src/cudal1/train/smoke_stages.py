@@ -26,13 +26,19 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable
 
+from cudal1.config import Config, EvalConfig
+from cudal1.recorded import JudgeEvent, RecordedJudge
 from cudal1.train import dist
-from cudal1.train.config import SFTConfig, load_config
+from cudal1.train.config import GRPOConfig, SFTConfig, SSLConfig, load_config
 from cudal1.train.smoke import VARIANTS, priming_records, smoke_eval_task, smoke_judge_config, smoke_task
 
-__all__ = ["PRIME", "judge_plan", "primed_model", "smoke_eval_task", "smoke_grpo", "smoke_sft", "smoke_ssl", "smoke_task",
+if TYPE_CHECKING:
+    from cudal1.harness import DevicePlan
+    from cudal1.types import Task
+
+__all__ = ["PRIME", "judge_plan", "smoke_judge", "primed_model", "smoke_eval_task", "smoke_grpo", "smoke_sft", "smoke_ssl", "smoke_task",
            "tiny_base", "verified_records"]
 
 log = logging.getLogger(__name__)
@@ -70,49 +76,57 @@ def primed_model(out: Path) -> Path:
     return primed
 
 
-def judge_plan(judge: Any) -> tuple[Any, str]:
+def judge_plan(config: EvalConfig) -> tuple[DevicePlan | None, str]:
     """(device plan, hardware name) for a smoke judge.  On CUDA under several processes each rank
     judges on its own GPU (``LOCAL_RANK``), so two ranks never time on the same device."""
     from cudal1.harness import DevicePlan
 
-    if judge.device == "cpu":
+    if config.device == "cpu":
         return None, "CPU"
     from cudal1.harness.envinfo import gpu_inventory
 
     gpus = None
-    if dist.distributed() and judge.device in ("cuda", "auto"):
+    if dist.distributed() and config.device in ("cuda", "auto"):
         visible = [g.index for g in gpu_inventory()]
         gpus = [visible[dist.local_rank() % len(visible)]] if visible else None
-    plan = DevicePlan.detect(judge.device, gpus)
+    plan = DevicePlan.detect(config.device, gpus)
     return plan, plan.hardware_name()
 
 
-def _judged_stage(stage: str, run: Any, out: str | Path, config: Any, resume: bool, report_to: Any,
-                  on_result: Any, judge: Any = None, plan: Any = None, **extra: Any) -> dict[str, Any]:
-    """``run`` (``run_grpo`` or ``run_ssl``) on the smoke task from the primed tiny model; ``judge``
-    (an ``EvalConfig``) defaults to :func:`smoke_judge_config` on the CPU; ``plan`` (e.g. a Ray
-    cluster's) defaults to :func:`judge_plan`."""
+def smoke_judge(config: EvalConfig | None = None, plan: DevicePlan | None = None,
+                on_event: Callable[[JudgeEvent], None] | None = None) -> RecordedJudge:
+    """The judge of a smoke stage: ``config`` (default :func:`smoke_judge_config`, on the CPU) on
+    ``plan`` (e.g. a Ray cluster's; default :func:`judge_plan`)."""
+    config = config or smoke_judge_config()
+    plan, hardware = (plan, plan.hardware_name()) if plan is not None else judge_plan(config)
+    return RecordedJudge(config, plan=plan, on_event=on_event, hardware=hardware)
+
+
+def _judged_stage(stage: str, run: Callable[..., dict[str, Any]], out: str | Path, config: Config | None, resume: bool,
+                  report_to: Any, judge: RecordedJudge | None, **extra: Any) -> dict[str, Any]:
+    """``run`` (``run_grpo`` or ``run_ssl``) on the smoke task from the primed tiny model, judged by
+    ``judge`` (default :func:`smoke_judge`)."""
     out = Path(out)
-    judge = judge or smoke_judge_config()
-    plan, hardware = (plan, plan.hardware_name()) if plan is not None else judge_plan(judge)
+    judge = judge or smoke_judge()
     model = primed_model(out / "prime")
-    summary = run(str(model), [smoke_task()], config or load_config(stage, "smoke"), judge, out, plan=plan,
-                  hardware=hardware, resume=resume, report_to=report_to, on_result=on_result, **extra)
+    summary = run(str(model), [smoke_task()], config or load_config(stage, "smoke"), judge, out, resume=resume,
+                  report_to=report_to, **extra)
+    plan = judge.plan
     return summary | {"base_model": str(model), "judge_device": plan.device if plan else "cpu",
                       "judge_backend": plan.backend if plan else "local",
                       "judge_gpus": list(plan.lanes) if plan and plan.device == "cuda" else [],
                       "distributed": dist.describe()}
 
 
-def smoke_grpo(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
-               on_result=None, judge: Any = None, plan: Any = None, eval_tasks: list | None = None,
-               exemplars_from: list | None = None, exemplars_per_task: int = 4) -> dict[str, Any]:
-    """GRPO smoke; ``judge`` (an ``EvalConfig``, e.g. ``smoke_judge_config("cuda")``) and ``plan``
-    pick how and where rollouts are judged (default: the CPU, this machine); ``eval_tasks`` are
-    evaluated every ``eval_every`` steps of the config."""
+def smoke_grpo(out: str | Path, *, config: GRPOConfig | None = None, resume: bool = False, report_to: Any = "none",
+               judge: RecordedJudge | None = None, eval_tasks: list[Task] | None = None,
+               exemplars_from: list[str] | None = None, exemplars_per_task: int = 4) -> dict[str, Any]:
+    """GRPO smoke; ``judge`` (e.g. :func:`smoke_judge` on ``smoke_judge_config("cuda")``) picks how and
+    where rollouts are judged (default: the CPU, this machine); ``eval_tasks`` are evaluated every
+    ``eval_every`` steps of the config."""
     from cudal1.train.grpo import run_grpo
 
-    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, on_result, judge, plan, eval_tasks=eval_tasks,
+    return _judged_stage("grpo", run_grpo, out, config, resume, report_to, judge, eval_tasks=eval_tasks,
                          exemplars_from=exemplars_from, exemplars_per_task=exemplars_per_task)
 
 
@@ -127,7 +141,7 @@ def verified_records() -> list[dict[str, Any]]:
             for name, code in VARIANTS.items()]
 
 
-def smoke_sft(out: str | Path, *, config: Any = None, lora: bool | None = None, resume: bool = False,
+def smoke_sft(out: str | Path, *, config: SFTConfig | None = None, lora: bool | None = None, resume: bool = False,
               report_to: Any = "none") -> dict[str, Any]:
     import dataclasses
 
@@ -147,8 +161,8 @@ def smoke_sft(out: str | Path, *, config: Any = None, lora: bool | None = None, 
                                                                                          "distributed": dist.describe()}
 
 
-def smoke_ssl(out: str | Path, *, config: Any = None, resume: bool = False, report_to: Any = "none",
-              on_result=None, judge: Any = None, plan: Any = None) -> dict[str, Any]:
+def smoke_ssl(out: str | Path, *, config: SSLConfig | None = None, resume: bool = False, report_to: Any = "none",
+              judge: RecordedJudge | None = None) -> dict[str, Any]:
     from cudal1.train.ssl import run_ssl
 
-    return _judged_stage("ssl", run_ssl, out, config, resume, report_to, on_result, judge, plan)
+    return _judged_stage("ssl", run_ssl, out, config, resume, report_to, judge)

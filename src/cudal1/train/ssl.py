@@ -37,13 +37,14 @@ import logging
 import os
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from cudal1.config import EvalConfig
+from cudal1.recorded import RecordedJudge
 from cudal1.train import dist, require_train
 from cudal1.train.config import SSLConfig
 from cudal1.train.generation import GenerationSettings, engine_tp, generate, shard, use_vllm
 from cudal1.train.judging import RolloutJudge
+from cudal1.train.reward import Outcome
 from cudal1.types import EvalResult, Prompt, Task
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ def generation_settings(cfg: SSLConfig) -> GenerationSettings:
                               max_model_length=cfg.vllm_max_model_length)
 
 
-def _success(res: EvalResult | None, outcome: Any) -> bool:
+def _success(res: EvalResult | None, outcome: Outcome) -> bool:
     """A kept program: ``ok`` and not on a degenerate task (speed ignored: executable and correct is the bar)."""
     return res is not None and outcome.kind == "ok" and not outcome.degenerate
 
@@ -75,12 +76,12 @@ def chat_record(prompt: Prompt, text: str, task: Task, res: EvalResult, source: 
     }
 
 
-def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalConfig, out: str | Path, *,
-            plan: Any = None, hardware: str = "CPU", resume: bool = False, report_to: Any = "none",
-            on_result: Callable[[EvalResult], None] | None = None, allow_held_out: bool = False,
+def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge: RecordedJudge, out: str | Path, *,
+            resume: bool = False, report_to: Any = "none", allow_held_out: bool = False,
             kernelbench: str | Path | None = None) -> dict[str, Any]:
-    """Run the self-supervised rounds (see the module docstring).  Returns a summary.  Held-out
-    tasks are refused (:mod:`.heldout`) unless ``allow_held_out``."""
+    """Run the self-supervised rounds (see the module docstring), judging through ``judge`` (its
+    store is ``OUT/cudal1.sqlite`` unless it has one).  Returns a summary.  Held-out tasks are
+    refused (:mod:`.heldout`) unless ``allow_held_out``."""
     require_train("cudal1 train ssl")
     from cudal1.train.common import check_model
 
@@ -90,7 +91,6 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalCon
         refuse(tasks, "train ssl", HeldOut.load(kernelbench))
     check_model(model)
     from cudal1.prompts import build_prompt
-    from cudal1.store import RunStore
     from cudal1.train.metrics import read_metrics
     from cudal1.train.sft import run_sft
 
@@ -98,10 +98,10 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalCon
     main = dist.is_main()
     with dist.main_first():  # rank 0 creates the store (schema, WAL) before the others open it
         out.mkdir(parents=True, exist_ok=True)
-        store = RunStore(out / "cudal1.sqlite")
+        judge.open_store(out / "cudal1.sqlite")
     try:
-        judge = RolloutJudge(store, judge_config, plan=plan, policy="ssl", on_result=on_result)
-        prompts = [build_prompt(t, [], hardware) for t in tasks]
+        rollouts = RolloutJudge(judge, "ssl")
+        prompts = [build_prompt(t, [], judge.hardware) for t in tasks]
         rounds = []
         current = str(model)
         for r in range(1, cfg.rounds + 1):
@@ -112,7 +112,7 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalCon
                 current = rounds[-1]["model"]
                 continue
             data = rdir / "data.jsonl"
-            mine = _generate_and_judge(current, tasks, prompts, cfg, judge, r)
+            mine = _generate_and_judge(current, tasks, prompts, cfg, rollouts, r)
             totals = _merge(dist.all_gather(mine), cfg.max_keep_per_task)
             if main:
                 rdir.mkdir(parents=True, exist_ok=True)
@@ -139,7 +139,7 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge_config: EvalCon
             rounds.append(info)
             dist.barrier()  # summary.json is written before any rank looks at the next round
     finally:
-        store.close()
+        judge.close_store()
     if main:
         _link_latest(out, current)
         read_metrics(out)  # validates the file
