@@ -28,8 +28,10 @@ returns few files.
 
 Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` and the rewrite cache as
 ``OUT/rewrites.tgz`` (restored when the plain files are missing or older; rewritten at the end of
-every call, also when SIGINT or SIGTERM cut it short), so ``OUT`` can live in git and move between
-machines (``benchmarks/runs/.gitignore`` leaves the plain copies out): run the same command again.
+every call, also when SIGINT or SIGTERM cut it short), so ``OUT`` moves between machines as it is
+(or as ``--pack``'s tar.gz): run the same command again.  Under ``benchmarks/runs/`` git keeps only
+a run's selection (``tasks.jsonl``); benchmarks/README.md ("Run state") says where earlier runs'
+state is kept and how to restore it.
 """
 
 from __future__ import annotations

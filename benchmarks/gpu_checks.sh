@@ -84,10 +84,10 @@ if has smoke || has verify; then
 fi
 if has builtin; then
   # The run directory carries itself (tasks.jsonl with the task sources, cudal1.sqlite.gz,
-  # rewrites.tgz) and is meant to live in git under benchmarks/runs/: a later run with the same
-  # --out resumes it.  SIGINT at the deadline: the script snapshots the store, writes its report
-  # and the pack ($OUT/builtin_state.tgz) itself.  Resuming elsewhere: tar xzf the pack into the
-  # run directory.
+  # rewrites.tgz): a later run with the same --out resumes it.  Git keeps only its tasks.jsonl;
+  # restore an earlier run's state first (benchmarks/README.md, "Run state").  SIGINT at the
+  # deadline: the script snapshots the store, writes its report and the pack
+  # ($OUT/builtin_state.tgz) itself.  Resuming elsewhere: tar xzf the pack into the run directory.
   dir=${BUILTIN_DIR:-benchmarks/runs/stride5}
   args=${BUILTIN_ARGS:-kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2 --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm --workers-per-gpu 2}
   t0=$SECONDS

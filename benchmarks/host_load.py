@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Does host-CPU load move launch-bound timings?  (It does: see docs/benchmarks.md, 2026-12-01.)
+"""Does host-CPU load move launch-bound timings?  (It does: see benchmarks/LOG.md, 2026-12-01.)
 
 Why: in the H200 release runs, launch-bound records (unrolled GRUs/LSTMs whose candidates replay
 a CUDA graph: level3/35, 39-42; level1/71) measured 17-57% higher speedups when builds and a

@@ -11,8 +11,9 @@ Stages (run from the repository root on the CUDA machine; each writes under ``--
   records take ~75 lane-minutes: about 40 minutes on two H200s.
 * ``builtin``: the report of a builtin-policy KernelBench run directory (``--run``, e.g. the
   ``benchmarks/runs/stride5`` directory of ``benchmarks/builtin_kernelbench.py``): ``builtin_report.html`` /
-  ``.md`` / ``.json``.  Needs no GPU (it reads the store; a run directory from git holds it as
-  ``cudal1.sqlite.gz``, which ``builtin_kernelbench.py ... --report-only`` unpacks).
+  ``.md`` / ``.json``.  Needs no GPU (it reads the store; a run directory holds it as
+  ``cudal1.sqlite.gz``, which ``builtin_kernelbench.py ... --report-only`` unpacks; an earlier
+  run's state is restored as benchmarks/README.md, "Run state", says).
 
     python benchmarks/report_evidence.py h100 --out $OUT [--resume .runs/h100] [--budget 500]
     python benchmarks/report_evidence.py builtin --run .runs/kb --out $OUT

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 GIB = 2**30
 H200_GIB = 139.0  # usable memory of one H200 as torch reports it (143771 MiB on nvidia-smi, less the context)
 HEADROOM_GIB = 8.0  # left free for the CUDA context, NCCL and fragmentation
-JUDGE_WORKER_GIB = 60.0  # the most a judge worker held for a KernelBench level-1 task on the H200 (docs/benchmarks.md, 2026-12-01)
+JUDGE_WORKER_GIB = 60.0  # the most a judge worker held for a KernelBench level-1 task on the H200 (benchmarks/LOG.md, 2026-12-01)
 NODE_HOST_GIB = 2048.0  # host memory of an 8-GPU node (an HGX H200 with 2 TiB)
 MERGE_OVERHEAD = 1.1  # the LoRA merge's host peak over the base model's bytes (load, merge in place, save)
 
