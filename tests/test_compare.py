@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cudal1.config import TOLERANCES
+from cudal1.config import TOLERANCES, Tolerances
 from cudal1.harness import compare as cmp
 
 STRICT = TOLERANCES["strict"]
@@ -101,20 +101,20 @@ class TestCompare:
         assert check(ref, out, TOLERANCES["kernelbench-v0"]) is None
 
     def test_atol_edge_is_inclusive(self):
-        tol = {"float64": (1e-3, 0.0)}
+        tol = Tolerances("edge", {"float64": (1e-3, 0.0)})
         ref = torch.zeros(4, dtype=torch.float64)
         assert check(ref, ref + 1e-3, tol) is None  # |diff| == atol passes
         assert flag_of(ref, ref + 1.0000001e-3, tol) == "value_mismatch"
 
     def test_rtol_edge_is_inclusive(self):
-        tol = {"float64": (0.0, 0.125)}  # exactly representable
+        tol = Tolerances("edge", {"float64": (0.0, 0.125)})  # exactly representable
         ref = torch.full((4,), 8.0, dtype=torch.float64)
         assert check(ref, ref + 1.0, tol) is None  # |diff| == rtol * |ref|
         assert flag_of(ref, ref + 1.0000001, tol) == "value_mismatch"
         assert check(ref, ref - 1.0, tol) is None
 
     def test_tolerance_is_per_dtype(self):
-        tol = {"float16": (0.5, 0.0), "float32": (0.0, 0.0)}
+        tol = Tolerances("per-dtype", {"float16": (0.5, 0.0), "float32": (0.0, 0.0)})
         ref = torch.zeros(3, dtype=torch.float16)
         assert check(ref, ref + 0.25, tol) is None
         ref32 = torch.zeros(3)

@@ -217,3 +217,18 @@ class TestConfigBase:
         flat = tmp_path / "flat.yaml"
         flat.write_text("timeout_s: 3\n")  # a plain judge file is the judge section
         assert read_config_file(flat, ("judge", "search")) == {"judge": {"timeout_s": 3}}
+
+
+def test_the_correctness_rules_are_typed_values():
+    """A rule is its per-dtype limits plus, for ``exact``, the exact-answer constants: no magic keys
+    in a dtype table, one fallback for a dtype the limits do not name."""
+    from cudal1.config import TOLERANCES, ExactRule, Tolerances
+
+    exact, strict, v0 = TOLERANCES["exact"], TOLERANCES["strict"], TOLERANCES["kernelbench-v0"]
+    assert isinstance(exact.exact, ExactRule) and strict.exact is None and v0.exact is None
+    assert not any(k.startswith("@") for rule in TOLERANCES.values() for k in rule.limits)
+    assert exact.limit("float32") == strict.limit("float32") == (1e-4, 1e-4) and v0.limit("float32") == (1e-2, 1e-2)
+    assert strict.limit("int4") == Tolerances.FALLBACK
+    assert exact.exact.factor == 16.0 and exact.exact.floor("float16") == (2e-3, 1e-5)
+    assert exact.exact.floor("float8_e4m3fn") == exact.exact.floor("float32")  # unnamed dtypes take float32's
+    assert {name for name, rule in TOLERANCES.items() if rule.name == name} == set(TOLERANCES)

@@ -13,18 +13,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudal1.config import TOLERANCES, EvalConfig
+from cudal1.config import TOLERANCES, EvalConfig, ExactRule
 from cudal1.harness import compare as cmp
 from cudal1.harness.numerics import ExactReference, LeafCheck, exact_applies, float64_model, leaf_check
 from cudal1.harness.parent.sandbox import verdict_problem
 from cudal1.harness.reference.measure import stale
 
 REPO = Path(__file__).resolve().parent.parent
-EXACT = TOLERANCES["exact"]
+RULE = TOLERANCES["exact"]  # the default correctness rule
+EXACT = RULE.exact  # its exact-answer constants
 
 
-def _check(ref, out, exact, table=EXACT):
-    return cmp.compare(ref, out, table, "cpu", exact=exact)
+def _check(ref, out, exact, rule=RULE):
+    return cmp.compare(ref, out, rule, "cpu", exact=exact)
 
 
 # ---- the bound ------------------------------------------------------------------------------
@@ -201,7 +202,7 @@ def _ok_verdict(record):
 _PHASES = ["setup", "reference", "import", "construct", "correctness", "timing"]
 
 
-def _spec(tolerances=EXACT):
+def _spec(tolerances=RULE):
     from cudal1.harness.spec import WorkerSpec
 
     return WorkerSpec(mode="eval", device="cpu", config=EvalConfig(), tolerances=tolerances, input_seed=1,
@@ -369,7 +370,7 @@ class TestRecheckLimits:
         limit = check.limits(EXACT)
         assert within_limits("out", ref, (exact + 1e-7 * torch.randn(4096, dtype=torch.float64)).float(), limit) == ""
         assert "more than rounding" in within_limits("out", ref, (exact * 1.0005).float(), limit)
-        mismatch, _ = cmp.compare(ref, (exact * 1.0005).float(), EXACT, "cpu", limits={"out": limit})
+        mismatch, _ = cmp.compare(ref, (exact * 1.0005).float(), RULE, "cpu", limits={"out": limit})
         assert mismatch is not None and mismatch.flag == "value_mismatch"
 
 
@@ -394,7 +395,7 @@ def test_large_answer_sets_are_computed_per_candidate(tmp_path, monkeypatch):
 def test_a_nan_error_never_passes_the_bound():
     c = LeafCheck("out", "float32", n=4, exact_l2=1.0, ref_l2=0.0, cand_l2=math.nan, exact_inf=1.0, ref_inf=0.0, cand_inf=0.0)
     assert c.ratio(EXACT) == math.inf
-    zero_floor = dict(EXACT, **{"@floor:float32": (0.0, 0.0)})
+    zero_floor = ExactRule(floors={"float32": (0.0, 0.0)})
     exact_zero = LeafCheck("out", "float32", n=4, exact_l2=0.0, ref_l2=0.0, cand_l2=0.0, exact_inf=0.0, ref_inf=0.0, cand_inf=0.0)
     assert exact_zero.ratio(zero_floor) == 0.0
 

@@ -341,7 +341,7 @@ def test_buckets_are_fixed_width_in_log_speedup():
 
 def test_bucket_probabilities_softmax():
     buckets = speedup_buckets(eligible(make_pool()))
-    probs = bucket_probabilities(buckets, temperature=1.0)
+    probs = bucket_probabilities(buckets, tau=1.0)
     assert math.isclose(sum(probs.values()), 1.0)
     ordered = [probs[k] for k in buckets]
     assert ordered == sorted(ordered)  # higher buckets weigh more
@@ -367,7 +367,7 @@ def test_failed_rejected_and_unmeasured_are_never_selected(strategy):
     rng = random.Random(7)
     allowed = {f"code_{i}" for i in range(len(SPEEDUPS))}
     for _ in range(300):
-        picked = select_exemplars(make_pool(), 4, strategy, rng=rng, temperature=0.05)
+        picked = select_exemplars(make_pool(), 4, strategy, rng=rng, tau=0.05)
         assert {e.code for e in picked} <= allowed
         assert all(e.status == "ok" for e in picked)
         assert len({e.code for e in picked}) == len(picked)
@@ -395,17 +395,17 @@ def test_softmax_favours_high_buckets():
     rng = random.Random(11)
     counts: collections.Counter[str] = collections.Counter()
     for _ in range(2000):
-        (e,) = select_exemplars(pool, 1, rng=rng, temperature=0.1)
+        (e,) = select_exemplars(pool, 1, rng=rng, tau=0.1)
         counts[e.code] += 1
     assert counts["code_9"] > 0.9 * 2000  # the 4.0x bucket, alone at the top
     # with τ large the choice is close to uniform over buckets
     rng = random.Random(12)
-    hot = collections.Counter(select_exemplars(pool, 1, rng=rng, temperature=100.0)[0].code for _ in range(2000))
+    hot = collections.Counter(select_exemplars(pool, 1, rng=rng, tau=100.0)[0].code for _ in range(2000))
     assert hot["code_9"] < 0.3 * 2000
     assert hot["code_0"] + hot["code_1"] > 0.05 * 2000
     # and a moderate τ still ranks buckets by speed
     rng = random.Random(13)
-    mid = collections.Counter(select_exemplars(pool, 1, rng=rng, temperature=1.0)[0].code for _ in range(2000))
+    mid = collections.Counter(select_exemplars(pool, 1, rng=rng, tau=1.0)[0].code for _ in range(2000))
     assert mid["code_9"] > mid["code_7"] + mid["code_8"] > mid["code_3"] + mid["code_4"]
 
 
@@ -427,7 +427,7 @@ def test_unknown_strategy_and_bad_arguments():
     with pytest.raises(KeyError, match="contrastive.*random.*best"):
         select_exemplars(make_pool(), 2, "greedy", rng=random.Random(0))
     with pytest.raises(ValueError):
-        select_exemplars(make_pool(), 2, rng=random.Random(0), temperature=0.0)
+        select_exemplars(make_pool(), 2, rng=random.Random(0), tau=0.0)
     with pytest.raises(ValueError):
         select_exemplars(make_pool(), 2, rng=random.Random(0), bucket_width=-1.0)
     with pytest.raises(ValueError):

@@ -30,11 +30,11 @@ def test_fingerprint_sees_any_change_even_inside_the_config():
     assert a.fingerprint() == _spec().fingerprint() and a.fingerprint() != b.fingerprint()
     spec = _spec()
     before = spec.fingerprint()
-    spec.tolerances["float32"] = (1.0, 1.0)  # the dict inside is what a tamperer would reach for
+    spec.tolerances.limits["float32"] = (1.0, 1.0)  # the dict inside is what a tamperer would reach for
     try:
         assert spec.fingerprint() != before
     finally:
-        spec.tolerances["float32"] = TOLERANCES["strict"]["float32"]
+        spec.tolerances.limits["float32"] = TOLERANCES["strict"].limit("float32")
 
 
 def test_verdict_from_message_by_stage():

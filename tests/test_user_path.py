@@ -241,9 +241,11 @@ def test_help_has_no_rst_markup_and_states_defaults():
     for name, text in helps.items():
         assert "``" not in text and ":func:" not in text, name
     optimize = " ".join(helps["optimize"].split())
-    for default in ("(default: 3)", "(default: 4)", "(default: 0.7)", "(default: 5)", "(default: auto)"):
-        assert default in optimize, default  # rounds, samples, the LLM temperature, trials, device
+    for default in ("(default: 3)", "(default: 4)", "(default: 1.0)", "(default: 5)", "(default: auto)"):
+        assert default in optimize, default  # rounds, samples, the LLM temperature (and tau), trials, device
     assert "--tau" in optimize and "not the sampling --temperature" in optimize  # one "temperature"
+    for command in ("evaluate", "collect"):  # one sampling temperature default for every policy
+        assert "sampling temperature (default: 1.0)" in " ".join(helps[command].split()), command
 
 
 def test_report_takes_json(tmp_path, capsys):

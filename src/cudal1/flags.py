@@ -16,7 +16,7 @@ FLAGS: dict[str, str] = {
     "precision_downgrade": "the candidate changed global numeric precision settings (e.g. TF32)",
     "shape_mismatch": "output structure, shape or dtype differs from the reference",
     "nan_mismatch": "NaN/Inf positions differ from the reference",
-    "value_mismatch": "values differ beyond the tolerance table",
+    "value_mismatch": "values differ beyond the correctness rule",
     "hyperparameter_ignored": "ModelNew ignores a constructor argument that the reference uses",
     "impossible_time": "the candidate's time stayed below half of what moving its inputs and outputs once takes",
     "reference_error": "the reference task itself failed (not the candidate's fault)",

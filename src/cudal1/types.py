@@ -99,7 +99,7 @@ class Correctness:
     failing_trial: int | None = None
     detail: str = ""  # short human-readable mismatch summary (shape, dtype, values...)
     rechecked: int = 0  # timed outputs re-checked against the reference
-    rule: str = ""  # what judged the values: exact (float64 answer), fixed (tolerance table) or exact+fixed
+    rule: str = ""  # what judged the values: exact (float64 answer), fixed (per-dtype limits) or exact+fixed
     rule_note: str = ""  # why an output fell back to the fixed table ('' when none did)
     ref_err: float | None = None  # exact rule: the fp32 reference's own normwise error against float64
     cand_err: float | None = None  # exact rule: the candidate's normwise error against float64

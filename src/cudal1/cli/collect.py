@@ -18,6 +18,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cudal1.config import SAMPLING_TEMPERATURE
 from cudal1.cli.options import add_backend_flags, add_judge_flags, config_from_args, plan_from_args, UsageError
 from cudal1.cli.output import print_json, table
 from cudal1.cli.progress import progress
@@ -42,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "their records out)")
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)")
     t = p.add_argument_group("teacher sampling")
-    t.add_argument("--temperature", type=float, default=None, help="sampling temperature (default 0.7)")
+    t.add_argument("--temperature", type=float, default=None, help=f"sampling temperature (default: {SAMPLING_TEMPERATURE})")
     t.add_argument("--max-tokens", type=int, default=None, help="completion token limit")
     t.add_argument("--concurrency", type=int, default=None, help="requests in flight per teacher")
     t.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")

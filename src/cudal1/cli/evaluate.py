@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 
+from cudal1.config import SAMPLING_TEMPERATURE
 from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_endpoint, config_from_args,
                                 config_sections, early_guard, load_suite, out_dir, plan_from_args, resolve_device,
                                 run_out, UsageError)
@@ -40,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--model", default=None, help="model name at the endpoint")
     g.add_argument("--model-path", default=None, metavar="DIR", help="local model directory (what training writes) for hf or vllm")
     g.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the API key")
-    g.add_argument("--temperature", type=float, default=None, help="sampling temperature (default: the policy's, 0.7)")
+    g.add_argument("--temperature", type=float, default=None, help=f"sampling temperature (default: {SAMPLING_TEMPERATURE})")
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: 0.95)")
     g.add_argument("--max-tokens", type=int, default=None, help="completion token limit (default: 8192)")
     g.add_argument("--concurrency", type=int, default=None, help="requests in flight to the endpoint (default: 8)")

@@ -3,8 +3,9 @@
 Contract: ``compare(ref, out, tolerances, device_type, exact=None)`` returns a :class:`Mismatch`
 or ``None`` and the errors it saw.  With ``exact`` (the reference's float64 outputs) every
 floating output the exact rule can judge is judged by it (:mod:`cudal1.harness.numerics`); the
-others, and every output when ``exact`` is None, by the fixed table: errors computed in float64
-(``|out - ref|`` against ``atol + rtol * |ref|`` elementwise, per-dtype (atol, rtol)).  NaN/Inf
+others, and every output when ``exact`` is None, by the rule's per-dtype limits
+(:class:`cudal1.config.Tolerances`): errors computed in float64 (``|out - ref|`` against
+``atol + rtol * |ref|`` elementwise).  NaN/Inf
 positions must match the fp32 reference's exactly.  Integer and
 bool outputs must match exactly.  Only plain ``torch.Tensor`` objects (not subclasses, not
 meta/fake tensors) count as outputs; anything else is a ``lazy_output``.
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from cudal1.config import ExactRule, Tolerances
 from cudal1.harness.numerics import LeafCheck, exact_applies, leaf_check, within_limits
 
 # Captured before candidate code runs (see module docstring).
@@ -134,7 +136,7 @@ def _value_errors(ref: Any, out: Any, atol: float, rtol: float) -> tuple[Errors,
     return errors, n_bad, first
 
 
-def compare(ref: Any, out: Any, tolerances: dict[str, tuple[float, float]], device_type: str,
+def compare(ref: Any, out: Any, tolerances: Tolerances, device_type: str,
             exact: Any = None, limits: dict[str, tuple[float, float]] | None = None) -> tuple[Mismatch | None, Errors]:
     """Check ``out`` against ``ref`` (and ``exact``, the float64 answer, when given).  ``limits``
     (output path -> relative limits from the correctness trials, see ``LeafCheck.limits``) judges
@@ -158,13 +160,13 @@ def compare(ref: Any, out: Any, tolerances: dict[str, tuple[float, float]], devi
     return None, worst
 
 
-def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, float]], worst: Errors,
+def _compare_leaf(path: str, r: Any, o: Any, tolerances: Tolerances, worst: Errors,
                   e: Any = None, with_exact: bool = False, limit: tuple[float, float] | None = None) -> Mismatch | None:
     if not isinstance(r, _Tensor):
         if isinstance(o, _Tensor) or type(o) is not type(r):
             return Mismatch("shape_mismatch", f"{path}: got {type(o).__name__}, want {type(r).__name__}")
         if isinstance(r, float):
-            atol, rtol = tolerances.get("float32", (1e-4, 1e-4))
+            atol, rtol = tolerances.limit("float32")
             ok = (r != r and o != o) or abs(o - r) <= atol + rtol * abs(r)
         else:
             ok = o == r
@@ -192,10 +194,11 @@ def _compare_leaf(path: str, r: Any, o: Any, tolerances: dict[str, tuple[float, 
     if with_exact:
         why = exact_applies(r, e)
         if not why:
-            return _inf_mismatch(path, r, o) or _exact_leaf(path, e, r, o, tolerances, worst)
+            assert tolerances.exact is not None  # the float64 answers exist only under the exact rule
+            return _inf_mismatch(path, r, o) or _exact_leaf(path, e, r, o, tolerances.exact, worst)
         worst.fixed[path] = why
     dtype = str(r.dtype).replace("torch.", "")
-    atol, rtol = tolerances.get(dtype, (1e-4, 1e-4))
+    atol, rtol = tolerances.limit(dtype)
     errors, n_bad, first = _value_errors(r, o, atol, rtol)
     worst.max_abs = max(worst.max_abs, errors.max_abs)
     worst.max_rel = max(worst.max_rel, errors.max_rel)
@@ -222,15 +225,15 @@ def _inf_mismatch(path: str, r: Any, o: Any) -> Mismatch | None:
     return Mismatch("nan_mismatch", f"{path}: Inf positions differ at {n} elements") if n else None
 
 
-def _exact_leaf(path: str, e: Any, r: Any, o: Any, table: dict[str, tuple[float, float]], worst: Errors) -> Mismatch | None:
+def _exact_leaf(path: str, e: Any, r: Any, o: Any, rule: ExactRule, worst: Errors) -> Mismatch | None:
     check = leaf_check(path, e, r, o)
     worst.exact.append(check)
-    d = check.summary(table)
+    d = check.summary(rule)
     scale = check.exact_l2 or 1.0
     worst.max_abs = max(worst.max_abs, check.cand_inf)
     worst.max_rel = max(worst.max_rel, check.cand_l2 / scale)
-    if check.ratio(table) > 1.0:
-        b2, binf = check.bounds(table)
+    if check.ratio(rule) > 1.0:
+        b2, binf = check.bounds(rule)
         return Mismatch(
             "value_mismatch",
             f"{path}: error against the float64 answer exceeds the bound: normwise {d['cand_err']:.3g} "

@@ -22,8 +22,7 @@ finite (NaN/Inf positions are compared exactly, as before):
   (a tile-boundary bug) cannot hide inside a large tensor's norm.  Scaled by the largest
   ``|E|``, not by each element's own magnitude, for the same cancellation reason.
 
-Constants (held by the audit hook's table, keys ``@exact`` and ``@floor:<dtype>``):
-``FACTOR = 16``: two honest roundings of one value differ by small factors (measured: matrix
+Constants (:class:`cudal1.config.ExactRule`, the job's rule): ``factor = 16``: two honest roundings of one value differ by small factors (measured: matrix
 chains, summation orders and fused kernels stay within 4x), while precision damage is 30x and
 more (TF32 matmuls, bf16 sums, an output scaled by 1.0005).  ``floor_rel`` (fp32 1e-5, fp16 2e-3,
 bf16 1.6e-2) covers programs whose reference happens to be exact (elementwise ops) and honest
@@ -47,6 +46,7 @@ from typing import Any
 
 import torch
 
+from cudal1.config import ExactRule
 from cudal1.harness.faults import is_out_of_memory
 
 # Captured before candidate code runs (the same reason as in compare.py).
@@ -63,15 +63,6 @@ _CHUNK = 1 << 24  # elements per float64 chunk: bounds temporary memory
 
 EXACT_DTYPES = ("float32", "float16", "bfloat16")  # output dtypes the exact rule judges
 
-# Defaults of the rule (the job's table may override them; see config.TOLERANCES["exact"]).
-FACTOR = 16.0
-FLOORS: dict[str, tuple[float, float]] = {  # dtype -> (floor relative to |E|, absolute floor per element)
-    "float32": (1e-5, 1e-8),
-    "float16": (2e-3, 1e-5),
-    "bfloat16": (1.6e-2, 1e-4),
-}
-
-
 @dataclass
 class LeafCheck:
     """One output tensor of one trial under the exact rule (absolute norms, float64)."""
@@ -86,33 +77,32 @@ class LeafCheck:
     ref_inf: float
     cand_inf: float
 
-    def bounds(self, table: dict[str, tuple[float, float]]) -> tuple[float, float]:
-        """(l2 bound, l-inf bound) under ``table``'s constants."""
-        factor = table.get("@exact", (FACTOR, 0.0))[0]
-        floor_rel, atol = table.get(f"@floor:{self.dtype}", FLOORS.get(self.dtype, FLOORS["float32"]))
-        l2 = max(factor * self.ref_l2, floor_rel * self.exact_l2, atol * math.sqrt(max(self.n, 1)))
-        inf = max(factor * self.ref_inf, floor_rel * self.exact_inf, atol)
+    def bounds(self, rule: ExactRule) -> tuple[float, float]:
+        """(l2 bound, l-inf bound) under ``rule``'s constants."""
+        floor_rel, atol = rule.floor(self.dtype)
+        l2 = max(rule.factor * self.ref_l2, floor_rel * self.exact_l2, atol * math.sqrt(max(self.n, 1)))
+        inf = max(rule.factor * self.ref_inf, floor_rel * self.exact_inf, atol)
         return l2, inf
 
-    def ratio(self, table: dict[str, tuple[float, float]]) -> float:
+    def ratio(self, rule: ExactRule) -> float:
         """max(cand_l2 / bound_l2, cand_inf / bound_inf): above 1 fails."""
-        b2, binf = self.bounds(table)
+        b2, binf = self.bounds(rule)
         ratios = [self.cand_l2 / b2 if b2 > 0 else (math.inf if self.cand_l2 > 0 else 0.0),
                   self.cand_inf / binf if binf > 0 else (math.inf if self.cand_inf > 0 else 0.0)]
         return math.inf if any(math.isnan(r) for r in ratios) else max(ratios)  # NaN never passes
 
-    def summary(self, table: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    def summary(self, rule: ExactRule) -> dict[str, Any]:
         """The correctness block's numbers: normwise relative errors and bound."""
-        b2, _ = self.bounds(table)
+        b2, _ = self.bounds(rule)
         scale = self.exact_l2 if self.exact_l2 > 0 else 1.0
         return {"ref_err": self.ref_l2 / scale, "cand_err": self.cand_l2 / scale, "bound": b2 / scale,
-                "worst_ratio": self.ratio(table), "output": self.path}
+                "worst_ratio": self.ratio(rule), "output": self.path}
 
-    def limits(self, table: dict[str, tuple[float, float]]) -> tuple[float, float]:
+    def limits(self, rule: ExactRule) -> tuple[float, float]:
         """How far a correct output may be from the *fp32 reference* (no float64 needed), relative
         to |exact|: by the triangle inequality |C - R| <= |C - E| + |R - E| <= bound + ref_err.
         Used to re-check timed outputs against the reference on their own fresh inputs."""
-        b2, binf = self.bounds(table)
+        b2, binf = self.bounds(rule)
         return ((b2 + self.ref_l2) / self.exact_l2 if self.exact_l2 > 0 else math.inf,
                 (binf + self.ref_inf) / self.exact_inf if self.exact_inf > 0 else math.inf)
 

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.config import EvalConfig
+from cudal1.config import EvalConfig, Tolerances
 
 MODES = ("eval", "build", "baseline")
 
@@ -72,7 +72,7 @@ class WorkerSpec:
     mode: str  # eval (the full protocol) | build (import only, no GPU) | baseline (reference vs wrapped copy)
     device: str  # cpu | cuda (the worker sees one GPU, index 0)
     config: EvalConfig
-    tolerances: dict[str, tuple[float, float]]  # the correctness table
+    tolerances: Tolerances  # the correctness rule
     input_seed: int  # secret per-batch seed of every input the worker draws
     reference_path: str
     reference_module: str

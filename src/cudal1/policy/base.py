@@ -31,7 +31,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from cudal1.config import Config, ConfigError
+from cudal1.config import SAMPLING_TEMPERATURE, Config, ConfigError
 from cudal1.types import Completion, Prompt
 
 
@@ -113,7 +113,7 @@ class PolicyConfig(Config):
     model: str = ""  # model name sent to the endpoint; "" = the server's first listed model
     api_key_env: str = "OPENAI_API_KEY"  # name of the env var holding the API key
     api_key: str = field(default="", repr=False)  # explicit key (overrides api_key_env); never logged
-    temperature: float = 0.7  # sampling temperature; 0 = greedy (hf) / server-side greedy
+    temperature: float = SAMPLING_TEMPERATURE  # sampling temperature; 0 = greedy (hf) / server-side greedy
     top_p: float = 0.95  # nucleus sampling mass
     max_tokens: int = 8192  # maximum new tokens per completion
     n: int = 1  # samples per prompt when generate() is called without n

@@ -1,7 +1,8 @@
 """The contrastive prompt: exemplar selection, prompt rendering and response parsing.
 
 * :func:`select_exemplars` / :func:`failed_feedback` (:mod:`.select`) choose what a prompt shows
-  from a task's candidate pool (CUDA-L1's bucketed softmax sampling, plus ``random``/``best``).
+  from a task's candidate pool (CUDA-L1's bucketed softmax sampling, plus ``random``/``best``);
+  :func:`contrastive_prompt` builds the prompt from a pool, for the optimizer and GRPO alike.
 * :func:`build_prompt` (:mod:`.build`) renders a versioned template (package data under
   ``templates/``) into a :class:`cudal1.types.Prompt`.
 * :func:`parse_response` (:mod:`.parse`) splits an answer into analysis, design and ``ModelNew``
@@ -27,6 +28,7 @@ from cudal1.prompts.select import (
     DEFAULT_BUCKET_WIDTH,
     STRATEGIES,
     bucket_probabilities,
+    contrastive_prompt,
     eligible,
     failed_feedback,
     select_exemplars,
@@ -43,6 +45,7 @@ __all__ = [
     "bucket_probabilities",
     "build_prompt",
     "check_analysis",
+    "contrastive_prompt",
     "eligible",
     "exemplar_hash",
     "failed_feedback",

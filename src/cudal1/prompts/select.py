@@ -43,7 +43,8 @@ import math
 import random
 from typing import Callable
 
-from cudal1.types import Exemplar
+from cudal1.prompts.compose import DEFAULT_TEMPLATE, build_prompt
+from cudal1.types import Exemplar, Prompt, Task
 
 DEFAULT_BUCKET_WIDTH = math.log(1.1)
 
@@ -79,7 +80,7 @@ def speedup_buckets(
 
 
 def bucket_probabilities(
-    buckets: dict[int, list[Exemplar]], temperature: float = 1.0
+    buckets: dict[int, list[Exemplar]], tau: float = 1.0
 ) -> dict[int, float]:
     """First-draw probabilities softmax((mean log-speedup of bucket − global mean) / τ)."""
     all_logs = [math.log(e.speedup) for members in buckets.values() for e in members]  # type: ignore[arg-type]
@@ -87,7 +88,7 @@ def bucket_probabilities(
         return {}
     global_mean = sum(all_logs) / len(all_logs)
     scores = {
-        k: (sum(math.log(e.speedup) for e in m) / len(m) - global_mean) / temperature  # type: ignore[arg-type]
+        k: (sum(math.log(e.speedup) for e in m) / len(m) - global_mean) / tau  # type: ignore[arg-type]
         for k, m in buckets.items()
     }
     top = max(scores.values())
@@ -107,12 +108,12 @@ def _weighted_draw(weights: dict[int, float], rng: random.Random) -> int:
     return keys[-1]  # rounding at the top end
 
 
-def _contrastive(cands: list[Exemplar], n: int, rng: random.Random, temperature: float, width: float) -> list[Exemplar]:
+def _contrastive(cands: list[Exemplar], n: int, rng: random.Random, tau: float, width: float) -> list[Exemplar]:
     buckets = speedup_buckets(cands, width)
     if len(buckets) <= n:
         chosen = list(buckets)
     else:
-        probs = bucket_probabilities(buckets, temperature)
+        probs = bucket_probabilities(buckets, tau)
         chosen = []
         for _ in range(n):  # without replacement: renormalise over the buckets left
             k = _weighted_draw(probs, rng)
@@ -121,11 +122,11 @@ def _contrastive(cands: list[Exemplar], n: int, rng: random.Random, temperature:
     return [rng.choice(buckets[k]) for k in chosen]
 
 
-def _random(cands: list[Exemplar], n: int, rng: random.Random, temperature: float, width: float) -> list[Exemplar]:
+def _random(cands: list[Exemplar], n: int, rng: random.Random, tau: float, width: float) -> list[Exemplar]:
     return rng.sample(cands, min(n, len(cands)))
 
 
-def _best(cands: list[Exemplar], n: int, rng: random.Random, temperature: float, width: float) -> list[Exemplar]:
+def _best(cands: list[Exemplar], n: int, rng: random.Random, tau: float, width: float) -> list[Exemplar]:
     order = sorted(range(len(cands)), key=lambda i: (cands[i].speedup, i), reverse=True)
     return [cands[i] for i in order[:n]]
 
@@ -140,7 +141,7 @@ def select_exemplars(
     strategy: str = "contrastive",
     *,
     rng: random.Random,
-    temperature: float = 1.0,
+    tau: float = 1.0,
     bucket_width: float = DEFAULT_BUCKET_WIDTH,
 ) -> list[Exemplar]:
     """Up to ``n`` distinct eligible exemplars from ``pool`` by ``strategy`` (see module
@@ -150,14 +151,14 @@ def select_exemplars(
         raise KeyError(f"unknown exemplar strategy {strategy!r}; known strategies: {', '.join(STRATEGIES)}")
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
-    if not temperature > 0:
-        raise ValueError(f"temperature must be > 0, got {temperature}")
+    if not tau > 0:
+        raise ValueError(f"tau must be > 0, got {tau}")
     if not bucket_width > 0:
         raise ValueError(f"bucket_width must be > 0, got {bucket_width}")
     cands = eligible(pool)
     if n == 0 or not cands:
         return []
-    picked = STRATEGIES[strategy](cands, n, rng, temperature, bucket_width)
+    picked = STRATEGIES[strategy](cands, n, rng, tau, bucket_width)
     return sorted(picked, key=lambda e: e.speedup)  # type: ignore[arg-type, return-value]
 
 
@@ -187,3 +188,16 @@ def failed_feedback(
     recent = sorted(latest.values())[-window:] if window > 0 else []
     picked = sorted(rng.sample(recent, min(k, len(recent))))
     return [pool[i] for i in picked]
+
+
+def contrastive_prompt(task: Task, ok: list[Exemplar], failed: list[Exemplar], hardware: str, *, exemplars: int,
+                       strategy: str, tau: float, feedback: bool, rng: random.Random,
+                       template: str = DEFAULT_TEMPLATE) -> Prompt:
+    """The contrastive prompt of ``task`` from its pool (``ok``: measured candidates, ``failed``:
+    failed ones with the judge's feedback), as the optimizer and GRPO both build it: ``exemplars``
+    measured programs drawn by ``strategy`` (softmax temperature ``tau`` over speedup buckets),
+    and with ``feedback`` one recent failure and why it failed (:func:`failed_feedback`)."""
+    shown = select_exemplars(ok, exemplars, strategy, rng=rng, tau=tau)
+    if feedback and failed:
+        shown = list(failed_feedback(failed, 1, rng)) + list(shown)
+    return build_prompt(task, shown, hardware, feedback=feedback, template=template)

@@ -114,7 +114,7 @@ class Search:
         return max(self.cfg.samples - answered, 0)
 
     def prompts_for(self, task: Task, round_: int, k: int) -> list[PoolPrompt]:
-        from cudal1.prompts import build_prompt, failed_feedback, select_exemplars
+        from cudal1.prompts import contrastive_prompt
 
         pool = self.judge.pool(task)
         anchor = reference_candidate(task).hash
@@ -123,10 +123,9 @@ class Search:
         rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
         prompts = []
         for _ in range(k):
-            shown = select_exemplars(pool.ok, self.cfg.exemplars, self.cfg.strategy, rng=rng, temperature=self.cfg.tau)
-            if self.cfg.feedback and pool.failed:
-                shown = list(failed_feedback(pool.failed, 1, rng)) + list(shown)
-            prompt = build_prompt(task, shown, self.judge.hardware, feedback=self.cfg.feedback, template=self.cfg.template)
+            prompt = contrastive_prompt(task, pool.ok, pool.failed, self.judge.hardware, exemplars=self.cfg.exemplars,
+                                        strategy=self.cfg.strategy, tau=self.cfg.tau, feedback=self.cfg.feedback, rng=rng,
+                                        template=self.cfg.template)
             prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries))
         return prompts
 

@@ -30,7 +30,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from cudal1.config import Config, ConfigError, read_config_file
+from cudal1.config import SAMPLING_TEMPERATURE, Config, ConfigError, read_config_file
 from cudal1.train.reward import RewardConfig
 
 
@@ -86,7 +86,7 @@ class SSLConfig(Config):
 
     rounds: int = 3  # generate → judge → fine-tune cycles
     samples: int = 8  # programs generated per task per round
-    temperature: float = 1.0  # sampling temperature
+    temperature: float = SAMPLING_TEMPERATURE  # sampling temperature
     top_p: float = 0.95
     max_new_tokens: int = 4096  # completion token limit
     batch_size: int = 8  # prompts per generation batch (transformers backend)
@@ -119,13 +119,13 @@ class GRPOConfig(Config):
     num_iterations: int = 1  # optimisation passes per generated batch (TRL mu)
     loss_type: str = "dapo"  # TRL loss aggregation: grpo | dr_grpo | dapo | bnpo ...
     scale_rewards: str = "group"  # TRL advantage scaling: group | batch | none
-    temperature: float = 1.0  # sampling temperature of the rollouts
+    temperature: float = SAMPLING_TEMPERATURE  # sampling temperature of the rollouts
     top_p: float = 1.0
     max_completion_length: int = 4096  # tokens per rollout
     gradient_accumulation_steps: int = 1
     exemplars: int = 2  # measured exemplars per contrastive prompt (drawn from the run store)
     strategy: str = "contrastive"  # exemplar selection: contrastive | random | best
-    tau: float = 1.0  # softmax temperature over speedup buckets
+    tau: float = 1.0  # exemplar selection: softmax temperature over speedup buckets (not the sampling temperature)
     feedback: bool = False  # also show one failed attempt with the judge's message
     reward: RewardConfig = field(default_factory=RewardConfig)
     use_vllm: bool = False  # generate with vLLM (TRL colocate or server mode)

@@ -2,9 +2,9 @@
 
 Contract: :class:`ContrastivePrompts` renders a task's prompt from its *current* pool of judged
 programs (the reference anchor and every rollout judged so far, under the run's judge config),
-with the optimizer's exemplar selection (:func:`cudal1.prompts.select_exemplars`) and prompt
-builder — so the exemplars improve as training finds faster code.  :meth:`dataset` returns a
-``datasets.Dataset`` of task ids whose ``prompt`` column is computed on access (``set_transform``);
+with the optimizer's prompt builder (:func:`cudal1.prompts.contrastive_prompt`) — so the
+exemplars improve as training finds faster code.  :meth:`dataset` returns a ``datasets.Dataset``
+of task ids whose ``prompt`` column is computed on access (``set_transform``);
 TRL's sampler repeats each row ``group_size`` times within one fetch, and every repetition of a
 task within that fetch gets the same prompt, so a GRPO group shares its prompt.  The exemplar draw
 is seeded by the run seed, the task, the pool's size and the fetch number: every fetch draws
@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from cudal1.prompts import build_prompt, failed_feedback, select_exemplars
+from cudal1.prompts import contrastive_prompt
 from cudal1.train.judging import RolloutJudge
 from cudal1.types import Prompt, Task
 
@@ -45,10 +45,8 @@ class ContrastivePrompts:
         fetch (and each state of the pool), the same on every rank that fetches the same task."""
         ok, failed = self.judge.pool(task)
         rng = random.Random(f"{self.seed}:{task.hash}:{len(ok)}:{len(failed)}:{fetch}")
-        shown = select_exemplars(ok, self.exemplars, self.strategy, rng=rng, temperature=self.tau)
-        if self.feedback and failed:
-            shown = list(failed_feedback(failed, 1, rng)) + list(shown)
-        prompt = build_prompt(task, shown, self.hardware, feedback=self.feedback)
+        prompt = contrastive_prompt(task, ok, failed, self.hardware, exemplars=self.exemplars, strategy=self.strategy,
+                                    tau=self.tau, feedback=self.feedback, rng=rng)
         if len(self.issued) > 4096:  # bounded: only the recent ones are looked up
             self.issued.clear()
         self.issued[(task.task_id, prompt.user)] = prompt

@@ -33,6 +33,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from cudal1.config import SAMPLING_TEMPERATURE
 from cudal1.types import Completion, Prompt
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class GenerationSettings:
     """What offline generation needs (from ``SSLConfig`` or ``evaluate``'s flags)."""
 
     backend: str = "auto"  # auto (vLLM when installed) | vllm | transformers
-    temperature: float = 1.0
+    temperature: float = SAMPLING_TEMPERATURE
     top_p: float = 0.95
     max_new_tokens: int = 4096
     batch_size: int = 8  # transformers: prompts per generate() batch

@@ -111,7 +111,7 @@ class Evaluator:
 
     def _specs(self, job: Job, workdir: Path, device: str, gpu: int | None, mode: str) -> tuple[WorkerSpec | None, CandidateSpec]:
         """The job's two specs: the clean reference worker's (None for a pre-build) and the
-        candidate's process's (no input seed, no tolerance table)."""
+        candidate's process's (no input seed, no correctness rule)."""
         task, cand = job.task, job.candidate
         ref_path = workdir / f"ref_{task.hash[:12]}.py"
         ref_path.write_text(task.source)
@@ -171,7 +171,7 @@ class Evaluator:
             candidate_path=None,
             candidate_module=None,
             baseline_mode=job.baseline_mode,
-            exact_cache=self.exact_cache(task, device) if "@exact" in tolerances else None,
+            exact_cache=self.exact_cache(task, device) if tolerances.exact is not None else None,
             cwd=str(workdir),
             gpu_lease=lease_path(self.plan.device, gpu, self.config.workers_per_gpu, self.cache_root),
             slot_dir=str(slot_dir),

@@ -410,16 +410,16 @@ def verdict_problem(spec: WorkerSpec, phases: list[str], data: dict[str, Any]) -
     timing = data.get("timing") if isinstance(data.get("timing"), dict) else {}
     if not timing.get("cand") or len(timing.get("cand", [])) != len(timing.get("ref", [])):
         return "no timed calls reported"
-    tolerances = spec.tolerances
+    rule = spec.tolerances
     for dtype, record in (corr.get("exact_checks") or {}).items():
-        if "@exact" not in tolerances:
-            return "the worker judged with the exact rule, which this job's table does not hold"
+        if rule.exact is None:
+            return "the worker judged with the exact rule, which this job's rule does not hold"
         check = LeafCheck.from_record(dtype, record)
-        if check.ratio(tolerances) > 1 + 1e-9:
+        if check.ratio(rule.exact) > 1 + 1e-9:
             return (f"a {dtype} error of {check.cand_l2:.3g} (normwise, worst element {check.cand_inf:.3g}) "
-                    f"exceeds the exact rule's bound {check.bounds(tolerances)}")
+                    f"exceeds the exact rule's bound {check.bounds(rule.exact)}")
     for dtype, (max_abs, max_ref) in (corr.get("by_dtype") or {}).items():
-        atol, rtol = tolerances.get(dtype, (1e-4, 1e-4))
+        atol, rtol = rule.limit(dtype)
         bound = (float(atol) + float(rtol) * float(max_ref)) * (1 + 1e-9)
         if float(max_abs) > bound:
             return (f"a {dtype} error of {float(max_abs):.3g} exceeds the judge's tolerance "

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cudal1.config import EvalConfig
+from cudal1.config import EvalConfig, Tolerances
 from cudal1.harness import compare as cmp
 from cudal1.harness import window
 from cudal1.harness.reference.hostload import BlockLoad, WindowWaits
@@ -115,13 +115,14 @@ class Measurement:
             est["cand"].append(ms)
             if not link.inputs_intact(inputs):
                 raise Verdict("rejected", f"trial {i}: the input slots were written", "input_mutation", correctness=corr)
-            table = self.tolerances()
-            mismatch, errors = compare_described(ref_out, cand_out, table, self.device.type, exact)
+            rule = self.spec.tolerances
+            mismatch, errors = compare_described(ref_out, cand_out, rule, self.device.type, exact)
             del exact
-            record_rule(corr, errors, table, self.exact)
+            record_rule(corr, errors, rule, self.exact)
             for check in errors.exact:
+                assert rule.exact is not None  # checks against the float64 answer come from the exact rule
                 old = self.recheck_limits.get(check.path, (0.0, 0.0))
-                new = check.limits(table)
+                new = check.limits(rule.exact)
                 self.recheck_limits[check.path] = (max(old[0], new[0]), max(old[1], new[1]))
             corr["max_abs_error"] = max(corr["max_abs_error"], errors.max_abs)
             corr["max_rel_error"] = max(corr["max_rel_error"], errors.max_rel)
@@ -138,7 +139,7 @@ class Measurement:
 
     def exact_reference(self, ref_model: Any) -> ExactReference | None:
         """The float64 twin of the reference (same initialisation), when the rule is ``exact``."""
-        if "@exact" not in self.tolerances():
+        if self.spec.tolerances.exact is None:
             return None
         return ExactReference(ref_model, self.device, shared=self.cfg.workers_per_gpu > 1)
 
@@ -252,7 +253,7 @@ class Measurement:
 
     def recheck(self, where: str, ref_out: Any, out: Any) -> None:
         """A timed output must match the reference's output on that call's own fresh inputs."""
-        mismatch, _ = compare_described(ref_out, out, self.tolerances(), self.device.type, limits=self.recheck_limits)
+        mismatch, _ = compare_described(ref_out, out, self.spec.tolerances, self.device.type, limits=self.recheck_limits)
         if mismatch is None:
             return
         if mismatch.flag == "lazy_output":
@@ -422,7 +423,7 @@ def _replace_tensors(tree: Any, fresh: Any) -> Any:
     return tree
 
 
-def compare_described(ref_out: Any, out: Any, table: dict[str, tuple[float, float]], device_type: str,
+def compare_described(ref_out: Any, out: Any, rule: Tolerances, device_type: str,
                       exact: Any = None, limits: dict[str, tuple[float, float]] | None = None) -> tuple[Any, Any]:
     """:func:`cudal1.harness.compare.compare`, after the leaves the candidate's process could only
     describe (:class:`~cudal1.harness.wire.Described`) are judged from their description."""
@@ -434,7 +435,7 @@ def compare_described(ref_out: Any, out: Any, table: dict[str, tuple[float, floa
             want = dict(ref_leaves).get(path)
             flag, detail = leaf.problem(device_type, want)
             return cmp.Mismatch(flag, f"{path}: {detail}"), cmp.Errors()
-    return cmp.compare(ref_out, out, table, device_type, exact=exact, limits=limits)
+    return cmp.compare(ref_out, out, rule, device_type, exact=exact, limits=limits)
 
 
 _STALE_REL = 0.25  # normwise difference from the reference that no rounding produces
@@ -459,18 +460,19 @@ def stale(ref_out: Any, out: Any) -> bool:
     return False
 
 
-def record_rule(corr: dict[str, Any], errors: Any, table: dict[str, tuple[float, float]], exact: Any) -> None:
+def record_rule(corr: dict[str, Any], errors: Any, rule: Tolerances, exact: Any) -> None:
     """Fold one trial's errors into the correctness block: which rule judged, the tightest
     exact-rule check per dtype (the parent re-checks it with its own constants) and the
     numbers people read (``ref_err``, ``cand_err``, ``bound``: normwise, relative to |exact|)."""
     for check in errors.exact:
+        assert rule.exact is not None  # checks against the float64 answer come from the exact rule
         seen = corr["exact_checks"].get(check.dtype)
-        if seen is None or check.ratio(table) > LeafCheck.from_record(check.dtype, seen).ratio(table):
+        if seen is None or check.ratio(rule.exact) > LeafCheck.from_record(check.dtype, seen).ratio(rule.exact):
             corr["exact_checks"][check.dtype] = check.record()
-        if check.ratio(table) >= corr.get("worst_ratio", -1.0):
-            corr.update(check.summary(table))
+        if check.ratio(rule.exact) >= corr.get("worst_ratio", -1.0):
+            corr.update(check.summary(rule.exact))
     corr["fixed_outputs"].update(errors.fixed)
-    if "@exact" in table and corr["exact_checks"]:
+    if rule.exact is not None and corr["exact_checks"]:
         corr["rule"] = "exact+fixed" if corr["fixed_outputs"] or corr["by_dtype"] or errors.by_dtype else "exact"
     else:
         corr["rule"] = "fixed"

@@ -153,8 +153,6 @@ class RefWorker(Measurement):
             data["slots"] = self.link.transport()
         self.sender.send("result", status=status, message=message, flags=flags, t=time.time(), **data)
 
-    def tolerances(self) -> dict[str, tuple[float, float]]:
-        return self.spec.tolerances
 
     # ---- phases -----------------------------------------------------------------------------
     def setup(self) -> None:
