@@ -290,3 +290,29 @@ def test_hf_policy_left_padding_keeps_greedy_output(tiny_model_dir):
     [[alone]] = policy.generate([short])
     [[batched], _] = policy.generate([short, long])
     assert alone.text == batched.text and alone.usage == batched.usage
+
+
+def test_make_policy_checks_every_policy_before_building_it(monkeypatch):
+    """One place validates: the CLI's commands and library callers get the same one-line errors."""
+    from cudal1.policy import PolicyError, policy_problem
+
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    monkeypatch.delenv("NO_KEY_HERE", raising=False)
+    for name, options, says in [("vllm", {}, "--model-path"), ("hf", {}, "--model-path"), ("replay", {}, "--replay"),
+                                ("hf", {"model_path": "m", "passes": ["algebraic"]}, "--passes applies"),
+                                ("hf", {"model_path": "m", "tensor_parallel_size": 2}, "--tensor-parallel-size applies"),
+                                ("openai", {"api_key_env": "NO_KEY_HERE"}, "--base-url")]:
+        with pytest.raises(PolicyError, match=says):
+            make_policy(name, **options)
+    assert POLICIES["vllm"] == "cudal1.policy.vllm_policy:VLLMPolicy"  # vLLM is a registered policy like the rest
+    assert policy_problem(PolicyConfig(name="vllm", model_path="m", tensor_parallel_size=2)) == ""
+    assert policy_problem(PolicyConfig(name="builtin", passes=["algebraic"])) == ""
+
+
+def test_make_policy_builds_the_builtin_policy_from_its_config():
+    from cudal1.policy.builtin import BuiltinPolicy
+
+    policy = make_policy("builtin", PolicyConfig(device="cpu", passes=["algebraic"]))
+    assert isinstance(policy, BuiltinPolicy) and policy.device == "cpu" and policy.passes == ["algebraic"]
+    with pytest.raises(ValueError, match="nope"):
+        make_policy("builtin", passes=["nope"])

@@ -40,7 +40,7 @@ def test_core_imports_and_cli_explains_without_ray(tmp_path):
                           env=os.environ | {"PYTHONPATH": str(REPO / "src")})
     assert proc.returncode == 2, proc.stderr
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and "pip install 'cudal1[distributed]'" in lines[0], proc.stderr
+    assert len(lines) == 1 and 'pip install "cudal1[distributed]"' in lines[0], proc.stderr
 
 
 ray = pytest.importorskip("ray")

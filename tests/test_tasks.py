@@ -411,12 +411,16 @@ def test_resolve_suite_falls_back_to_hf(monkeypatch: pytest.MonkeyPatch) -> None
 # --- Hugging Face --------------------------------------------------------------------------
 
 
-def test_load_task_hf_without_datasets(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_task_hf_without_datasets(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> None:
+    from cudal1 import extras
+
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == "datasets" else real(name, *a)
     )
-    with pytest.raises(TaskError, match=r"install cudal1\[hf\]"):
+    extras.is_available.cache_clear()  # probes are cached per process: ask again, and forget the answers after
+    request.addfinalizer(extras.is_available.cache_clear)
+    with pytest.raises(extras.MissingExtra, match=r'pip install "cudal1\[hf\]"'):
         load_task_hf("ScalingIntelligence/KernelBench", level=1)
 
 

@@ -1,5 +1,5 @@
 """Unit tier: how offline generation (self-supervised rounds, evaluation) splits its work over
-training processes and picks its engine (cudal1.train.generation)."""
+training processes and picks its engine (cudal1.train.generation, cudal1.policy.vllm_policy)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,8 @@ def test_engine_choice():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
 def test_without_vllm_auto_means_transformers_and_vllm_is_refused():
+    from cudal1.extras import MissingExtra
+
     assert not use_vllm("auto")
-    with pytest.raises(ValueError, match="pip install vllm"):
+    with pytest.raises(MissingExtra, match="pip install vllm"):
         use_vllm("vllm")

@@ -4,7 +4,7 @@
   trainer the engine it builds — ``vllm.LLM`` in colocate mode (tensor-parallel size, memory share,
   context length), ``VLLMClient`` in server mode (the server's host and port) — replaced by
   recording fakes in ``trl.generation.vllm_generation``.
-* Offline generation (``cudal1.train.generation``: ``train ssl``, ``evaluate --policy vllm``):
+* Offline generation (``cudal1.policy.vllm_policy``: ``train ssl``, ``evaluate --policy vllm``):
   ``VLLMEngine`` against the fake ``vllm`` package in ``tests/fake_vllm`` (alone, and as one of an
   engine group of ranks); then both commands end to end in a process of their own with that
   package first on the path: what the engine was given, what it answered, what was judged.
@@ -103,10 +103,14 @@ def test_trls_trainer_hands_the_settings_to_the_engine(tmp_path, trl_engine_fake
 @pytest.fixture
 def fake_vllm(monkeypatch, tmp_path):
     """The fake ``vllm`` package importable in this process (forgotten after the test); its log."""
+    from cudal1 import extras
+
     monkeypatch.syspath_prepend(str(FAKE))
+    extras.is_available.cache_clear()  # probes are cached per process: ask again, and forget the answers after
     log = tmp_path / "vllm.jsonl"
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     yield log
+    extras.is_available.cache_clear()
     for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         del sys.modules[name]
 
@@ -117,7 +121,7 @@ def _events(log: Path) -> list[dict]:
 
 def test_offline_engine_gets_every_setting_alone_and_in_an_engine_group(fake_vllm):
     from cudal1.prompts import build_prompt
-    from cudal1.train.generation import GenerationSettings, VLLMEngine, use_vllm
+    from cudal1.policy.vllm_policy import GenerationSettings, VLLMEngine, use_vllm
 
     assert use_vllm("auto") and use_vllm("vllm")  # installed (the fake): auto means vLLM
     settings = GenerationSettings(backend="vllm", temperature=0.6, top_p=0.8, max_new_tokens=777, tensor_parallel_size=4,

@@ -30,7 +30,6 @@ neither.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import os
 import re
@@ -236,9 +235,9 @@ def load_task_hf(dataset_name: str, level: int | None = None) -> list[Task]:
 
     Needs the optional ``datasets`` package and network access or a warm HF cache.
     """
-    if importlib.util.find_spec("datasets") is None:
-        raise TaskError(f"loading {dataset_name!r} needs the 'datasets' package: "
-                        "pip install cudal1[hf]")
+    from cudal1.extras import require
+
+    require(f"loading {dataset_name!r}", "datasets", extra="hf")
     offline = not _hub_reachable()
     if offline:  # read the local cache only, instead of minutes of retried requests
         os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"

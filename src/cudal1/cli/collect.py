@@ -108,10 +108,9 @@ def _tasks(args: argparse.Namespace):
 
 
 def _require_openai() -> None:
-    import importlib.util
+    from cudal1.extras import require
 
-    if importlib.util.find_spec("openai") is None:
-        raise UsageError('collect from teachers needs the openai package: pip install "cudal1[llm]"')
+    require("collect from teachers", "openai", extra="llm")
 
 
 def _policy_options(args: argparse.Namespace) -> dict:

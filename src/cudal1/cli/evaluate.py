@@ -18,7 +18,7 @@ import argparse
 import os
 
 from cudal1.config import SAMPLING_TEMPERATURE
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_endpoint, config_from_args,
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_policy, config_from_args,
                                 config_sections, early_guard, load_suite, out_dir, plan_from_args, resolve_device,
                                 run_out, UsageError)
 from cudal1.cli.output import print_json, retry_warning, table
@@ -63,36 +63,19 @@ def policy_config(args: argparse.Namespace):
     name = args.policy or base.name or ("openai" if (args.base_url or base.base_url) else "hf" if args.model_path else None)
     if name not in POLICIES:
         raise UsageError("evaluate needs a model: --base-url URL --model NAME, or --policy hf|vllm --model-path DIR")
-    # PolicyConfig knows the policy registry's names; offline vLLM is built here (train.generation)
-    return base.replace(name="" if name == "vllm" else name, base_url=args.base_url or os.environ.get("CUDAL1_BASE_URL"), model=args.model,
+    return base.replace(name=name, base_url=args.base_url or os.environ.get("CUDAL1_BASE_URL"), model=args.model,
                         model_path=args.model_path, api_key_env=args.api_key_env, temperature=args.temperature,
-                        top_p=args.top_p, max_tokens=args.max_tokens, concurrency=args.concurrency, seed=args.sample_seed)
+                        top_p=args.top_p, max_tokens=args.max_tokens, concurrency=args.concurrency, seed=args.sample_seed,
+                        tensor_parallel_size=args.tensor_parallel_size)
 
 
-def policy_name(args: argparse.Namespace, cfg) -> str:
-    return "vllm" if args.policy == "vllm" else cfg.name
+def make_policy(cfg):
+    """The policy ``cfg`` names (:func:`cudal1.policy.make_policy`), or a one-line usage error."""
+    from cudal1.policy import make_policy as make
 
-
-def make_policy(cfg, args: argparse.Namespace):
-    """The policy ``cfg`` names (one usage error when it cannot be built)."""
-    name = policy_name(args, cfg)
-    if name in ("hf", "vllm") and not cfg.model_path:
-        raise UsageError(f"--policy {name} needs --model-path DIR")
-    if name == "openai" and not (cfg.base_url or os.environ.get("OPENAI_BASE_URL")):
-        raise UsageError("--policy openai needs --base-url (or $CUDAL1_BASE_URL)")
-    if args.tensor_parallel_size is not None and name != "vllm":
-        raise UsageError("--tensor-parallel-size applies to --policy vllm only")
     try:
-        if name == "vllm":
-            from cudal1.train.generation import GenerationSettings, VLLMPolicy
-
-            settings = GenerationSettings(backend="vllm", temperature=cfg.temperature, top_p=cfg.top_p,
-                                          max_new_tokens=cfg.max_tokens, tensor_parallel_size=args.tensor_parallel_size or 0)
-            return VLLMPolicy(cfg.model_path, settings, seed=cfg.seed or 0)
-        from cudal1.policy import make_policy as _make
-
-        return _make(cfg.name, config=cfg)
-    except (ValueError, ImportError) as exc:
+        return make(cfg.name, cfg)
+    except ValueError as exc:
         raise UsageError(str(exc).splitlines()[0]) from None
 
 
@@ -125,18 +108,17 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--samples must be at least 1")
     judge = config_from_args(args)
     policy_cfg = policy_config(args)
-    name = policy_name(args, policy_cfg)
+    name = policy_cfg.name
     early_guard(args, judge)  # bad input is refused before the judge is imported
     if args.out:
         guard_model(out_dir(args.out), policy_cfg, name)
     tasks, _ = load_suite(args, args.target, args.source)
-    if name == "openai":
-        check_endpoint(policy_cfg)  # a dead endpoint ends here, before anything is judged
+    check_policy(policy_cfg)  # bad settings, or a dead endpoint, end here: before anything is judged
     plan = plan_from_args(args, judge.device)
     judge = resolve_device(judge, plan)
     out = run_out(args, "evaluate", args.target, judge, policy_cfg, args.samples)
     guard_model(out, policy_cfg, name)
-    policy = make_policy(policy_cfg, args)
+    policy = make_policy(policy_cfg)
     record = {"command": "evaluate", "target": args.target, "source": args.source, "samples": args.samples, "policy": name}
     write_config_file(out, judge=judge, policy=policy_cfg, run=record)
     try:

@@ -21,7 +21,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_endpoint, config_from_args,
+from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_policy, config_from_args,
                                 config_sections, default_of, early_guard, load_suite, plan_from_args, resolve_device,
                                 run_out, UsageError, with_default)
 from cudal1.cli.output import batch_line, batch_summary, print_json, retry_warning, table
@@ -122,30 +122,18 @@ def policy_config(args: argparse.Namespace, device: str):
 
 
 def make_policy(cfg, device: str):
-    """The policy ``cfg`` names, or a one-line usage error."""
-    from cudal1.policy import make_policy as _make
+    """The policy ``cfg`` names (:func:`cudal1.policy.make_policy`), or a one-line usage error;
+    the builtin policy runs its candidates on ``device``."""
+    from cudal1.policy import make_policy as make
 
-    name = cfg.name
-    if name == "vllm":
-        raise UsageError("policy vllm (offline vLLM generation) is for cudal1 evaluate; optimize takes builtin, openai, hf or replay")
-    if name == "replay" and not cfg.replay_path:
-        raise UsageError("--policy replay needs --replay FILE.jsonl")
-    if name == "hf" and not cfg.model_path:
-        raise UsageError("--policy hf needs --model-path DIR")
-    if name == "openai" and not (cfg.base_url or os.environ.get("OPENAI_BASE_URL")):
-        raise UsageError("--policy openai needs --base-url (or $CUDAL1_BASE_URL)")
-    if name == "builtin":
-        from cudal1.policy.builtin import BuiltinPolicy
-
-        check_passes(cfg)
-        return BuiltinPolicy(device=device, passes=list(cfg.passes) or None)
-    if cfg.passes:
-        raise UsageError("--passes applies to --policy builtin only")
-    if name == "openai":
-        check_endpoint(cfg)
+    if cfg.name == "vllm":
+        raise UsageError("policy vllm (offline vLLM generation) is for cudal1 evaluate; optimize takes builtin, openai, "
+                         "hf or replay")
+    cfg = cfg.replace(device=device) if cfg.name == "builtin" else cfg
+    check_policy(cfg)
     try:
-        return _make(name, config=cfg)
-    except (ValueError, ImportError) as exc:
+        return make(cfg.name, cfg)
+    except ValueError as exc:
         raise UsageError(str(exc)) from None
 
 

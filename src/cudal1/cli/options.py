@@ -38,10 +38,18 @@ def with_default(text: str, config_class: type, name: str) -> str:
     return f"{text} (default: {'none' if default is None else default})"
 
 
-def check_endpoint(cfg) -> None:
-    """One request to the policy's endpoint before anything is judged: a dead one ends the
-    command in seconds (:class:`~cudal1.cli.options.RunFailure`, exit 1), not after the
-    references are judged and every request has been retried."""
+def check_policy(cfg) -> None:
+    """Before anything is judged: a policy configuration it cannot run with is one usage error
+    (:func:`cudal1.policy.policy_problem`), and an openai policy's endpoint gets one request, so a
+    dead one ends the command in seconds (:class:`RunFailure`, exit 1), not after the references
+    are judged and every request has been retried."""
+    from cudal1.policy import policy_problem
+
+    problem = policy_problem(cfg)
+    if problem:
+        raise UsageError(problem)
+    if cfg.name != "openai":
+        return
     from cudal1.policy.openai_policy import EndpointUnreachable, check_endpoint as check, endpoint_url
 
     try:

@@ -7,29 +7,36 @@ name       what                                               extra
 =========  =================================================  ===================
 openai     any OpenAI-compatible chat endpoint                ``cudal1[llm]``
 hf         a local transformers model directory               ``cudal1[train]``
+vllm       a local model directory, offline vLLM generation   ``pip install vllm``
 replay     candidates read back from a JSONL file             —
 builtin    the no-LLM optimizer of verified rewrites          —
 =========  =================================================  ===================
 
-Implementation modules are imported only when their policy is made, so importing this package
-needs neither ``openai`` nor ``transformers`` nor torch.  Policies never import ``cudal1.harness``.
+:func:`make_policy` is the one place a policy is made: it checks the configuration first
+(:func:`~cudal1.policy.base.policy_problem`: one :class:`~cudal1.policy.base.PolicyError` line
+naming the flag that fixes it) and then constructs the registered class.  Implementation modules
+are imported only when their policy is made, so importing this package needs neither ``openai``
+nor ``transformers`` nor torch.  Policies never import ``cudal1.harness``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any
 
-from cudal1.policy.base import (Policy, PolicyConfig, PoolEntry, PoolPrompt, Proposal, declined_completion,
-                                error_completion, wrap_code)
+from cudal1.policy.base import (Policy, PolicyConfig, PolicyError, PoolEntry, PoolPrompt, Proposal,
+                                declined_completion, error_completion, policy_problem, resolve_config, wrap_code)
 
 # name -> "module:Class"; the module is imported lazily by make_policy.
 POLICIES: dict[str, str] = {
     "openai": "cudal1.policy.openai_policy:OpenAIPolicy",
     "hf": "cudal1.policy.hf_policy:HFPolicy",
+    "vllm": "cudal1.policy.vllm_policy:VLLMPolicy",
     "replay": "cudal1.policy.replay:ReplayPolicy",
     "builtin": "cudal1.policy.builtin:BuiltinPolicy",
 }
+_FIELDS = frozenset(f.name for f in dataclasses.fields(PolicyConfig))
 
 
 def policy_class(name: str) -> type:
@@ -46,15 +53,25 @@ def policy_class(name: str) -> type:
         raise ValueError(f"policy {name!r} is registered as {target!r}, but {module_name} has no {attr}") from None
 
 
-def make_policy(name: str, **options: Any) -> Policy:
-    """Construct the policy registered as ``name`` with keyword ``options``.
+def make_policy(name: str, config: PolicyConfig | None = None, **options: Any) -> Policy:
+    """Check, then construct, the policy registered as ``name``.
 
-    For ``openai``, ``hf`` and ``replay`` the options are :class:`PolicyConfig` fields, optionally
-    with ``config=PolicyConfig(...)`` as the base they override; unknown options are errors.
-    ``builtin`` documents its own options.
-    """
-    return policy_class(name)(**options)
+    ``config`` is the base :class:`PolicyConfig`; ``options`` that are its fields override it, the
+    rest go to the constructor as they are (replay's ``match``, builtin's ``workers``).  A
+    configuration the policy cannot run with raises :class:`PolicyError` before anything is
+    built; a missing optional dependency raises :class:`~cudal1.extras.MissingExtra`."""
+    cls = policy_class(name)
+    if POLICIES[name].startswith("cudal1.policy."):  # a policy of this package: one PolicyConfig
+        cfg = resolve_config(config, {k: v for k, v in options.items() if k in _FIELDS}).replace(name=name)
+        problem = policy_problem(cfg)
+        if problem:
+            raise PolicyError(problem)
+        rest = {k: v for k, v in options.items() if k not in _FIELDS}
+        if name == "builtin":
+            return cls(device=cfg.device, passes=list(cfg.passes) or None, **rest)
+        return cls(config=cfg, **rest)
+    return cls(**({"config": config} if config is not None else {}), **options)
 
 
-__all__ = ["POLICIES", "Policy", "PolicyConfig", "PoolEntry", "PoolPrompt", "Proposal", "declined_completion", "error_completion",
-           "make_policy", "policy_class", "wrap_code"]
+__all__ = ["POLICIES", "Policy", "PolicyConfig", "PolicyError", "PoolEntry", "PoolPrompt", "Proposal",
+           "declined_completion", "error_completion", "make_policy", "policy_class", "policy_problem", "wrap_code"]

@@ -35,7 +35,7 @@ from cudal1.config import SAMPLING_TEMPERATURE, Config, ConfigError
 from cudal1.types import Completion, Prompt
 
 
-POLICY_NAMES = ("builtin", "openai", "hf", "replay", "vllm")  # vllm: offline generation, built by `cudal1 evaluate` only
+POLICY_NAMES = ("builtin", "openai", "hf", "replay", "vllm")
 
 
 @dataclass
@@ -108,7 +108,7 @@ class PolicyConfig(Config):
 
     SECTION = "policy"
 
-    name: str = ""  # builtin | openai | hf | replay (| vllm: cudal1 evaluate); "" = openai when an endpoint is configured, else builtin
+    name: str = ""  # builtin | openai | hf | replay | vllm; "" = openai when an endpoint is configured, else builtin
     base_url: str = ""  # OpenAI-compatible endpoint, e.g. http://localhost:8000/v1; "" = client default
     model: str = ""  # model name sent to the endpoint; "" = the server's first listed model
     api_key_env: str = "OPENAI_API_KEY"  # name of the env var holding the API key
@@ -125,17 +125,20 @@ class PolicyConfig(Config):
     seed: int | None = None  # sampling seed (sent to the server; seeds torch for hf); None = unseeded
     extra_body: dict[str, Any] = field(default_factory=dict)  # extra JSON fields for the endpoint (e.g. vLLM top_k)
     replay_path: str = ""  # replay: JSONL file of {"task", "code"} (or "response"/"text") records
-    model_path: str = ""  # hf: local transformers model directory (what training writes)
+    model_path: str = ""  # hf and vllm: local model directory (what training writes)
     passes: list[str] = field(default_factory=list)  # builtin: pass names in the order to try them; [] = all
     device: str = "auto"  # hf and builtin: auto | cpu | cuda
     dtype: str = "auto"  # hf: auto | float32 | bfloat16 | float16
     batch_size: int = 8  # hf: prompts per generate() batch (each expands to n sequences)
+    tensor_parallel_size: int = 0  # vllm: GPUs per engine; 0 = every visible GPU
 
     def validate(self) -> None:
         if self.name not in ("",) + POLICY_NAMES:
             raise ConfigError(f"unknown policy {self.name!r}; known: {', '.join(POLICY_NAMES)}")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
             raise ConfigError("temperature must be >= 0 and top_p in (0, 1]")
+        if self.tensor_parallel_size < 0:
+            raise ConfigError("tensor_parallel_size must be >= 0")
         for name in ("max_tokens", "n", "concurrency", "batch_size"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1")
@@ -178,12 +181,29 @@ def policy_settings(policy: Policy) -> dict[str, Any]:
     return {"name": getattr(policy, "name", type(policy).__name__)} | {k: v for k, v in out.items() if k != "name"}
 
 
-def require_extra(module: str, extra: str, what: str) -> None:
-    """One :class:`~cudal1.extras.MissingExtra` line when ``module`` of ``extra`` is missing
-    (kept for the policies that call it; new code calls :func:`cudal1.extras.require`)."""
-    from cudal1.extras import require
+class PolicyError(ValueError):
+    """A policy configuration it cannot run with (one line, naming the flag that fixes it)."""
 
-    require(what, module, extra=extra)
+
+def policy_problem(cfg: PolicyConfig) -> str:
+    """Why ``cfg`` cannot make its policy ('' when it can): what :func:`cudal1.policy.make_policy`
+    checks before it builds anything."""
+    import os
+
+    name = cfg.name
+    if name == "replay" and not cfg.replay_path:
+        return "policy replay needs replay_path: the recorded candidates (--replay FILE.jsonl)"
+    if name in ("hf", "vllm") and not (cfg.model_path or (name == "hf" and cfg.model)):
+        return f"policy {name} needs model_path: a local model directory (--model-path DIR)"
+    if name == "openai" and not (cfg.base_url or os.environ.get("OPENAI_BASE_URL") or cfg.api_key
+                                 or os.environ.get(cfg.api_key_env)):
+        return (f"policy openai needs an endpoint: --base-url URL (or $CUDAL1_BASE_URL), or an API key in "
+                f"${cfg.api_key_env} for OpenAI's hosted one")
+    if cfg.passes and name != "builtin":
+        return "--passes applies to --policy builtin only"
+    if cfg.tensor_parallel_size and name != "vllm":
+        return "--tensor-parallel-size applies to --policy vllm only"
+    return ""
 
 
 def error_completion(policy: str, error: str, model: str = "", **meta: Any) -> Completion:

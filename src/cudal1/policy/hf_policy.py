@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from cudal1.policy.base import PolicyConfig, error_completion, require_extra, resolve_config
+from cudal1.extras import require
+from cudal1.policy.base import PolicyConfig, error_completion, resolve_config
 from cudal1.types import Completion, Prompt
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class HFPolicy:
     name = "hf"
 
     def __init__(self, config: PolicyConfig | None = None, **options: Any) -> None:
-        require_extra("transformers", "train", "the hf policy")
+        require("the hf policy", "transformers", extra="train")
         import torch
         import transformers
 
@@ -151,7 +152,7 @@ def _load_model(transformers: Any, path: str, kwargs: dict[str, Any]) -> Any:
     adapter = (Path(path) / "adapter_config.json").is_file() and not (Path(path) / "config.json").is_file()
     if not adapter:
         return transformers.AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    require_extra("peft", "train", "loading a LoRA adapter checkpoint")
+    require("loading a LoRA adapter checkpoint", "peft", extra="train")
     from peft import AutoPeftModelForCausalLM
 
     return AutoPeftModelForCausalLM.from_pretrained(path, **kwargs).merge_and_unload()

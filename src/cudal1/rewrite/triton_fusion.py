@@ -37,6 +37,7 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
+from cudal1.extras import is_available
 from cudal1.rewrite.conv_epilogue import split_biases, undo
 from cudal1.rewrite.emit import eliminate_dead_code
 from cudal1.rewrite.graph_pass import GraphPass
@@ -206,10 +207,7 @@ def find_regions(gm: fx.GraphModule) -> tuple[list[Region], dict[fx.Node, Op]]:
 
 def run(gm: fx.GraphModule) -> list[str]:
     """The pass: fuse every worthwhile region; one note per fused region ([] when none)."""
-    try:
-        import triton
-        import triton.language  # noqa: F401
-    except ImportError:
+    if not is_available("triton"):  # the pass declines where Triton is not installed
         return []
     splits = split_biases(gm)
     regions, ops = find_regions(gm)

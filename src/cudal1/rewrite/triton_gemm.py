@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
+from cudal1.extras import is_available
 from cudal1.rewrite.emit import eliminate_dead_code
 from cudal1.rewrite.graph_pass import GraphPass
 from cudal1.rewrite.patterns import arg, module_of, op_name
@@ -123,10 +124,7 @@ def _conv2d(graph: fx.Graph, node: fx.Node) -> tuple[str, tuple, str] | None:
 
 def run(gm: fx.GraphModule) -> list[str]:
     """The pass: every fp32 product worth it → a 3xTF32 Triton launcher; one note per site."""
-    try:
-        import triton
-        import triton.language  # noqa: F401
-    except ImportError:
+    if not is_available("triton"):  # the pass declines where Triton is not installed
         return []
     graph = gm.graph
     reset_constant_memo(graph)

@@ -33,6 +33,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
+from cudal1.extras import is_available
 from cudal1.rewrite.emit import eliminate_dead_code
 from cudal1.rewrite.graph_pass import GraphPass
 from cudal1.rewrite.patterns import arg, module_of
@@ -169,10 +170,7 @@ def _shape_text(x: fx.Node) -> str:
 
 def run(gm: fx.GraphModule) -> list[str]:
     """The pass: every operation listed in the module docstring → its launcher; one note each."""
-    try:
-        import triton
-        import triton.language  # noqa: F401
-    except ImportError:
+    if not is_available("triton"):  # the pass declines where Triton is not installed
         return []
     graph = gm.graph
     reset_constant_memo(graph)

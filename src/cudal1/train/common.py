@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudal1.train import MissingExtra
 
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")
 
@@ -18,13 +17,11 @@ def report_to(value: str | None) -> list[str] | str:
         raise ValueError(f"--report-to: unknown {', '.join(unknown)}; known: {', '.join(REPORT_TO)}")
     if "none" in names:
         return "none"
-    probe = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}
-    import importlib.util
+    from cudal1.extras import is_available, require
 
-    absent = [n for n in names if importlib.util.find_spec(probe[n]) is None and not (
-        n == "tensorboard" and importlib.util.find_spec("tensorboardX") is not None)]
-    if absent:
-        raise MissingExtra(f"--report-to {','.join(absent)} needs the {', '.join(absent)} package (pip install {' '.join(absent)})")
+    for name in names:  # transformers' TensorBoard callback takes tensorboardX too
+        if not (name == "tensorboard" and is_available("tensorboardX")):
+            require(f"--report-to {name}", name)
     return names
 
 

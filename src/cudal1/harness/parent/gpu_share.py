@@ -26,6 +26,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.extras import is_available
 from cudal1.harness.proctree import CandidateTree, ancestry, name_of, uid_of
 
 _lock = threading.Lock()
@@ -39,14 +40,15 @@ def _init() -> Any:
     with _lock:
         if _nvml is not None or _nvml_error:
             return _nvml
+        if not is_available("pynvml"):
+            _nvml_error = 'not checked: nvidia-ml-py is not installed (pip install "cudal1[gpu]")'
+            return None
         try:
             import pynvml  # nvidia-ml-py
 
             pynvml.nvmlInit()
             _nvml = pynvml
-        except ImportError:
-            _nvml_error = 'not checked: nvidia-ml-py is not installed (pip install "cudal1[gpu]")'
-        except Exception as exc:  # noqa: BLE001 - no driver, no NVML library
+        except Exception as exc:  # noqa: BLE001 - a broken install, no driver, no NVML library
             _nvml_error = f"not checked: NVML is unavailable ({type(exc).__name__}: {exc})"[:200]
         return _nvml
 

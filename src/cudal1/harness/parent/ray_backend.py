@@ -33,7 +33,6 @@ actor beyond the sandbox's own deadlines.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import secrets
 import threading
@@ -44,12 +43,12 @@ from typing import Any, Callable
 
 import cudal1
 from cudal1.config import EvalConfig
+from cudal1.extras import require
 from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
 from cudal1.harness.parent.evaluator import Evaluator
 from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
 from cudal1.types import EvalResult, Status, content_hash
 
-INSTALL_HINT = "the ray backend needs Ray: pip install 'cudal1[distributed]'"
 INFLIGHT_PER_ACTOR = 2  # one running, one queued in the actor's mailbox: no round-trip gap between jobs
 MAX_ATTEMPTS = 3  # a job whose actor died is run at most this many times in all
 
@@ -57,13 +56,8 @@ _pools: dict[str | None, "ActorPool"] = {}
 _pools_lock = threading.Lock()
 
 
-def is_ray_available() -> bool:
-    return importlib.util.find_spec("ray") is not None
-
-
 def _ray() -> Any:
-    if not is_ray_available():
-        raise HarnessError(INSTALL_HINT)
+    require("the ray backend", "ray", extra="distributed")
     import ray
 
     return ray
