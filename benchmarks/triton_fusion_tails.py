@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from cudal1.rewrite import ALGEBRAIC_PASSES, rewrite_task
+from cudal1.rewrite import ALGEBRAIC_REWRITES, rewrite_task
 from cudal1.tables import table
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +49,7 @@ def timed(fn, inputs, reps: int) -> float:
 
 
 def measure(code: str, key: str, reps: int, workdir: Path) -> dict:
-    outcome = rewrite_task(code, ALGEBRAIC_PASSES + ("triton-fusion",))
+    outcome = rewrite_task(code, ALGEBRAIC_REWRITES + ("triton-fusion",))
     if not outcome.ok or "triton-fusion" not in outcome.applied:
         return {"task": key, "fused": False, "why": outcome.error or outcome.declined.get("triton-fusion", "")}
     path = workdir / f"tail_{key.replace('/', '_')}.py"

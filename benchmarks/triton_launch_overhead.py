@@ -1,4 +1,4 @@
-"""Host-side launch costs behind the ``triton-fusion`` cost model (``cudal1.rewrite.triton_cost``).
+"""Host-side launch costs behind the ``triton-fusion`` cost model (``cudal1.rewrite.triton_kernels.cost``).
 
 Prints one JSON line: the host time of one tiny eager elementwise op (``eager_op_us``) and of a
 forward whose only work is one tiny generated Triton launch (``fused_forward_us``), next to the
@@ -41,9 +41,9 @@ def get_init_inputs():
 
 def fused_model(tmp: Path):
     """``ModelNew`` of TASK with its sigmoid-multiply chain in one generated Triton kernel."""
-    from cudal1.rewrite import triton_fusion
-    from cudal1.rewrite.emit import emit_class
-    from cudal1.rewrite.trace import propagate_shapes, trace_task
+    from cudal1.rewrite.triton_kernels import fusion as triton_fusion
+    from cudal1.rewrite.graph.emit import emit_class
+    from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
 
     triton_fusion.worth_fusing = lambda region, ops: len(region.nodes) >= 2  # a tiny chain: force it
     traced = trace_task(TASK)
@@ -82,7 +82,7 @@ def main() -> int:
     args = parser.parse_args()
     import torch
 
-    from cudal1.rewrite import triton_cost
+    from cudal1.rewrite.triton_kernels import cost as triton_cost
 
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU")

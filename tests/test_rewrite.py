@@ -1,7 +1,7 @@
-"""The builtin policy's torch.fx graph passes, on bundled tasks (CPU, real child processes).
+"""The builtin policy's torch.fx graph rewrites (cudal1.rewrite), on bundled tasks (CPU, real child processes).
 
 Each task in ``tests/fixtures/rewrite`` names on its first line (``# applies: ...``) exactly the
-graph passes that must rewrite it; every other pass must decline.  The rewritten model must give
+rewrites that must apply; every other one must decline.  The rewritten model must give
 the reference's outputs on real inputs, the generated module must not import cudal1, and the
 policy must compose passes across rounds.
 """
@@ -18,7 +18,7 @@ import torch
 
 from cudal1.policy.base import PoolEntry, PoolPrompt
 from cudal1.policy.builtin import PASSES, BuiltinPolicy, compose, passes_in
-from cudal1.rewrite import ALGEBRAIC_PASSES, GRAPH_PASS_NAMES, rewrite_task
+from cudal1.rewrite import ALGEBRAIC_REWRITES, REWRITE_NAMES, rewrite_task
 
 FIXTURES = Path(__file__).parent / "fixtures" / "rewrite"
 TASKS = sorted(FIXTURES.glob("*.py"))
@@ -28,7 +28,7 @@ def expected_passes(path: Path) -> list[str]:
     first = path.read_text().splitlines()[0]
     assert first.startswith("# applies:"), path
     names = first.split(":", 1)[1].split()
-    assert all(n in GRAPH_PASS_NAMES for n in names), names
+    assert all(n in REWRITE_NAMES for n in names), names
     return names
 
 
@@ -52,14 +52,14 @@ def outcomes():
 
 @pytest.mark.cpu
 @pytest.mark.parametrize("path", TASKS, ids=lambda p: p.stem)
-def test_graph_passes_apply_exactly_where_their_pattern_is(path, outcomes):
+def test_rewrites_apply_exactly_where_their_pattern_is(path, outcomes):
     outcome = outcomes[path.name]
     want = expected_passes(path)
     assert sorted(outcome.applied) == sorted(want), (outcome.applied, outcome.declined, outcome.error)
-    for name in set(ALGEBRAIC_PASSES) - set(want):
+    for name in set(ALGEBRAIC_REWRITES) - set(want):
         assert name in outcome.declined, name
     if not want:
-        assert not outcome.ok and outcome.error == "no graph pass applies"
+        assert not outcome.ok and outcome.error == "no rewrite applies"
 
 
 @pytest.mark.cpu
@@ -149,7 +149,7 @@ def test_outcomes_are_cached_on_disk_keyed_by_source_and_passes(tmp_path, monkey
     monkeypatch.setattr(rw, "_run_child", no_child)
     assert rewrite_task(source) == first  # from disk, no child process
     with pytest.raises(AssertionError):
-        rewrite_task(source, ALGEBRAIC_PASSES[:2])  # other passes: another key
+        rewrite_task(source, ALGEBRAIC_REWRITES[:2])  # other passes: another key
     with pytest.raises(AssertionError):
         rewrite_task(source, cache=False)
     monkeypatch.undo()
@@ -172,7 +172,7 @@ def test_variants_of_one_task_share_one_child_and_match_single_runs(tmp_path, mo
     import cudal1.rewrite as rw
 
     source = (FIXTURES / "residual_scale.py").read_text()
-    variants = [ALGEBRAIC_PASSES, ALGEBRAIC_PASSES[:2], ("sdpa",)]
+    variants = [ALGEBRAIC_REWRITES, ALGEBRAIC_REWRITES[:2], ("sdpa",)]
     children = []
     real = rw._run_child
     monkeypatch.setattr(rw, "_run_child", lambda *a: children.append(a) or real(*a))
@@ -181,7 +181,7 @@ def test_variants_of_one_task_share_one_child_and_match_single_runs(tmp_path, mo
     alone = [rewrite_task(source, v, cache=False) for v in variants]
     assert together == alone
     assert together[0].applied == ["simplify", "fold-linear"] and together[1].applied == ["simplify"]
-    assert not together[2].ok and together[2].error == "no graph pass applies"
+    assert not together[2].ok and together[2].error == "no rewrite applies"
 
 
 def _prompt(source: str, pool: tuple[PoolEntry, ...] = ()) -> PoolPrompt:
@@ -233,7 +233,7 @@ def test_layout_passes_only_for_convolutions_and_exec_passes_end_a_chain():
     compiled = compose(conv, code, "compile-default")
     assert passes_in(compiled) == ["channels-last", "compile-default"]
     assert compose(conv, compiled, "cudagraph") is None  # nothing stacks on an exec pass
-    assert compose(conv, code, "algebraic") is None  # graph passes trace the reference only
+    assert compose(conv, code, "algebraic") is None  # graph rewrites trace the reference only
     assert set(PASSES) >= {"algebraic", "channels-last", "cudnn-autotune", "compile-default", "cudagraph"}
 
 

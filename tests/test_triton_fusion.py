@@ -16,10 +16,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from cudal1.rewrite.emit import emit_class
-from cudal1.rewrite.trace import propagate_shapes, trace_task
-from cudal1.rewrite import triton_fusion
-from cudal1.rewrite.triton_fusion import NAME, PRELUDE_KEY, run
+from cudal1.rewrite.graph.emit import emit_class
+from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
+from cudal1.rewrite.triton_kernels import fusion as triton_fusion
+from cudal1.rewrite.triton_kernels.fusion import NAME, PRELUDE_KEY, run
 from triton_cases import ACTIVATIONS, task
 
 @pytest.fixture(autouse=True)

@@ -15,10 +15,10 @@ import torch
 
 pytest.importorskip("triton")
 
-from cudal1.rewrite.emit import emit_class
-from cudal1.rewrite.trace import propagate_shapes, trace_task
-from cudal1.rewrite import triton_gemm
-from cudal1.rewrite.triton_gemm import MIN_MACS, NAME
+from cudal1.rewrite.graph.emit import emit_class
+from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
+from cudal1.rewrite.triton_kernels import gemm as triton_gemm
+from cudal1.rewrite.triton_kernels.gemm import MIN_MACS, NAME
 from triton_cases import load_source, compare_interpreted, task
 
 PRECISION = Path(__file__).parent / "fixtures" / "rewrite" / "precision"

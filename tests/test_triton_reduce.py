@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from cudal1.rewrite import triton_reduce
-from cudal1.rewrite.emit import emit_class
-from cudal1.rewrite.trace import propagate_shapes, trace_task
+from cudal1.rewrite.triton_kernels import reduce as triton_reduce
+from cudal1.rewrite.graph.emit import emit_class
+from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
 from triton_cases import compare_interpreted, task
 
 

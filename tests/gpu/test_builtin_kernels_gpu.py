@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 import torch
 
 from cudal1.policy.builtin import render_candidate
-from cudal1.rewrite import ALGEBRAIC_PASSES, rewrite_task
+from cudal1.rewrite import ALGEBRAIC_REWRITES, rewrite_task
 from triton_cases import load_source, task
 
 pytestmark = pytest.mark.gpu
@@ -32,7 +32,7 @@ PRECISION = REPO / "tests" / "fixtures" / "rewrite" / "precision"
 
 
 def _candidate(source: str, graph_pass: str) -> str:
-    outcome = rewrite_task(source, ALGEBRAIC_PASSES + (graph_pass,), cache=False)
+    outcome = rewrite_task(source, ALGEBRAIC_REWRITES + (graph_pass,), cache=False)
     assert outcome.ok and graph_pass in outcome.applied, outcome.error or outcome.declined
     return source + "\n\n" + outcome.class_source
 

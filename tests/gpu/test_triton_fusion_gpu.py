@@ -1,4 +1,4 @@
-"""GPU checks of the ``triton-fusion`` graph pass: compiled kernels (not the interpreter).
+"""GPU checks of the ``triton-fusion`` rewrite: compiled kernels (not the interpreter).
 
 What is covered: every elementwise spelling of ``tests/triton_cases.py`` compiled by Triton
 and compared with PyTorch on CUDA at the judge's fp32 tolerance (1e-4/1e-4), odd sizes (masked
@@ -23,9 +23,9 @@ import pytest
 pytest.importorskip("triton")
 import torch
 
-from cudal1.rewrite import triton_fusion
-from cudal1.rewrite.emit import emit_class
-from cudal1.rewrite.trace import propagate_shapes, trace_task
+from cudal1.rewrite.triton_kernels import fusion as triton_fusion
+from cudal1.rewrite.graph.emit import emit_class
+from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
 from triton_cases import ACTIVATIONS, task
 
 pytestmark = pytest.mark.gpu

@@ -5,7 +5,7 @@ Contract: a :class:`Pass` renders, from the task source and the name of the clas
 module-level helpers it needs), or None when it declines the task.  Kinds:
 
 - ``graph`` passes rewrite the traced reference (:mod:`cudal1.rewrite`, in a child process) and
-  apply to the reference itself only.  Each is a :class:`GraphVariant`: the graph passes it runs
+  apply to the reference itself only.  Each is a :class:`GraphVariant`: the rewrites it runs
   and the one that must have applied for the candidate to exist (``algebraic``: any).
 - ``layout`` passes (channels_last, scoped cuDNN autotuning) may stack under one ``exec`` pass.
 - ``exec`` passes (``torch.compile`` modes, CUDA-graph capture, a compiled forward inside one CUDA
@@ -211,19 +211,19 @@ def _cudnn_autotune_class(source: str, base: str) -> str | None:
         ''')
 
 
-# ---- graph passes ---------------------------------------------------------------------------------
+# ---- graph-based passes ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class GraphVariant:
-    """A graph pass of the policy: the rewrite passes it runs (:mod:`cudal1.rewrite`), in order,
+    """A graph-based pass of the policy: the rewrites it runs (:mod:`cudal1.rewrite`), in order,
     and the one that must have rewritten something for its candidate to exist (None: any)."""
 
-    graph_passes: tuple[str, ...]
+    rewrites: tuple[str, ...]
     requires: str | None
 
 
 def _variants() -> dict[str, GraphVariant]:
-    from cudal1.rewrite import ALGEBRAIC_PASSES as A
+    from cudal1.rewrite import ALGEBRAIC_REWRITES as A
 
     return {"algebraic": GraphVariant(A, None),
             "triton-fusion": GraphVariant(A + ("triton-fusion",), "triton-fusion"),
@@ -253,7 +253,7 @@ class GraphRewrites:
         with self._lock:
             todo = [v for v in variants if self._key(source, v) not in self._cache]
         if todo:
-            outcomes = rewrite_variants(source, [GRAPH_VARIANTS[v].graph_passes for v in todo],
+            outcomes = rewrite_variants(source, [GRAPH_VARIANTS[v].rewrites for v in todo],
                                         cache_dir=self.cache_dir)
             with self._lock:
                 for v, o in zip(todo, outcomes):

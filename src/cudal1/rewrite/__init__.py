@@ -1,7 +1,7 @@
 """Algebraic graph rewrites for the builtin policy (torch.fx on the meta device).
 
 Contract: :func:`rewrite_task` returns a :class:`RewriteOutcome` for a task source and a list of
-graph-pass names (see :data:`~cudal1.rewrite.passes.GRAPH_PASSES`): the ``ModelNew``
+graph-pass names (see :data:`~cudal1.rewrite.registry.REWRITES`): the ``ModelNew``
 class source that applies every pass that matched, or an ``error`` saying why nothing was
 produced.  Tracing executes the task's code, so it always happens in a child process (the judge's
 rule: untrusted code never runs in the calling process) with no GPU visible, bounded by
@@ -27,15 +27,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ALGEBRAIC_PASSES = ("simplify", "diag-broadcast", "matmul-chain", "fold-batchnorm", "fold-linear", "reduce-through-linear",
+ALGEBRAIC_REWRITES = ("simplify", "diag-broadcast", "matmul-chain", "fold-batchnorm", "fold-linear", "reduce-through-linear",
                     "sdpa")
-GRAPH_PASS_NAMES = ALGEBRAIC_PASSES + ("triton-fusion", "gemm-3xtf32", "triton-reduce")
+REWRITE_NAMES = ALGEBRAIC_REWRITES + ("triton-fusion", "gemm-3xtf32", "triton-reduce")
 
 
 @dataclass
 class RewriteOutcome:
     class_source: str = ""  # the ModelNew class (and any imports it needs); "" when nothing applied
-    applied: list[str] = field(default_factory=list)  # graph passes that rewrote something, in order
+    applied: list[str] = field(default_factory=list)  # rewrites that changed something, in order
     notes: dict[str, list[str]] = field(default_factory=dict)  # per pass: one line per rewrite
     declined: dict[str, str] = field(default_factory=dict)  # per pass: why it did not apply
     error: str = ""
@@ -45,7 +45,7 @@ class RewriteOutcome:
         return bool(self.class_source)
 
 
-def rewrite_task(source: str, passes: list[str] | tuple[str, ...] = ALGEBRAIC_PASSES, timeout_s: float = 180.0,
+def rewrite_task(source: str, passes: list[str] | tuple[str, ...] = ALGEBRAIC_REWRITES, timeout_s: float = 180.0,
                  cache: bool = True, cache_dir: str | os.PathLike[str] | None = None) -> RewriteOutcome:
     """Trace ``source`` in a child process and apply ``passes`` (see module docstring)."""
     return rewrite_variants(source, [tuple(passes)], timeout_s, cache, cache_dir)[0]
@@ -57,9 +57,9 @@ def rewrite_variants(source: str, variants: list[tuple[str, ...]], timeout_s: fl
     it; the variants not in the cache are computed by one child process (the task is executed and
     torch imported once), which may take ``timeout_s`` per variant."""
     for passes in variants:
-        unknown = [p for p in passes if p not in GRAPH_PASS_NAMES]
+        unknown = [p for p in passes if p not in REWRITE_NAMES]
         if unknown:
-            raise ValueError(f"unknown graph pass(es) {', '.join(unknown)}; known: {', '.join(GRAPH_PASS_NAMES)}")
+            raise ValueError(f"unknown rewrite(s) {', '.join(unknown)}; known: {', '.join(REWRITE_NAMES)}")
     paths = [_cache_path(source, passes, cache_dir) if cache else None for passes in variants]
     outcomes: list[RewriteOutcome | None] = [_read(path) for path in paths]
     todo = [i for i, o in enumerate(outcomes) if o is None]
@@ -95,7 +95,7 @@ def _run_child(source: str, variants: list[tuple[str, ...]], timeout_s: float) -
     """(outcome, cacheable) per variant; a timeout or a crash fails every variant (a crash uncached)."""
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", PYTHONWARNINGS="ignore")
     try:
-        proc = subprocess.run([sys.executable, "-m", "cudal1.rewrite.child"],
+        proc = subprocess.run([sys.executable, "-m", "cudal1.rewrite.tracing_process"],
                               input=json.dumps({"source": source, "variants": [list(v) for v in variants]}),
                               capture_output=True, text=True, timeout=timeout_s, env=env, start_new_session=True)
     except subprocess.TimeoutExpired:  # cached: a task this slow to trace is not traced again by every run
@@ -117,7 +117,7 @@ def _code_key() -> str:
     run) serves another: a rewrite is verified by the judge wherever it runs, so an entry made
     under another torch can cost a candidate (a failed verdict), never a wrong verdict."""
     digest = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
+    for f in sorted(Path(__file__).parent.rglob("*.py")):
         digest.update(f.name.encode() + f.read_bytes())
     return digest.hexdigest()
 

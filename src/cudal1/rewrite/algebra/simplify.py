@@ -1,6 +1,6 @@
 """Graph pass ``simplify``: remove work that changes nothing.
 
-Contract (:data:`SIMPLIFY`, see :class:`~cudal1.rewrite.graph_pass.GraphPass`): ``.detach()``;
+Contract (:data:`SIMPLIFY`, see :class:`~cudal1.rewrite.graph.rewrite.Rewrite`): ``.detach()``;
 ``.clone()`` when nothing in the graph writes in place; casts to the tensor's own dtype; dropout
 with p=0; sum/mean/amax/logsumexp/max over size-1 dims with keepdim; multiply/divide by 1, add or
 subtract 0; a transpose of a transpose; scalar chains ``(x·a)·b → x·(ab)`` and
@@ -15,10 +15,10 @@ import operator
 import torch
 import torch.fx as fx
 
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import arg, graph_has_mutation, is_last_two_swap, is_number, module_of, op_name, reduced_dims, single_use
-from cudal1.rewrite.trace import dtype, is_floating, ndim, shape
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import arg, graph_has_mutation, is_last_two_swap, is_number, module_of, op_name, reduced_dims, single_use
+from cudal1.rewrite.graph.trace import dtype, is_floating, ndim, shape
 
 
 _IDENTITY_REDUCTIONS = {"sum", "mean", "amax", "amin", "logsumexp", "prod", "max", "min"}
@@ -149,5 +149,5 @@ def _fold_scalars(graph: fx.Graph, node: fx.Node) -> list[str]:
     return []
 
 
-SIMPLIFY = GraphPass("simplify", "remove redundant copies, casts, transposes and identity reductions; merge scalar chains",
+SIMPLIFY = Rewrite("simplify", "remove redundant copies, casts, transposes and identity reductions; merge scalar chains",
                      simplify)

@@ -4,7 +4,7 @@ kernels with autotuned launch configurations.
 Contract: :func:`run` replaces, in a traced task graph (shapes in ``node.meta["tensor_meta"]``,
 after the algebraic passes), each of these operations on a float32/float16/bfloat16 tensor of at
 least :data:`MIN_NUMEL` elements with a call to a launcher of
-:mod:`cudal1.rewrite.triton_reduce_kernels` (whose source is appended, once, to
+:mod:`cudal1.rewrite.triton_kernels.reduce_kernels` (whose source is appended, once, to
 ``gm.meta["cudal1_prelude"]``):
 
 - softmax / log_softmax over the last dim (``torch.*``, ``F.*``, method, ``nn.Softmax``,
@@ -34,17 +34,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cudal1.extras import is_available
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import arg, module_of
-from cudal1.rewrite.trace import dtype, is_constant, ndim, reset_constant_memo, shape
-from cudal1.rewrite.triton_codegen import exec_source
-from cudal1.rewrite.triton_fusion import PRELUDE_KEY
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import arg, module_of
+from cudal1.rewrite.graph.trace import dtype, is_constant, ndim, reset_constant_memo, shape
+from cudal1.rewrite.triton_kernels.codegen import exec_source
+from cudal1.rewrite.triton_kernels.fusion import PRELUDE_KEY
 
 NAME = "triton-reduce"
 DESCRIPTION = "softmax, normalizations and reductions as generated Triton kernels with autotuned launch configurations"
 MIN_NUMEL = 4096  # below this a kernel of our own cannot win anything worth a candidate
-KERNELS = Path(__file__).with_name("triton_reduce_kernels.py")
+KERNELS = Path(__file__).with_name("reduce_kernels.py")
 _FLOATS = (torch.float32, torch.float16, torch.bfloat16)
 
 _SOFTMAX = {F.softmax: False, torch.softmax: False, F.log_softmax: True, torch.log_softmax: True}
@@ -205,4 +205,4 @@ def run(gm: fx.GraphModule) -> list[str]:
     return notes
 
 
-TRITON_REDUCE = GraphPass(NAME, DESCRIPTION, run)
+TRITON_REDUCE = Rewrite(NAME, DESCRIPTION, run)

@@ -13,7 +13,7 @@ import math
 
 import torch.fx as fx
 
-from cudal1.rewrite.triton_codegen import DTYPES, Op, Region, tensor_meta
+from cudal1.rewrite.triton_kernels.codegen import DTYPES, Op, Region, tensor_meta
 
 # Cost model (see worth_fusing), calibrated on the H200 (torch 2.11, Triton 3.6; 2026-11-30,
 # tests/gpu/test_triton_fusion_gpu.py): host time of a tiny eager op 7.5 us, of a whole module

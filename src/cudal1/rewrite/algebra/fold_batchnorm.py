@@ -24,10 +24,10 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import module_of, single_use
-from cudal1.rewrite.trace import ndim
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import module_of, single_use
+from cudal1.rewrite.graph.trace import ndim
 
 GUARDS_KEY = "cudal1_eval_guards"
 REFRESH_KEY = "cudal1_refresh_keys"  # read by the emitter: more buffers whose changes refresh folded values
@@ -103,5 +103,5 @@ def run(gm: fx.GraphModule) -> list[str]:
     return notes
 
 
-FOLD_BATCHNORM = GraphPass("fold-batchnorm", "fold an eval-mode BatchNorm into the convolution or linear map before it",
+FOLD_BATCHNORM = Rewrite("fold-batchnorm", "fold an eval-mode BatchNorm into the convolution or linear map before it",
                            run)

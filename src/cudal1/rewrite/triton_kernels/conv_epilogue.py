@@ -20,8 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
 
-from cudal1.rewrite.patterns import module_of
-from cudal1.rewrite.triton_codegen import DTYPES, recognise, tensor_meta
+from cudal1.rewrite.graph.patterns import module_of
+from cudal1.rewrite.triton_kernels.codegen import DTYPES, recognise, tensor_meta
 
 _FUNCTIONAL = {nn.Conv1d: F.conv1d, nn.Conv2d: F.conv2d, nn.Conv3d: F.conv3d, nn.ConvTranspose1d: F.conv_transpose1d,
                nn.ConvTranspose2d: F.conv_transpose2d, nn.ConvTranspose3d: F.conv_transpose3d}

@@ -18,8 +18,8 @@ name prefixed ``_cudal1_``) is appended to ``gm.meta["cudal1_prelude"]`` (a list
 strings) for the emitter; each new node is a ``call_function`` on the launcher object executed
 from that same source, which on the meta device only allocates its output (shape propagation and
 meta checks run it).  Which operations lower and how (formulas, ``tanh``'s overflow-free form) is
-:mod:`cudal1.rewrite.triton_codegen`; whether a region is worth a kernel is
-:mod:`cudal1.rewrite.triton_cost`; this module chooses the regions and edits the graph.
+:mod:`cudal1.rewrite.triton_kernels.codegen`; whether a region is worth a kernel is
+:mod:`cudal1.rewrite.triton_kernels.cost`; this module chooses the regions and edits the graph.
 
 The pass declines a region (leaves it to PyTorch) when a shape or dtype is unknown, a dtype is not
 fp16/bf16/fp32, a full-size input is not contiguous, a broadcast operand is not one run of dims,
@@ -38,14 +38,14 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from cudal1.extras import is_available
-from cudal1.rewrite.conv_epilogue import split_biases, undo
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import is_inplace, module_of
-from cudal1.rewrite.trace import is_constant, reset_constant_memo, shape
-from cudal1.rewrite.triton_codegen import (DTYPES, HEADER, HELPERS, Op, Region, exec_source, generate, recognise,
+from cudal1.rewrite.triton_kernels.conv_epilogue import split_biases, undo
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import is_inplace, module_of
+from cudal1.rewrite.graph.trace import is_constant, reset_constant_memo, shape
+from cudal1.rewrite.triton_kernels.codegen import (DTYPES, HEADER, HELPERS, Op, Region, exec_source, generate, recognise,
                                            tensor_meta)
-from cudal1.rewrite.triton_cost import estimate, worth_fusing
+from cudal1.rewrite.triton_kernels.cost import estimate, worth_fusing
 
 NAME = "triton-fusion"
 DESCRIPTION = ("fuse chains of elementwise operations (activations, scalar and per-channel arithmetic) "
@@ -249,4 +249,4 @@ def run(gm: fx.GraphModule) -> list[str]:
 
 
 
-TRITON_FUSION = GraphPass(NAME, DESCRIPTION, run)
+TRITON_FUSION = Rewrite(NAME, DESCRIPTION, run)

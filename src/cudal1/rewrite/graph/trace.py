@@ -1,7 +1,7 @@
 """Load a task's source and trace its ``Model`` with torch.fx, on the meta device.
 
 Contract: :func:`trace_task` executes the task source (untrusted code: call it only in a child
-process, see :mod:`cudal1.rewrite.child`), builds ``Model(*get_init_inputs())`` and the
+process, see :mod:`cudal1.rewrite.tracing_process`), builds ``Model(*get_init_inputs())`` and the
 inputs of ``get_inputs()`` under ``torch.device("meta")`` (no memory, no compute), traces the
 model symbolically (buffers become graph nodes) and records every node's shape and dtype in
 ``node.meta["tensor_meta"]``.  Raises :class:`TraceFailed` with a one-line reason when the model

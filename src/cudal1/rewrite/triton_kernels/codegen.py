@@ -5,7 +5,7 @@ Contract: :func:`recognise` maps an fx node to an :class:`Op` (operation, tensor
 parameters) when the node is an elementwise operation in one of its ``torch.*``, ``F.*``, method
 or ``nn.Module`` spellings *and* its arguments can be lowered; :func:`generate` turns a
 :class:`Region` (nodes, full-size and broadcast inputs; found by
-:func:`cudal1.rewrite.triton_fusion.find_regions`) into the source of one ``@triton.jit`` kernel
+:func:`cudal1.rewrite.triton_kernels.fusion.find_regions`) into the source of one ``@triton.jit`` kernel
 over the flattened output (masked tail, ``BLOCK`` as a constexpr, fp32 math, output stored in the
 reference's dtype) and a launcher ``_cudal1_fused_<i>``.  Every formula is PyTorch's (GELU with
 ``erf``, softplus with its threshold, ELU/SELU/CELU, hardswish …); ``tanh`` uses the overflow-free
@@ -29,7 +29,7 @@ import torch.fx as fx
 import torch.nn as nn
 import torch.nn.functional as F
 
-from cudal1.rewrite.patterns import is_inplace, module_of
+from cudal1.rewrite.graph.patterns import is_inplace, module_of
 
 BLOCK = 1024  # elements per program
 DTYPES = {torch.float32: 4, torch.float16: 2, torch.bfloat16: 2}  # dtypes the kernels load and store, with sizes

@@ -18,10 +18,10 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import arg, is_last_two_swap, is_number, module_of, op_name, reduced_dims, single_use
-from cudal1.rewrite.trace import is_constant, is_floating, ndim, reset_constant_memo, shape
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import arg, is_last_two_swap, is_number, module_of, op_name, reduced_dims, single_use
+from cudal1.rewrite.graph.trace import is_constant, is_floating, ndim, reset_constant_memo, shape
 
 
 @dataclass
@@ -221,6 +221,6 @@ def reduce_through_linear(gm: fx.GraphModule) -> list[str]:
     return _fold_affine(gm, reductions=True)
 
 
-FOLD_LINEAR = GraphPass("fold-linear", "fold consecutive affine maps and scalings into one linear map", fold_linear)
-REDUCE_THROUGH_LINEAR = GraphPass("reduce-through-linear", "fold sum/mean over a linear map's outputs into its weights",
+FOLD_LINEAR = Rewrite("fold-linear", "fold consecutive affine maps and scalings into one linear map", fold_linear)
+REDUCE_THROUGH_LINEAR = Rewrite("reduce-through-linear", "fold sum/mean over a linear map's outputs into its weights",
                                   reduce_through_linear)

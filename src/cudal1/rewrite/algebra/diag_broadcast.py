@@ -11,10 +11,10 @@ import operator
 
 import torch.fx as fx
 
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import arg, op_name
-from cudal1.rewrite.trace import ndim, shape
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import arg, op_name
+from cudal1.rewrite.graph.trace import ndim, shape
 
 
 def _diag_vector(node: object) -> fx.Node | None:
@@ -48,4 +48,4 @@ def diag_broadcast(gm: fx.GraphModule) -> list[str]:
     return notes
 
 
-DIAG_BROADCAST = GraphPass("diag-broadcast", "diag(v) @ M → v[:, None] * M (no dense diagonal matrix)", diag_broadcast)
+DIAG_BROADCAST = Rewrite("diag-broadcast", "diag(v) @ M → v[:, None] * M (no dense diagonal matrix)", diag_broadcast)

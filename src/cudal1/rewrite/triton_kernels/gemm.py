@@ -5,7 +5,7 @@ Contract: :func:`run` replaces, in a traced task graph (shapes in ``node.meta["t
 after the algebraic passes), every fp32 ``matmul``/``mm``/``bmm``/``@`` of two operands with at
 least two dims (equal batch dims, or one side a plain matrix), every fp32 ``nn.Linear`` /
 ``F.linear`` and every one-group, zero-padded fp32 ``nn.Conv2d`` / ``F.conv2d`` with a call to a
-launcher of :mod:`cudal1.rewrite.triton_gemm_kernels` (its source appended once to
+launcher of :mod:`cudal1.rewrite.triton_kernels.gemm_kernels` (its source appended once to
 ``gm.meta["cudal1_prelude"]``; every name prefixed ``_cudal1_``).  Sites
 smaller than :data:`MIN_MACS` multiply-adds are left to cuBLAS/cuDNN (launch cost dominates there).
 
@@ -32,19 +32,19 @@ import torch
 import torch.fx as fx
 
 from cudal1.extras import is_available
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import arg, module_of, op_name
-from cudal1.rewrite.trace import dtype, is_constant, reset_constant_memo, shape
-from cudal1.rewrite.triton_codegen import exec_source
-from cudal1.rewrite.triton_fusion import PRELUDE_KEY
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import arg, module_of, op_name
+from cudal1.rewrite.graph.trace import dtype, is_constant, reset_constant_memo, shape
+from cudal1.rewrite.triton_kernels.codegen import exec_source
+from cudal1.rewrite.triton_kernels.fusion import PRELUDE_KEY
 
 NAME = "gemm-3xtf32"
 DESCRIPTION = ("fp32 matrix products and 2-D convolutions as generated Triton kernels with split-precision (3xTF32) "
                "tensor-core math")
 MIN_MACS = 1 << 21  # below ~128^3 multiply-adds cuBLAS's launch path is already the fast one
 
-KERNELS = Path(__file__).with_name("triton_gemm_kernels.py")
+KERNELS = Path(__file__).with_name("gemm_kernels.py")
 
 
 def _fp32(node: Any) -> bool:
@@ -156,4 +156,4 @@ def run(gm: fx.GraphModule) -> list[str]:
     return notes
 
 
-GEMM_3XTF32 = GraphPass(NAME, DESCRIPTION, run)
+GEMM_3XTF32 = Rewrite(NAME, DESCRIPTION, run)

@@ -16,10 +16,10 @@ import torch
 import torch.fx as fx
 import torch.nn.functional as F
 
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import arg, is_last_two_swap, is_number, module_of, op_name, single_use
-from cudal1.rewrite.trace import is_floating, ndim, shape
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import arg, is_last_two_swap, is_number, module_of, op_name, single_use
+from cudal1.rewrite.graph.trace import is_floating, ndim, shape
 
 
 def _head_dim(s: fx.Node) -> int | None:
@@ -154,4 +154,4 @@ def sdpa(gm: fx.GraphModule) -> list[str]:
     return notes
 
 
-SDPA = GraphPass("sdpa", "manual softmax(QKᵀ/√d)V → scaled_dot_product_attention", sdpa)
+SDPA = Rewrite("sdpa", "manual softmax(QKᵀ/√d)V → scaled_dot_product_attention", sdpa)

@@ -15,10 +15,10 @@ import math
 import torch
 import torch.fx as fx
 
-from cudal1.rewrite.emit import eliminate_dead_code
-from cudal1.rewrite.graph_pass import GraphPass
-from cudal1.rewrite.patterns import op_name, single_use
-from cudal1.rewrite.trace import ndim, shape
+from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.rewrite import Rewrite
+from cudal1.rewrite.graph.patterns import op_name, single_use
+from cudal1.rewrite.graph.trace import ndim, shape
 
 
 def _chain_operands(node: fx.Node, top: bool = True) -> list[object]:
@@ -82,4 +82,4 @@ def matmul_chain(gm: fx.GraphModule) -> list[str]:
     return notes
 
 
-MATMUL_CHAIN = GraphPass("matmul-chain", "re-parenthesise matrix chains by shape (fewest FLOPs)", matmul_chain)
+MATMUL_CHAIN = Rewrite("matmul-chain", "re-parenthesise matrix chains by shape (fewest FLOPs)", matmul_chain)

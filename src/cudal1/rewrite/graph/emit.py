@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from cudal1.rewrite.patterns import CHEAP, is_inplace, module_of, op_name
-from cudal1.rewrite.trace import dtype, is_constant, reset_constant_memo
+from cudal1.rewrite.graph.patterns import CHEAP, is_inplace, module_of, op_name
+from cudal1.rewrite.graph.trace import dtype, is_constant, reset_constant_memo
 
 
 class EmitFailed(Exception):

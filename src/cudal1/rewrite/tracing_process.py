@@ -1,4 +1,4 @@
-"""Child-process entry point: trace a task, apply graph passes, emit and check ``ModelNew``.
+"""The tracing process: trace a task, apply rewrites, emit and check ``ModelNew``.
 
 Protocol: reads one JSON object ``{"source": str, "variants": [[names], ...]}`` from stdin and
 writes one JSON object to stdout, ``{"outcomes": [...]}``, one per variant (each traced afresh):
@@ -38,7 +38,7 @@ class Session:
     recurrent ones — are paid once, not once per variant."""
 
     def __init__(self, source: str) -> None:
-        from cudal1.rewrite.trace import TraceFailed, trace_task
+        from cudal1.rewrite.graph.trace import TraceFailed, trace_task
 
         self.source = source
         self.error = ""
@@ -53,19 +53,19 @@ class Session:
         self.states[()] = (self.traced.gm, {"applied": [], "notes": {}, "declined": {}})
 
     def run(self, passes: list[str]) -> dict[str, Any]:
-        from cudal1.rewrite.emit import EmitFailed, emit_class
-        from cudal1.rewrite.passes import GRAPH_PASSES
+        from cudal1.rewrite.graph.emit import EmitFailed, emit_class
+        from cudal1.rewrite.registry import REWRITES
 
         result: dict[str, Any] = {"ok": False, "class_source": "", "applied": [], "notes": {}, "declined": {},
                                   "error": ""}
-        unknown = [p for p in passes if p not in GRAPH_PASSES]
+        unknown = [p for p in passes if p not in REWRITES]
         if unknown:
-            result["error"] = f"unknown graph pass(es): {', '.join(unknown)}"
+            result["error"] = f"unknown rewrite(s): {', '.join(unknown)}"
             return result
         if self.traced is None:
             result["error"] = self.error
             return result
-        order = [p for p in GRAPH_PASSES if p in passes]  # registry order
+        order = [p for p in REWRITES if p in passes]  # registry order
         done = max((k for k in self.states if tuple(order[:len(k)]) == k), key=len)
         gm, so_far = self.states[done]
         gm = copy.deepcopy(gm)
@@ -75,7 +75,7 @@ class Session:
             self.states[tuple(order[:i + 1])] = (copy.deepcopy(gm), copy.deepcopy(
                 {k: result[k] for k in ("applied", "notes", "declined")}))
         if not result["applied"]:
-            result["error"] = "no graph pass applies"
+            result["error"] = "no rewrite applies"
             return result
         notes = [n for p in result["applied"] for n in result["notes"][p]]
         try:
@@ -91,14 +91,14 @@ class Session:
         return result
 
     def _apply(self, gm: Any, name: str, result: dict[str, Any]) -> Any:
-        """``gm`` after graph pass ``name`` (a copy when it rewrote something; ``gm`` itself when it
+        """``gm`` after rewrite ``name`` (a copy when it rewrote something; ``gm`` itself when it
         declined or broke the graph, which is then recorded in ``result["declined"]``)."""
-        from cudal1.rewrite.passes import GRAPH_PASSES
-        from cudal1.rewrite.trace import propagate_shapes
+        from cudal1.rewrite.registry import REWRITES
+        from cudal1.rewrite.graph.trace import propagate_shapes
 
         work = copy.deepcopy(gm)
         try:
-            notes = GRAPH_PASSES[name].run(work)
+            notes = REWRITES[name].run(work)
             if notes:  # a pass that declined left the graph as it was: no need to look again
                 work.graph.lint()
                 work.recompile()
@@ -117,7 +117,7 @@ class Session:
         """Run reference and candidate on the meta device; '' when output shapes and dtypes agree."""
         import torch
 
-        from cudal1.rewrite.trace import load_task_module
+        from cudal1.rewrite.graph.trace import load_task_module
 
         try:
             ref = load_task_module(self.source, "reference")
