@@ -47,7 +47,7 @@ if has smoke || has tests; then
   timeout 120 python3 benchmarks/triton_launch_overhead.py >"$OUT/triton_launch_overhead.json" 2>&1
   summary+=("triton launch overhead: $(tail -1 "$OUT/triton_launch_overhead.json" | head -c 300)")
   t0=$SECONDS
-  python3 -m cudal1.cli.main eval --device cuda --json --reference examples/tasks/diag_matmul.py --candidate examples/candidates/diag_matmul_broadcast.py >"$OUT/eval_example.log" 2>&1
+  python3 -m cudal1.cli.main judge --device cuda --json --reference examples/tasks/diag_matmul.py --candidate examples/candidates/diag_matmul_broadcast.py >"$OUT/eval_example.log" 2>&1
   summary+=("eval example: $(tail -1 "$OUT/eval_example.log" | head -c 300) ($((SECONDS-t0)) s)")
 fi
 if has trust; then

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prime", choices=["each", "once"], default="each",
                    help="each: every run primes its own model, as the command does (default); once: one primed model for all")
     args = p.parse_args(argv)
-    from cudal1.train.smoke_stages import primed_model
+    from cudal1.train.smoke.stages import primed_model
 
     overrides = {k: _value(v) for k, v in (s.split("=", 1) for s in args.set)}
     if args.steps:

@@ -1,9 +1,9 @@
 """What one GRPO step costs with real answers: generation (scripted), building, judging and the update.
 
-A GRPO step of ``--rollouts`` (64) completions, 8 per prompt, through ``cudal1.train.grpo.run_grpo`` —
+A GRPO step of ``--rollouts`` (64) completions, 8 per prompt, through ``cudal1.train.stages.grpo.run_grpo`` —
 TRL's GRPOTrainer, contrastive prompts from the run store, every rollout parsed, built, verified and
 timed by the real judge — with generation replaced by a scripted OpenAI-compatible server
-(``tests/llm_server.py``) through TRL's ``rollout_func``: each prompt is posted to it and the answer
+(``cudal1/train/smoke/server.py``) through TRL's ``rollout_func``: each prompt is posted to it and the answer
 tokenized as the completion.  What the server answers is realistic in size and kind:
 
 * answers of about ``--answer-tokens`` (4096) tokens: a Performance Analysis (padding prose up to
@@ -47,7 +47,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
-sys.path.insert(0, str(ROOT / "tests"))  # llm_server: the one scripted OpenAI-compatible server
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_gpu_programs
 
 SHAPES = {  # Qwen2.5 shapes (config.json of the published models); weights are random
@@ -151,7 +150,7 @@ def build_policy(out: Path, shape: str, texts: list[str], cuda: bool) -> tuple[P
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from cudal1.train.tiny import train_tokenizer
+    from cudal1.train.smoke.tiny import train_tokenizer
 
     tok = train_tokenizer(texts, vocab_size=8192 if shape == "tiny" else 16384)
     config = Qwen2Config(vocab_size=len(tok) if shape == "tiny" else max(len(tok), 151936), max_position_embeddings=32768,
@@ -239,14 +238,14 @@ def main(argv: list[str] | None = None) -> int:
 
     shutil.rmtree(out / "cache", ignore_errors=True)  # fresh builds: nothing cached from an earlier run
     os.environ["CUDAL1_CACHE_DIR"] = str(out / "cache")
-    from llm_server import ScriptedLLMServer
+    from cudal1.train.smoke.server import ScriptedLLMServer
 
     from cudal1.config import EvalConfig
     from cudal1.harness import DevicePlan
     from cudal1.train import smoke
     from cudal1.train.config import load_config
     from cudal1.recorded import RecordedJudge
-    from cudal1.train.grpo import run_grpo
+    from cudal1.train.stages.grpo import run_grpo
 
     t0 = time.monotonic()
     prompts = rollouts // args.group

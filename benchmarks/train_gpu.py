@@ -6,7 +6,7 @@ contrastive prompts for the bundled ``diag_scale`` task (N = ``--size``) answere
 wrong, crashing and cheating programs — on a GPU also a custom CUDA kernel (``load_inline``) and a
 Triton kernel (``benchmarks/train_gpu_programs.py``) — then every variant is judged once on the GPU
 (the warm-up: builds the CUDA extension before GRPO starts and fills the run store, so the
-variants are exemplars from the first prompt on), then ``cudal1.train.grpo.run_grpo`` — TRL's GRPOTrainer,
+variants are exemplars from the first prompt on), then ``cudal1.train.stages.grpo.run_grpo`` — TRL's GRPOTrainer,
 contrastive prompts from the run store, every rollout judged by the real judge on the GPU
 (``--judge-preset``, device cuda).  Prints one line per step (reward_mean, success_rate, judged,
 fresh evaluations, seconds) and a summary: rollouts per minute, fresh judge evaluations per
@@ -84,15 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     from cudal1.harness import DevicePlan
     from cudal1.harness.envinfo import gpu_inventory
     from cudal1.train.config import SFTConfig, load_config
-    from cudal1.train.grpo import run_grpo
-    from cudal1.train.sft import run_sft
+    from cudal1.train.stages.grpo import run_grpo
+    from cudal1.train.stages.sft import run_sft
     from cudal1.recorded import RecordedJudge
     from cudal1.train.judging import RolloutJudge
     from train_gpu_programs import GPU_VARIANTS, program_kind
 
     from cudal1.train.smoke import (CHEATS, FAILURES, VARIANTS, fixed_strings, priming_records,
                                     short_answer, smoke_task)
-    from cudal1.train.tiny import build_tiny_model
+    from cudal1.train.smoke.tiny import build_tiny_model
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -5,7 +5,7 @@ Each job runs in processes of its own — one (``python tests/checkpoint_jobs.py
 or two on gloo (``torchrun --nproc_per_node 2 tests/checkpoint_jobs.py ...``): DeepSpeed and FSDP
 set up a process group and accelerate's process-wide state, which must not leak into the test
 process.  A job builds the smoke task's tiny model from a config (no download) and fine-tunes it
-with ``cudal1.train.sft.run_sft`` under ``ENGINE`` (``zero3``: DeepSpeed ZeRO-3, which partitions
+with ``cudal1.train.stages.sft.run_sft`` under ``ENGINE`` (``zero3``: DeepSpeed ZeRO-3, which partitions
 every parameter even in one process; ``fsdp2``: FSDP2 with a sharded state dict for checkpoints)
 for ``--steps`` steps, saving a checkpoint every ``--save-steps``.  It writes
 ``OUT/captured.safetensors``: every parameter's full trained value, gathered from the engine at the
@@ -180,8 +180,8 @@ def run(engine: str, out: Path, port: int, lora: bool, steps: int, save_steps: i
 
     from cudal1.train import dist
     from cudal1.train.config import load_config
-    from cudal1.train.sft import run_sft
-    from cudal1.train.smoke_stages import tiny_base, verified_records
+    from cudal1.train.stages.sft import run_sft
+    from cudal1.train.smoke.stages import tiny_base, verified_records
 
     captured: dict = {}
     engine_seen: dict = {"steps_run": 0}

@@ -110,7 +110,7 @@ def primed_smoke_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     SFT on every bundled program), built once per session in this process; priming is about two
     thirds of a two-process smoke's time.  Use :func:`seed_primed` to give it to a run."""
     pytest.importorskip("trl")
-    from cudal1.train.smoke_stages import primed_model
+    from cudal1.train.smoke.stages import primed_model
 
     return primed_model(tmp_path_factory.mktemp("smoke-prime"))
 

@@ -145,7 +145,7 @@ def add_evaluation(run: Path) -> dict:
     over four samples of two tasks) and return it."""
     import json
 
-    from cudal1.train.eval_figures import Sample, figures
+    from cudal1.train.evaluation.figures import Sample, figures
 
     ok = lambda s: Sample("ok", "done", s, (s * 0.9, s * 1.1))  # noqa: E731
     samples = {"level1/1": [ok(2.0), Sample("incorrect", "correctness"), Sample("format"), ok(1.5)],

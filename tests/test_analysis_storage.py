@@ -2,7 +2,7 @@
 (``cudal1 optimize``), by GRPO's reward (``JudgeReward`` over the run store) and by ``cudal1
 evaluate`` — and where training checks it (GRPO, evaluate), the check travels with the candidate
 (``meta.analysis_check``) and, with ``reward.analysis_bonus``, into the reward.  Answers come from
-the scripted OpenAI-compatible server (tests/llm_server.py) or are handed to the reward directly;
+the scripted OpenAI-compatible server (cudal1/train/smoke/server.py) or are handed to the reward directly;
 every program is judged for real on the CPU."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def _stored(store: Path, policy: str) -> list[dict]:
 
 def test_search_stores_each_answers_analysis(tmp_path, monkeypatch):
     pytest.importorskip("openai")
-    from llm_server import ScriptedLLMServer
+    from cudal1.train.smoke.server import ScriptedLLMServer
 
     from cudal1.policy import make_policy
     from cudal1.search import SearchConfig, optimize
@@ -68,8 +68,8 @@ def test_grpo_reward_stores_the_analysis_and_its_check_and_pays_the_bonus(tmp_pa
     pytest.importorskip("trl")
     from cudal1.prompts import build_prompt
     from cudal1.store import RunStore
-    from cudal1.train.contrast import ContrastivePrompts
-    from cudal1.train.grpo import JudgeReward
+    from cudal1.train.stages.contrast import ContrastivePrompts
+    from cudal1.train.stages.grpo import JudgeReward
     from cudal1.train.judging import RolloutJudge
     from cudal1.train.reward import RewardConfig, RunningStats
     from cudal1.types import Exemplar, reference_candidate
@@ -104,7 +104,7 @@ def test_grpo_reward_stores_the_analysis_and_its_check_and_pays_the_bonus(tmp_pa
 
 def test_evaluate_stores_each_answers_analysis_and_its_check(tmp_path, monkeypatch, capsys):
     pytest.importorskip("openai")
-    from llm_server import ScriptedLLMServer
+    from cudal1.train.smoke.server import ScriptedLLMServer
 
     from cudal1.cli.main import main as cli_main
 

@@ -226,9 +226,9 @@ def test_the_judges_processes_keep_idle_openmp_threads_asleep(tmp_path, cpu_judg
 
 @pytest.mark.cpu
 def test_minus_v_shows_each_phase_of_a_job_as_it_starts(tmp_path):
-    """``cudal1 eval -v`` logs the job's phases live (logger ``cudal1.judge``), not only the
+    """``cudal1 judge -v`` logs the job's phases live (logger ``cudal1.judge``), not only the
     verdict's summary afterwards."""
-    done = subprocess.run([sys.executable, "-m", "cudal1.cli.main", "eval", "-v", "--device", "cpu",
+    done = subprocess.run([sys.executable, "-m", "cudal1.cli.main", "judge", "-v", "--device", "cpu",
                            "--reference", str(REPO / "tests/fixtures/small_tasks/diag_matmul.py"),
                            "--candidate", str(REPO / "examples/candidates/diag_matmul_broadcast.py")],
                           capture_output=True, text=True, timeout=300,

@@ -56,7 +56,7 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.cpu
 def test_eval_json_ok(tmp_path, cli_env, config_file):
-    proc = run_cli(["eval", "--reference", DIAG, "--candidate", BROADCAST, "--config", config_file, "--json"], cli_env, tmp_path)
+    proc = run_cli(["judge", "--reference", DIAG, "--candidate", BROADCAST, "--config", config_file, "--json"], cli_env, tmp_path)
     assert proc.returncode == 0, explain(proc)
     out = last_json(proc.stdout)
     assert CONTRACT_KEYS <= set(out)
@@ -71,7 +71,7 @@ def test_eval_json_ok(tmp_path, cli_env, config_file):
 
 @pytest.mark.cpu
 def test_eval_json_incorrect(tmp_path, cli_env, config_file):
-    proc = run_cli(["eval", "--reference", DIAG, "--candidate", FIXTURES / "wrong.py", "--config", config_file, "--json"],
+    proc = run_cli(["judge", "--reference", DIAG, "--candidate", FIXTURES / "wrong.py", "--config", config_file, "--json"],
                    cli_env, tmp_path)
     assert proc.returncode == 0, explain(proc)
     out = last_json(proc.stdout)
@@ -85,7 +85,7 @@ def test_eval_json_incorrect(tmp_path, cli_env, config_file):
 
 @pytest.mark.cpu
 def test_eval_text_output(tmp_path, cli_env, config_file):
-    proc = run_cli(["eval", "--reference", DIAG, "--candidate", FIXTURES / "wrong_shape.py", "--config", config_file],
+    proc = run_cli(["judge", "--reference", DIAG, "--candidate", FIXTURES / "wrong_shape.py", "--config", config_file],
                    cli_env, tmp_path)
     assert proc.returncode == 0, explain(proc)
     assert "status      incorrect" in proc.stdout
@@ -114,11 +114,11 @@ def _bad_usage_cases(tmp: Path) -> dict[str, list]:
     ref_no_inputs = tmp / "no_get_inputs.py"
     ref_no_inputs.write_text(NO_GET_INPUTS)
     return {
-        "missing-candidate": ["eval", "--reference", DIAG, "--candidate", tmp / "nope.py"],
-        "missing-reference": ["eval", "--reference", tmp / "nope_ref.py", "--candidate", BROADCAST],
-        "bad-device": ["eval", "--reference", DIAG, "--candidate", BROADCAST, "--device", "gpu"],
-        "unknown-preset": ["eval", "--reference", DIAG, "--candidate", BROADCAST, "--preset", "no-such-preset"],
-        "no-get-inputs": ["eval", "--reference", ref_no_inputs, "--candidate", BROADCAST, "--device", "cpu"],
+        "missing-candidate": ["judge", "--reference", DIAG, "--candidate", tmp / "nope.py"],
+        "missing-reference": ["judge", "--reference", tmp / "nope_ref.py", "--candidate", BROADCAST],
+        "bad-device": ["judge", "--reference", DIAG, "--candidate", BROADCAST, "--device", "gpu"],
+        "unknown-preset": ["judge", "--reference", DIAG, "--candidate", BROADCAST, "--preset", "no-such-preset"],
+        "no-get-inputs": ["judge", "--reference", ref_no_inputs, "--candidate", BROADCAST, "--device", "cpu"],
     }
 
 
@@ -156,11 +156,11 @@ def test_every_command_refuses_bad_input_before_importing_the_judge(tmp_path, cl
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     task = str(DIAG)
-    cases = [["eval", "--reference", nope, "--candidate", nope], ["eval", "--reference", task, "--candidate", nope],
+    cases = [["judge", "--reference", nope, "--candidate", nope], ["judge", "--reference", task, "--candidate", nope],
              ["optimize", nope], ["optimize", task, "--preset", "turbo"], ["optimize", task, "--passes", "nope"],
              ["optimize", task, "--config", str(bad_yaml)], ["optimize", task, "--out", str(a_file)],
              ["evaluate", nope, "--base-url", "http://127.0.0.1:9/v1", "--model", "m"],
-             ["eval-suite", "--suite", nope, "--candidates", nope], ["verify", nope], ["baseline", "--suite", nope],
+             ["judge-suite", "--suite", nope, "--candidates", nope], ["verify", nope], ["baseline", "--suite", nope],
              ["collect", "--suite", task, "--from", nope], ["report", nope], ["analyze", nope],
              ["export", nope, "--format", "cuda-l1", "--out", str(tmp_path / "x.jsonl")], ["compare", nope, nope],
              ["train", "sft", "--out", str(tmp_path / "t"), "--config", nope]]
@@ -186,21 +186,21 @@ def test_bad_usage_messages_name_the_fault(tmp_path, cli_env, capsys):
         assert err.startswith("cudal1: error:") and needle in err, (case, err)
 
 
-def test_eval_suite_bad_candidates_file(tmp_path, capsys):
+def test_judge_suite_bad_candidates_file(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task": "diag_matmul", "code": "x"}\nnot json\n')
-    rc = cli_main(["eval-suite", "--candidates", str(bad), "--suite", str(TASKS), "--out", str(tmp_path / "o"), "--device", "cpu"])
+    rc = cli_main(["judge-suite", "--candidates", str(bad), "--suite", str(TASKS), "--out", str(tmp_path / "o"), "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("cudal1: error:") and ":2:" in err
     unknown = tmp_path / "unknown.jsonl"
     unknown.write_text(json.dumps({"task": "no_such_task", "code": "class ModelNew: pass"}) + "\n")
-    rc = cli_main(["eval-suite", "--candidates", str(unknown), "--suite", str(TASKS), "--out", str(tmp_path / "o"), "--device", "cpu"])
+    rc = cli_main(["judge-suite", "--candidates", str(unknown), "--suite", str(TASKS), "--out", str(tmp_path / "o"), "--device", "cpu"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("cudal1: error:") and "no_such_task" in err
 
 
 # ---------------------------------------------------------------------------------------------
-# eval-suite: files, skip on re-run
+# judge-suite: files, skip on re-run
 
 
 def _write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -227,14 +227,14 @@ def _read_results(path: Path) -> list[dict]:
 
 
 @pytest.mark.cpu
-def test_eval_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_env, config_file):
+def test_judge_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_env, config_file):
     cands = _write_jsonl(tmp_path / "cands.jsonl", [
         {"task": "diag_matmul", "code": BROADCAST.read_text(), "label": "broadcast"},
         {"task": "linear_relu", "code": ADDMM.read_text(), "label": "addmm"},
         {"task": "diag_matmul", "code": (FIXTURES / "wrong.py").read_text(), "label": "wrong"},
     ])
     out = tmp_path / "out"
-    args = ["eval-suite", "--candidates", cands, "--suite", TASKS, "--out", out, "--config", config_file, "--json"]
+    args = ["judge-suite", "--candidates", cands, "--suite", TASKS, "--out", out, "--config", config_file, "--json"]
 
     first = run_cli(args, cli_env, tmp_path)
     assert first.returncode == 0, explain(first)
@@ -314,7 +314,7 @@ def test_resume_after_kill(tmp_path, cli_env, config_file):
     ])
     out = tmp_path / "out"
     db = out / "cudal1.sqlite"
-    base = ["eval-suite", "--candidates", cands, "--suite", TASKS, "--out", out, "--config", config_file, "--json"]
+    base = ["judge-suite", "--candidates", cands, "--suite", TASKS, "--out", out, "--config", config_file, "--json"]
 
     proc = subprocess.Popen([sys.executable, "-m", "cudal1.cli.main", *map(str, base), "--timeout", "30"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=cli_env, cwd=tmp_path,
@@ -324,7 +324,7 @@ def test_resume_after_kill(tmp_path, cli_env, config_file):
         deadline = time.monotonic() + 180
         # Wait until the first verdict is recorded and the hanging candidate's worker is running.
         while _count_evaluations(db) < 1 or not worker_running(proc.pid):
-            assert proc.poll() is None, f"eval-suite exited early: rc={proc.returncode} {proc.communicate()}"
+            assert proc.poll() is None, f"judge-suite exited early: rc={proc.returncode} {proc.communicate()}"
             assert time.monotonic() < deadline, "no evaluation recorded / no worker running within 180 s"
             time.sleep(0.1)
         time.sleep(0.3)
@@ -411,3 +411,16 @@ def test_optimize_builtin_passes_flag(tmp_path, capsys):
                    "--device", "cpu", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and "--passes applies to --policy builtin only" in err
+
+
+def test_the_judging_commands_have_distinct_names_and_keep_the_old_ones():
+    """``judge`` (one candidate), ``judge-suite`` (a file of them) and ``evaluate`` (a model); the
+    names of cudal1 0.1, ``eval`` and ``eval-suite``, run the same commands."""
+    from cudal1.cli.main import build_parser
+
+    parser = build_parser()
+    args = ["--reference", "r.py", "--candidate", "c.py"]
+    assert parser.parse_args(["eval", *args]).func is parser.parse_args(["judge", *args]).func
+    suite = ["--candidates", "c.jsonl", "--suite", "s"]
+    assert parser.parse_args(["eval-suite", *suite]).func is parser.parse_args(["judge-suite", *suite]).func
+    assert parser.parse_args(["judge", *args]).func is not parser.parse_args(["judge-suite", *suite]).func

@@ -1,5 +1,5 @@
 """``cudal1 evaluate``: the figures (unit tier) and the real command (CPU tier) against the scripted
-OpenAI-compatible server (tests/llm_server.py) and a tiny transformers model built at test time.
+OpenAI-compatible server (cudal1/train/smoke/server.py) and a tiny transformers model built at test time.
 
 * pass@k is the unbiased estimator; compiled/correct/ok follow the judge's phases; fast_p counts
   a sample only when its CI clears p (``fast_p_point``: the point value), degenerate tasks never.
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from cudal1.train.eval_figures import CONVENTION, Sample, figures, pass_at_k, pass_ks
+from cudal1.train.evaluation.figures import CONVENTION, Sample, figures, pass_at_k, pass_ks
 
 # ---- the figures ----------------------------------------------------------------------------
 
@@ -84,7 +84,7 @@ def test_solving_fewer_tasks_cannot_raise_the_all_task_figures():
 
 openai = pytest.importorskip("openai")
 
-from llm_server import Reply, ScriptedLLMServer  # noqa: E402
+from cudal1.train.smoke.server import Reply, ScriptedLLMServer  # noqa: E402
 
 from cudal1.cli.main import main as cli_main  # noqa: E402
 from cudal1.train import smoke  # noqa: E402
@@ -162,7 +162,7 @@ def test_evaluate_through_transformers(tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
     pytest.importorskip("tokenizers")
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
-    from cudal1.train.tiny import build_tiny_model
+    from cudal1.train.smoke.tiny import build_tiny_model
 
     texts = [smoke.answer(c) for c in smoke.VARIANTS.values()]
     model = build_tiny_model(tmp_path / "tiny", texts, hidden=32)

@@ -47,7 +47,7 @@ def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
                                          "label": f"v{i}"}) + "\n" for i in range(N)))
     (tmp_path / "judge.yaml").write_text(small_config())
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "cudal1.cli.main", "eval-suite", "--candidates", str(cands), "--suite",
+    cmd = [sys.executable, "-m", "cudal1.cli.main", "judge-suite", "--candidates", str(cands), "--suite",
            str(SMALL_DIAG), "--config", str(tmp_path / "judge.yaml"), "--out", str(out)]
     env = cli_env(tmp_path / "cache")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,

@@ -1,5 +1,5 @@
 """The contrastive optimizer end to end on CPU: search loop + real judge + a scripted
-OpenAI-compatible server (tests/llm_server.py), the builtin policy, and resume after a kill."""
+OpenAI-compatible server (cudal1/train/smoke/server.py), the builtin policy, and resume after a kill."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from cudal1.store import RunStore
 from cudal1.tasks import load_task_file
 from cudal1.types import Candidate
 from cli_support import SMALL_DIAG
-from llm_server import Reply, ScriptedLLMServer
+from cudal1.train.smoke.server import Reply, ScriptedLLMServer
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = SMALL_DIAG

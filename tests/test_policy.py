@@ -15,7 +15,7 @@ import pytest
 from cudal1.config import ConfigError
 from cudal1.policy import POLICIES, Policy, PolicyConfig, make_policy
 from cudal1.types import Prompt
-from llm_server import Reply, ScriptedLLMServer, fail_first
+from cudal1.train.smoke.server import Reply, ScriptedLLMServer, fail_first
 
 needs_openai = pytest.mark.skipif(importlib.util.find_spec("openai") is None, reason="openai is not installed")
 

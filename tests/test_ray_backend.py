@@ -34,7 +34,7 @@ def test_core_imports_and_cli_explains_without_ray(tmp_path):
     code = ("import sys; sys.modules['ray'] = None\n"
             "import cudal1.harness, cudal1.harness.parent.ray_backend, cudal1.recorded\n"
             "from cudal1.cli.main import main\n"
-            f"sys.exit(main(['eval-suite', '--candidates', {str(cands)!r}, '--suite', {str(TASKS / 'diag_matmul.py')!r}, "
+            f"sys.exit(main(['judge-suite', '--candidates', {str(cands)!r}, '--suite', {str(TASKS / 'diag_matmul.py')!r}, "
             f"'--out', {str(tmp_path / 'out')!r}, '--device', 'cpu', '--backend', 'ray']))\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=os.environ | {"PYTHONPATH": str(REPO / "src")})
@@ -140,8 +140,8 @@ def test_grpo_rewards_are_judged_on_the_cluster(cluster, judge_config, tmp_path)
     """The training reward path (``JudgeReward`` → ``RolloutJudge`` → the judge) on a Ray plan gives
     the rewards and verdicts the local backend gives, and records them in the driver's store."""
     from cudal1.store import RunStore
-    from cudal1.train.contrast import ContrastivePrompts
-    from cudal1.train.grpo import JudgeReward
+    from cudal1.train.stages.contrast import ContrastivePrompts
+    from cudal1.train.stages.grpo import JudgeReward
     from cudal1.recorded import RecordedJudge
     from cudal1.train.judging import RolloutJudge
     from cudal1.train.reward import RewardConfig, RunningStats

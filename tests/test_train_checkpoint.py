@@ -112,8 +112,8 @@ def test_zero3_without_16bit_gathering_is_refused_before_training(tmp_path, monk
 def test_trl_block_reaches_trls_classes(tmp_path):
     from cudal1.config import ConfigError
     from cudal1.train.config import load_config
-    from cudal1.train.grpo import grpo_arguments
-    from cudal1.train.sft import sft_arguments
+    from cudal1.train.stages.grpo import grpo_arguments
+    from cudal1.train.stages.sft import sft_arguments
 
     sft = sft_arguments(load_config("sft", "smoke", {"trl": {"max_grad_norm": 0.25, "lr_scheduler_type": "linear"}}), tmp_path)
     assert sft.max_grad_norm == 0.25 and sft.lr_scheduler_type.value == "linear"  # a default cudal1 picks, overridden

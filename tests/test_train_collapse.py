@@ -1,5 +1,5 @@
 """Unit tier: a GRPO run that collapses into answers without code is noticed, with the step it began
-(cudal1.train.collapse), reported in metrics.jsonl and the summary, and can end the run; prompts
+(cudal1.train.stages.collapse), reported in metrics.jsonl and the summary, and can end the run; prompts
 are drawn afresh each fetch, so a pool that stops changing cannot hold a run on one prompt."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from cudal1.train import smoke
-from cudal1.train.collapse import CollapseWatch
+from cudal1.train.stages.collapse import CollapseWatch
 
 
 def _feed(watch: CollapseWatch, shares: list[float], rollouts: int = 16) -> list:
@@ -56,7 +56,7 @@ def test_the_watch_can_be_off_and_ignores_steps_without_rollouts():
 def test_judge_reward_metrics_carry_the_collapse():
     pytest.importorskip("trl")
     from cudal1.train.config import load_config
-    from cudal1.train.grpo import JudgeReward
+    from cudal1.train.stages.grpo import JudgeReward
 
     class Judge:
         evaluated = 0
@@ -92,7 +92,7 @@ def test_config_checks_the_collapse_settings():
 def test_prompts_are_drawn_afresh_each_fetch_alike_on_every_rank():
     """A pool that stops changing (every rollout a format failure, never judged) must not freeze a
     task's prompt: the smoke once sat at -2.0 for ten steps on one prompt it could not answer."""
-    from cudal1.train.contrast import ContrastivePrompts
+    from cudal1.train.stages.contrast import ContrastivePrompts
     from cudal1.types import Exemplar
 
     task = smoke.smoke_task()

@@ -47,7 +47,7 @@ def test_collect_keeps_only_verified_programs(tmp_path, monkeypatch, capsys):
     # --per-task 1 from the same store: no new teacher requests are needed to re-select (resume)
     out1 = tmp_path / "data.jsonl"
     from cudal1.recorded import RecordedJudge
-    from cudal1.train.collect import select_records, store_path
+    from cudal1.train.stages.collect import select_records, store_path
 
     judge = RecordedJudge(smoke.smoke_judge_config("cpu"))
     assert judge.config_hash == records[0]["config_hash"]

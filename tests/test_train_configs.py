@@ -16,7 +16,7 @@ CONFIGS = Path(__file__).resolve().parent.parent / "src" / "cudal1" / "train" / 
 
 def test_grpo_default_preset_is_a_valid_trl_config_with_vllm_colocate(tmp_path: Path) -> None:
     from cudal1.train.config import load_config
-    from cudal1.train.grpo import grpo_arguments
+    from cudal1.train.stages.grpo import grpo_arguments
 
     cfg = load_config("grpo", "default")
     args = grpo_arguments(cfg, tmp_path, processes=8)
@@ -43,7 +43,7 @@ def test_recipes_load_through_trl_and_accelerate_and_fit(tmp_path: Path, name: s
     from accelerate.commands.config.config_args import ClusterConfig
 
     from cudal1.train.config import load_config
-    from cudal1.train.grpo import grpo_arguments
+    from cudal1.train.stages.grpo import grpo_arguments
     from cudal1.train.recipes import H200_GIB, HEADROOM_GIB, RECIPES, fits, memory, shortfalls
 
     recipe = RECIPES[name]

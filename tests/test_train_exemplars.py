@@ -13,7 +13,7 @@ import pytest
 from cudal1.recorded import RecordedJudge
 from cudal1.store import RunStore
 from cudal1.train import smoke
-from cudal1.train.exemplars import SeedError, choose, seed_pool, store_file
+from cudal1.train.stages.exemplars import SeedError, choose, seed_pool, store_file
 from cudal1.types import Candidate, EvalResult, Status, reference_candidate
 
 
@@ -82,7 +82,7 @@ def test_bad_sources_are_one_line_errors(tmp_path, capsys):
         store_file(tmp_path / "nowhere")
     junk = tmp_path / "junk.sqlite"
     junk.write_text("not a database")
-    from cudal1.train.exemplars import read_verified
+    from cudal1.train.stages.exemplars import read_verified
 
     with pytest.raises(SeedError, match="not a run store|cannot read"):
         read_verified(junk, set())

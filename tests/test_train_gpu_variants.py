@@ -114,7 +114,7 @@ def test_summaries_for_the_gpu_session(tmp_path):
 
 def test_describe_and_judge_plan_in_one_process(monkeypatch):
     from cudal1.train import dist
-    from cudal1.train.smoke_stages import judge_plan
+    from cudal1.train.smoke.stages import judge_plan
 
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(k, raising=False)

@@ -39,9 +39,9 @@ def test_sft_step_changes_parameters_and_masks_the_prompt(tmp_path):
     from transformers import AutoTokenizer
 
     from cudal1.train.config import SFTConfig
-    from cudal1.train.sft import run_sft
-    from cudal1.train.smoke_stages import verified_records
-    from cudal1.train.tiny import build_tiny_model, common_lines
+    from cudal1.train.stages.sft import run_sft
+    from cudal1.train.smoke.stages import verified_records
+    from cudal1.train.smoke.tiny import build_tiny_model, common_lines
 
     records = verified_records()
     texts = [m["content"] for r in records for m in r["messages"]]

@@ -32,7 +32,7 @@ SETTINGS = {"vllm_gpu_memory_utilization": 0.42, "vllm_max_model_length": 3072,
 def _grpo_args(tmp_path: Path, processes: int = 1, **fields):
     pytest.importorskip("trl")
     from cudal1.train.config import load_config
-    from cudal1.train.grpo import grpo_arguments
+    from cudal1.train.stages.grpo import grpo_arguments
 
     return grpo_arguments(load_config("grpo", "smoke", {"use_vllm": True, **SETTINGS, **fields}), tmp_path, processes=processes)
 
@@ -85,7 +85,7 @@ def test_trls_trainer_hands_the_settings_to_the_engine(tmp_path, trl_engine_fake
     import trl
     from datasets import Dataset
 
-    from cudal1.train.tiny import build_tiny_model
+    from cudal1.train.smoke.tiny import build_tiny_model
 
     model = build_tiny_model(tmp_path / "m", [smoke.answer(c) for c in smoke.VARIANTS.values()], hidden=32)
     args = _grpo_args(tmp_path / "out", vllm_mode=mode)

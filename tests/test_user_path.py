@@ -2,7 +2,7 @@
 subprocess (``python -m cudal1.cli.main``): failed generations, reused output directories,
 noise shown as noise, progress and logging, shared conventions, errors that point at the user's
 files.  The judge runs the small diag_matmul copy with a fast CPU config; the LLM is the scripted
-server of tests/llm_server.py, started on loopback by each test."""
+server of cudal1/train/smoke/server.py, started on loopback by each test."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
-from llm_server import Reply, ScriptedLLMServer, fail_first
+from cudal1.train.smoke.server import Reply, ScriptedLLMServer, fail_first
 
 from cudal1.cli.main import build_parser, main as cli_main
 from cudal1.store import RunStore
@@ -202,7 +202,7 @@ def test_a_syntax_error_names_the_users_file(tmp_path, env):
     bad.write_text("import torch\nclass ModelNew(torch.nn.Module)\n    pass\n")
     config = tmp_path / "small.yaml"
     config.write_text(small_config())
-    done = run_cli(["eval", "--reference", SMALL_DIAG, "--candidate", bad, "--config", config, "--json"], env, tmp_path)
+    done = run_cli(["judge", "--reference", SMALL_DIAG, "--candidate", bad, "--config", config, "--json"], env, tmp_path)
     assert done.returncode == 0, done.stderr
     verdict = last_json(done.stdout)
     assert verdict["status"] == "compile_error" and str(bad) in verdict["message"] and "cand_" not in verdict["message"]

@@ -1,6 +1,6 @@
 """Named behaviours the judge reports in ``EvalResult.flags``.
 
-Names are a stable contract (``cudal1 eval --json`` carries them): add new ones, never rename.
+Names are a stable contract (``cudal1 judge --json`` carries them): add new ones, never rename.
 Informational flags describe a candidate; the others explain a ``rejected``/``incorrect`` verdict.
 """
 

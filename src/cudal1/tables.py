@@ -1,5 +1,5 @@
 """Text tables and the one geometric mean behind every figure cudal1 prints: shared by the search
-summary, ``eval-suite``, the report (Markdown, HTML), the CLI and the benchmarks (pure functions,
+summary, ``judge-suite``, the report (Markdown, HTML), the CLI and the benchmarks (pure functions,
 no torch).  Not plots: those are ``report/plots.py``."""
 
 from __future__ import annotations

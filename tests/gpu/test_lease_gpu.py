@@ -1,7 +1,7 @@
 """Several judge workers sharing one GPU (``EvalConfig.workers_per_gpu``): every verdict ``ok``
 and no job timed while another worker ran a GPU phase (the GPU lease; see ``Worker.lease``).
 The checks live in ``tests/conftest.py``'s ``shared_device_batch`` (the CPU twin is in
-``tests/test_scheduler.py``)."""
+``tests/test_batch.py``)."""
 
 from __future__ import annotations
 

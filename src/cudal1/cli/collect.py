@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cudal1.recorded import RecordedJudge
-    from cudal1.train.collect import CollectError, collect_file, collect_teachers, parse_teacher
+    from cudal1.train.stages.collect import CollectError, collect_file, collect_teachers, parse_teacher
 
     if args.smoke:
         from cudal1.train.smoke import smoke_judge_config
@@ -120,12 +120,12 @@ def _policy_options(args: argparse.Namespace) -> dict:
 
 
 def _smoke(args: argparse.Namespace, judge: RecordedJudge) -> dict:
-    from cudal1.train.collect import Teacher, collect_teachers
-    from cudal1.train.smoke import ScriptedTeacher, smoke_task, teacher_script
+    from cudal1.train.stages.collect import Teacher, collect_teachers
+    from cudal1.train.smoke import scripted_teacher, smoke_task, teacher_script
 
     _require_openai()
     attempts = args.attempts or len(teacher_script())  # by default one pass over the script: every kind of answer
-    with ScriptedTeacher() as teacher:
-        summary = collect_teachers([smoke_task()], [Teacher(teacher.url, teacher.state.model)], attempts, args.per_task,
+    with scripted_teacher() as teacher:
+        summary = collect_teachers([smoke_task()], [Teacher(teacher.url, teacher.model)], attempts, args.per_task,
                                    args.out, judge, policy_options=_policy_options(args) | {"temperature": 0.0})
     return summary

@@ -102,7 +102,7 @@ def guard_model(out, cfg, name: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from cudal1.config import write_config_file
     from cudal1.recorded import RecordedJudge
-    from cudal1.train.evaluate import run_evaluate
+    from cudal1.train.evaluation.evaluate import run_evaluate
 
     if args.samples < 1:
         raise UsageError("--samples must be at least 1")

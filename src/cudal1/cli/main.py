@@ -20,7 +20,8 @@ import traceback
 from typing import Any
 
 from cudal1 import __version__
-from cudal1.cli import analyze, baseline, collect, compare, eval as eval_cmd, eval_suite, evaluate, export, optimize, report, train, verify
+from cudal1.cli import (analyze, baseline, collect, compare, evaluate, export, judge, judge_suite, optimize, report, train,
+                        verify)
 from cudal1.cli.options import RunFailure, UsageError
 
 
@@ -86,7 +87,7 @@ def _subparsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser
 DESCRIPTION = """Trustworthy GPU-kernel evaluation and optimization.
 
 Conventions shared by every command: --out is where the command writes (a run directory for
-commands that make a run: optimize, eval-suite, verify, evaluate, baseline, train; a file for
+commands that make a run: optimize, judge-suite, verify, evaluate, baseline, train; a file for
 commands that make one file: report --out, export, collect); --json prints one JSON document as
 the last stdout line; --config FILE is the command's settings file, in the format of the
 OUT/config.yaml that its runs save (feeding that file back reproduces the run); -v/-q anywhere;
@@ -99,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cudal1 {__version__}")
     _log_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (optimize, eval_cmd, eval_suite, baseline, verify, report, analyze, export, compare, collect, train, evaluate):
+    for module in (optimize, judge, judge_suite, baseline, verify, report, analyze, export, compare, collect, train, evaluate):
         module.register(sub)
     for p in _subparsers(parser):
         _log_flags(p, top=False)

@@ -170,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
     _resolve_config_file(args)
     cfg = stage_config(args)
     if getattr(args, "exemplars_from", None):
-        from cudal1.train.exemplars import SeedError, store_file
+        from cudal1.train.stages.exemplars import SeedError, store_file
 
         try:
             for source in args.exemplars_from:  # before anything is trained or judged
@@ -200,26 +200,26 @@ def run(args: argparse.Namespace) -> int:
 
 def _recorded(args: argparse.Namespace, config: EvalConfig) -> RecordedJudge:
     """The run's judge: on this machine's GPUs (``--gpus``) or a Ray cluster's; a local smoke
-    picks each rank's GPU itself (:func:`~cudal1.train.smoke_stages.smoke_judge`)."""
+    picks each rank's GPU itself (:func:`~cudal1.train.smoke.stages.smoke_judge`)."""
     from cudal1.recorded import RecordedJudge
 
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
     plan = plan_from_args(args, config.device, gpus)  # checks the backend flags too
     if args.smoke:
-        from cudal1.train.smoke_stages import smoke_judge
+        from cudal1.train.smoke.stages import smoke_judge
 
         return smoke_judge(config, plan if plan.backend == "ray" else None)
     return RecordedJudge(config, plan=plan)
 
 
 def _dispatch(args: argparse.Namespace, cfg: Config, judge: EvalConfig | None, out: Path, report: Any) -> dict[str, Any]:
-    from cudal1.train import smoke_stages
+    from cudal1.train.smoke import stages as smoke_stages
 
     if args.stage == "sft":
         if args.smoke:
             return smoke_stages.smoke_sft(out, config=cfg, resume=args.resume, report_to=report)
         _need(args, "data", "model")
-        from cudal1.train.sft import run_sft
+        from cudal1.train.stages.sft import run_sft
 
         return run_sft(args.model, args.data, cfg, out, resume=args.resume, report_to=report,
                        allow_held_out=args.allow_held_out)
@@ -238,13 +238,13 @@ def _dispatch(args: argparse.Namespace, cfg: Config, judge: EvalConfig | None, o
     tasks = load_tasks(args.suite, args.source)
     recorded = _recorded(args, judge)
     if args.stage == "grpo":
-        from cudal1.train.grpo import run_grpo
+        from cudal1.train.stages.grpo import run_grpo
 
         return run_grpo(args.model, tasks, cfg, recorded, out, resume=args.resume, report_to=report,
                         eval_tasks=eval_tasks(args, cfg, tasks), exemplars_from=args.exemplars_from,
                         exemplars_per_task=args.exemplars_per_task, allow_held_out=args.allow_held_out,
                         kernelbench=args.source)
-    from cudal1.train.ssl import run_ssl
+    from cudal1.train.stages.ssl import run_ssl
 
     return run_ssl(args.model, tasks, cfg, recorded, out, resume=args.resume, report_to=report,
                    allow_held_out=args.allow_held_out, kernelbench=args.source)

@@ -27,7 +27,7 @@ from urllib.parse import quote
 from cudal1.types import EvalResult, Task
 
 STORE_NAME = "cudal1.sqlite"
-EVALUATION_NAME = "evaluation.json"  # what ``cudal1 evaluate`` writes beside its store (cudal1.train.evaluate.SUMMARY)
+EVALUATION_NAME = "evaluation.json"  # what ``cudal1 evaluate`` writes beside its store (cudal1.train.evaluation.evaluate.SUMMARY)
 SCHEMA_VERSION = "1"  # the run store's schema this reader understands (cudal1.store.SCHEMA_VERSION)
 
 

@@ -1,16 +1,23 @@
-"""Training: CUDA-L1's three stages on TRL (see ``docs/training.md``).
+"""Training: CUDA-L1's stages on TRL (see ``docs/training.md``), in four rooms.
 
-* :mod:`.collect` — stage 0: sample teachers (OpenAI-compatible endpoints) or read a published
-  set, judge every program, keep only the verified ones, write chat-format JSONL with provenance.
-* :mod:`.sft` — stage 1: TRL's ``SFTTrainer``, loss on assistant turns only, optional LoRA.
-* :mod:`.ssl` — stage 2: rounds of generate → judge → keep successes → fine-tune.
-* :mod:`.grpo` — stage 3: TRL's ``GRPOTrainer``; contrastive prompts built at sampling time from
-  the run store; the judge as the reward (:mod:`.reward` shapes it).
+* ``stages/`` — the stages and what only one of them uses: :mod:`~cudal1.train.stages.collect`
+  (stage 0: verified data from teachers or a published set), :mod:`~cudal1.train.stages.sft`
+  (stage 1), :mod:`~cudal1.train.stages.ssl` (stage 2: generate, judge, keep the successes,
+  fine-tune), :mod:`~cudal1.train.stages.grpo` (stage 3, with its contrastive prompts, collapse
+  watch and exemplar seeding).
+* ``evaluation/`` — evaluating a model: ``cudal1 evaluate``, its figures, and the same figures
+  during GRPO.
+* ``smoke/`` — ``--smoke`` on a CPU: the bundled task and programs, the tiny model, each stage
+  on them, and the scripted OpenAI-compatible server.
+* beside them, what several rooms use: :mod:`.config` (every stage's settings), :mod:`.judging`
+  (rollouts through the run's recorded judge), :mod:`.reward`, :mod:`.generation`, :mod:`.dist`,
+  :mod:`.checkpoint`, :mod:`.metrics`, :mod:`.common` (trainer arguments), :mod:`.heldout`,
+  :mod:`.recipes` and :mod:`.preflight`.
 
-The layer knows the judge only through :mod:`cudal1.harness`'s front door and the result types.
-Everything heavy (``trl``, ``transformers``, ``peft``, ``datasets``, ``accelerate``) is the
-``train`` extra, imported inside the functions that need it; :mod:`.reward`, :mod:`.config` and
-this package import without it.  :func:`require_train` gives the one-line error naming the extra.
+The layer knows the judge only through :mod:`cudal1.recorded` and the result types.  Everything
+heavy (``trl``, ``transformers``, ``peft``, ``datasets``, ``accelerate``) is the ``train`` extra,
+imported inside the functions that need it; :mod:`.reward`, :mod:`.config` and this package import
+without it.  :func:`require_train` gives the one-line error naming the extra.
 """
 
 from __future__ import annotations

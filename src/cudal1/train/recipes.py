@@ -21,7 +21,7 @@ off: no second copy.  Per vLLM GPU: weights ``2P / tp``; the rest of its share i
 **The judge** runs each rank's rollouts on the training GPUs between generation and the update:
 then the GPU still holds the training state (weights, gradients, optimizer, reference) and the
 colocated engine's share, unless TRL's ``vllm_enable_sleep_mode`` released it; the activations'
-cached blocks are released before judging (:class:`~cudal1.train.grpo.JudgeReward`).  A judge
+cached blocks are released before judging (:class:`~cudal1.train.stages.grpo.JudgeReward`).  A judge
 worker needs the task's working set: up to :data:`JUDGE_WORKER_GIB` for KernelBench level 1 at
 its current sizes (25-60 GiB measured on the H200).  A worker that runs out of memory gets an
 ``oom`` runtime error — a failure reward for a program that may be right.
@@ -112,7 +112,7 @@ def memory(recipe: Recipe, cfg, judge_gib: float = JUDGE_WORKER_GIB) -> dict[str
     optimizer's host share (``offload_host``, over the node) and, with vLLM, per engine GPU
     (``vllm_weights``, ``kv_tokens`` it can hold, ``step_tokens`` one step needs).  ``cfg`` is the
     recipe's :class:`~cudal1.train.config.GRPOConfig`."""
-    from cudal1.train.grpo import per_device_batch
+    from cudal1.train.stages.grpo import per_device_batch
 
     m, n, z = recipe.model, recipe.training_gpus, recipe.zero_stage
     b = per_device_batch(cfg, n)

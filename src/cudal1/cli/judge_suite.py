@@ -1,5 +1,6 @@
-"""``cudal1 eval-suite``: judge a JSONL of candidates (``task``, ``code``) against a task suite,
-in parallel over all local GPUs (one timing lane per GPU), with a progress bar and a table.
+"""``cudal1 judge-suite`` (also ``cudal1 eval-suite``): judge a JSONL of candidates (``task``,
+``code``) against a task suite, in parallel over all local GPUs (one timing lane per GPU), with a
+progress bar and a table.
 
 Results go to ``OUT/cudal1.sqlite`` (resumable: re-running skips what is recorded) and
 ``OUT/results.jsonl`` (one line per candidate, input order); ``OUT/summary.json`` holds the summary
@@ -23,11 +24,12 @@ from cudal1.types import Candidate, EvalResult, Task
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval-suite", help="judge a JSONL of candidates against a suite", description=__doc__)
+    p = sub.add_parser("judge-suite", aliases=["eval-suite"], help="judge a JSONL of candidates against a suite (alias: "
+                       "eval-suite)", description=__doc__)
     p.add_argument("--candidates", required=True, metavar="FILE.jsonl", help="lines with 'task' and 'code' (optional 'label')")
     p.add_argument("--suite", required=True, help="kernelbench:level1, kernelbench:level2/1-20, a task dir, JSONL or .py")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors (else $CUDAL1_KERNELBENCH, else the HF dataset)")
-    add_out_flags(p, "eval-suite", "results.jsonl, summary.json, config.yaml, the run store cudal1.sqlite")
+    add_out_flags(p, "judge-suite", "results.jsonl, summary.json, config.yaml, the run store cudal1.sqlite")
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
     add_judge_flags(p)
@@ -84,18 +86,18 @@ def run(args: argparse.Namespace) -> int:
     gpus = [int(g) for g in args.gpus.split(",")] if args.gpus else None
     plan = plan_from_args(args, config.device, gpus)
     config = resolve_device(config, plan)
-    out = run_out(args, "eval-suite", args.candidates, config)
+    out = run_out(args, "judge-suite", args.candidates, config)
     out.mkdir(parents=True, exist_ok=True)
-    write_config_file(out, judge=config, run={"command": "eval-suite", "suite": args.suite, "source": args.source,
+    write_config_file(out, judge=config, run={"command": "judge-suite", "suite": args.suite, "source": args.source,
                                               "candidates": str(args.candidates), "device": plan.device,
                                               "lanes": list(plan.lanes), "backend": plan.backend})
     stats: list = []
-    with RunStore(out / "cudal1.sqlite") as store, progress_for(args, "eval-suite", len(pairs)) as progress:
+    with RunStore(out / "cudal1.sqlite") as store, progress_for(args, "judge-suite", len(pairs)) as progress:
         judge = RecordedJudge(config, store, plan=plan, on_event=progress)
         done = sum(judge.verdict(t, c) is not None for t, c in pairs)
         progress.line(f"{len(pairs)} candidate(s) on {plan.hardware_name()}; out {out}"
                       + (f"; resuming: {done} already judged" if done else ""))
-        run_id = store.start_run("eval-suite", {"judge_hash": judge.config_hash, "judge": config.to_dict()})
+        run_id = store.start_run("judge-suite", {"judge_hash": judge.config_hash, "judge": config.to_dict()})
         results = judge.judge(pairs, on_stats=stats.append)
         store.finish_run(run_id, "done")
     for (_, cand), r in zip(pairs, results):

@@ -4,7 +4,7 @@ Contract: :func:`run_evaluate` asks ``policy`` for exactly ``samples`` answers p
 request per sample (``generate`` with ``n = 1``), each for the task's one-shot prompt (the
 contrastive template without exemplars: no search rounds, no feedback, nothing the model's own
 earlier answers could add) — parses and judges every answer (:class:`~cudal1.train.judging.RolloutJudge`)
-and returns the figures of :mod:`.eval_figures` (compile/correct/ok rates, fast_p, best-of-k
+and returns the figures of :mod:`cudal1.train.evaluation.figures` (compile/correct/ok rates, fast_p, best-of-k
 speedups, pass@k).  Everything is recorded in ``OUT/cudal1.sqlite`` (responses with policy
 ``evaluate``, round 1: prompts, texts, parses, verdicts), which ``cudal1 report OUT`` renders; the
 summary is also written to ``OUT/evaluation.json``.
@@ -30,7 +30,7 @@ from typing import Any
 
 from cudal1.policy.base import Policy
 from cudal1.recorded import RecordedJudge
-from cudal1.train.eval_figures import Sample, figures
+from cudal1.train.evaluation.figures import Sample, figures
 from cudal1.train.judging import RolloutJudge
 from cudal1.types import Prompt, Task
 

@@ -1,4 +1,5 @@
-"""A local, scripted OpenAI-compatible chat server for tests (stdlib only; no LLM anywhere).
+"""The scripted OpenAI-compatible chat server (stdlib only; no LLM anywhere): the ``collect``
+smoke's teacher, the tests' endpoint and ``benchmarks/reward_loop.py``'s generator.
 
 Serves ``POST /v1/chat/completions`` and ``POST /chat/completions`` (and ``GET /v1/models``) on
 127.0.0.1 with an OS-chosen port.  What it answers is scripted:
@@ -44,6 +45,19 @@ class Reply:
 
 Item = Union[Reply, str, list]
 Script = Union[list, Callable[[dict, int], Item], None]
+
+
+def cycle(texts: list[str]) -> Callable[[dict, int], Item]:
+    """A script answering every choice of every request with the next of ``texts``, over and over."""
+    lock, served = threading.Lock(), [0]
+
+    def next_item(body: dict, index: int) -> Item:
+        n = int(body.get("n") or 1)
+        with lock:
+            start, served[0] = served[0], served[0] + n
+        return [texts[(start + i) % len(texts)] for i in range(n)]
+
+    return next_item
 
 
 def fail_first(k: int, status: int = 503, then: Item = "ok") -> Callable[[dict, int], Item]:

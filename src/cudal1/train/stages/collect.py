@@ -10,7 +10,7 @@ Contract:
   at all raises :class:`CollectError` naming its URL before anything is spent.
 * :func:`collect_file` admits a published kernel set (CUDA-L1's release format, or ``task``/``code``
   lines resolved against a suite) only after re-judging every record on this machine.
-* Held-out tasks (:mod:`.heldout`: by level and problem id, or by their source under any name)
+* Held-out tasks (:mod:`cudal1.train.heldout`: by level and problem id, or by their source under any name)
   stay out unless ``allow_held_out``: :func:`collect_teachers` refuses a suite holding one
   (:class:`~cudal1.train.heldout.HeldOutError`, before any request), :func:`collect_file` leaves
   their records out and counts them (``held_out_left_out``).

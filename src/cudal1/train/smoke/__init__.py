@@ -10,8 +10,10 @@
   must reach the data set.
 * :func:`smoke_judge_config` — few correctness and timing trials, so a verdict costs about one
   worker start-up; every guard stays on.
-* :class:`ScriptedTeacher` — an OpenAI-compatible chat endpoint on 127.0.0.1 (stdlib only) that
-  answers in CUDA-L1's three-section format, cycling through a script of programs.
+* :func:`scripted_teacher` — the scripted OpenAI-compatible endpoint on 127.0.0.1
+  (:mod:`cudal1.train.smoke.server`, stdlib only) answering in CUDA-L1's three-section format,
+  cycling through a script of programs.
+* :mod:`.stages` runs each training stage on the smoke task; :mod:`.tiny` builds the tiny model.
 
 None of this is a mock of the pipeline: the trainers, the judge's subprocesses and the HTTP
 client are the real ones; only the model and the teacher are small.
@@ -19,12 +21,9 @@ client are the real ones; only the model and the teacher are small.
 
 from __future__ import annotations
 
-import json
-import threading
-from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from cudal1.train.smoke.server import ScriptedLLMServer, cycle
 from cudal1.types import Task
 
 TASK_NAME = "diag_scale"
@@ -142,94 +141,11 @@ def teacher_script() -> list[str]:
             answer(FAILURES["crash"]), answer(VARIANTS["matmul"])]
 
 
-@dataclass
-class _Served:
-    texts: list[str]
-    model: str
-    requests: int = 0
-
-
-class ScriptedTeacher:
-    """An OpenAI-compatible chat endpoint on 127.0.0.1 cycling through ``texts`` (one per choice).
-
-    ``GET /v1/models`` lists ``model``; ``POST /v1/chat/completions`` answers ``n`` choices.  Use
-    as a context manager; ``url`` ends in ``/v1``.
-    """
-
-    def __init__(self, texts: list[str] | None = None, model: str = "smoke-teacher") -> None:
-        self.state = _Served(list(texts or teacher_script()), model)
-        self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-
-    @property
-    def url(self) -> str:
-        assert self._httpd is not None, "teacher not started"
-        return f"http://127.0.0.1:{self._httpd.server_address[1]}/v1"
-
-    def next_text(self) -> str:
-        with self._lock:
-            text = self.state.texts[self.state.requests % len(self.state.texts)]
-            self.state.requests += 1
-            return text
-
-    def start(self) -> "ScriptedTeacher":
-        handler = type("Handler", (_Handler,), {"owner": self})
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self._httpd.daemon_threads = True
-        threading.Thread(target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        return self
-
-    def stop(self) -> None:
-        if self._httpd is not None:
-            httpd, self._httpd = self._httpd, None
-            httpd.shutdown()
-            httpd.server_close()
-
-    def __enter__(self) -> "ScriptedTeacher":
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class _Handler(BaseHTTPRequestHandler):
-    owner: ScriptedTeacher
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        if self.path.rstrip("/") in ("/v1/models", "/models"):
-            self._send(200, {"object": "list", "data": [{"id": self.owner.state.model, "object": "model"}]})
-        else:
-            self._send(404, {"error": {"message": f"no route {self.path}"}})
-
-    def do_POST(self) -> None:
-        if self.path.rstrip("/") not in ("/v1/chat/completions", "/chat/completions"):
-            self._send(404, {"error": {"message": f"no route {self.path}"}})
-            return
-        try:
-            body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
-        except ValueError:
-            self._send(400, {"error": {"message": "request body is not JSON"}})
-            return
-        n = int(body.get("n") or 1)
-        choices = [{"index": i, "message": {"role": "assistant", "content": self.owner.next_text()}, "finish_reason": "stop"}
-                   for i in range(n)]
-        self._send(200, {"id": "chatcmpl-smoke", "object": "chat.completion", "created": 0,
-                         "model": body.get("model") or self.owner.state.model, "choices": choices,
-                         "usage": {"prompt_tokens": 10, "completion_tokens": 50 * n, "total_tokens": 10 + 50 * n}})
-
-    def _send(self, status: int, payload: dict) -> None:
-        data = json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
+def scripted_teacher(texts: list[str] | None = None, model: str = "smoke-teacher") -> ScriptedLLMServer:
+    """The ``collect`` smoke's teacher: the one scripted OpenAI-compatible server
+    (:mod:`cudal1.train.smoke.server`) answering every choice with the next of ``texts`` (default
+    :func:`teacher_script`), over and over.  Use it as a context manager; ``url`` ends in ``/v1``."""
+    return ScriptedLLMServer(cycle(list(texts or teacher_script())), model=model, lifetime_s=24 * 3600)
 
 
 # Plausible measured speedups for the priming prompts' exemplars (CPU-like: loop and matmul slow).
@@ -278,7 +194,7 @@ def fixed_strings(records: list[dict[str, Any]], programs: tuple[str, ...] | lis
     sequences (a CPU pays per token) and chooses between programs line by line, not character
     by character — which keeps priming and GRPO to a few dozen steps.  ``programs``: more programs
     whose lines are kept whole (e.g. ``benchmarks/train_gpu_programs.py``'s GPU programs)."""
-    from cudal1.train.tiny import common_lines
+    from cudal1.train.smoke.tiny import common_lines
 
     by_role = lambda role: [m["content"] for r in records for m in r["messages"] if m["role"] == role]  # noqa: E731
     from cudal1.types import reference_candidate

@@ -1,4 +1,4 @@
-"""``cudal1 eval``: judge one candidate file against one reference file."""
+"""``cudal1 judge`` (also ``cudal1 eval``): judge one candidate file against one reference file."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from cudal1.types import Candidate, EvalResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="judge one candidate against a reference", description=__doc__)
+    p = sub.add_parser("judge", aliases=["eval"], help="judge one candidate against a reference (alias: eval)",
+                       description=__doc__)
     p.add_argument("--reference", required=True, metavar="REF.py", help="KernelBench-format task file")
     p.add_argument("--candidate", required=True, metavar="CAND.py", help="source defining ModelNew")
     p.add_argument("--out", default=None, metavar="DIR",

@@ -1,7 +1,7 @@
 """The local scheduler (CPU tier): lanes take ready work first and never wait on a build that has
 not started, builds start at once (bounded by the build budget, not by lanes), batch stats add
 up; with a stand-in Evaluator (no worker processes), then once through the real judge and the
-``eval-suite`` summary."""
+``judge-suite`` summary."""
 
 from __future__ import annotations
 
@@ -251,7 +251,7 @@ def test_unknown_backend_is_an_error():
 # ---- the real judge, through the CLI ---------------------------------------------------------------
 
 @pytest.mark.cpu
-def test_eval_suite_summary_reports_where_time_went(tmp_path, capsys):
+def test_judge_suite_summary_reports_where_time_went(tmp_path, capsys):
     from cudal1.cli.main import main
 
     cands = tmp_path / "c.jsonl"
@@ -259,7 +259,7 @@ def test_eval_suite_summary_reports_where_time_went(tmp_path, capsys):
     cands.write_text(json.dumps({"task": "diag_matmul", "code": code}) + "\n"
                      + json.dumps({"task": "diag_matmul", "code": (REPO / "tests/fixtures/cpu/mutates_input.py").read_text()}) + "\n")
     out = tmp_path / "out"
-    rc = main(["eval-suite", "--candidates", str(cands), "--suite", str(SMALL_DIAG),
+    rc = main(["judge-suite", "--candidates", str(cands), "--suite", str(SMALL_DIAG),
                "--out", str(out), "--device", "cpu", "--trials", "3", "--timing-trials", "10", "--json"])
     assert rc == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

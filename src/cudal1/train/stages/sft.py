@@ -13,7 +13,7 @@ data file is read by rank 0 first, then from the datasets cache by the others); 
 adapter kept in ``OUT/adapter``) in ``OUT`` through :func:`~cudal1.train.checkpoint.save_final`,
 which gathers the weights under ZeRO-3 and FSDP; ``resume`` continues from the last checkpoint.
 Any other ``trl.SFTConfig`` field goes in the config's ``trl:`` block.  Data that trains on a
-KernelBench held-out task is refused unless ``allow_held_out`` (:mod:`.heldout`).
+KernelBench held-out task is refused unless ``allow_held_out`` (:mod:`cudal1.train.heldout`).
 
 Not covered: packing and padding-free batching (off: kernels are long and few), evaluation sets.
 """

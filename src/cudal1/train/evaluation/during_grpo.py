@@ -10,10 +10,10 @@ the reward function, which recognises eval rows by their ``phase`` column and ha
 never confused with training rollouts, nor restore the reward's statistics on ``--resume``),
 rewarded without touching the running statistics.  :func:`eval_callback` then gathers every
 rank's samples (a collective) and rank 0 appends one line to ``metrics.jsonl``: ``stage`` ``eval``,
-``step``, and :func:`cudal1.train.eval_figures.figures`'s keys (rates, pass@k, fast_p, best-of-k
+``step``, and :func:`cudal1.train.evaluation.figures.figures`'s keys (rates, pass@k, fast_p, best-of-k
 speedups) without the per-task table.
 
-The eval tasks are disjoint from the training tasks (:func:`~cudal1.train.grpo.run_grpo` refuses
+The eval tasks are disjoint from the training tasks (:func:`~cudal1.train.stages.grpo.run_grpo` refuses
 an overlap: eval rollouts of a trained task would join its exemplar pool and the figures would
 measure training tasks).
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cudal1.train import dist
-from cudal1.train.eval_figures import Sample, figures
+from cudal1.train.evaluation.figures import Sample, figures
 from cudal1.types import Prompt, Task
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ and with β > 0 loads the frozen reference model from the same path) on ``tasks`
 
 * round 0 judges each task's reference (``ModelNew = Model``, the 1.00x anchor of the pool);
 * prompts are contrastive and built when sampled, from the run store
-  (:class:`~cudal1.train.contrast.ContrastivePrompts`); each rollout is parsed, judged
+  (:class:`~cudal1.train.stages.contrast.ContrastivePrompts`); each rollout is parsed, judged
   (:class:`~cudal1.train.judging.RolloutJudge`: cached by candidate hash, recorded in
   ``OUT/cudal1.sqlite``) and becomes part of the pool future prompts draw exemplars from;
 * rewards are shaped by :func:`cudal1.train.reward.shape_rewards` (running statistics over
@@ -50,11 +50,11 @@ from typing import Any, Callable
 from cudal1.recorded import RecordedJudge
 from cudal1.train import dist, require_train
 from cudal1.train.checkpoint import check_engine, last_checkpoint, save_final
-from cudal1.train.collapse import CollapseWatch
+from cudal1.train.stages.collapse import CollapseWatch
 from cudal1.train.common import check_model, cuda_or_cpu_kwargs, peft_config, trainer_arguments, world_size
 from cudal1.train.config import GRPOConfig
-from cudal1.train.contrast import ContrastivePrompts
-from cudal1.train.grpo_eval import EVAL_POLICY, PHASE, EvalSet, eval_callback
+from cudal1.train.stages.contrast import ContrastivePrompts
+from cudal1.train.evaluation.during_grpo import EVAL_POLICY, PHASE, EvalSet, eval_callback
 from cudal1.train.judging import RolloutJudge, reference_candidate
 from cudal1.train.metrics import metrics_callback, read_metrics
 from cudal1.train.preflight import memory_shortfalls
@@ -219,11 +219,11 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudg
     through ``judge`` (its config, plan, hardware name and listener are the run's; its store is
     ``OUT/cudal1.sqlite`` unless it has one).  Returns a summary.
     ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline).
-    ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`.grpo_eval`).
+    ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`cudal1.train.evaluation.during_grpo`).
     ``exemplars_from``: earlier runs whose verified programs seed the exemplar pool, at most
     ``exemplars_per_task`` per task, judged here first (:mod:`.exemplars`).  Held-out training
     tasks are refused unless ``allow_held_out``, and ``eval_tasks`` must not be trained on
-    (:mod:`.heldout`; ValueError, one line).  ``rollout``: TRL's ``rollout_func`` (its prompts and
+    (:mod:`cudal1.train.heldout`; ValueError, one line).  ``rollout``: TRL's ``rollout_func`` (its prompts and
     the trainer -> ``prompt_ids``, ``completion_ids``, ``logprobs``), to generate elsewhere than in
     the trainer — e.g. ``benchmarks/reward_loop.py``'s scripted OpenAI-compatible server."""
     require_train("cudal1 train grpo")
@@ -263,7 +263,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge,
         with dist.main_first():  # the other ranks then find the references' (and seeds') verdicts in the store
             judge_references(judge, tasks)
             if seeds[0] and main:
-                from cudal1.train.exemplars import seed_pool
+                from cudal1.train.stages.exemplars import seed_pool
 
                 seeded = seed_pool(judge, tasks, seeds[0], seeds[1])
         contrast = ContrastivePrompts(rollouts, tasks, exemplars=cfg.exemplars, strategy=cfg.strategy, tau=cfg.tau,

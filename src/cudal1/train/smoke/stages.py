@@ -2,7 +2,7 @@
 
 Each function builds what it needs under ``out`` — a tiny two-layer Qwen2 model from a config with
 a BPE tokenizer trained on the spot (:mod:`.tiny`), the bundled ``diag_scale`` task and its
-programs (:mod:`.smoke`) — and runs the real stage: TRL's trainers and the judge's subprocesses.
+programs (:mod:`cudal1.train.smoke`) — and runs the real stage: TRL's trainers and the judge's subprocesses.
 
 * ``sft``: fine-tunes the tiny model on the bundled verified programs in the chat format
   ``collect`` writes.
@@ -15,7 +15,7 @@ programs (:mod:`.smoke`) — and runs the real stage: TRL's trainers and the jud
 
 The primed model is built once per ``out`` (``out/prime/primed``) and reused by ``--resume``.
 
-Several processes (``torchrun``/``accelerate launch``, see :mod:`.dist`): rank 0 alone builds
+Several processes (``torchrun``/``accelerate launch``, see :mod:`cudal1.train.dist`): rank 0 alone builds
 the tiny model and tokenizer and writes ``data.jsonl``; the other ranks wait for it.  Priming
 and the stage's training are data-parallel over every rank (each rank trains on its share of
 each batch; rank 0 saves).
@@ -53,7 +53,7 @@ def tiny_base(out: Path, records: list[dict[str, Any]]) -> Path:
     """The untrained tiny model, its tokenizer trained on ``records``' texts (built once, by rank 0;
     the other ranks wait for it)."""
     from cudal1.train.smoke import fixed_strings
-    from cudal1.train.tiny import build_tiny_model
+    from cudal1.train.smoke.tiny import build_tiny_model
 
     if dist.is_main() and not (out / "config.json").is_file():
         build_tiny_model(out, [m["content"] for r in records for m in r["messages"]], hidden=128,
@@ -64,7 +64,7 @@ def tiny_base(out: Path, records: list[dict[str, Any]]) -> Path:
 
 def primed_model(out: Path) -> Path:
     """The tiny model after a short SFT on every bundled program (built once under ``out``)."""
-    from cudal1.train.sft import run_sft
+    from cudal1.train.stages.sft import run_sft
 
     primed = out / "primed"
     dist.barrier()  # every rank decides alike below: priming is a data-parallel SFT of all ranks
@@ -124,7 +124,7 @@ def smoke_grpo(out: str | Path, *, config: GRPOConfig | None = None, resume: boo
     """GRPO smoke; ``judge`` (e.g. :func:`smoke_judge` on ``smoke_judge_config("cuda")``) picks how and
     where rollouts are judged (default: the CPU, this machine); ``eval_tasks`` are evaluated every
     ``eval_every`` steps of the config."""
-    from cudal1.train.grpo import run_grpo
+    from cudal1.train.stages.grpo import run_grpo
 
     return _judged_stage("grpo", run_grpo, out, config, resume, report_to, judge, eval_tasks=eval_tasks,
                          exemplars_from=exemplars_from, exemplars_per_task=exemplars_per_task)
@@ -145,7 +145,7 @@ def smoke_sft(out: str | Path, *, config: SFTConfig | None = None, lora: bool | 
               report_to: Any = "none") -> dict[str, Any]:
     import dataclasses
 
-    from cudal1.train.sft import run_sft
+    from cudal1.train.stages.sft import run_sft
 
     out = Path(out)
     cfg = config or load_config("sft", "smoke")
@@ -163,6 +163,6 @@ def smoke_sft(out: str | Path, *, config: SFTConfig | None = None, lora: bool | 
 
 def smoke_ssl(out: str | Path, *, config: SSLConfig | None = None, resume: bool = False, report_to: Any = "none",
               judge: RecordedJudge | None = None) -> dict[str, Any]:
-    from cudal1.train.ssl import run_ssl
+    from cudal1.train.stages.ssl import run_ssl
 
     return _judged_stage("ssl", run_ssl, out, config, resume, report_to, judge)

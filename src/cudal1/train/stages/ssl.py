@@ -4,13 +4,13 @@ Contract: :func:`run_ssl` runs ``cfg.rounds`` rounds starting from ``model``.  E
 
 1. generates ``cfg.samples`` programs per task from the current model — with vLLM when it is
    installed (``backend: auto``/``vllm``), else transformers (the ``hf`` policy) — for the task's
-   prompt (the contrastive template without exemplars; :mod:`.generation`);
+   prompt (the contrastive template without exemplars; :mod:`cudal1.train.generation`);
 2. judges them all (:class:`~cudal1.train.judging.RolloutJudge`; records in ``OUT/cudal1.sqlite``);
 3. keeps the successes: ``ok`` and not on a degenerate task, speed ignored (the paper's stage keeps
    programs that are executable and correct); one per distinct program, at most
    ``max_keep_per_task`` per task when set;
 4. writes them to ``OUT/round<r>/data.jsonl`` (chat format with provenance, like ``collect``) and
-   fine-tunes on them with :func:`~cudal1.train.sft.run_sft` into ``OUT/round<r>/model``.
+   fine-tunes on them with :func:`~cudal1.train.stages.sft.run_sft` into ``OUT/round<r>/model``.
 
 ``OUT/metrics.jsonl`` gets one line per round (``step`` = round, ``loss`` = the round's last SFT
 loss, ``success_rate``, ``kept``, ``judged``); each round's SFT writes its own metrics next to its
@@ -24,7 +24,7 @@ with vLLM tensor parallelism ``t``, each group of ``t`` ranks running one engine
 generates its own block, each rank judges its share of it and records it in the one run store
 (WAL; rank 0 creates it first).  The kept successes and the counts are gathered to rank 0, which
 writes ``data.jsonl``, ``summary.json``, ``metrics.jsonl`` and the ``model`` link; then every rank
-fine-tunes on the round's data together (data-parallel :func:`~cudal1.train.sft.run_sft`).  Every
+fine-tunes on the round's data together (data-parallel :func:`~cudal1.train.stages.sft.run_sft`).  Every
 rank's summary carries the round's totals.
 
 Not covered: the vLLM path is not exercised by the CPU tests (vLLM needs a GPU).
@@ -81,7 +81,7 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge: RecordedJudge,
             kernelbench: str | Path | None = None) -> dict[str, Any]:
     """Run the self-supervised rounds (see the module docstring), judging through ``judge`` (its
     store is ``OUT/cudal1.sqlite`` unless it has one).  Returns a summary.  Held-out tasks are
-    refused (:mod:`.heldout`) unless ``allow_held_out``."""
+    refused (:mod:`cudal1.train.heldout`) unless ``allow_held_out``."""
     require_train("cudal1 train ssl")
     from cudal1.train.common import check_model
 
@@ -92,7 +92,7 @@ def run_ssl(model: str, tasks: list[Task], cfg: SSLConfig, judge: RecordedJudge,
     check_model(model)
     from cudal1.prompts import build_prompt
     from cudal1.train.metrics import read_metrics
-    from cudal1.train.sft import run_sft
+    from cudal1.train.stages.sft import run_sft
 
     out = Path(out)
     main = dist.is_main()
