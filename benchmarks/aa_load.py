@@ -77,12 +77,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "args": vars(args) | {"task": str(args.task)},
                                                "cpus": os.cpu_count(), "wall_s": time.time() - t0}, indent=1))
-    print(f"A/A of {args.task.name} ({args.runs} verdicts per condition, {os.cpu_count()} CPUs, {time.time() - t0:.0f} s)")
+    print(
+        f"A/A of {args.task.name} ({args.runs} verdicts per condition, {os.cpu_count()} CPUs, {time.time() - t0:.0f} s)"
+    )
     print(f"{'condition':<10} {'ok':>4} {'CI has 1':>8} {'contended':>9} {'either':>6} {'faster':>6} {'slower':>6} "
           f"{'median x':>8} {'CI width':>8}")
     for name, r in rows.items():
-        print(f"{name:<10} {r['ok']:>4} {r['ci_includes_1']:>8} {r['contended']:>9} {r['includes_1_or_contended']:>6} "
-              f"{r['says_faster']:>6} {r['says_slower']:>6} {r['median_speedup'] or 0:>8.3f} {r['median_ci_width'] or 0:>8.3f}")
+        print(
+            f"{name:<10} {r['ok']:>4} {r['ci_includes_1']:>8} {r['contended']:>9} {r['includes_1_or_contended']:>6} "
+            f"{r['says_faster']:>6} {r['says_slower']:>6} {r['median_speedup'] or 0:>8.3f} "
+            f"{r['median_ci_width'] or 0:>8.3f}"
+        )
     return 0
 
 

@@ -39,7 +39,8 @@ from typing import Any
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.policy.builtin import passes_in
 from cudal1.report.load import ReportError, load_runs
-from cudal1.tables import fmt as _fmt, table
+from cudal1.tables import fmt as _fmt
+from cudal1.tables import table
 from cudal1.types import Status
 
 FAST = (1.0, 1.5, 2.0)
@@ -66,9 +67,14 @@ def ratios(pairs: list[tuple[str, float, float]]) -> dict[str, Any]:
     """(task, builtin, other) → geomean and median of builtin/other, win rate, the losses."""
     rs = [(t, b / o) for t, b, o in pairs if b and o]
     values = [r for _, r in rs]
-    return {"n": len(rs), "geomean": geomean(values), "median": statistics.median(values) if values else None,
-            "wins": sum(r > 1.0 for r in values), "win_rate": sum(r > 1.0 for r in values) / len(values) if values else None,
-            "losses": sorted(([t, r] for t, r in rs if r < 1.0), key=lambda tr: tr[1])}
+    return {
+        "n": len(rs),
+        "geomean": geomean(values),
+        "median": statistics.median(values) if values else None,
+        "wins": sum(r > 1.0 for r in values),
+        "win_rate": sum(r > 1.0 for r in values) / len(values) if values else None,
+        "losses": sorted(([t, r] for t, r in rs if r < 1.0), key=lambda tr: tr[1]),
+    }
 
 
 def _ok(result: Any) -> bool:
@@ -143,11 +149,17 @@ def summarize(rows: list[dict], modes: list[str]) -> dict[str, Any]:
     over["best_compile_mode"] = ratios([(r["task"], value(r), r["best_mode_value"]) for r in live
                                         if r["best_mode"] and r["mode_status"].get(r["best_mode"]) == "ok"])
     confirmed = [r for r in live if r["best_confirmed"] is not None or r["mode_confirmed"] is not None]
-    retimed = {"best": stats([_confirmed(r["best_confirmed"]) or value(r) for r in confirmed]),
-               "over_best_compile_mode": ratios([(r["task"], _confirmed(r["best_confirmed"]) or value(r),
-                                                  _confirmed(r["mode_confirmed"])) for r in confirmed
-                                                 if r["mode_confirmed"] and r["mode_confirmed"]["status"] == "ok"]),
-               "failed": [r["task"] for r in confirmed if r["best_confirmed"] and r["best_confirmed"]["status"] != "ok"]}
+    retimed = {
+        "best": stats([_confirmed(r["best_confirmed"]) or value(r) for r in confirmed]),
+        "over_best_compile_mode": ratios(
+            [
+                (r["task"], _confirmed(r["best_confirmed"]) or value(r), _confirmed(r["mode_confirmed"]))
+                for r in confirmed
+                if r["mode_confirmed"] and r["mode_confirmed"]["status"] == "ok"
+            ]
+        ),
+        "failed": [r["task"] for r in confirmed if r["best_confirmed"] and r["best_confirmed"]["status"] != "ok"],
+    }
     chains: dict[str, dict[str, Any]] = {}
     for r in live:
         for chain, status, speedup in r["chains"]:
@@ -166,13 +178,20 @@ def summarize(rows: list[dict], modes: list[str]) -> dict[str, Any]:
                      "compared": len(c["vs_best_mode"]), "statuses": dict(c["statuses"])}
                  for k, c in sorted(chains.items(), key=lambda kv: -kv[1]["judged"])}
     levels = sorted({r["level"] for r in live}, key=lambda v: (v is None, v or 0))
-    return {"tasks": len(rows), "finished": len(live), "unfinished": [r["task"] for r in unfinished],
-            "degenerate": [r["task"] for r in rows if r["degenerate"]],
-            "no_verified_candidate": [r["task"] for r in live if not r["verified"]],
-            "overall": figures(live), "by_level": {str(lv): figures([r for r in live if r["level"] == lv]) for lv in levels},
-            "over": over, "retimed": retimed, "per_chain": per_chain,
-            "winning_chains": dict(Counter(r["best_passes"] for r in live if r["best_passes"]).most_common()),
-            "environments": sorted({e for r in rows for e in r["environments"]})}
+    return {
+        "tasks": len(rows),
+        "finished": len(live),
+        "unfinished": [r["task"] for r in unfinished],
+        "degenerate": [r["task"] for r in rows if r["degenerate"]],
+        "no_verified_candidate": [r["task"] for r in live if not r["verified"]],
+        "overall": figures(live),
+        "by_level": {str(lv): figures([r for r in live if r["level"] == lv]) for lv in levels},
+        "over": over,
+        "retimed": retimed,
+        "per_chain": per_chain,
+        "winning_chains": dict(Counter(r["best_passes"] for r in live if r["best_passes"]).most_common()),
+        "environments": sorted({e for r in rows for e in r["environments"]}),
+    }
 
 
 def _stat_row(label: str, s: dict) -> list[str]:
@@ -191,8 +210,12 @@ def markdown(s: dict, modes: list[str], run: dict | None = None) -> str:
                 + [f"{fmt(_confirmed(r['best_confirmed']))} / {fmt(_confirmed(r['mode_confirmed']))}",
                    ("degenerate " if r["degenerate"] else "") + (f"{r['pending']} pending" if r["pending"] else "")]
                 for r in s["rows"]]
-        lines += [table(["task", "selected by", "rounds", "best", "passes", *modes, "re-timed best / best mode", "note"],
-                        rows), ""]
+        lines += [
+            table(
+                ["task", "selected by", "rounds", "best", "passes", *modes, "re-timed best / best mode", "note"], rows
+            ),
+            "",
+        ]
     chains = [[k, str(c["judged"]), str(c["ok"]), fmt(c["geomean"]), fmt(c["over_best_compile_mode"]),
                f"{c['wins_over_best_compile_mode']}/{c['compared']}",
                ", ".join(f"{st} {n}" for st, n in sorted(c["statuses"].items()) if st != "ok") or "-"]
@@ -201,12 +224,14 @@ def markdown(s: dict, modes: list[str], run: dict | None = None) -> str:
               table(["chain", "judged", "ok", "geomean", "over best compile mode", "wins", "failures"], chains), ""]
     o = s["over"]
     losses = o["best_compile_mode"]["losses"]
-    lines += [f"tasks {s['tasks']}, finished and not degenerate {s['finished']}; "
-              f"degenerate: {', '.join(s['degenerate']) or 'none'}; unfinished: {', '.join(s['unfinished']) or 'none'}; "
-              f"no verified builtin candidate: {', '.join(s['no_verified_candidate']) or 'none'}",
-              "winning chains: " + (", ".join(f"{k} {v}" for k, v in s["winning_chains"].items()) or "none"),
-              "lost to the best compile mode: " + (", ".join(f"{t} {fmt(r)}" for t, r in losses) or "none"),
-              "environments: " + ("; ".join(s["environments"]) or "-")]
+    lines += [
+        f"tasks {s['tasks']}, finished and not degenerate {s['finished']}; "
+        f"degenerate: {', '.join(s['degenerate']) or 'none'}; unfinished: {', '.join(s['unfinished']) or 'none'}; "
+        f"no verified builtin candidate: {', '.join(s['no_verified_candidate']) or 'none'}",
+        "winning chains: " + (", ".join(f"{k} {v}" for k, v in s["winning_chains"].items()) or "none"),
+        "lost to the best compile mode: " + (", ".join(f"{t} {fmt(r)}" for t, r in losses) or "none"),
+        "environments: " + ("; ".join(s["environments"]) or "-"),
+    ]
     if run:
         lines.append("batches: " + "; ".join(f"{b['what']}: {b['jobs']} jobs in {b['wall_s']:.0f} s, device idle "
                                               f"{fmt(b['gpu_idle_share'], True)}" for b in run.get("batches", [])))

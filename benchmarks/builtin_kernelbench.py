@@ -52,7 +52,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's help
 
 from builtin_confirm import confirm
 from builtin_figures import builtin_figures, markdown
-
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.config import EvalConfig
 from cudal1.tasks import load_tasks
@@ -243,28 +242,38 @@ def _applies(outcome, requires: str | None) -> bool:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("selectors", nargs="+")
-    ap.add_argument("--source", default=None, help="KernelBench JSONL for kernelbench: selectors (default: cudal1's rule)")
+    ap.add_argument(
+        "--source", default=None, help="KernelBench JSONL for kernelbench: selectors (default: cudal1's rule)"
+    )
     ap.add_argument("--subset", action="append", default=[], help="all | stride:N[+K] | algebraic (repeatable: union)")
     ap.add_argument("--exclude", action="append", default=[], help="file of task ids to leave out (repeatable)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--samples", type=int, default=2)
-    ap.add_argument("--budget-minutes", type=float, default=None, help="search budget per chunk (checked between rounds)")
+    ap.add_argument(
+        "--budget-minutes", type=float, default=None, help="search budget per chunk (checked between rounds)"
+    )
     ap.add_argument("--passes", default=None, help="comma-separated builtin passes in proposal order (default: all)")
     ap.add_argument("--modes", default=",".join([*COMPILE_MODES, CUDA_GRAPH]),
                     help="baselines timed beside the search (comma-separated; none: no baselines)")
     ap.add_argument("--out", default="runs/builtin_kb")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--preset", default="default", help="judge preset: default (exact-answer rule) | kernelbench-v0 | ...")
+    ap.add_argument(
+        "--preset", default="default", help="judge preset: default (exact-answer rule) | kernelbench-v0 | ..."
+    )
     ap.add_argument("--workers-per-gpu", type=int, default=2,
                     help="judge workers sharing each GPU in the search and baselines (timing stays exclusive)")
     ap.add_argument("--confirm-workers-per-gpu", type=int, default=1,
                     help="workers per GPU for the re-timing (default 1: a quiet host)")
     ap.add_argument("--chunk", type=int, default=0, help="tasks per chunk (0: 4 x GPUs x workers per GPU, at least 8)")
-    ap.add_argument("--confirm", action="store_true", help="re-time each winner and best compile mode with fresh inputs")
+    ap.add_argument(
+        "--confirm", action="store_true", help="re-time each winner and best compile mode with fresh inputs"
+    )
     ap.add_argument("--prepare", action="store_true", help="select and trace the graph rewrites only (CPU)")
     ap.add_argument("--report-only", action="store_true", help="the report of OUT, judging nothing")
     ap.add_argument("--reselect", action="store_true", help="apply the selection rules again")
-    ap.add_argument("--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)")
+    ap.add_argument(
+        "--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)"
+    )
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` stops it like Ctrl-C: store kept
     out = Path(args.out)

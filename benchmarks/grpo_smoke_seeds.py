@@ -8,9 +8,9 @@ primings differ slightly); ``--prime once``: all runs start from one primed mode
 only in GRPO's sampling, the exemplar draws and the CPU's timing noise.  Per seed
 it reads ``metrics.jsonl`` and prints: reward_mean over the first three steps and the last third,
 whether the run *learned* (the learning test's rule: the last third's mean above the first three
-steps' by more than 0.3), the lowest step, the run's own collapse reports (``summary["collapses"]``: streaks of steps whose
-rollouts were nearly all format failures, from the step each began to the last, ``+`` when it
-lasted to the end), and
+steps' by more than 0.3), the lowest step, the run's own collapse reports
+(``summary["collapses"]``: streaks of steps whose rollouts were nearly all format failures, from
+the step each began to the last, ``+`` when it lasted to the end), and
 the wall time; then, last, one line: learned in X of N seeds.  Writes ``OUT/seeds.json``.
 
     PYTHONPATH=src python benchmarks/grpo_smoke_seeds.py --seeds 10 --out /tmp/smoke_seeds
@@ -88,8 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a grpo config field (dotted keys reach nested ones), e.g. learning_rate=3e-4")
     p.add_argument("--timeout", type=float, default=900, help="seconds per seed")
-    p.add_argument("--prime", choices=["each", "once"], default="each",
-                   help="each: every run primes its own model, as the command does (default); once: one primed model for all")
+    p.add_argument(
+        "--prime",
+        choices=["each", "once"],
+        default="each",
+        help="each: every run primes its own model, as the command does (default); once: one primed model for all",
+    )
     args = p.parse_args(argv)
     from cudal1.train.smoke.stages import primed_model
 

@@ -296,7 +296,9 @@ def cuda_l1_pairs(path: Path, levels: set[int]) -> list[Pair]:
         code = rec.get("custom_code")
         if level not in levels or (level, pid) in seen or not isinstance(code, str) or code.strip() in ("", "None"):
             continue
-        task = Task(name=f"level{level}_{pid}", source=rec["ref_code"], level=level, problem_id=pid, origin=f"{path}:{lineno}")
+        task = Task(
+            name=f"level{level}_{pid}", source=rec["ref_code"], level=level, problem_id=pid, origin=f"{path}:{lineno}"
+        )
         try:
             check_source(task.source, task.origin)
         except TaskError as exc:
@@ -376,12 +378,18 @@ def summarize(pairs: list[Pair], runs: list[dict[str, Any]], config: Any, n_gpus
         counts: dict[str, int] = {}
         for r in res:
             counts[r.status.value] = counts.get(r.status.value, 0) + 1
-        figures["runs"].append({
-            "pairs": len(res), "wall_s": run["wall_s"], "status_counts": counts,
-            "candidates_per_gpu_hour": 3600.0 * len(res) / (run["wall_s"] * n_gpus) if run["wall_s"] > 0 else None,
-            "median_wall_s": pct([r.wall_s for r in res], 50),
-            "model_share_of_wall": (sum(model_time_s(r, config.warmup_calls) or 0.0 for r in res) / run["wall_s"]) if run["wall_s"] > 0 else None,
-        })
+        figures["runs"].append(
+            {
+                "pairs": len(res),
+                "wall_s": run["wall_s"],
+                "status_counts": counts,
+                "candidates_per_gpu_hour": 3600.0 * len(res) / (run["wall_s"] * n_gpus) if run["wall_s"] > 0 else None,
+                "median_wall_s": pct([r.wall_s for r in res], 50),
+                "model_share_of_wall": (sum(model_time_s(r, config.warmup_calls) or 0.0 for r in res) / run["wall_s"])
+                if run["wall_s"] > 0
+                else None,
+            }
+        )
     # (a) overhead: warm run (last) over every timed result; cold run (first) over plain candidates
     # only (no extension build, no torch.compile/Triton JIT), whose wall has no hidden build time.
     last, first = runs[-1]["results"], runs[0]["results"]
@@ -423,9 +431,16 @@ def rule_added(main: list[Any], other: list[Any]) -> dict[str, Any]:
 
     phases, walls = [], []
     for a, b in zip(main, other):
-        if a.status is Status.COMPILE_ERROR or b.status is Status.COMPILE_ERROR or "timing" not in a.phase_s or "timing" not in b.phase_s:
+        if (
+            a.status is Status.COMPILE_ERROR
+            or b.status is Status.COMPILE_ERROR
+            or "timing" not in a.phase_s
+            or "timing" not in b.phase_s
+        ):
             continue
-        phases.append(sum(a.phase_s.get(k, 0.0) for k in _JUDGED_PHASES) - sum(b.phase_s.get(k, 0.0) for k in _JUDGED_PHASES))
+        phases.append(
+            sum(a.phase_s.get(k, 0.0) for k in _JUDGED_PHASES) - sum(b.phase_s.get(k, 0.0) for k in _JUDGED_PHASES)
+        )
         walls.append(a.wall_s - b.wall_s)
     return {"phases": spread(phases), "wall": spread(walls)}
 
@@ -463,7 +478,9 @@ def figure_rows(fig: dict[str, Any]) -> list[list[str]]:
     rows = []
     w, c = fig["overhead_warm_s"], fig["overhead_cold_plain_s"]
     rows.append(["(a) overhead/candidate, warm", fmt(w["median"], " s"), f"p90 {fmt(w['p90'], ' s')}, n={w['n']}"])
-    rows.append(["(a) overhead/candidate, cold plain", fmt(c["median"], " s"), f"p90 {fmt(c['p90'], ' s')}, n={c['n']}"])
+    rows.append(
+        ["(a) overhead/candidate, cold plain", fmt(c["median"], " s"), f"p90 {fmt(c['p90'], ' s')}, n={c['n']}"]
+    )
     r0 = fig["runs"][0]
     rows.append(["(b) candidates/GPU-hour, fresh", fmt(fig["candidates_per_gpu_hour_fresh"], "", 4),
                  f"{r0['pairs']} pairs in {fmt(r0['wall_s'], ' s', 4)}, builds included"])
@@ -506,33 +523,71 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="harness_bench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_argument_group("pairs")
-    src.add_argument("--kernelbench", default=default_path("CUDAL1_KERNELBENCH", SHARED / "kernelbench" / "kernelbench.jsonl"),
-                     metavar="PATH", help="KernelBench JSONL or task directory (default $CUDAL1_KERNELBENCH, else ../shared/kernelbench/kernelbench.jsonl)")
-    src.add_argument("--cuda-l1", default=default_path("CUDAL1_CUDA_L1", SHARED / "cuda-l1" / "sample.jsonl"),
-                     metavar="PATH", help="CUDA-L1 release JSONL (default $CUDAL1_CUDA_L1, else ../shared/cuda-l1/sample.jsonl); 'none' to skip")
+    src.add_argument(
+        "--kernelbench",
+        default=default_path("CUDAL1_KERNELBENCH", SHARED / "kernelbench" / "kernelbench.jsonl"),
+        metavar="PATH",
+        help="KernelBench JSONL or task directory "
+        "(default $CUDAL1_KERNELBENCH, else ../shared/kernelbench/kernelbench.jsonl)",
+    )
+    src.add_argument(
+        "--cuda-l1",
+        default=default_path("CUDAL1_CUDA_L1", SHARED / "cuda-l1" / "sample.jsonl"),
+        metavar="PATH",
+        help="CUDA-L1 release JSONL (default $CUDAL1_CUDA_L1, else ../shared/cuda-l1/sample.jsonl); 'none' to skip",
+    )
     src.add_argument("--cuda-l1-levels", default="1,2", metavar="L,L", help="CUDA-L1 levels to use (default 1,2)")
     src.add_argument("--kb-tasks", default=None, metavar="SPEC",
                      help="KernelBench picks as LEVEL/ID[:KIND],... with KIND rename|compile|cuda "
                           "(default: a built-in list of 10, extended with rename candidates up to --min-tasks)")
-    src.add_argument("--min-tasks", type=int, default=20, metavar="N", help="extend the KernelBench picks until N distinct tasks (default 20)")
-    src.add_argument("--max-pairs", type=int, default=None, metavar="N", help="keep only the first N pairs (quick checks)")
+    src.add_argument(
+        "--min-tasks",
+        type=int,
+        default=20,
+        metavar="N",
+        help="extend the KernelBench picks until N distinct tasks (default 20)",
+    )
+    src.add_argument(
+        "--max-pairs", type=int, default=None, metavar="N", help="keep only the first N pairs (quick checks)"
+    )
     judge = p.add_argument_group("judge")
-    judge.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="default cuda (cpu only for smoke tests of this script)")
+    judge.add_argument(
+        "--device",
+        choices=["cuda", "cpu"],
+        default="cuda",
+        help="default cuda (cpu only for smoke tests of this script)",
+    )
     judge.add_argument("--preset", default="default", help="config preset (default: default)")
     judge.add_argument("--tolerance", default="kernelbench-v0",
                        help="tolerance table (default kernelbench-v0, the one CUDA-L1's kernels were judged with)")
     judge.add_argument("--compare-tolerance", default=None, metavar="RULE",
                        help="one more warm batch under RULE, for figure (e): the main rule's added time per candidate")
-    judge.add_argument("--timing-budget", type=float, default=1.0, metavar="S", help="timing_budget_s per candidate (default 1.0)")
+    judge.add_argument(
+        "--timing-budget", type=float, default=1.0, metavar="S", help="timing_budget_s per candidate (default 1.0)"
+    )
     judge.add_argument("--timeout", type=float, default=300.0, metavar="S",
                        help="per-phase limit; lazily built extensions compile inside 'construct' (default 300)")
-    judge.add_argument("--build-timeout", type=float, default=600.0, metavar="S", help="import/build limit (default 600)")
-    judge.add_argument("--runs", type=int, default=2, metavar="N", help="batches over the same pairs; >= 2 for (c) and (d) (default 2)")
-    judge.add_argument("--cache-dir", default=None, metavar="DIR", help="build cache (default: a fresh temporary directory, removed at the end)")
+    judge.add_argument(
+        "--build-timeout", type=float, default=600.0, metavar="S", help="import/build limit (default 600)"
+    )
+    judge.add_argument(
+        "--runs", type=int, default=2, metavar="N", help="batches over the same pairs; >= 2 for (c) and (d) (default 2)"
+    )
+    judge.add_argument(
+        "--cache-dir",
+        default=None,
+        metavar="DIR",
+        help="build cache (default: a fresh temporary directory, removed at the end)",
+    )
     judge.add_argument("--keep-compiler-caches", action="store_true",
                        help="keep the usual Inductor/Triton caches instead of fresh ones for this run")
     judge.add_argument("--no-samples", action="store_true", help="drop raw timing samples from the JSON")
-    p.add_argument("--out", default=str(REPO / "runs" / "harness_bench"), metavar="DIR", help="where the JSON goes (default runs/harness_bench)")
+    p.add_argument(
+        "--out",
+        default=str(REPO / "runs" / "harness_bench"),
+        metavar="DIR",
+        help="where the JSON goes (default runs/harness_bench)",
+    )
     p.add_argument("--dry-run", action="store_true", help="list the pairs and exit (no judging, no GPU needed)")
     return p.parse_args(argv)
 
@@ -595,11 +650,19 @@ class BenchRun:
         def progress(r: Any) -> None:
             with self.lock:
                 self.partial[where[(r.task_hash, r.candidate_hash)]] = r
-                print(f"[run {index} {len(self.partial):>3}/{len(self.pairs)} {time.monotonic() - self.partial_t0:7.1f}s] "
-                      f"{r.task_name[:34]:<34} {r.status.value:<13} speedup {fmt(r.speedup, 'x'):>7}  wall {r.wall_s:6.1f}s  "
-                      f"build {r.build_s:6.1f}s{'  ' + ','.join(r.flags) if r.flags else ''}", file=sys.stderr, flush=True)
+                print(
+                    f"[run {index} {len(self.partial):>3}/{len(self.pairs)} "
+                    f"{time.monotonic() - self.partial_t0:7.1f}s] "
+                    f"{r.task_name[:34]:<34} {r.status.value:<13} speedup {fmt(r.speedup, 'x'):>7}  wall "
+                    f"{r.wall_s:6.1f}s  "
+                    f"build {r.build_s:6.1f}s{'  ' + ','.join(r.flags) if r.flags else ''}",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
-        results = evaluate_pairs([(p.task, p.candidate) for p in self.pairs], config, plan=self.plan, on_result=progress)
+        results = evaluate_pairs(
+            [(p.task, p.candidate) for p in self.pairs], config, plan=self.plan, on_result=progress
+        )
         with self.lock:
             run = {"wall_s": time.monotonic() - self.partial_t0, "results": results}
             if compare:
@@ -626,7 +689,9 @@ class BenchRun:
             return None
         done = sorted(self.partial)
         pseudo = {"wall_s": time.monotonic() - self.partial_t0, "results": [self.partial[i] for i in done]}
-        return summarize([self.pairs[i] for i in done], [pseudo], self.config, n_gpus=len(self.plan.lanes)) | {"partial": True}
+        return summarize([self.pairs[i] for i in done], [pseudo], self.config, n_gpus=len(self.plan.lanes)) | {
+            "partial": True
+        }
 
     def write(self, interrupted: bool = False) -> None:
         env, runs, warm = self.environment(), self.runs, self.config.warmup_calls
@@ -639,14 +704,29 @@ class BenchRun:
             "lanes": list(self.plan.lanes),
             "environment": None if env is None else dataclasses.asdict(env),
             "figures": self.figures(),
-            "pairs": [{"task": p.task.name, "task_id": p.task.task_id, "kind": p.kind, "label": p.candidate.label,
-                       "task_hash": p.task.hash, "candidate_hash": p.candidate.hash, **p.traits(),
-                       "overhead_s": [overhead_s(run["results"][i], warm, cold_prebuilt(p, k)) for k, run in enumerate(runs)]}
-                      for i, p in enumerate(self.pairs)],
+            "pairs": [
+                {
+                    "task": p.task.name,
+                    "task_id": p.task.task_id,
+                    "kind": p.kind,
+                    "label": p.candidate.label,
+                    "task_hash": p.task.hash,
+                    "candidate_hash": p.candidate.hash,
+                    **p.traits(),
+                    "overhead_s": [
+                        overhead_s(run["results"][i], warm, cold_prebuilt(p, k)) for k, run in enumerate(runs)
+                    ],
+                }
+                for i, p in enumerate(self.pairs)
+            ],
             "runs": [{"wall_s": run["wall_s"], "results": [r.to_dict() for r in run["results"]]} for run in runs],
-            "compare_run": None if self.compare_run is None else {
-                "tolerance": self.compare_run["tolerance"], "wall_s": self.compare_run["wall_s"],
-                "results": [r.to_dict() for r in self.compare_run["results"]]},
+            "compare_run": None
+            if self.compare_run is None
+            else {
+                "tolerance": self.compare_run["tolerance"],
+                "wall_s": self.compare_run["wall_s"],
+                "results": [r.to_dict() for r in self.compare_run["results"]],
+            },
         }
         if interrupted and self.partial:
             payload["unfinished_run"] = {
@@ -666,13 +746,22 @@ class BenchRun:
             print()
         env = self.environment()
         if env is not None:
-            print(f"measured on {env.gpu_name or 'CPU'} (driver {env.driver or '-'}), torch {env.torch}, CUDA {env.cuda or '-'}, "
-                  f"triton {env.triton or '-'}, cudal1 {env.cudal1}; config {self.config.hash()} "
-                  f"(preset {args.preset}, tolerance {args.tolerance}, timing budget {args.timing_budget} s)")
+            print(
+                f"measured on {env.gpu_name or 'CPU'} (driver {env.driver or '-'}), torch {env.torch}, CUDA "
+                f"{env.cuda or '-'}, "
+                f"triton {env.triton or '-'}, cudal1 {env.cudal1}; config {self.config.hash()} "
+                f"(preset {args.preset}, tolerance {args.tolerance}, timing budget {args.timing_budget} s)"
+            )
         print(f"full results: {self.out_path}")
         if interrupted:
-            print(f"INTERRUPTED: {len(runs)} of {args.runs} runs finished"
-                  + (f", {len(self.partial)} of {len(self.pairs)} verdicts of run {len(runs) + 1}" if self.partial else ""))
+            print(
+                f"INTERRUPTED: {len(runs)} of {args.runs} runs finished"
+                + (
+                    f", {len(self.partial)} of {len(self.pairs)} verdicts of run {len(runs) + 1}"
+                    if self.partial
+                    else ""
+                )
+            )
         print()
         figures = self.figures()
         if figures is not None:
@@ -688,7 +777,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("harness_bench: --runs must be at least 1")
     pairs = build_pairs(args)
     if args.dry_run:
-        rows = [[p.task.name, str(p.task.level), str(p.task.problem_id), p.kind, str(p.traits()["builds_extension"])] for p in pairs]
+        rows = [
+            [p.task.name, str(p.task.level), str(p.task.problem_id), p.kind, str(p.traits()["builds_extension"])]
+            for p in pairs
+        ]
         print(table(["task", "level", "id", "kind", "builds"], rows))
         print(f"{len(pairs)} pairs, {len({p.key for p in pairs})} distinct tasks")
         return 0

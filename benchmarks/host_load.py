@@ -77,7 +77,9 @@ def judge(jobs: list[Any], args: argparse.Namespace) -> list[Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--file", default=str(ROOT.parent / "shared" / "cuda-l1" / "h100.jsonl"), help="CUDA-L1 release JSONL")
+    p.add_argument(
+        "--file", default=str(ROOT.parent / "shared" / "cuda-l1" / "h100.jsonl"), help="CUDA-L1 release JSONL"
+    )
     p.add_argument("--records", default=",".join(LAUNCH_BOUND), help="record keys (levelL/ID), comma-separated")
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", default="runs/host_load")
@@ -105,7 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{scenario}: {time.monotonic() - t:.0f} s", flush=True)
         for job, r in zip(jobs, results):
             rows.setdefault(job.candidate.label, {})[scenario] = {
-                "status": r.status.value, "reference_ms": r.reference_ms, "candidate_ms": r.candidate_ms, "speedup": r.speedup}
+                "status": r.status.value,
+                "reference_ms": r.reference_ms,
+                "candidate_ms": r.candidate_ms,
+                "speedup": r.speedup,
+            }
         (out / "host_load.json").write_text(json.dumps({"cpus": len(cpus), "records": rows}, indent=1))
         print(json.dumps({label: by[scenario] for label, by in rows.items()}), flush=True)
 

@@ -86,7 +86,9 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=500, help="seconds of verify in this run (h100)")
     ap.add_argument("--device", default="cuda", help="judge device (h100; cpu only to try the script)")
     ap.add_argument("--run", default=None, help="builtin run directory or store (builtin)")
-    ap.add_argument("--verify-args", default="", help='extra cudal1 verify flags, e.g. "--preset kernelbench-v0 --gpus 0,1"')
+    ap.add_argument(
+        "--verify-args", default="", help='extra cudal1 verify flags, e.g. "--preset kernelbench-v0 --gpus 0,1"'
+    )
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

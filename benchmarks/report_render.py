@@ -149,7 +149,10 @@ def candidate_source(kind: str, v: int, task_source: str) -> str:
         return TRITON.format(v=v)
     if kind == "rewrite":
         return REWRITE.format(v=v)
-    return COMPILED.format(task=task_source, mode=random.choice(["default", "reduce-overhead", "max-autotune"])) + f"# {v}\n"
+    return (
+        COMPILED.format(task=task_source, mode=random.choice(["default", "reduce-overhead", "max-autotune"]))
+        + f"# {v}\n"
+    )
 
 
 def verdict(task: Task, cand: Candidate, rng: random.Random, kind: str) -> EvalResult:
@@ -161,13 +164,22 @@ def verdict(task: Task, cand: Candidate, rng: random.Random, kind: str) -> EvalR
                                       Status.REJECTED]), None
     flags = (["side_stream"] if status is Status.REJECTED else ["value_mismatch"] if status is Status.INCORRECT else [])
     ref_ms = rng.uniform(0.05, 20.0)
-    return EvalResult(status=status, task_name=task.name, task_hash=task.hash, candidate_hash=cand.hash, flags=flags,
-                      message="" if status is Status.OK else f"{status.value}: synthetic",
-                      correctness=Correctness(trials=5, passed=5 if status is Status.OK else 2),
-                      reference=Timing.from_samples([ref_ms] * 7, "cuda_event", keep=False),
-                      candidate=Timing.from_samples([ref_ms / speedup] * 7, "cuda_event", keep=False) if speedup else None,
-                      speedup=speedup, speedup_ci=(speedup * 0.97, speedup * 1.03) if speedup else None,
-                      environment=ENV, config_hash="bench", phase="done")
+    return EvalResult(
+        status=status,
+        task_name=task.name,
+        task_hash=task.hash,
+        candidate_hash=cand.hash,
+        flags=flags,
+        message="" if status is Status.OK else f"{status.value}: synthetic",
+        correctness=Correctness(trials=5, passed=5 if status is Status.OK else 2),
+        reference=Timing.from_samples([ref_ms] * 7, "cuda_event", keep=False),
+        candidate=Timing.from_samples([ref_ms / speedup] * 7, "cuda_event", keep=False) if speedup else None,
+        speedup=speedup,
+        speedup_ci=(speedup * 0.97, speedup * 1.03) if speedup else None,
+        environment=ENV,
+        config_hash="bench",
+        phase="done",
+    )
 
 
 def write_run(out: Path, n_tasks: int, n_candidates: int, rounds: int, seed: int = 0) -> None:
@@ -178,7 +190,9 @@ def write_run(out: Path, n_tasks: int, n_candidates: int, rounds: int, seed: int
         run_id = store.start_run("optimize", {"judge": {"preset": "synthetic"}})
         for i in range(n_tasks):
             level = 1 + i * 3 // n_tasks
-            task = Task(name=f"{i}_Synthetic", source=TASK.format(i=i, scale=0.5, n=256 + i), level=level, problem_id=i + 1)
+            task = Task(
+                name=f"{i}_Synthetic", source=TASK.format(i=i, scale=0.5, n=256 + i), level=level, problem_id=i + 1
+            )
             store.add_task(task)
             anchor = reference_candidate(task)
             store.add_candidate(anchor, task.hash, {"round": 0})
@@ -186,10 +200,14 @@ def write_run(out: Path, n_tasks: int, n_candidates: int, rounds: int, seed: int
             for j in range(per_task + (1 if i < n_candidates - per_task * n_tasks else 0)):
                 kind = rng.choice(KINDS)
                 round_ = 1 + j * rounds // per_task
-                cand = Candidate(candidate_source(kind, i * 1000 + j, task.source), task_hash=task.hash, label=f"bench:r{round_}")
+                cand = Candidate(
+                    candidate_source(kind, i * 1000 + j, task.source), task_hash=task.hash, label=f"bench:r{round_}"
+                )
                 store.add_candidate(cand, task.hash, {"round": round_, "policy": "bench"})
                 store.record_evaluation(verdict(task, cand, rng, kind))
-                store.record_response(task.hash, round_, "bench", {}, "", "The fast kernels fuse the epilogue.", cand.hash)
+                store.record_response(
+                    task.hash, round_, "bench", {}, "", "The fast kernels fuse the epilogue.", cand.hash
+                )
             if rng.random() < 0.8:
                 base = verdict(task, anchor, rng, "compile")
                 if base.status is Status.OK:
@@ -216,7 +234,11 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     if not (out / "cudal1.sqlite").exists():
-        timed("write synthetic store (setup, not reporting)", lambda: write_run(out, args.tasks, args.candidates, args.rounds), times)
+        timed(
+            "write synthetic store (setup, not reporting)",
+            lambda: write_run(out, args.tasks, args.candidates, args.rounds),
+            times,
+        )
     data = timed("read store", lambda: load_runs([out]), times)
     labels = timed("technique analysis", lambda: label_candidates(data), times)
     doc = timed("build document", lambda: build_report(data, labels=labels), times)
@@ -228,7 +250,10 @@ def main() -> int:
     (out / "report.md").write_text(md)
     total = sum(v for k, v in times.items() if not k.startswith("write"))
     judged = sum(1 for rec in data.tasks for c in rec.candidates if c.result)
-    print(f"{len(data.tasks)} tasks, {judged} judged candidates; HTML {len(html) / 1e6:.1f} MB, JSON {len(text) / 1e6:.2f} MB")
+    print(
+        f"{len(data.tasks)} tasks, {judged} judged candidates; HTML {len(html) / 1e6:.1f} MB, JSON "
+        f"{len(text) / 1e6:.2f} MB"
+    )
     for k, v in times.items():
         print(f"  {k:48s} {v:7.2f} s")
     print(f"  {'report total (read + analyse + HTML + JSON + MD)':48s} {total:7.2f} s")

@@ -50,10 +50,18 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # train_gpu_programs
 
 SHAPES = {  # Qwen2.5 shapes (config.json of the published models); weights are random
-    "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4),
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2),
-    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4),
+    "tiny": dict(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4
+    ),
+    "0.5b": dict(
+        hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2
+    ),
+    "1.5b": dict(
+        hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2
+    ),
+    "7b": dict(
+        hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4
+    ),
 }
 MIX = "correct=3,wrong=1,broken=1,repeat=2,nocode=1"
 WRONG = """
@@ -65,10 +73,12 @@ class ModelNew(_CorrectModelNew):  # the same kernel, its output off by 1%
     def forward(self, *args, **kwargs):
         return super().forward(*args, **kwargs) * 1.01
 """
-PROSE = ("The reference launches one kernel per operation and writes every intermediate to global memory, so its time is "
-         "set by memory traffic rather than arithmetic. Fusing the elementwise tail into the main kernel keeps values in "
-         "registers, and coalesced loads with one thread per output element use the bandwidth fully. The launch overhead "
-         "of several small kernels also matters at these sizes, so one launch per call is the goal. ")
+PROSE = (
+    "The reference launches one kernel per operation and writes every intermediate to global memory, so its time is "
+    "set by memory traffic rather than arithmetic. Fusing the elementwise tail into the main kernel keeps values in "
+    "registers, and coalesced loads with one thread per output element use the bandwidth fully. The launch overhead "
+    "of several small kernels also matters at these sizes, so one launch per call is the goal. "
+)
 
 
 def release_programs(path: Path | None) -> list[tuple[object, str]]:
@@ -93,8 +103,12 @@ def fresh(code: str, tag: str) -> str:
 def broken(code: str, tag: str) -> str:
     """``code`` that fails to build: an ``#error`` in its C/C++ source, else a Python syntax error."""
     if "load_inline" in code:
-        new = re.sub(r"(#include[^\n]*\n)", lambda m: m.group(1) + f"#error cudal1 benchmark: a failing build ({tag})\n",
-                     code, count=1)
+        new = re.sub(
+            r"(#include[^\n]*\n)",
+            lambda m: m.group(1) + f"#error cudal1 benchmark: a failing build ({tag})\n",
+            code,
+            count=1,
+        )
         if new != code:
             return new
     return f"{code}\nclass Broken(:  # {tag}\n"
@@ -153,9 +167,15 @@ def build_policy(out: Path, shape: str, texts: list[str], cuda: bool) -> tuple[P
     from cudal1.train.smoke.tiny import train_tokenizer
 
     tok = train_tokenizer(texts, vocab_size=8192 if shape == "tiny" else 16384)
-    config = Qwen2Config(vocab_size=len(tok) if shape == "tiny" else max(len(tok), 151936), max_position_embeddings=32768,
-                         tie_word_embeddings=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=None, **SHAPES[shape])
+    config = Qwen2Config(
+        vocab_size=len(tok) if shape == "tiny" else max(len(tok), 151936),
+        max_position_embeddings=32768,
+        tie_word_embeddings=False,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        **SHAPES[shape],
+    )
     torch.manual_seed(0)
     with torch.device("cuda" if cuda else "cpu"):
         model = Qwen2ForCausalLM(config).to(torch.bfloat16 if cuda else torch.float32)
@@ -180,7 +200,9 @@ def scripted_rollout(url: str, tok, max_len: int, spent: list[float]):
             req = urllib.request.Request(f"{url}/chat/completions", body, {"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=60) as resp:
                 text = json.loads(resp.read())["choices"][0]["message"]["content"]
-            prompt_ids.append(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
+            prompt_ids.append(
+                tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            )
             completion_ids.append(tok(text, add_special_tokens=False).input_ids[: max_len - 1] + [tok.eos_token_id])
         spent.append(time.perf_counter() - t0)
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": None}
@@ -211,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=1, help="GRPO steps (each reported)")
     p.add_argument("--answer-tokens", type=int, default=None, help="tokens per answer (default 4096; --cpu-small 512)")
     p.add_argument("--mix", default=MIX, help=f"answer kinds per group, summing to --group (default {MIX})")
-    p.add_argument("--model-shape", choices=sorted(SHAPES), default=None, help="policy shape (default 1.5b; --cpu-small tiny)")
+    p.add_argument(
+        "--model-shape", choices=sorted(SHAPES), default=None, help="policy shape (default 1.5b; --cpu-small tiny)"
+    )
     p.add_argument("--lora", action="store_true", help="train LoRA adapters instead of all weights")
     p.add_argument("--cuda-l1", type=Path, default=None, help="CUDA-L1 release JSONL whose load_inline kernels to use")
     p.add_argument("--judge-preset", default="fast")
@@ -230,7 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     shape = args.model_shape or ("1.5b" if cuda else "tiny")
     kinds = mix(args.mix)
     if len(kinds) != args.group or rollouts % args.group:
-        print(f"reward_loop: --mix must sum to --group ({args.group}) and --rollouts be a multiple of it", file=sys.stderr)
+        print(
+            f"reward_loop: --mix must sum to --group ({args.group}) and --rollouts be a multiple of it", file=sys.stderr
+        )
         return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -238,13 +264,12 @@ def main(argv: list[str] | None = None) -> int:
 
     shutil.rmtree(out / "cache", ignore_errors=True)  # fresh builds: nothing cached from an earlier run
     os.environ["CUDAL1_CACHE_DIR"] = str(out / "cache")
-    from cudal1.train.smoke.server import ScriptedLLMServer
-
     from cudal1.config import EvalConfig
     from cudal1.harness import DevicePlan
+    from cudal1.recorded import RecordedJudge
     from cudal1.train import smoke
     from cudal1.train.config import load_config
-    from cudal1.recorded import RecordedJudge
+    from cudal1.train.smoke.server import ScriptedLLMServer
     from cudal1.train.stages.grpo import run_grpo
 
     t0 = time.monotonic()
@@ -252,9 +277,21 @@ def main(argv: list[str] | None = None) -> int:
     if cuda:
         from train_gpu_programs import CUDA_ROW_SCALE
 
-        default = next((c for c in (os.environ.get("CUDAL1_CUDA_L1"), ROOT / ".data" / "sample.jsonl",
-                                    ROOT.parent / "shared" / "cuda-l1" / "sample.jsonl") if c and Path(c).is_file()), None)
-        programs = [(smoke.smoke_task(4096), CUDA_ROW_SCALE)] + release_programs(args.cuda_l1 or (Path(default) if default else None))
+        default = next(
+            (
+                c
+                for c in (
+                    os.environ.get("CUDAL1_CUDA_L1"),
+                    ROOT / ".data" / "sample.jsonl",
+                    ROOT.parent / "shared" / "cuda-l1" / "sample.jsonl",
+                )
+                if c and Path(c).is_file()
+            ),
+            None,
+        )
+        programs = [(smoke.smoke_task(4096), CUDA_ROW_SCALE)] + release_programs(
+            args.cuda_l1 or (Path(default) if default else None)
+        )
         programs = programs[:prompts]
     else:  # the CPU judge builds no CUDA: a bundled PyTorch program, and a Python syntax error for "broken"
         programs = [(smoke.smoke_task(), smoke.VARIANTS["broadcast"])]
@@ -264,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     groups = -(-prompts // len(tasks)) * args.steps + 1
     answers = answer_sets(programs, kinds, groups, pad_to, tok)
     lengths = [len(tok(a).input_ids) for got in answers.values() for a in got]  # a long kernel can pass pad_to
-    judge = EvalConfig.preset(args.judge_preset).replace(device="cuda" if cuda else "cpu", workers_per_gpu=args.workers_per_gpu)
+    judge = EvalConfig.preset(args.judge_preset).replace(
+        device="cuda" if cuda else "cpu", workers_per_gpu=args.workers_per_gpu
+    )
     if not cuda:
         judge = smoke.smoke_judge_config()
     plan = DevicePlan.detect(judge.device)
@@ -288,9 +327,26 @@ def main(argv: list[str] | None = None) -> int:
         wall = time.monotonic() - t1
     steps = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s.get("stage") == "grpo"]
-    return report(out, steps, spent, built, rollouts, gpus, wall, summary, dict(
-        shape=shape, lora=args.lora, answer_tokens=[min(lengths), max(lengths)], mix=args.mix, tasks=[t.task_id for t in tasks],
-        gpu=plan.hardware_name() if cuda else "CPU", torch=torch.__version__, cuda=cuda))
+    return report(
+        out,
+        steps,
+        spent,
+        built,
+        rollouts,
+        gpus,
+        wall,
+        summary,
+        dict(
+            shape=shape,
+            lora=args.lora,
+            answer_tokens=[min(lengths), max(lengths)],
+            mix=args.mix,
+            tasks=[t.task_id for t in tasks],
+            gpu=plan.hardware_name() if cuda else "CPU",
+            torch=torch.__version__,
+            cuda=cuda,
+        ),
+    )
 
 
 def _parameters(model_dir: Path) -> int:
@@ -321,14 +377,24 @@ def report(out: Path, steps: list, spent: list, built: list, rollouts: int, gpus
                      "fresh_builds": len(fresh), "build_s_sum": sum(r.build_s for r in fresh),
                      "build_s_max": max((r.build_s for r in fresh), default=0.0), "verdicts": summary["judged"]}
     (out / "reward_loop.json").write_text(json.dumps(result, indent=1, default=str))
-    print(f"\n{info['gpu']}, policy {info['shape']}{' LoRA' if info['lora'] else ''}, {rollouts} rollouts/step of "
-          f"{info['answer_tokens'][0]}-{info['answer_tokens'][1]} tokens, mix {info['mix']}; {out / 'reward_loop.json'}")
-    print(f"fresh builds {len(fresh)}: {result['build_s_sum']:.0f} s of build time in all, {result['build_s_max']:.0f} s the "
-          "longest (inside the judge's time, several at once)")
-    print(f"{'step':>4} {'generation_s':>12} {'judge_s':>8} {'update_s':>8} {'step_s':>7} {'rollouts/GPU-h':>14}  verdicts")
+    print(
+        f"\n{info['gpu']}, policy {info['shape']}{' LoRA' if info['lora'] else ''}, {rollouts} rollouts/step of "
+        f"{info['answer_tokens'][0]}-{info['answer_tokens'][1]} tokens, mix {info['mix']}; {out / 'reward_loop.json'}"
+    )
+    print(
+        f"fresh builds {len(fresh)}: {result['build_s_sum']:.0f} s of build time in all, {result['build_s_max']:.0f} "
+        "s the "
+        "longest (inside the judge's time, several at once)"
+    )
+    print(
+        f"{'step':>4} {'generation_s':>12} {'judge_s':>8} {'update_s':>8} {'step_s':>7} {'rollouts/GPU-h':>14}  "
+        "verdicts"
+    )
     for r in rows:
-        print(f"{r['step']:>4} {r['generation_s']:>12.1f} {r['judge_s']:>8.1f} {r['update_s']:>8.1f} {r['step_s']:>7.1f} "
-              f"{r['rollouts_per_gpu_hour'] or 0:>14.0f}  {json.dumps(r['judged'], sort_keys=True)}")
+        print(
+            f"{r['step']:>4} {r['generation_s']:>12.1f} {r['judge_s']:>8.1f} {r['update_s']:>8.1f} {r['step_s']:>7.1f} "
+            f"{r['rollouts_per_gpu_hour'] or 0:>14.0f}  {json.dumps(r['judged'], sort_keys=True)}"
+        )
     return 0
 
 

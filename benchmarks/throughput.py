@@ -146,8 +146,17 @@ def smoke_set() -> list[dict[str, Any]]:
     diag = load_task_file(REPO / "examples" / "tasks" / "diag_matmul.py")
     for kind, code in (("cpp", SMOKE_CPP.read_text()), ("cpp", SMOKE_CPP.read_text()),  # identical: built once
                        ("rewrite", (REPO / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text())):
-        rows.append({"kind": kind, "task_name": diag.name, "task_source": diag.source, "level": None, "problem_id": None,
-                     "code": code, "label": f"{kind}:{diag.name}:{len(rows)}"})
+        rows.append(
+            {
+                "kind": kind,
+                "task_name": diag.name,
+                "task_source": diag.source,
+                "level": None,
+                "problem_id": None,
+                "code": code,
+                "label": f"{kind}:{diag.name}:{len(rows)}",
+            }
+        )
     return rows
 
 
@@ -241,10 +250,18 @@ class Child:
         from cudal1.harness.parent.batchstats import total as merged
 
         total = merged(stats)
-        return {"name": cur["name"], "complete": complete, "wall_s": wall, "judged": len(results),
-                "candidates_per_gpu_hour": 3600.0 * len(results) / (wall * max(1, getattr(self, "lanes", 1))) if wall > 0 else None,
-                "statuses": counts, "batch": None if total is None else total.to_dict(detail=True),
-                "results": [r.to_dict() for r in results] if cur["name"] != "store" else []}
+        return {
+            "name": cur["name"],
+            "complete": complete,
+            "wall_s": wall,
+            "judged": len(results),
+            "candidates_per_gpu_hour": 3600.0 * len(results) / (wall * max(1, getattr(self, "lanes", 1)))
+            if wall > 0
+            else None,
+            "statuses": counts,
+            "batch": None if total is None else total.to_dict(detail=True),
+            "results": [r.to_dict() for r in results] if cur["name"] != "store" else [],
+        }
 
     def write(self, interrupted: bool = False) -> None:
         with self.lock:
@@ -275,9 +292,13 @@ def child_main(args: argparse.Namespace) -> int:
 
 def fresh_env(scratch: Path) -> dict[str, str]:
     scratch.mkdir(parents=True, exist_ok=True)
-    return os.environ | {"TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"), "TRITON_CACHE_DIR": str(scratch / "triton"),
-                         "CUDAL1_CACHE_DIR": str(scratch / "cudal1"), "PYTHONUNBUFFERED": "1",
-                         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)}
+    return os.environ | {
+        "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
+        "TRITON_CACHE_DIR": str(scratch / "triton"),
+        "CUDAL1_CACHE_DIR": str(scratch / "cudal1"),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
+    }
 
 
 class Parent:
@@ -317,11 +338,37 @@ class Parent:
             if self.remaining() == 0.0:
                 break
             child_json = self.out / f"mixed_w{n}.json"
-            cmd = [sys.executable, __file__, "--child", "--set", str(set_path), "--child-json", str(child_json),
-                   "--workers", str(n), "--device", a.device, "--preset", a.preset, "--tolerance", a.tolerance,
-                   "--timing-budget", str(a.timing_budget), "--timeout", str(a.timeout), "--build-timeout", str(a.build_timeout),
-                   "--cache-dir", str(self.scratch / f"w{n}" / "cudal1"), "--second-pass", a.second_pass, "--backend", a.backend,
-                   "--workers-per-gpu", str(a.workers_per_gpu)]
+            cmd = [
+                sys.executable,
+                __file__,
+                "--child",
+                "--set",
+                str(set_path),
+                "--child-json",
+                str(child_json),
+                "--workers",
+                str(n),
+                "--device",
+                a.device,
+                "--preset",
+                a.preset,
+                "--tolerance",
+                a.tolerance,
+                "--timing-budget",
+                str(a.timing_budget),
+                "--timeout",
+                str(a.timeout),
+                "--build-timeout",
+                str(a.build_timeout),
+                "--cache-dir",
+                str(self.scratch / f"w{n}" / "cudal1"),
+                "--second-pass",
+                a.second_pass,
+                "--backend",
+                a.backend,
+                "--workers-per-gpu",
+                str(a.workers_per_gpu),
+            ]
             if a.ray_address:
                 cmd += ["--ray-address", a.ray_address]
             t0 = time.monotonic()
@@ -340,8 +387,20 @@ class Parent:
             path = self.out / "release_subset.jsonl"
             path.write_text("".join(src.read_text().splitlines(keepends=True)[: a.records]))
         records = sum(1 for line in path.read_text().splitlines() if line.strip())
-        cmd = [sys.executable, "-m", "cudal1.cli.main", "verify", str(path), "--device", a.device, "--out",
-               str(self.out / "verify"), "--json", "--backend", a.backend] + (["--ray-address", a.ray_address] if a.ray_address else [])
+        cmd = [
+            sys.executable,
+            "-m",
+            "cudal1.cli.main",
+            "verify",
+            str(path),
+            "--device",
+            a.device,
+            "--out",
+            str(self.out / "verify"),
+            "--json",
+            "--backend",
+            a.backend,
+        ] + (["--ray-address", a.ray_address] if a.ray_address else [])
         cmd += ["--workers-per-gpu", str(a.workers_per_gpu)] if a.workers_per_gpu > 1 else []
         cmd += a.verify_args.split() if a.verify_args else []
         t0 = time.monotonic()
@@ -356,13 +415,26 @@ class Parent:
                 except json.JSONDecodeError:
                     continue
         judged, lanes = _release_progress(self.out / "verify")
-        self.release = {"rc": rc, "records": records, "judged": judged, "lanes": lanes, "wall_s": wall, "summary": summary,
-                        "candidates_per_gpu_hour": 3600.0 * judged / wall / max(1, lanes) if wall else None}
+        self.release = {
+            "rc": rc,
+            "records": records,
+            "judged": judged,
+            "lanes": lanes,
+            "wall_s": wall,
+            "summary": summary,
+            "candidates_per_gpu_hour": 3600.0 * judged / wall / max(1, lanes) if wall else None,
+        }
         self.write()
 
     def write(self) -> None:
-        payload = {"args": vars(self.args), "commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
-                   "mixed": self.mixed, "release": self.release, "elapsed_s": time.monotonic() - self.t0}
+        payload = {
+            "args": vars(self.args),
+            "commit": _git("rev-parse", "HEAD"),
+            "dirty": bool(_git("status", "--porcelain")),
+            "mixed": self.mixed,
+            "release": self.release,
+            "elapsed_s": time.monotonic() - self.t0,
+        }
         (self.out / "throughput.json").write_text(json.dumps(payload, indent=1, default=str))
 
     def table(self) -> str:
@@ -371,29 +443,76 @@ class Parent:
             for p in run.get("passes", []):
                 b = p.get("batch") or {}
                 idle = b.get("gpu_idle_share", b.get("idle_share"))
-                rows.append([f"mixed w={run['workers']}", p["name"] + ("" if p.get("complete") else " (killed)"),
-                             f"{p['judged']}/{run.get('pairs', '?')}", f"{p['wall_s']:.1f}",
-                             _f(p.get("candidates_per_gpu_hour") if p.get("batch") else None, 0),  # store: nothing judged
-                             "-" if idle is None else f"{100 * idle:.0f}%",
-                             _f(b.get("lane_startup_s"), 1), str(b.get("builds", "-")), _f(b.get("build_queue_s"), 0),
-                             _f(b.get("build_s"), 0), _f(b.get("judge_s"), 0),
-                             " ".join(f"{k}={v}" for k, v in sorted(p["statuses"].items()))])
+                rows.append(
+                    [
+                        f"mixed w={run['workers']}",
+                        p["name"] + ("" if p.get("complete") else " (killed)"),
+                        f"{p['judged']}/{run.get('pairs', '?')}",
+                        f"{p['wall_s']:.1f}",
+                        _f(p.get("candidates_per_gpu_hour") if p.get("batch") else None, 0),  # store: nothing judged
+                        "-" if idle is None else f"{100 * idle:.0f}%",
+                        _f(b.get("lane_startup_s"), 1),
+                        str(b.get("builds", "-")),
+                        _f(b.get("build_queue_s"), 0),
+                        _f(b.get("build_s"), 0),
+                        _f(b.get("judge_s"), 0),
+                        " ".join(f"{k}={v}" for k, v in sorted(p["statuses"].items())),
+                    ]
+                )
             fresh = next((p for p in run.get("passes", []) if p["name"] == "fresh" and p.get("complete")), None)
             for p in run.get("passes", []):
                 if fresh and p["name"] != "fresh" and p.get("complete") and p["wall_s"] > 0:
-                    rows.append([f"mixed w={run['workers']}", f"{p['name']} speed-up", "", f"{fresh['wall_s'] / p['wall_s']:.1f}x",
-                                 "", "", "", "", "", "", "", "first pass wall / this pass wall"])
+                    rows.append(
+                        [
+                            f"mixed w={run['workers']}",
+                            f"{p['name']} speed-up",
+                            "",
+                            f"{fresh['wall_s'] / p['wall_s']:.1f}x",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "",
+                            "first pass wall / this pass wall",
+                        ]
+                    )
         if self.release is not None:
             r, s = self.release, self.release.get("summary") or {}
             b = s.get("batch") or {}
             idle = b.get("gpu_idle_share", b.get("idle_share"))
             classes = " ".join(f"{k}={v}" for k, v in sorted((s.get("classes") or {}).items()))
-            rows.append([f"release verify ({r.get('lanes', '?')} GPU)", f"rc={r['rc']}", f"{r.get('judged', '?')}/{r['records']}",
-                         f"{r['wall_s']:.1f}", _f(r.get("candidates_per_gpu_hour"), 0),
-                         "-" if idle is None else f"{100 * idle:.0f}%", _f(b.get("lane_startup_s"), 1), str(b.get("builds", "-")),
-                         _f(b.get("build_queue_s"), 0), _f(b.get("build_s"), 0), _f(b.get("judge_s"), 0), classes])
-        head = ["run", "pass", "judged", "wall s", "cand/GPU-h", "GPU idle", "startup s", "builds", "queue s", "build s", "judge s",
-                "verdicts"]
+            rows.append(
+                [
+                    f"release verify ({r.get('lanes', '?')} GPU)",
+                    f"rc={r['rc']}",
+                    f"{r.get('judged', '?')}/{r['records']}",
+                    f"{r['wall_s']:.1f}",
+                    _f(r.get("candidates_per_gpu_hour"), 0),
+                    "-" if idle is None else f"{100 * idle:.0f}%",
+                    _f(b.get("lane_startup_s"), 1),
+                    str(b.get("builds", "-")),
+                    _f(b.get("build_queue_s"), 0),
+                    _f(b.get("build_s"), 0),
+                    _f(b.get("judge_s"), 0),
+                    classes,
+                ]
+            )
+        head = [
+            "run",
+            "pass",
+            "judged",
+            "wall s",
+            "cand/GPU-h",
+            "GPU idle",
+            "startup s",
+            "builds",
+            "queue s",
+            "build s",
+            "judge s",
+            "verdicts",
+        ]
         from cudal1.tables import table
 
         return table(head, rows)
@@ -435,24 +554,58 @@ def default_file(name: str, shared: Path) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="throughput.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=str(REPO / "runs" / "throughput"), metavar="DIR", help="logs and JSON (default runs/throughput)")
-    p.add_argument("--workers", default="1,4,16", metavar="N,N", help="build-process counts for the mixed set ('' to skip it)")
-    p.add_argument("--second-pass", default="store,rejudge", metavar="MODES",
-                   help="after each fresh pass: store (recorded verdicts), rejudge (warm caches, judged again), both, or none")
+    p = argparse.ArgumentParser(
+        prog="throughput.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--out",
+        default=str(REPO / "runs" / "throughput"),
+        metavar="DIR",
+        help="logs and JSON (default runs/throughput)",
+    )
+    p.add_argument(
+        "--workers", default="1,4,16", metavar="N,N", help="build-process counts for the mixed set ('' to skip it)"
+    )
+    p.add_argument(
+        "--second-pass",
+        default="store,rejudge",
+        metavar="MODES",
+        help="after each fresh pass: store (recorded verdicts), rejudge (warm caches, judged again), both, or none",
+    )
     p.add_argument("--release", action="store_true", help="also verify the CUDA-L1 H100 release")
-    p.add_argument("--release-file", default=default_file("h100.jsonl", SHARED / "cuda-l1" / "h100.jsonl"), metavar="JSONL")
+    p.add_argument(
+        "--release-file", default=default_file("h100.jsonl", SHARED / "cuda-l1" / "h100.jsonl"), metavar="JSONL"
+    )
     p.add_argument("--records", type=int, default=None, metavar="N", help="release: the first N records only")
-    p.add_argument("--verify-args", default="", metavar="'FLAGS'", help="extra flags for cudal1 verify (e.g. '--preset kernelbench-v0')")
-    p.add_argument("--kernelbench", default=default_file("kernelbench.jsonl", SHARED / "kernelbench" / "kernelbench.jsonl"))
+    p.add_argument(
+        "--verify-args",
+        default="",
+        metavar="'FLAGS'",
+        help="extra flags for cudal1 verify (e.g. '--preset kernelbench-v0')",
+    )
+    p.add_argument(
+        "--kernelbench", default=default_file("kernelbench.jsonl", SHARED / "kernelbench" / "kernelbench.jsonl")
+    )
     p.add_argument("--cuda-l1", default=default_file("h100.jsonl", SHARED / "cuda-l1" / "h100.jsonl"),
                    help="CUDA-L1 release for the set's load_inline kernels ('none' to skip)")
-    p.add_argument("--cuda-l1-count", type=int, default=24, metavar="N", help="load_inline records in the set (default 24)")
-    p.add_argument("--rewrite-tasks", type=int, default=10, metavar="N", help="tasks with rename + torch.compile candidates (default 10)")
-    p.add_argument("--smoke", action="store_true", help="a tiny CPU set (no GPU, no KernelBench): checks the script itself")
+    p.add_argument(
+        "--cuda-l1-count", type=int, default=24, metavar="N", help="load_inline records in the set (default 24)"
+    )
+    p.add_argument(
+        "--rewrite-tasks",
+        type=int,
+        default=10,
+        metavar="N",
+        help="tasks with rename + torch.compile candidates (default 10)",
+    )
+    p.add_argument(
+        "--smoke", action="store_true", help="a tiny CPU set (no GPU, no KernelBench): checks the script itself"
+    )
     p.add_argument("--dry-run", action="store_true", help="write and list the set, judge nothing")
     p.add_argument("--deadline-s", type=float, default=None, metavar="S", help="stop everything after S seconds")
-    p.add_argument("--keep-caches", action="store_true", help="keep the fresh build/compiler caches (printed path) at the end")
+    p.add_argument(
+        "--keep-caches", action="store_true", help="keep the fresh build/compiler caches (printed path) at the end"
+    )
     j = p.add_argument_group("judge")
     j.add_argument("--device", default="cuda", choices=["cuda", "cpu", "auto"])
     j.add_argument("--backend", default="local", choices=["local", "ray"])

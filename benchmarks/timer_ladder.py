@@ -142,8 +142,16 @@ def main(argv: list[str] | None = None) -> int:
 
     sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
     cost: dict[int, dict[str, float]] = {}
-    prof = {n: {"add": profiler_us("x + b", n, cost=cost.setdefault(n, {})), "twice": profiler_us("(x + b) + b", n), "once": profiler_us("torch.add(x, b, alpha=2)", n), **timer_us(n), **cost[n]}
-            for n in sizes}
+    prof = {
+        n: {
+            "add": profiler_us("x + b", n, cost=cost.setdefault(n, {})),
+            "twice": profiler_us("(x + b) + b", n),
+            "once": profiler_us("torch.add(x, b, alpha=2)", n),
+            **timer_us(n),
+            **cost[n],
+        }
+        for n in sizes
+    }
     pairs = []
     for n in sizes:
         add = Task(f"ladder_add_{n}", ADD.format(n=n, expr="x + b"))
@@ -162,7 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         refs = [r["reference"]["median_ms"] * 1e3 for r in add if r["reference"]]
         cands = [r["candidate"]["median_ms"] * 1e3 for r in add if r["candidate"]]
         if not refs or not cands:
-            print(f"timer_ladder: no timing at N={n}: {[(r['status'], r['message'][:200]) for r in add]}", file=sys.stderr)
+            print(
+                f"timer_ladder: no timing at N={n}: {[(r['status'], r['message'][:200]) for r in add]}", file=sys.stderr
+            )
             return 1
         ref_us, cand_us = statistics.median(refs), statistics.median(cands)
         speedups = [r["speedup"] for r in twice if r["speedup"]]
@@ -183,17 +193,22 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({"rows": rows, "profiler": prof, "runs": runs}, indent=1, default=str))
-    print(f"environment: {env.get('gpu_name')} driver {env.get('driver')} torch {env.get('torch')} CUDA {env.get('cuda')}")
+    print(
+        f"environment: {env.get('gpu_name')} driver {env.get('driver')} torch {env.get('torch')} CUDA {env.get('cuda')}"
+    )
     print(f"{'N':>9} {'prof us':>8} {'ref us':>8} {'cand us':>8} {'err us':>7} {'ok':>3} | {'prof 2x':>7} "
           f"{'judge':>6} {'host':>6} {'>=1.8':>5} {'>=.9p':>5} {'rep %':>6} {'wall s':>6}  verdicts")
     for r in rows:
         within = r["err_us"] <= max(1.0, 0.05 * r["profiler_add_us"])
         js = r["judge_speedup"]
-        print(f"{r['numel']:>9} {r['profiler_add_us']:8.2f} {r['judge_ref_us']:8.2f} {r['judge_cand_us']:8.2f} "
-              f"{r['err_us']:7.2f} {'yes' if within else 'NO':>3} | {r['profiler_ratio']:7.2f} "
-              f"{js or 0:6.2f} {r['judge_host_speedup'] or 0:6.2f} {'yes' if js and js >= 1.8 else 'NO':>5} "
-              f"{'yes' if js and js >= 0.9 * r['profiler_ratio'] else 'NO':>5} "
-              f"{(r['repeatability'] or 0) * 100:6.2f} {r['wall_s']:6.2f}  {','.join(r['statuses'])} {','.join(r['flags'])}")
+        print(
+            f"{r['numel']:>9} {r['profiler_add_us']:8.2f} {r['judge_ref_us']:8.2f} {r['judge_cand_us']:8.2f} "
+            f"{r['err_us']:7.2f} {'yes' if within else 'NO':>3} | {r['profiler_ratio']:7.2f} "
+            f"{js or 0:6.2f} {r['judge_host_speedup'] or 0:6.2f} {'yes' if js and js >= 1.8 else 'NO':>5} "
+            f"{'yes' if js and js >= 0.9 * r['profiler_ratio'] else 'NO':>5} "
+            f"{(r['repeatability'] or 0) * 100:6.2f} {r['wall_s']:6.2f}  {','.join(r['statuses'])} "
+            f"{','.join(r['flags'])}"
+        )
     print("clean window of the identical candidate (us, per run): reference slack, candidate slack, excess, bound")
     for r in rows:
         cells = [f"{w.get('reference_slack_ms', 0) * 1e3:7.1f} {w.get('candidate_slack_ms', 0) * 1e3:7.1f} "

@@ -41,9 +41,9 @@ def get_init_inputs():
 
 def fused_model(tmp: Path):
     """``ModelNew`` of TASK with its sigmoid-multiply chain in one generated Triton kernel."""
-    from cudal1.rewrite.triton_kernels import fusion as triton_fusion
     from cudal1.rewrite.graph.emit import emit_class
     from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
+    from cudal1.rewrite.triton_kernels import fusion as triton_fusion
 
     triton_fusion.worth_fusing = lambda region, ops: len(region.nodes) >= 2  # a tiny chain: force it
     traced = trace_task(TASK)

@@ -290,7 +290,9 @@ def store_walls(db: Path) -> dict[str, list[dict[str, Any]]]:
             res = json.loads(blob)
         except (TypeError, json.JSONDecodeError):
             res = {}
-        out.setdefault(task_id, []).append({"status": status, "wall_s": res.get("wall_s"), "build_s": res.get("build_s")})
+        out.setdefault(task_id, []).append(
+            {"status": status, "wall_s": res.get("wall_s"), "build_s": res.get("build_s")}
+        )
     return out
 
 
@@ -304,9 +306,20 @@ def cudal1_rows(records: list[dict[str, Any]], report: dict[str, Any] | None,
         r = got[rec["index"]] if rec["index"] < len(got) else {}
         w = walls.get(rec["key"], [])
         timing = w.pop(0) if w and r.get("status") else {}
-        rows.append({"index": rec["index"], "key": rec["key"], "class": r.get("class"), "status": r.get("status"),
-                     "measured": r.get("measured"), "claimed": r.get("claimed"), "flags": r.get("flags") or [],
-                     "message": r.get("message") or "", "wall_s": timing.get("wall_s"), "build_s": timing.get("build_s")})
+        rows.append(
+            {
+                "index": rec["index"],
+                "key": rec["key"],
+                "class": r.get("class"),
+                "status": r.get("status"),
+                "measured": r.get("measured"),
+                "claimed": r.get("claimed"),
+                "flags": r.get("flags") or [],
+                "message": r.get("message") or "",
+                "wall_s": timing.get("wall_s"),
+                "build_s": timing.get("build_s"),
+            }
+        )
     return rows
 
 
@@ -314,10 +327,17 @@ def cudal1_totals(rows: list[dict[str, Any]], wall_s: float | None, rc: int | No
                   summary: dict[str, Any] | None = None) -> dict[str, Any]:
     with_code = [r for r in rows if r["class"] != "missing_code"]
     classes = Counter(r["class"] for r in rows if r["class"])
-    return {"records": len(rows), "judged": sum(r["status"] is not None for r in rows), "wall_s": wall_s, "rc": rc,
-            "timed_out": timed_out, "per_record_s": wall_s / len(with_code) if wall_s is not None and with_code else None,
-            "classes": dict(classes), "statuses": dict(Counter(r["status"] for r in rows if r["status"])),
-            "batch": (summary or {}).get("batch")}
+    return {
+        "records": len(rows),
+        "judged": sum(r["status"] is not None for r in rows),
+        "wall_s": wall_s,
+        "rc": rc,
+        "timed_out": timed_out,
+        "per_record_s": wall_s / len(with_code) if wall_s is not None and with_code else None,
+        "classes": dict(classes),
+        "statuses": dict(Counter(r["status"] for r in rows if r["status"])),
+        "batch": (summary or {}).get("batch"),
+    }
 
 
 # ---- commands and processes ----------------------------------------------------------------------
@@ -445,7 +465,9 @@ def probe(python: str, env: dict[str, str], kernelbench: bool) -> dict[str, Any]
     found = last_json_line(done.stdout)
     if done.returncode != 0 or found is None:
         what = "torch and kernelbench.eval" if kernelbench else "torch"
-        raise BenchError(f"cannot import {what} with {python}: {error_tail(done.stderr, 300) or f'exit {done.returncode}'}")
+        raise BenchError(
+            f"cannot import {what} with {python}: {error_tail(done.stderr, 300) or f'exit {done.returncode}'}"
+        )
     return found
 
 
@@ -519,7 +541,9 @@ class Bench:
                           "  " + show(cmd, cache_env(base / "cudal1", self.gpu))]
             else:
                 job = base / "kb" / "NNNN"
-                env = cache_env(job, self.gpu, cudal1=False) | {"PYTHONPATH": kb_pythonpath(self.kb_src) if self.kb_src else ""}
+                env = cache_env(job, self.gpu, cudal1=False) | {
+                    "PYTHONPATH": kb_pythonpath(self.kb_src) if self.kb_src else ""
+                }
                 lines += [f"KernelBench: one process per record with code ({len(self.with_code)}), serial, "
                           f"killed after {a.kb_timeout:g} s, fresh caches each:",
                           "  " + show(kb_command(a.kb_python, job / "job.json"), env),
@@ -582,9 +606,19 @@ class Bench:
             d.mkdir(parents=True, exist_ok=True)
             job = d / "job.json"
             result = d / "result.json"
-            job.write_text(json.dumps({"ref_code": rec["ref_code"], "custom_code": rec["custom_code"], "seed": a.kb_seed,
-                                       "correct_trials": a.kb_correct_trials, "perf_trials": a.kb_perf_trials,
-                                       "build_dir": str(d / "build"), "result": str(result)}))
+            job.write_text(
+                json.dumps(
+                    {
+                        "ref_code": rec["ref_code"],
+                        "custom_code": rec["custom_code"],
+                        "seed": a.kb_seed,
+                        "correct_trials": a.kb_correct_trials,
+                        "perf_trials": a.kb_perf_trials,
+                        "build_dir": str(d / "build"),
+                        "result": str(result),
+                    }
+                )
+            )
             env = cache_env(d, self.gpu, cudal1=False) | {"PYTHONPATH": kb_pythonpath(self.kb_src)}
             t0 = time.monotonic()
             rc, timed_out = self.runner.run(kb_command(a.kb_python, job), d / "log.txt", env, d, a.kb_timeout)
@@ -599,10 +633,14 @@ class Bench:
                          timeout_s=a.kb_timeout)
             self.kb_rows.append(row)
             done = sum(r["outcome"] != "missing_code" for r in self.kb_rows)
-            print(f"[kb {done:>3}/{len(todo)} {time.monotonic() - self.kb_t0:7.1f}s] {rec['key']:<14} {row['outcome']:<13} "
-                  f"wall {wall:6.1f}s  speedup {_f(row['speedup'], 2, 'x')}"
-                  + (f"  {row['error'][:120]}" if row["error"] and row["outcome"] != "correct" else ""),
-                  file=sys.stderr, flush=True)
+            print(
+                f"[kb {done:>3}/{len(todo)} {time.monotonic() - self.kb_t0:7.1f}s] {rec['key']:<14} "
+                f"{row['outcome']:<13} "
+                f"wall {wall:6.1f}s  speedup {_f(row['speedup'], 2, 'x')}"
+                + (f"  {row['error'][:120]}" if row["error"] and row["outcome"] != "correct" else ""),
+                file=sys.stderr,
+                flush=True,
+            )
             self.write()
         self.kb_done(time.monotonic() - self.kb_t0)
         t = self.kb["totals"]
@@ -611,17 +649,33 @@ class Bench:
 
     def kb_done(self, wall: float | None, complete: bool = True) -> None:
         assert self.kb is not None
-        self.kb |= {"running": False, "complete": complete, "totals": kb_totals(self.kb_rows, wall, len(self.records)), "rows": self.kb_rows}
+        self.kb |= {
+            "running": False,
+            "complete": complete,
+            "totals": kb_totals(self.kb_rows, wall, len(self.records)),
+            "rows": self.kb_rows,
+        }
         self.write()
 
     # -- output --
     def payload(self, complete: bool) -> dict[str, Any]:
-        return {"started": self.started.isoformat(), "finished": datetime.now(timezone.utc).isoformat(),
-                "complete": complete, "args": vars(self.args), "environment": self.environment,
-                "records_file": str(Path(self.args.records).resolve()), "gpu": self.gpu, "order": self.sides,
-                "records": [{"index": r["index"], "key": r["key"], "level": r["level"], "has_code": r["custom_code"] is not None}
-                            for r in self.records],
-                "figures": figures(self.cudal1, self.kb), "cudal1": self.cudal1, "kernelbench": self.kb}
+        return {
+            "started": self.started.isoformat(),
+            "finished": datetime.now(timezone.utc).isoformat(),
+            "complete": complete,
+            "args": vars(self.args),
+            "environment": self.environment,
+            "records_file": str(Path(self.args.records).resolve()),
+            "gpu": self.gpu,
+            "order": self.sides,
+            "records": [
+                {"index": r["index"], "key": r["key"], "level": r["level"], "has_code": r["custom_code"] is not None}
+                for r in self.records
+            ],
+            "figures": figures(self.cudal1, self.kb),
+            "cudal1": self.cudal1,
+            "kernelbench": self.kb,
+        }
 
     def write(self, complete: bool = False) -> None:
         self.out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -632,13 +686,29 @@ class Bench:
     def report(self, interrupted: bool = False) -> None:
         from cudal1.tables import table
 
-        print(table(["#", "task", "cudal1 class", "status", "measured x", "KB outcome", "KB wall s", "KB speedup x", "KB error"],
-                    record_rows(self.records, self.cudal1, self.kb)))
+        print(
+            table(
+                [
+                    "#",
+                    "task",
+                    "cudal1 class",
+                    "status",
+                    "measured x",
+                    "KB outcome",
+                    "KB wall s",
+                    "KB speedup x",
+                    "KB error",
+                ],
+                record_rows(self.records, self.cudal1, self.kb),
+            )
+        )
         print()
         env = self.environment
-        print(f"measured on {env.get('gpu') or '-'} (CUDA_VISIBLE_DEVICES={self.gpu}), torch {env.get('torch') or '-'}, "
-              f"CUDA {env.get('cuda') or '-'}, commit {env.get('commit') or '-'}{' (dirty)' if env.get('dirty') else ''}"
-              + (f", KernelBench {env.get('kernelbench_commit') or '?'}" if self.kb_src else ""))
+        print(
+            f"measured on {env.get('gpu') or '-'} (CUDA_VISIBLE_DEVICES={self.gpu}), torch {env.get('torch') or '-'}, "
+            f"CUDA {env.get('cuda') or '-'}, commit {env.get('commit') or '-'}{' (dirty)' if env.get('dirty') else ''}"
+            + (f", KernelBench {env.get('kernelbench_commit') or '?'}" if self.kb_src else "")
+        )
         print(f"full results: {self.out_path}")
         if interrupted:
             print("INTERRUPTED: the totals cover what finished")
@@ -663,7 +733,9 @@ def _counts(d: dict[str, int] | None) -> str:
     return " ".join(f"{k}={v}" for k, v in sorted((d or {}).items())) or "-"
 
 
-def record_rows(records: list[dict[str, Any]], cudal1: dict[str, Any] | None, kb: dict[str, Any] | None) -> list[list[str]]:
+def record_rows(
+    records: list[dict[str, Any]], cudal1: dict[str, Any] | None, kb: dict[str, Any] | None
+) -> list[list[str]]:
     crow = {r["index"]: r for r in (cudal1 or {}).get("rows") or []}
     krow = {r["index"]: r for r in (kb or {}).get("rows") or []}
     out = []
@@ -681,13 +753,26 @@ def summary_rows(cudal1: dict[str, Any] | None, kb: dict[str, Any] | None) -> li
     k = (kb or {}).get("totals")
     fig = figures(cudal1, kb)
     rows = [
-        ["records run", "-" if c is None else f"{c['judged']}/{c['records']}", "-" if k is None else f"{k['run']}/{k['records']}"],
-        ["wall s", "-" if c is None else _f(c["wall_s"], 1) + ("" if c.get("rc") == 0 else f" (rc={c.get('rc')})"),
-         "-" if k is None else _f(k["wall_s"], 1)],
+        [
+            "records run",
+            "-" if c is None else f"{c['judged']}/{c['records']}",
+            "-" if k is None else f"{k['run']}/{k['records']}",
+        ],
+        [
+            "wall s",
+            "-" if c is None else _f(c["wall_s"], 1) + ("" if c.get("rc") == 0 else f" (rc={c.get('rc')})"),
+            "-" if k is None else _f(k["wall_s"], 1),
+        ],
         ["s / record", "-" if c is None else _f(c["per_record_s"], 2), "-" if k is None else _f(k["per_record_s"], 2)],
         ["KB / cudal1 wall", "", "-" if fig["ratio_kb_over_cudal1"] is None else f"{fig['ratio_kb_over_cudal1']:.2f}x"],
-        ["compiled / correct", "-", "-" if k is None else f"{k['compiled']} / {k['correct']} of {k['run']}"
-         + (f", {k['timeouts']} timed out" if k["timeouts"] else "")],
+        [
+            "compiled / correct",
+            "-",
+            "-"
+            if k is None
+            else f"{k['compiled']} / {k['correct']} of {k['run']}"
+            + (f", {k['timeouts']} timed out" if k["timeouts"] else ""),
+        ],
         ["verdicts", "-" if c is None else _counts(c["classes"]), "-" if k is None else _counts(k["outcomes"])],
     ]
     return rows
@@ -715,19 +800,49 @@ def default_records() -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="vs_kernelbench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="vs_kernelbench.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--records", default=default_records(), metavar="PATH",
                    help="CUDA-L1 release JSONL (default $CUDAL1_CUDA_L1, else ../shared/cuda-l1/sample.jsonl)")
     p.add_argument("--limit", type=int, default=None, metavar="N", help="the first N records only")
-    p.add_argument("--kernelbench-src", default=None, metavar="PATH",
-                   help="a KernelBench checkout's src directory (holding kernelbench/eval.py); needed unless --only cudal1")
-    p.add_argument("--order", choices=["cudal1-first", "kb-first"], default="cudal1-first", help="which side runs first (default cudal1-first)")
+    p.add_argument(
+        "--kernelbench-src",
+        default=None,
+        metavar="PATH",
+        help="a KernelBench checkout's src directory (holding kernelbench/eval.py); needed unless --only cudal1",
+    )
+    p.add_argument(
+        "--order",
+        choices=["cudal1-first", "kb-first"],
+        default="cudal1-first",
+        help="which side runs first (default cudal1-first)",
+    )
     p.add_argument("--only", choices=["kb", "cudal1"], default=None, help="run one side only")
-    p.add_argument("--gpu", type=int, default=0, metavar="N", help="the GPU both sides use: index among the visible ones (default 0)")
-    p.add_argument("--out", default=None, metavar="PATH",
-                   help="JSON file, or an existing directory (default runs/vs_kernelbench/vs_kernelbench_<UTC time>.json)")
-    p.add_argument("--tmp-dir", default=None, metavar="DIR", help="where the fresh caches and build dirs go (default: the system temp dir)")
-    p.add_argument("--keep-temp", action="store_true", help="keep the temporary directory (logs, builds, the verify run) at the end")
+    p.add_argument(
+        "--gpu",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the GPU both sides use: index among the visible ones (default 0)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="PATH",
+        help="JSON file, or an existing directory (default runs/vs_kernelbench/vs_kernelbench_<UTC time>.json)",
+    )
+    p.add_argument(
+        "--tmp-dir",
+        default=None,
+        metavar="DIR",
+        help="where the fresh caches and build dirs go (default: the system temp dir)",
+    )
+    p.add_argument(
+        "--keep-temp",
+        action="store_true",
+        help="keep the temporary directory (logs, builds, the verify run) at the end",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan (records, commands) and exit; no GPU needed")
     k = p.add_argument_group("KernelBench side")
     k.add_argument("--kb-timeout", type=float, default=300.0, metavar="S", help="per-record limit (default 300)")
@@ -739,7 +854,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c = p.add_argument_group("cudal1 side")
     c.add_argument("--verify-args", default="", metavar="'FLAGS'",
                    help="extra flags for cudal1 verify (e.g. '--preset kernelbench-v0')")
-    c.add_argument("--verify-timeout", type=float, default=None, metavar="S", help="limit for the whole verify process (default none)")
+    c.add_argument(
+        "--verify-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="limit for the whole verify process (default none)",
+    )
     p.add_argument("--kb-one", default=None, metavar="JOB", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.limit is not None and args.limit < 1:
@@ -775,12 +896,17 @@ def run(args: argparse.Namespace) -> int:
         probe_env = cache_env(bench.root / "probe", bench.gpu)
         if kb_src is not None:
             probe_env["PYTHONPATH"] = kb_pythonpath(kb_src)
-        bench.environment = probe(args.kb_python if kb_src is not None else sys.executable, probe_env, kb_src is not None)
+        bench.environment = probe(
+            args.kb_python if kb_src is not None else sys.executable, probe_env, kb_src is not None
+        )
         if not bench.environment.get("gpu"):
             raise BenchError(f"no CUDA GPU visible to torch (CUDA_VISIBLE_DEVICES={bench.gpu}); "
                              "--dry-run shows the plan without one")
-        bench.environment |= {"commit": _git("rev-parse", "--short", "HEAD"), "dirty": bool(_git("status", "--porcelain")),
-                              "host": os.uname().nodename}
+        bench.environment |= {
+            "commit": _git("rev-parse", "--short", "HEAD"),
+            "dirty": bool(_git("status", "--porcelain")),
+            "host": os.uname().nodename,
+        }
         if kb_src is not None:
             bench.environment |= {"kernelbench_src": str(kb_src), "kernelbench_commit": kb_commit(kb_src)}
         print(bench.plan_text(str(bench.root)), file=sys.stderr, flush=True)

@@ -180,8 +180,8 @@ def run(engine: str, out: Path, port: int, lora: bool, steps: int, save_steps: i
 
     from cudal1.train import dist
     from cudal1.train.config import load_config
-    from cudal1.train.stages.sft import run_sft
     from cudal1.train.smoke.stages import tiny_base, verified_records
+    from cudal1.train.stages.sft import run_sft
 
     captured: dict = {}
     engine_seen: dict = {"steps_run": 0}

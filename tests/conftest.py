@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from cli_support import SMALL_DIAG
 from tiers import mark_tiers, pytest_runtest_makereport, pytest_runtest_protocol  # noqa: F401 - hooks of the tiers
 
@@ -276,8 +277,8 @@ def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_ro
     ``ok``, no job's ``timing`` phase overlapping another job's GPU phases (worker clocks), and
     workers that did run side by side.  Returns (results, batch stats)."""
     from cudal1.config import EvalConfig
-    from cudal1.harness.parent.batchstats import GPU_PHASES, StatsRecorder
     from cudal1.harness.parent.api import DevicePlan, Job, run_jobs
+    from cudal1.harness.parent.batchstats import GPU_PHASES, StatsRecorder
     from cudal1.tasks import load_task_file
     from cudal1.types import Candidate, Status
 
@@ -296,7 +297,10 @@ def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_ro
     def run(device: str, share: int) -> tuple[list[Any], Any]:
         task = load_task_file(SMALL_DIAG)
         code = (repo_root / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
-        jobs = [Job(task, Candidate(code + f"\n# variant {i}\n", task_hash=task.hash, label=f"v{i}")) for i in range(2 * share)]
+        jobs = [
+            Job(task, Candidate(code + f"\n# variant {i}\n", task_hash=task.hash, label=f"v{i}"))
+            for i in range(2 * share)
+        ]
         cfg = EvalConfig(device=device, cache_dir=str(tmp_path / "cache"), correctness_trials=2, timing_trials=20,
                          min_timing_trials=5, timing_budget_s=0.5, workers_per_gpu=share)
         plan = DevicePlan.detect(device)

@@ -78,24 +78,46 @@ class ModelNew(nn.Module):
 
 
 def task_source(i: int) -> str:
-    return REF.replace("torch.randn(64)", f"torch.randn({64 + i})").replace("torch.randn(64, 64)", f"torch.randn({64 + i}, 64)")
+    return REF.replace("torch.randn(64)", f"torch.randn({64 + i})").replace(
+        "torch.randn(64, 64)", f"torch.randn({64 + i}, 64)"
+    )
 
 
-def _verdict(task: Task, cand: Candidate, status: Status, speedup: float | None = None, flags=(), message="") -> EvalResult:
+def _verdict(
+    task: Task, cand: Candidate, status: Status, speedup: float | None = None, flags=(), message=""
+) -> EvalResult:
     ref_ms = 2.0
-    return EvalResult(status=status, task_name=task.name, task_hash=task.hash, candidate_hash=cand.hash,
-                      message=message, flags=list(flags), correctness=Correctness(trials=5, passed=5 if status is Status.OK else 0),
-                      reference=Timing.from_samples([ref_ms] * 5, "cuda_event"),
-                      candidate=Timing.from_samples([ref_ms / speedup] * 5, "cuda_event") if speedup else None,
-                      speedup=speedup, speedup_ci=(speedup * 0.95, speedup * 1.05) if speedup else None,
-                      environment=dataclasses.replace(ENV, isolation={
-                          "home_tmp": f"applied: HOME=/cache/work/job_{cand.hash[:8]}/home (new, empty, 0700)",
-                          "netns": "applied: own network namespace, no interface up"}),
-                      config_hash="cfg1", phase="done")
+    return EvalResult(
+        status=status,
+        task_name=task.name,
+        task_hash=task.hash,
+        candidate_hash=cand.hash,
+        message=message,
+        flags=list(flags),
+        correctness=Correctness(trials=5, passed=5 if status is Status.OK else 0),
+        reference=Timing.from_samples([ref_ms] * 5, "cuda_event"),
+        candidate=Timing.from_samples([ref_ms / speedup] * 5, "cuda_event") if speedup else None,
+        speedup=speedup,
+        speedup_ci=(speedup * 0.95, speedup * 1.05) if speedup else None,
+        environment=dataclasses.replace(
+            ENV,
+            isolation={
+                "home_tmp": f"applied: HOME=/cache/work/job_{cand.hash[:8]}/home (new, empty, 0700)",
+                "netns": "applied: own network namespace, no interface up",
+            },
+        ),
+        config_hash="cfg1",
+        phase="done",
+    )
 
 
 SPEC = [  # (task name, level, problem id, [(status, speedup, flags, round, code)])
-    ("1_Diag", 1, 1, [(Status.OK, 0.8, [], 1, COMPILED), (Status.OK, 2.0, [], 2, FAST), (Status.COMPILE_ERROR, None, [], 2, "x =")]),
+    (
+        "1_Diag",
+        1,
+        1,
+        [(Status.OK, 0.8, [], 1, COMPILED), (Status.OK, 2.0, [], 2, FAST), (Status.COMPILE_ERROR, None, [], 2, "x =")],
+    ),
     ("2_Fail", 1, 2, [(Status.INCORRECT, None, ["value_mismatch"], 1, FAST), (Status.TIMEOUT, None, [], 1, COMPILED)]),
     ("1_Edge", 2, 1, [(Status.OK, 1.005, [], 1, FAST), (Status.REJECTED, None, ["side_stream"], 1, COMPILED)]),
     ("2_Degenerate", 2, 2, [(Status.OK, 50.0, ["degenerate_task"], 1, FAST)]),
@@ -127,8 +149,16 @@ def make_run(out: Path, spec: list = SPEC) -> Path:
                 header = BUILTIN_HEADER if policy == "builtin" else ""
                 cand = Candidate(f"{header}{code}\n# {name} {j}\n", task_hash=task.hash, label=f"{policy}:r{round_}")
                 store.add_candidate(cand, task.hash, {"round": round_, "policy": policy})
-                store.record_evaluation(_verdict(task, cand, status, speedup, flags,
-                                                 "candidate work escaped the calling stream" if status is Status.REJECTED else ""))
+                store.record_evaluation(
+                    _verdict(
+                        task,
+                        cand,
+                        status,
+                        speedup,
+                        flags,
+                        "candidate work escaped the calling stream" if status is Status.REJECTED else "",
+                    )
+                )
                 store.record_response(task.hash, round_, policy, {}, "text",
                                       BUILTIN_ACCOUNT if policy == "builtin" else ANALYSIS, cand.hash)
             for mode in ("eager", "compile"):
@@ -148,8 +178,10 @@ def add_evaluation(run: Path) -> dict:
     from cudal1.train.evaluation.figures import Sample, figures
 
     ok = lambda s: Sample("ok", "done", s, (s * 0.9, s * 1.1))  # noqa: E731
-    samples = {"level1/1": [ok(2.0), Sample("incorrect", "correctness"), Sample("format"), ok(1.5)],
-               "mytask": [Sample("compile_error", "import"), Sample("format"), ok(1.2), Sample("runtime_error", "timing")]}
+    samples = {
+        "level1/1": [ok(2.0), Sample("incorrect", "correctness"), Sample("format"), ok(1.5)],
+        "mytask": [Sample("compile_error", "import"), Sample("format"), ok(1.2), Sample("runtime_error", "timing")],
+    }
     doc = figures(samples, 4) | {"out": str(run), "requests": 8, "failed_requests": 0}
     (run / "evaluation.json").write_text(json.dumps(doc))
     return doc

@@ -46,10 +46,9 @@ def _stored(store: Path, policy: str) -> list[dict]:
 
 def test_search_stores_each_answers_analysis(tmp_path, monkeypatch):
     pytest.importorskip("openai")
-    from cudal1.train.smoke.server import ScriptedLLMServer
-
     from cudal1.policy import make_policy
     from cudal1.search import SearchConfig, optimize
+    from cudal1.train.smoke.server import ScriptedLLMServer
 
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
     with ScriptedLLMServer(_answers()) as srv:
@@ -68,10 +67,10 @@ def test_grpo_reward_stores_the_analysis_and_its_check_and_pays_the_bonus(tmp_pa
     pytest.importorskip("trl")
     from cudal1.prompts import build_prompt
     from cudal1.store import RunStore
-    from cudal1.train.stages.contrast import ContrastivePrompts
-    from cudal1.train.stages.grpo import JudgeReward
     from cudal1.train.judging import RolloutJudge
     from cudal1.train.reward import RewardConfig, RunningStats
+    from cudal1.train.stages.contrast import ContrastivePrompts
+    from cudal1.train.stages.grpo import JudgeReward
     from cudal1.types import Exemplar, reference_candidate
 
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
@@ -104,17 +103,38 @@ def test_grpo_reward_stores_the_analysis_and_its_check_and_pays_the_bonus(tmp_pa
 
 def test_evaluate_stores_each_answers_analysis_and_its_check(tmp_path, monkeypatch, capsys):
     pytest.importorskip("openai")
-    from cudal1.train.smoke.server import ScriptedLLMServer
-
     from cudal1.cli.main import main as cli_main
+    from cudal1.train.smoke.server import ScriptedLLMServer
 
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
     task = tmp_path / "diag_scale.py"
     task.write_text(smoke.TASK_SOURCE)
     out = tmp_path / "eval"
     with ScriptedLLMServer(_answers()) as srv:
-        assert cli_main(["evaluate", str(task), "--base-url", srv.url, "--model", "m", "--samples", "3", "--out", str(out),
-                         "--device", "cpu", "--trials", "2", "--timing-trials", "10", "--json"]) == 0
+        assert (
+            cli_main(
+                [
+                    "evaluate",
+                    str(task),
+                    "--base-url",
+                    srv.url,
+                    "--model",
+                    "m",
+                    "--samples",
+                    "3",
+                    "--out",
+                    str(out),
+                    "--device",
+                    "cpu",
+                    "--trials",
+                    "2",
+                    "--timing-trials",
+                    "10",
+                    "--json",
+                ]
+            )
+            == 0
+        )
     capsys.readouterr()
     rows = _stored(out / "cudal1.sqlite", "evaluate")
     assert sorted(r["analysis"] for r in rows) == sorted(ANALYSES)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from cli_support import SMALL_DIAG
 
+from cli_support import SMALL_DIAG
 from cudal1.config import EvalConfig
 from cudal1.harness.parent import batch
 from cudal1.harness.parent.api import DevicePlan, Job, run_jobs
@@ -62,7 +62,9 @@ class FakeEvaluator:
     def evaluate_job(self, j: Job, gpu, prebuilt) -> EvalResult:
         self.note("judge_start", j.label)
         time.sleep(JUDGE_S)
-        return EvalResult(status=Status.OK, task_name=j.task.name, task_hash=j.task.hash, candidate_hash=j.candidate.hash)
+        return EvalResult(
+            status=Status.OK, task_name=j.task.name, task_hash=j.task.hash, candidate_hash=j.candidate.hash
+        )
 
     def close(self) -> None:
         pass
@@ -175,7 +177,9 @@ class MemoryBoundEvaluator(FakeEvaluator):
             self.running[gpu] -= 1
         base = dict(task_name=j.task.name, task_hash=j.task.hash, candidate_hash=j.candidate.hash)
         if neighbours:
-            return EvalResult(status=Status.RUNTIME_ERROR, flags=["oom"], message="correctness: OutOfMemoryError", **base)
+            return EvalResult(
+                status=Status.RUNTIME_ERROR, flags=["oom"], message="correctness: OutOfMemoryError", **base
+            )
         return EvalResult(status=Status.OK, **base)
 
 
@@ -256,8 +260,12 @@ def test_judge_suite_summary_reports_where_time_went(tmp_path, capsys):
 
     cands = tmp_path / "c.jsonl"
     code = (REPO / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
-    cands.write_text(json.dumps({"task": "diag_matmul", "code": code}) + "\n"
-                     + json.dumps({"task": "diag_matmul", "code": (REPO / "tests/fixtures/cpu/mutates_input.py").read_text()}) + "\n")
+    cands.write_text(
+        json.dumps({"task": "diag_matmul", "code": code})
+        + "\n"
+        + json.dumps({"task": "diag_matmul", "code": (REPO / "tests/fixtures/cpu/mutates_input.py").read_text()})
+        + "\n"
+    )
     out = tmp_path / "out"
     rc = main(["judge-suite", "--candidates", str(cands), "--suite", str(SMALL_DIAG),
                "--out", str(out), "--device", "cpu", "--trials", "3", "--timing-trials", "10", "--json"])
@@ -278,17 +286,48 @@ def test_verify_report_carries_batch_stats(tmp_path, capsys):
     from cudal1.cli.main import main
 
     records = tmp_path / "r.jsonl"
-    records.write_text(json.dumps({"task": "diag_matmul", "code": (REPO / "tests/fixtures/cpu/wrong.py").read_text()}) + "\n")
+    records.write_text(
+        json.dumps({"task": "diag_matmul", "code": (REPO / "tests/fixtures/cpu/wrong.py").read_text()}) + "\n"
+    )
     out = tmp_path / "v"
-    rc = main(["verify", str(records), "--suite", str(REPO / "examples" / "tasks"), "--out", str(out), "--device", "cpu",
-               "--trials", "3", "--json"])
+    rc = main(
+        [
+            "verify",
+            str(records),
+            "--suite",
+            str(REPO / "examples" / "tasks"),
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--trials",
+            "3",
+            "--json",
+        ]
+    )
     assert rc == 0
     printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     report = json.loads((out / "verify_report.json").read_text())
     assert printed["batch"] == report["summary"]["batch"]
     assert report["summary"]["batch"]["jobs"] == 1 and "classes" in report["summary"]
-    assert main(["verify", str(records), "--suite", str(REPO / "examples" / "tasks"), "--out", str(out), "--device", "cpu",
-                 "--trials", "3", "--json"]) == 0  # resumed: nothing judged, no batch
+    assert (
+        main(
+            [
+                "verify",
+                str(records),
+                "--suite",
+                str(REPO / "examples" / "tasks"),
+                "--out",
+                str(out),
+                "--device",
+                "cpu",
+                "--trials",
+                "3",
+                "--json",
+            ]
+        )
+        == 0
+    )  # resumed: nothing judged, no batch
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["batch"] is None
 
 

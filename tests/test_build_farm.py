@@ -20,8 +20,8 @@ import pytest
 from cudal1.config import EvalConfig
 from cudal1.harness import build
 from cudal1.harness.envinfo import Gpu
-from cudal1.harness.parent.farm import BuildBudget, BuildFarm
 from cudal1.harness.parent.evaluator import Evaluator
+from cudal1.harness.parent.farm import BuildBudget, BuildFarm
 from cudal1.harness.parent.plan import DevicePlan, Job
 from cudal1.types import Candidate, Task
 
@@ -156,8 +156,10 @@ TWO_RUNS = textwrap.dedent("""
 def test_two_processes_sharing_the_cache_build_a_source_once(tmp_path):
     bdir = tmp_path / "builds" / "key"
     env = os.environ | {"PYTHONPATH": str(SRC)}
-    procs = [subprocess.Popen([sys.executable, "-c", TWO_RUNS, str(bdir), name], stdout=subprocess.PIPE, text=True, env=env)
-             for name in ("a", "b")]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", TWO_RUNS, str(bdir), name], stdout=subprocess.PIPE, text=True, env=env)
+        for name in ("a", "b")
+    ]
     outs = [p.communicate(timeout=120)[0].split() for p in procs]
     assert all(p.returncode == 0 for p in procs)
     assert len((tmp_path / "builds" / "builds.log").read_text().split()) == 1, "both runs compiled the source"
@@ -220,7 +222,9 @@ def test_a_timed_out_build_leaves_no_baton(tmp_path):
 def test_builds_lazily_tells_module_level_from_init_builds():
     assert not build.builds_lazily("from torch.utils.cpp_extension import load_inline\next = load_inline(name='a')\n")
     assert build.builds_lazily("class ModelNew:\n    def __init__(self):\n        self.ext = load_inline(name='a')\n")
-    assert build.builds_lazily("import torch.utils.cpp_extension as c\ndef _get():\n    return c.load(name='a', sources=[])\n")
+    assert build.builds_lazily(
+        "import torch.utils.cpp_extension as c\ndef _get():\n    return c.load(name='a', sources=[])\n"
+    )
     assert not build.builds_lazily("def broken(:\n")
     assert not build.builds_lazily("import triton.language as tl\ndef k(p):\n    return tl.load(p) + torch.load('w')\n")
     src = "class ModelNew:\n    def __init__(self):\n        load_inline(name='a')\n"
@@ -347,7 +351,8 @@ import sys
 from cudal1.harness import build
 build.install_memo()
 build.install_memo()  # twice: one finder
-print(sys.modules.get("torch.utils.cpp_extension") is None, sum(isinstance(f, build._WrapOnImport) for f in sys.meta_path))
+print(sys.modules.get("torch.utils.cpp_extension") is None,
+      sum(isinstance(f, build._WrapOnImport) for f in sys.meta_path))
 from torch.utils.cpp_extension import load_inline
 import torch.utils.cpp_extension as ext
 print(getattr(load_inline, "_cudal1_memo", False), getattr(ext.load, "_cudal1_memo", False))
@@ -425,9 +430,8 @@ def test_prebuilds_run_below_the_jobs_being_timed(tmp_path, cpu_judge_config):
     the judge, so a job timed on the same host gets the CPU first; the job itself does not."""
     import os
 
-    from cudal1.harness.child.worker import BUILD_NICENESS
-
     from cudal1.harness import evaluate
+    from cudal1.harness.child.worker import BUILD_NICENESS
     from cudal1.tasks import load_task_file
 
     _, _, mark = _prebuild(tmp_path, cpu_judge_config, NICENESS)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from cli_support import SMALL_DIAG
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,8 +39,9 @@ def test_selection_rules_offsets_and_exclusions(tmp_path, monkeypatch):
     tasks, rules = bk.select([str(suite)], ["stride:3+1"], set(), None)
     assert [t.task_id for t in tasks] == every[1::3]
     (tmp_path / "design.txt").write_text(f"# used to design the passes\n{every[4]}  # a comment\n")
-    tasks, rules = bk.select([str(suite)], ["stride:3+1", "stride:2+1"], bk.read_exclusions([str(tmp_path / "design.txt")]),
-                             None)
+    tasks, rules = bk.select(
+        [str(suite)], ["stride:3+1", "stride:2+1"], bk.read_exclusions([str(tmp_path / "design.txt")]), None
+    )
     assert [t.task_id for t in tasks] == [every[1], every[3], every[5]]  # union of both rules, minus the excluded
     assert rules[every[1]] == ["stride:3+1", "stride:2+1"] and rules[every[3]] == ["stride:2+1"]
     bk.save_selection(tmp_path, tasks, rules)
@@ -68,14 +70,30 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     assert {"search", "confirm winners", "confirm modes"} <= {b["what"] for b in batches} <= {
         "search", "baselines", "confirm winners", "confirm modes"} and all("gpu_idle_share" in b for b in batches)
     text = (out / "report.md").read_text()
-    assert "builtin over the best compile mode" in text and text == done.stdout[done.stdout.index(text.splitlines()[0]):].rstrip() + "\n"
+    assert (
+        "builtin over the best compile mode" in text
+        and text == done.stdout[done.stdout.index(text.splitlines()[0]) :].rstrip() + "\n"
+    )
     headers = [line.split()[0] for line in text.splitlines() if line.startswith(("task ", "chain ", "figure "))]
     assert headers == ["task", "chain", "figure"]  # per task first, the summary table last
     assert "diag_matmul" in (out / "report.html").read_text()
     # the gzipped store is the run: without the plain file, a report-only call restores and reads it
     (out / "cudal1.sqlite").unlink()
     assert (out / "rewrites.tgz").exists() and (out / "cudal1.sqlite.gz").exists()
-    again = run([str(SMALL_DIAG), "--device", "cpu", "--modes", "compile-default", "--preset", "fast", "--out", str(out),
-                 "--report-only"], tmp_path)
+    again = run(
+        [
+            str(SMALL_DIAG),
+            "--device",
+            "cpu",
+            "--modes",
+            "compile-default",
+            "--preset",
+            "fast",
+            "--out",
+            str(out),
+            "--report-only",
+        ],
+        tmp_path,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["rows"] == report["rows"]

@@ -40,7 +40,9 @@ ELEMENTWISE = WEIGHTS.replace("self.lin = nn.Linear(n, n)", "self.n = n").replac
 
 def _options(code: str) -> dict:
     """The options= mapping of the candidate's one torch.compile call (helper calls unparsed)."""
-    (call,) = [n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.compile"]
+    (call,) = [
+        n for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Call) and ast.unparse(n.func) == "torch.compile"
+    ]
     (kw,) = [k for k in call.keywords if k.arg == "options"]
     return {ast.literal_eval(k): (ast.literal_eval(v) if not isinstance(v, ast.Call) else ast.unparse(v))
             for k, v in zip(kw.value.keys, kw.value.values)}
@@ -66,7 +68,10 @@ def test_inductor_sets_compile_with_scoped_options_only_where_they_can_matter():
     assert "def _cudal1_gemm_backends" in code and "torch._inductor.config." not in code.replace(
         "import torch._inductor.config as inductor_config", "")  # read, never assigned: nothing global changes
     assert render_candidate(ELEMENTWISE, "inductor[freezing]") is None  # no weights to freeze
-    assert render_candidate(ELEMENTWISE, "inductor[gemm]") is None and render_candidate(ELEMENTWISE, "inductor[padding]") is None
+    assert (
+        render_candidate(ELEMENTWISE, "inductor[gemm]") is None
+        and render_candidate(ELEMENTWISE, "inductor[padding]") is None
+    )
     assert render_candidate(ELEMENTWISE, "inductor[cd,aggressive]") is not None
     from cudal1.harness.parent.static_guard import run_static_guards
 
@@ -124,7 +129,9 @@ def test_the_setting_search_grows_the_fastest_set_one_setting_at_a_time():
     fresh = BuiltinPolicy(device="cuda", passes=[INDUCTOR_SEARCH])
     assert fresh.generate([_prompt(WEIGHTS, better)], n=1)[0][0].meta["passes"] == ["inductor[cd,gemm,freezing]"]
     # nothing measured yet: the search has nothing to grow (the singles are passes of their own)
-    assert BuiltinPolicy(device="cuda", passes=[INDUCTOR_SEARCH]).generate([_prompt(WEIGHTS, (anchor,))], n=1)[0][0].error
+    assert (
+        BuiltinPolicy(device="cuda", passes=[INDUCTOR_SEARCH]).generate([_prompt(WEIGHTS, (anchor,))], n=1)[0][0].error
+    )
 
 
 def test_the_search_runs_on_each_base_chain_and_skips_settings_that_cannot_matter():

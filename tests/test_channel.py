@@ -9,6 +9,7 @@ import pytest
 
 from cudal1.harness.channel import MAC_LEN, ChannelError, Message, Receiver, Sender, _mac
 
+
 class FakeConn:
     def __init__(self) -> None:
         self.sent: list[bytes] = []

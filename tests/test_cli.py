@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_support import SMALL_DIAG, cli_env, descendants, last_json, run_cli, small_config, worker_running
 
+from cli_support import SMALL_DIAG, cli_env, descendants, last_json, run_cli, small_config, worker_running
 from cudal1.cli.main import main as cli_main
 from cudal1.store import RunStore
 
@@ -56,7 +56,9 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 @pytest.mark.cpu
 def test_eval_json_ok(tmp_path, cli_env, config_file):
-    proc = run_cli(["judge", "--reference", DIAG, "--candidate", BROADCAST, "--config", config_file, "--json"], cli_env, tmp_path)
+    proc = run_cli(
+        ["judge", "--reference", DIAG, "--candidate", BROADCAST, "--config", config_file, "--json"], cli_env, tmp_path
+    )
     assert proc.returncode == 0, explain(proc)
     out = last_json(proc.stdout)
     assert CONTRACT_KEYS <= set(out)
@@ -71,8 +73,11 @@ def test_eval_json_ok(tmp_path, cli_env, config_file):
 
 @pytest.mark.cpu
 def test_eval_json_incorrect(tmp_path, cli_env, config_file):
-    proc = run_cli(["judge", "--reference", DIAG, "--candidate", FIXTURES / "wrong.py", "--config", config_file, "--json"],
-                   cli_env, tmp_path)
+    proc = run_cli(
+        ["judge", "--reference", DIAG, "--candidate", FIXTURES / "wrong.py", "--config", config_file, "--json"],
+        cli_env,
+        tmp_path,
+    )
     assert proc.returncode == 0, explain(proc)
     out = last_json(proc.stdout)
     assert CONTRACT_KEYS <= set(out)
@@ -123,7 +128,9 @@ def _bad_usage_cases(tmp: Path) -> dict[str, list]:
 
 
 @pytest.mark.cpu
-@pytest.mark.parametrize("case", ["missing-candidate", "missing-reference", "bad-device", "unknown-preset", "no-get-inputs"])
+@pytest.mark.parametrize(
+    "case", ["missing-candidate", "missing-reference", "bad-device", "unknown-preset", "no-get-inputs"]
+)
 def test_bad_usage(case, tmp_path, cli_env):
     args = _bad_usage_cases(tmp_path)[case]
     proc = run_cli(args, cli_env, tmp_path, timeout=120)
@@ -189,12 +196,36 @@ def test_bad_usage_messages_name_the_fault(tmp_path, cli_env, capsys):
 def test_judge_suite_bad_candidates_file(tmp_path, capsys):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"task": "diag_matmul", "code": "x"}\nnot json\n')
-    rc = cli_main(["judge-suite", "--candidates", str(bad), "--suite", str(TASKS), "--out", str(tmp_path / "o"), "--device", "cpu"])
+    rc = cli_main(
+        [
+            "judge-suite",
+            "--candidates",
+            str(bad),
+            "--suite",
+            str(TASKS),
+            "--out",
+            str(tmp_path / "o"),
+            "--device",
+            "cpu",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("cudal1: error:") and ":2:" in err
     unknown = tmp_path / "unknown.jsonl"
     unknown.write_text(json.dumps({"task": "no_such_task", "code": "class ModelNew: pass"}) + "\n")
-    rc = cli_main(["judge-suite", "--candidates", str(unknown), "--suite", str(TASKS), "--out", str(tmp_path / "o"), "--device", "cpu"])
+    rc = cli_main(
+        [
+            "judge-suite",
+            "--candidates",
+            str(unknown),
+            "--suite",
+            str(TASKS),
+            "--out",
+            str(tmp_path / "o"),
+            "--device",
+            "cpu",
+        ]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("cudal1: error:") and "no_such_task" in err
 
@@ -244,11 +275,15 @@ def test_judge_suite_writes_store_and_results_and_skips_on_rerun(tmp_path, cli_e
     assert (out / "cudal1.sqlite").is_file()
     assert (out / "results.jsonl").is_file()
     saved = yaml.safe_load((out / "config.yaml").read_text())  # the resolved configuration, next to summary.json
-    assert saved["judge"]["correctness_trials"] == 2 and saved["judge"]["tolerance"] == "exact"  # the file, then defaults
+    assert (
+        saved["judge"]["correctness_trials"] == 2 and saved["judge"]["tolerance"] == "exact"
+    )  # the file, then defaults
     assert saved["run"]["device"] == "cpu" and saved["run"]["backend"] == "local"
     results = _read_results(out / "results.jsonl")
     assert [r["label"] for r in results] == ["broadcast", "addmm", "wrong"]
-    assert [r["status"] for r in results] == ["ok", "ok", "incorrect"], [(r["status"], r["message"][:200]) for r in results]
+    assert [r["status"] for r in results] == ["ok", "ok", "incorrect"], [
+        (r["status"], r["message"][:200]) for r in results
+    ]
     assert [r["task"] for r in results] == ["diag_matmul", "linear_relu", "diag_matmul"]
     for r in results:
         assert CONTRACT_KEYS <= set(r)
@@ -359,7 +394,9 @@ def test_resume_after_kill(tmp_path, cli_env, config_file):
     assert rerun.returncode == 0, explain(rerun)
     results = _read_results(out / "results.jsonl")
     assert [r["label"] for r in results] == ["quick-1", "hang", "quick-2"]
-    assert [r["status"] for r in results] == ["ok", "timeout", "incorrect"], [(r["status"], r["message"][:300]) for r in results]
+    assert [r["status"] for r in results] == ["ok", "timeout", "incorrect"], [
+        (r["status"], r["message"][:300]) for r in results
+    ]
     assert results[0]["candidate_hash"] == first_hash
 
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)

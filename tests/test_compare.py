@@ -149,7 +149,10 @@ class TestCompare:
         assert check(ref, ref.clone(), loose) is None
         m = check(ref, ref + 1, loose)
         assert m.flag == "value_mismatch" and "exact" in m.detail
-        assert flag_of(torch.arange(5, dtype=torch.int32), torch.arange(5, dtype=torch.int32) * 2, loose) == "value_mismatch"
+        assert (
+            flag_of(torch.arange(5, dtype=torch.int32), torch.arange(5, dtype=torch.int32) * 2, loose)
+            == "value_mismatch"
+        )
 
     def test_bool_outputs_must_match_exactly(self):
         ref = torch.tensor([True, False, True])
@@ -266,7 +269,9 @@ class TestTensorsEqual:
         changed = m.t().clone()
         changed[2, 3] += 1
         assert not cmp.same_bits(m.t(), changed)
-        assert cmp.same_bits(torch.empty(0, 3), torch.empty(0, 3)) and not cmp.same_bits(torch.empty(0, 3), torch.empty(3, 0))
+        assert cmp.same_bits(torch.empty(0, 3), torch.empty(0, 3)) and not cmp.same_bits(
+            torch.empty(0, 3), torch.empty(3, 0)
+        )
 
     def test_ints_and_scalars(self):
         assert cmp.tensors_equal([torch.arange(3), 2, "s"], [torch.arange(3), 2, "s"])

@@ -9,8 +9,17 @@ import inspect
 import pytest
 import torch
 
-from cudal1.compile_modes import (ALIASES, COMPILE_CUDAGRAPH, COMPILE_MODES, CUDA_GRAPH, EAGER, INDUCTOR_SETTINGS,
-                                  canonical, cuda_graph_source, inductor_name)
+from cudal1.compile_modes import (
+    ALIASES,
+    COMPILE_CUDAGRAPH,
+    COMPILE_MODES,
+    CUDA_GRAPH,
+    EAGER,
+    INDUCTOR_SETTINGS,
+    canonical,
+    cuda_graph_source,
+    inductor_name,
+)
 from cudal1.cuda_graph import CudaGraphReplay
 from cudal1.harness import baselines
 from cudal1.policy.builtin import PASSES, render_candidate

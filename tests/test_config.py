@@ -9,6 +9,7 @@ import pytest
 
 from cudal1.config import ConfigError, EvalConfig
 
+
 class TestConfig:
     def test_unknown_key(self):
         with pytest.raises(ConfigError, match="bogus"):
@@ -135,7 +136,9 @@ class TestConfig:
 
         text = "\n".join(p.read_text() for p in src.rglob("*.py") if p.name != "config.py")
         text += inspect.getsource(EvalConfig.cache_root)  # the config's own reader of cache_dir
-        unread = [f.name for f in dataclasses.fields(EvalConfig) if f".{f.name}" not in text and f'"{f.name}"' not in text]
+        unread = [
+            f.name for f in dataclasses.fields(EvalConfig) if f".{f.name}" not in text and f'"{f.name}"' not in text
+        ]
         assert unread == []
 
     def test_removed_fields_are_unknown_keys(self):
@@ -188,17 +191,32 @@ class TestConfigBase:
         assert isinstance(cfg.inner.clip, float) and _Outer(limit=3).limit == 3.0
         assert _Outer(inner={"clip": 3}).inner == _Inner(clip=3.0)  # direct construction coerces too
 
-    @pytest.mark.parametrize("data, needle", [({"steps": "many"}, "outer.steps"), ({"on": "maybe"}, "outer.on"),
-                                              ({"mode": "c"}, "outer.mode"), ({"inner": {"clip": "x"}}, "outer.inner.clip"),
-                                              ({"inner": {"clp": 1}}, "unknown outer.inner key"), ({"inner": 3}, "outer.inner"),
-                                              ({"steps": 0}, "at least 1"), ({"stepz": 1}, "unknown outer key")])
+    @pytest.mark.parametrize(
+        "data, needle",
+        [
+            ({"steps": "many"}, "outer.steps"),
+            ({"on": "maybe"}, "outer.on"),
+            ({"mode": "c"}, "outer.mode"),
+            ({"inner": {"clip": "x"}}, "outer.inner.clip"),
+            ({"inner": {"clp": 1}}, "unknown outer.inner key"),
+            ({"inner": 3}, "outer.inner"),
+            ({"steps": 0}, "at least 1"),
+            ({"stepz": 1}, "unknown outer key"),
+        ],
+    )
     def test_bad_values_name_the_key(self, data, needle):
         with pytest.raises(ConfigError, match=needle):
             _Outer.from_dict(data)
 
     def test_round_trip_replace_and_renamed_keys(self):
         cfg = _Outer(steps=3, inner=_Inner(names=("a", "b")))
-        assert cfg.to_dict() == {"steps": 3, "on": False, "mode": "a", "limit": None, "inner": {"clip": 1.5, "names": ["a", "b"]}}
+        assert cfg.to_dict() == {
+            "steps": 3,
+            "on": False,
+            "mode": "a",
+            "limit": None,
+            "inner": {"clip": 1.5, "names": ["a", "b"]},
+        }
         assert _Outer.from_dict(cfg.to_dict()) == cfg
         assert cfg.replace(steps=None, **{"inner.clip": 4}) == _Outer(steps=3, inner=_Inner(clip=4.0, names=("a", "b")))
         with pytest.raises(ConfigError):
@@ -210,7 +228,9 @@ class TestConfigBase:
         written = write_config_file(tmp_path, judge=judge, outer=_Outer(steps=2), run={"target": "t.py"})
         assert written["run"] == {"target": "t.py"} and (tmp_path / "config.yaml").is_file()
         sections = read_config_file(tmp_path / "config.yaml", ("judge", "outer"))
-        assert EvalConfig.from_dict(sections["judge"]) == judge and _Outer.from_dict(sections["outer"]) == _Outer(steps=2)
+        assert EvalConfig.from_dict(sections["judge"]) == judge and _Outer.from_dict(sections["outer"]) == _Outer(
+            steps=2
+        )
         assert EvalConfig.from_yaml(tmp_path / "config.yaml", section="judge") == judge
         with pytest.raises(ConfigError, match="unknown section.*outer"):
             read_config_file(tmp_path / "config.yaml", ("judge",))

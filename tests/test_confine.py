@@ -33,7 +33,7 @@ USER_UID = 54321 if ROOT else os.geteuid()  # the ordinary uid of the non-root p
 MODES = ["root", "user"] if ROOT else ["user"]
 UID0_OPENS = {"dev_full": "/dev/full", "sysctl": "/proc/sys/vm/drop_caches"}  # what uid 0 owns in /dev and /proc
 
-PROBE = textwrap.dedent(r'''
+PROBE = textwrap.dedent(r"""
     import ctypes, encodings.idna, errno, json, os, resource, socket, sys, tempfile, threading
     cfg = json.loads(sys.argv[1])
     import torch
@@ -135,7 +135,8 @@ PROBE = textwrap.dedent(r'''
         out["writes"] = {name: attempt(lambda p=p: write(p)) for name, p in run["writes"].items()}
         out["reads"] = {name: attempt(lambda p=p: read(p)) for name, p in run.get("reads", {}).items()}
         # opened for writing, never written: a harmless probe of what uid 0 could change
-        out["opens"] = {name: attempt(lambda p=p: os.close(os.open(p, os.O_WRONLY))) for name, p in run.get("opens", {}).items()}
+        out["opens"] = {name: attempt(lambda p=p: os.close(os.open(p, os.O_WRONLY)))
+                        for name, p in run.get("opens", {}).items()}
         pid, addr = run["target"], run["addr"]
         out["other"] = {"ptrace": ptrace_attach(pid), "vm_read": vm_read(pid, addr),
                         "pidfd_getfd": attempt(lambda: pidfd_getfd(pid)), "kill": attempt(lambda: os.kill(pid, 0)),
@@ -147,7 +148,8 @@ PROBE = textwrap.dedent(r'''
         with open("/proc/self/net/dev") as f:
             interfaces = sorted(line.split(":")[0].strip() for line in f.readlines()[2:])
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        out["network"] = {"tcp": attempt(lambda: socket.create_connection(("127.0.0.1", run["port"]), timeout=5).close()),
+        addr = ("127.0.0.1", run["port"])
+        out["network"] = {"tcp": attempt(lambda: socket.create_connection(addr, timeout=5).close()),
                           "udp": attempt(lambda: udp.sendto(b"x", ("127.0.0.1", run["port"])) and None),
                           "interfaces": interfaces}
         if run.get("torch"):
@@ -184,7 +186,7 @@ PROBE = textwrap.dedent(r'''
         os.waitpid(pid, 0)
         results[name] = json.loads(data) if data else {"crash": "no output"}
     print(json.dumps(results))
-''')
+""")
 
 
 GPU_PROBE = textwrap.dedent(r"""
@@ -210,11 +212,15 @@ GPU_PROBE = textwrap.dedent(r"""
             out["report"] = confine(ConfinePolicy(**policy)).as_dict()
             out["available"] = torch.cuda.is_available()
             out["elementwise"] = attempt(lambda: float((torch.arange(64.0, device="cuda") * 2).sum().cpu()))
-            out["matmul"] = attempt(lambda: float((torch.ones(64, 64, device="cuda") @ torch.ones(64, 64, device="cuda")).sum().cpu()))
+            def matmul():
+                ones = torch.ones(64, 64, device="cuda")
+                return float((ones @ ones).sum().cpu())
+            out["matmul"] = attempt(matmul)
             out["ipc_queue"] = attempt(lambda: float(inq.get(timeout=120).sum().cpu()))
             def opened():
                 storage = torch.UntypedStorage._new_shared_cuda(*raw)
-                return float(torch.empty(0, dtype=torch.uint8, device="cuda").set_(storage).view(torch.float32).sum().cpu())
+                tensor = torch.empty(0, dtype=torch.uint8, device="cuda").set_(storage)
+                return float(tensor.view(torch.float32).sum().cpu())
             out["ipc_raw"] = attempt(opened)
             out["ipc_judge"] = attempt(lambda: judge_slot(slot))
             mine = attempt(lambda: torch.full((1000,), 2.0, device="cuda"))
@@ -504,7 +510,10 @@ def test_root_stays_uid0_without_capabilities_when_the_uid_cannot_read_its_needs
     assert out["reads"] == {"visible": "ok", "hidden": "EACCES"}  # readable_only
     assert probes["root_control"]["reads"] == {"visible": "ok", "hidden": "ok"}
     # writable /dev and /proc narrowed: its own /proc entry (CUDA names its threads there), not sysctls or devices
-    assert "uid 0: /proc narrowed to its own /proc/<pid>; /dev narrowed to NVIDIA's device files" in out["report"]["landlock_fs"]
+    assert (
+        "uid 0: /proc narrowed to its own /proc/<pid>; /dev narrowed to NVIDIA's device files"
+        in out["report"]["landlock_fs"]
+    )
     assert out["writes"]["comm"] == "ok"
     assert out["opens"] == {"dev_full": "EACCES", "sysctl": "EACCES"}
     assert probes["root_control"]["opens"] == {"dev_full": "ok", "sysctl": "ok"}

@@ -55,7 +55,12 @@ def test_corpus_failures_have_no_speedup(corpus_results):
 # The frame-walking cheats of tests/fixtures/cpu are already stopped by the static guard.  With the static guard
 # switched off, the worker's audit hook alone must still catch them (computed names, helper
 # functions and signal-handler frames get past any AST check).
-RUNTIME_ONLY = ["forge_signed_verdict", "frame_walk_tolerances", "forge_from_signal_handler", "loosen_via_inspect_stack"]
+RUNTIME_ONLY = [
+    "forge_signed_verdict",
+    "frame_walk_tolerances",
+    "forge_from_signal_handler",
+    "loosen_via_inspect_stack",
+]
 
 
 @pytest.fixture(scope="module")

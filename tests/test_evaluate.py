@@ -72,11 +72,18 @@ def test_figures_over_k_samples():
 def test_solving_fewer_tasks_cannot_raise_the_all_task_figures():
     ok = lambda s: [Sample("ok", "done", s, (s * 0.9, s * 1.1))]  # noqa: E731
     broad = {"t1": ok(4.0), "t2": ok(1.5), "t3": ok(1.2), "t4": ok(1.1)}  # solves every task
-    narrow = {"t1": ok(4.0), "t2": [Sample("format")], "t3": [Sample("compile_error", "import")], "t4": [Sample("format")]}
+    narrow = {
+        "t1": ok(4.0),
+        "t2": [Sample("format")],
+        "t3": [Sample("compile_error", "import")],
+        "t4": [Sample("format")],
+    }
     b, n = figures(broad, 1)["speedup"], figures(narrow, 1)["speedup"]
     assert b["geomean"] > n["geomean"] and b["median"] > n["median"]
     assert n["solved_geomean"] > b["solved_geomean"]  # the solved-only figure is the one a narrow model inflates
-    assert n["unsolved"] == 3 and n["median"] == 1.0 and figures(narrow, 1)["fast_p"]["1.0"] == 0.25  # unsolved: not fast
+    assert (
+        n["unsolved"] == 3 and n["median"] == 1.0 and figures(narrow, 1)["fast_p"]["1.0"] == 0.25
+    )  # unsolved: not fast
     assert figures({"t": [Sample("format")]}, 1)["speedup"]["geomean"] == 1.0
 
 
@@ -84,10 +91,9 @@ def test_solving_fewer_tasks_cannot_raise_the_all_task_figures():
 
 openai = pytest.importorskip("openai")
 
-from cudal1.train.smoke.server import Reply, ScriptedLLMServer  # noqa: E402
-
 from cudal1.cli.main import main as cli_main  # noqa: E402
 from cudal1.train import smoke  # noqa: E402
+from cudal1.train.smoke.server import Reply, ScriptedLLMServer  # noqa: E402
 
 JUDGE = ["--device", "cpu", "--trials", "2", "--timing-trials", "10"]
 ANSWERS = [smoke.answer(smoke.VARIANTS["broadcast"]), smoke.answer(smoke.VARIANTS["einsum"]),
@@ -143,8 +149,22 @@ def test_evaluate_through_an_endpoint(tmp_path, monkeypatch, capsys):
         assert len(srv.requests) == 11 and s3["requests"] == 2 and s3["samples_per_task"] == 10
 
     # the same --out for another model is refused: its answers would count as this one's
-    assert cli_main(["evaluate", str(task), "--base-url", "http://127.0.0.1:9/v1", "--model", "other", "--out", str(out),
-                     *JUDGE]) == 2
+    assert (
+        cli_main(
+            [
+                "evaluate",
+                str(task),
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+                "--model",
+                "other",
+                "--out",
+                str(out),
+                *JUDGE,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "another model" in err[0] and "'m' -> 'other'" in err[0]
 
@@ -167,8 +187,27 @@ def test_evaluate_through_transformers(tmp_path, monkeypatch, capsys):
     texts = [smoke.answer(c) for c in smoke.VARIANTS.values()]
     model = build_tiny_model(tmp_path / "tiny", texts, hidden=32)
     out = tmp_path / "eval"
-    assert cli_main(["evaluate", str(_task_file(tmp_path)), "--policy", "hf", "--model-path", str(model), "--samples", "2",
-                     "--max-tokens", "8", "--out", str(out), "--json", *JUDGE]) == 0
+    assert (
+        cli_main(
+            [
+                "evaluate",
+                str(_task_file(tmp_path)),
+                "--policy",
+                "hf",
+                "--model-path",
+                str(model),
+                "--samples",
+                "2",
+                "--max-tokens",
+                "8",
+                "--out",
+                str(out),
+                "--json",
+                *JUDGE,
+            ]
+        )
+        == 0
+    )
     s = _summary(capsys)
     assert s["policy"] == "hf" and s["requests"] == 2 and s["samples"] == 2 and s["failed_requests"] == 0
     assert sum(s["judged"].values()) == 2 and s["per_task"]["diag_scale"]["samples"] == 2
@@ -177,11 +216,15 @@ def test_evaluate_through_transformers(tmp_path, monkeypatch, capsys):
 
 def test_evaluate_usage_errors_are_one_line(tmp_path, capsys):
     task = str(_task_file(tmp_path))
-    for argv, words in ((["evaluate", task], "needs a model"),
-                        (["evaluate", task, "--base-url", "http://127.0.0.1:9/v1", "--samples", "0"], "--samples"),
-                        (["evaluate", task, "--policy", "hf"], "--model-path"),
-                        (["evaluate", task, "--policy", "hf", "--model-path", str(tmp_path), "--tensor-parallel-size", "2"],
-                         "--policy vllm only")):
+    for argv, words in (
+        (["evaluate", task], "needs a model"),
+        (["evaluate", task, "--base-url", "http://127.0.0.1:9/v1", "--samples", "0"], "--samples"),
+        (["evaluate", task, "--policy", "hf"], "--model-path"),
+        (
+            ["evaluate", task, "--policy", "hf", "--model-path", str(tmp_path), "--tensor-parallel-size", "2"],
+            "--policy vllm only",
+        ),
+    ):
         assert cli_main(argv + ["--out", str(tmp_path / "o")]) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("cudal1: error:") and words in err[0], err

@@ -51,8 +51,10 @@ def test_the_readme_documents_exactly_the_registered_flags():
     """Users read the flags in the README; a flag added to the registry must be explained there."""
     documented = readme_flags(README.read_text())
     assert sorted(documented) == sorted(set(documented)), "a flag is listed twice in README.md"
-    assert set(documented) == set(flags.FLAGS), (f"README.md's flag table: missing {sorted(set(flags.FLAGS) - set(documented))}, "
-                                                 f"unknown {sorted(set(documented) - set(flags.FLAGS))}")
+    assert set(documented) == set(flags.FLAGS), (
+        f"README.md's flag table: missing {sorted(set(flags.FLAGS) - set(documented))}, "
+        f"unknown {sorted(set(documented) - set(flags.FLAGS))}"
+    )
 
 
 def test_the_readme_table_reader_sees_rows_with_several_flags():
@@ -106,7 +108,11 @@ def flag_literals(source, filename="<src>"):
         elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
-                if isinstance(t, ast.Tuple) and isinstance(node.value, ast.Tuple) and len(t.elts) == len(node.value.elts):
+                if (
+                    isinstance(t, ast.Tuple)
+                    and isinstance(node.value, ast.Tuple)
+                    and len(t.elts) == len(node.value.elts)
+                ):
                     out += [c for te, ve in zip(t.elts, node.value.elts) if _flaggy(te) for c in _strings(ve)]
                 elif _flaggy(t) and node.value is not None:
                     out += _strings(node.value)

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import SMALL_DIAG
 
+from cli_support import SMALL_DIAG
 from cudal1.harness import evaluate
 from cudal1.tasks import load_task_file
 from cudal1.types import Candidate, EvalResult, Status

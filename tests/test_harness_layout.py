@@ -107,7 +107,9 @@ def test_a_shared_module_is_loaded_by_two_processes_and_a_folders_by_its_own():
 def test_the_check_sees_a_violation():
     saved = dict(GRAPH)
     try:
-        GRAPH["cudal1.harness.reference.measure"] = GRAPH["cudal1.harness.reference.measure"] | {"cudal1.harness.child.refusal"}
+        GRAPH["cudal1.harness.reference.measure"] = GRAPH["cudal1.harness.reference.measure"] | {
+            "cudal1.harness.child.refusal"
+        }
         try:
             test_each_process_imports_only_its_folder_and_the_shared_modules()
         except AssertionError as exc:

@@ -43,8 +43,15 @@ def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
     slow.touch()
     hang = f"\nimport os as _os, time as _time\nif _os.path.exists({str(slow)!r}):\n    _time.sleep(300)\n"
     cands = tmp_path / "cands.jsonl"
-    cands.write_text("".join(json.dumps({"task": "diag_matmul", "code": f"{source}\n# variant {i}\n" + (hang if i else ""),
-                                         "label": f"v{i}"}) + "\n" for i in range(N)))
+    cands.write_text(
+        "".join(
+            json.dumps(
+                {"task": "diag_matmul", "code": f"{source}\n# variant {i}\n" + (hang if i else ""), "label": f"v{i}"}
+            )
+            + "\n"
+            for i in range(N)
+        )
+    )
     (tmp_path / "judge.yaml").write_text(small_config())
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "cudal1.cli.main", "judge-suite", "--candidates", str(cands), "--suite",

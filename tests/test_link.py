@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from cudal1.harness.reference.link import CandidateLink
-from cudal1.harness.slots import SlotMap, SlotPool
 from cudal1.harness.reference.verdict import Verdict
+from cudal1.harness.slots import SlotMap, SlotPool
 from cudal1.harness.wire import Described, decode_outputs, encode_outputs
 
 

@@ -32,23 +32,31 @@ def _check(ref, out, exact, rule=RULE):
 
 class TestBound:
     def test_bound_is_factor_times_reference_error_above_the_floor(self):
-        c = LeafCheck("out", "float32", n=100, exact_l2=10.0, ref_l2=1e-3, cand_l2=0.0, exact_inf=1.0, ref_inf=1e-4, cand_inf=0.0)
+        c = LeafCheck(
+            "out", "float32", n=100, exact_l2=10.0, ref_l2=1e-3, cand_l2=0.0, exact_inf=1.0, ref_inf=1e-4, cand_inf=0.0
+        )
         l2, inf = c.bounds(EXACT)
         assert l2 == pytest.approx(16 * 1e-3) and inf == pytest.approx(16 * 1e-4)
 
     def test_floor_applies_when_the_reference_is_exact(self):
-        c = LeafCheck("out", "float32", n=100, exact_l2=10.0, ref_l2=0.0, cand_l2=0.0, exact_inf=2.0, ref_inf=0.0, cand_inf=0.0)
+        c = LeafCheck(
+            "out", "float32", n=100, exact_l2=10.0, ref_l2=0.0, cand_l2=0.0, exact_inf=2.0, ref_inf=0.0, cand_inf=0.0
+        )
         l2, inf = c.bounds(EXACT)
         assert l2 == pytest.approx(1e-5 * 10.0) and inf == pytest.approx(1e-5 * 2.0)
 
     def test_absolute_floor_for_an_all_zero_answer(self):
-        c = LeafCheck("out", "float32", n=4, exact_l2=0.0, ref_l2=0.0, cand_l2=1e-9, exact_inf=0.0, ref_inf=0.0, cand_inf=1e-9)
+        c = LeafCheck(
+            "out", "float32", n=4, exact_l2=0.0, ref_l2=0.0, cand_l2=1e-9, exact_inf=0.0, ref_inf=0.0, cand_inf=1e-9
+        )
         assert c.ratio(EXACT) < 1.0  # 1e-8 per element
         c.cand_inf = c.cand_l2 = 1e-6
         assert c.ratio(EXACT) > 1.0
 
     def test_half_precision_floor_is_its_own(self):
-        c = LeafCheck("out", "float16", n=1, exact_l2=1.0, ref_l2=0.0, cand_l2=0.0, exact_inf=1.0, ref_inf=0.0, cand_inf=0.0)
+        c = LeafCheck(
+            "out", "float16", n=1, exact_l2=1.0, ref_l2=0.0, cand_l2=0.0, exact_inf=1.0, ref_inf=0.0, cand_inf=0.0
+        )
         assert c.bounds(EXACT)[0] == pytest.approx(2e-3)
 
     def test_record_round_trip(self):
@@ -109,7 +117,10 @@ class TestCompareExact:
         exact = torch.tensor([1.0, 2.0], dtype=torch.float64)
         assert _check(torch.tensor([1.0, 2.0]), torch.tensor([1.0, math.nan]), exact)[0].flag == "nan_mismatch"
         ref = torch.tensor([1.0, math.inf])
-        assert _check(ref, torch.tensor([1.0, 2.0]), torch.tensor([1.0, math.inf], dtype=torch.float64))[0].flag == "nan_mismatch"
+        assert (
+            _check(ref, torch.tensor([1.0, 2.0]), torch.tensor([1.0, math.inf], dtype=torch.float64))[0].flag
+            == "nan_mismatch"
+        )
         assert _check(torch.tensor([1.0, 2.0]), torch.tensor([1.0, math.inf]), exact)[0] is not None
 
     def test_outputs_the_rule_cannot_judge_fall_back_with_a_reason(self):
@@ -141,7 +152,11 @@ class _WithPlainTensor(torch.nn.Module):
 
 class _Float32Only(torch.nn.Module):
     def forward(self, x):
-        return x + torch.zeros(x.shape, dtype=torch.float32).to(x.dtype) if x.dtype == torch.float32 else torch.tensor("bad")
+        return (
+            x + torch.zeros(x.shape, dtype=torch.float32).to(x.dtype)
+            if x.dtype == torch.float32
+            else torch.tensor("bad")
+        )
 
 
 class TestExactReference:
@@ -276,15 +291,26 @@ def test_corpus_in_process_every_draw(corpus, corpus_name):
         assert exact is not None, exact_ref.unavailable
         if want_ok:
             assert mismatch is None, f"draw {draw}: {mismatch.detail}"
-            assert max(c.ratio(EXACT) for c in errors.exact) < _margin(entry.path), "an honest program should pass with margin"
+            assert max(c.ratio(EXACT) for c in errors.exact) < _margin(entry.path), (
+                "an honest program should pass with margin"
+            )
         else:
             assert mismatch is not None and mismatch.flag in {f for _, f in entry.expect}, f"draw {draw}"
 
 
 @pytest.fixture(scope="module")
 def corpus_config(tmp_path_factory):
-    return EvalConfig(device="cpu", cache_dir=str(tmp_path_factory.mktemp("cache")), timeout_s=60.0, timing_budget_s=0.3,
-                      timing_trials=10, min_timing_trials=4, correctness_trials=3, bootstrap_samples=200, strict_speedup=1e9)
+    return EvalConfig(
+        device="cpu",
+        cache_dir=str(tmp_path_factory.mktemp("cache")),
+        timeout_s=60.0,
+        timing_budget_s=0.3,
+        timing_trials=10,
+        min_timing_trials=4,
+        correctness_trials=3,
+        bootstrap_samples=200,
+        strict_speedup=1e9,
+    )
 
 
 @pytest.mark.cpu
@@ -355,7 +381,9 @@ class TestExactAnswers:
         from cudal1.harness.numerics import ExactAnswers
 
         answers = ExactAnswers()
-        answers.prepare(ExactReference(_Float32Only(), torch.device("cpu")), [1], lambda s: [torch.zeros(2)], None, None)
+        answers.prepare(
+            ExactReference(_Float32Only(), torch.device("cpu")), [1], lambda s: [torch.zeros(2)], None, None
+        )
         assert answers.answers == {}
 
 
@@ -393,10 +421,14 @@ def test_large_answer_sets_are_computed_per_candidate(tmp_path, monkeypatch):
 
 
 def test_a_nan_error_never_passes_the_bound():
-    c = LeafCheck("out", "float32", n=4, exact_l2=1.0, ref_l2=0.0, cand_l2=math.nan, exact_inf=1.0, ref_inf=0.0, cand_inf=0.0)
+    c = LeafCheck(
+        "out", "float32", n=4, exact_l2=1.0, ref_l2=0.0, cand_l2=math.nan, exact_inf=1.0, ref_inf=0.0, cand_inf=0.0
+    )
     assert c.ratio(EXACT) == math.inf
     zero_floor = ExactRule(floors={"float32": (0.0, 0.0)})
-    exact_zero = LeafCheck("out", "float32", n=4, exact_l2=0.0, ref_l2=0.0, cand_l2=0.0, exact_inf=0.0, ref_inf=0.0, cand_inf=0.0)
+    exact_zero = LeafCheck(
+        "out", "float32", n=4, exact_l2=0.0, ref_l2=0.0, cand_l2=0.0, exact_inf=0.0, ref_inf=0.0, cand_inf=0.0
+    )
     assert exact_zero.ratio(zero_floor) == 0.0
 
 

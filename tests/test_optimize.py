@@ -18,17 +18,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_support import SMALL_DIAG
 from cudal1.config import EvalConfig
-from cudal1.recorded import RecordedJudge
 from cudal1.policy.base import PoolEntry, PoolPrompt, Proposal
 from cudal1.policy.builtin import PASSES, BuiltinPolicy, passes_in, render_candidate
+from cudal1.recorded import RecordedJudge
 from cudal1.search import SearchConfig, optimize
 from cudal1.search.loop import reference_candidate
 from cudal1.store import RunStore
 from cudal1.tasks import load_task_file
-from cudal1.types import Candidate
-from cli_support import SMALL_DIAG
 from cudal1.train.smoke.server import Reply, ScriptedLLMServer
+from cudal1.types import Candidate
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = SMALL_DIAG
@@ -112,7 +112,14 @@ def user_messages(server: ScriptedLLMServer) -> list[str]:
 def test_contrastive_rounds_show_measured_exemplars_and_survive_bad_answers(tmp_path):
     from cudal1.policy import make_policy
 
-    script = [FAST, NO_CODE, Reply(status=500), SLOW_BUT_CORRECT, "## Code Implementation\n```python\nclass ModelNew(nn.Module)\n    pass\n```", SLOW_BUT_CORRECT]
+    script = [
+        FAST,
+        NO_CODE,
+        Reply(status=500),
+        SLOW_BUT_CORRECT,
+        "## Code Implementation\n```python\nclass ModelNew(nn.Module)\n    pass\n```",
+        SLOW_BUT_CORRECT,
+    ]
     with ScriptedLLMServer(script, default=SLOW_BUT_CORRECT) as srv:
         policy = make_policy("openai", base_url=srv.url, model="test-model", backoff_base_s=0.01, max_retries=2,
                              concurrency=1, temperature=0.5)
@@ -303,7 +310,9 @@ def test_builtin_is_the_zero_setup_default(tmp_path):
     assert row["judged"] == 1 and row["statuses"].get("ok") == 1, row
     best = Path(row["best_path"]).read_text()
     assert passes_in(best) == ["algebraic"]
-    assert not any(isinstance(n, (ast.Import, ast.ImportFrom)) and "cudal1" in ast.unparse(n) for n in ast.walk(ast.parse(best)))
+    assert not any(
+        isinstance(n, (ast.Import, ast.ImportFrom)) and "cudal1" in ast.unparse(n) for n in ast.walk(ast.parse(best))
+    )
     assert "a.unsqueeze(-1)" in best  # diag(A) @ B rewritten as a broadcast multiply
 
 
@@ -318,8 +327,14 @@ def test_builtin_passes_render_loadable_code_and_decline_when_exhausted():
     source = TASK.read_text()
     rendered = {name: render_candidate(source, name) for name in PASSES}
     # no convolution, no weights, and after diag-broadcast one multiply is left: nothing for a Triton kernel
-    assert {n for n, code in rendered.items() if code is None} == {"channels-last", "cudnn-autotune", "triton-fusion",
-                                                                    "gemm-3xtf32", "triton-reduce", "inductor[freezing]"}
+    assert {n for n, code in rendered.items() if code is None} == {
+        "channels-last",
+        "cudnn-autotune",
+        "triton-fusion",
+        "gemm-3xtf32",
+        "triton-reduce",
+        "inductor[freezing]",
+    }
     for name, code in rendered.items():
         if code is not None:
             ast.parse(code)

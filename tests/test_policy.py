@@ -14,8 +14,8 @@ import pytest
 
 from cudal1.config import ConfigError
 from cudal1.policy import POLICIES, Policy, PolicyConfig, make_policy
-from cudal1.types import Prompt
 from cudal1.train.smoke.server import Reply, ScriptedLLMServer, fail_first
+from cudal1.types import Prompt
 
 needs_openai = pytest.mark.skipif(importlib.util.find_spec("openai") is None, reason="openai is not installed")
 
@@ -245,7 +245,9 @@ def tiny_model_dir(tmp_path_factory):
     vocab = {w: i for i, w in enumerate(specials + words)}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>")
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>", eos_token="<eos>"
+    )
     tokenizer.chat_template = (
         "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} {% endfor %}"
         "{% if add_generation_prompt %}<|assistant|>{% endif %}"
@@ -298,10 +300,14 @@ def test_make_policy_checks_every_policy_before_building_it(monkeypatch):
 
     monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
     monkeypatch.delenv("NO_KEY_HERE", raising=False)
-    for name, options, says in [("vllm", {}, "--model-path"), ("hf", {}, "--model-path"), ("replay", {}, "--replay"),
-                                ("hf", {"model_path": "m", "passes": ["algebraic"]}, "--passes applies"),
-                                ("hf", {"model_path": "m", "tensor_parallel_size": 2}, "--tensor-parallel-size applies"),
-                                ("openai", {"api_key_env": "NO_KEY_HERE"}, "--base-url")]:
+    for name, options, says in [
+        ("vllm", {}, "--model-path"),
+        ("hf", {}, "--model-path"),
+        ("replay", {}, "--replay"),
+        ("hf", {"model_path": "m", "passes": ["algebraic"]}, "--passes applies"),
+        ("hf", {"model_path": "m", "tensor_parallel_size": 2}, "--tensor-parallel-size applies"),
+        ("openai", {"api_key_env": "NO_KEY_HERE"}, "--base-url"),
+    ]:
         with pytest.raises(PolicyError, match=says):
             make_policy(name, **options)
     assert POLICIES["vllm"] == "cudal1.policy.vllm_policy:VLLMPolicy"  # vLLM is a registered policy like the rest

@@ -184,15 +184,19 @@ def test_exemplar_hash_falls_back_to_candidate_hash():
 FENCED = f"```python\n{MODELNEW}```"
 
 PARSE_OK = {
-    "markdown_h2": f"## Performance Analysis\nV2 fuses.\n\n## Algorithm Design\nOne kernel.\n\n## Code Implementation\n{FENCED}\n",
+    "markdown_h2": "## Performance Analysis\nV2 fuses.\n\n## Algorithm Design\nOne kernel.\n\n## Code "
+                   f"Implementation\n{FENCED}\n",
     "bold_inline": f"**Performance Analysis:** V2 fuses.\nIt saves traffic.\n\n**Algorithm Design:** one kernel\n\n"
-                   f"**Code Implementation:**\n```py\n{MODELNEW}```",
-    "numbered": f"1. Performance Analysis: V2 fuses.\n2. Algorithm Design - one kernel\n3. Code Implementation\n```\n{MODELNEW}```",
+    f"**Code Implementation:**\n```py\n{MODELNEW}```",
+    "numbered": "1. Performance Analysis: V2 fuses.\n2. Algorithm Design - one kernel\n3. Code "
+                f"Implementation\n```\n{MODELNEW}```",
     "h3_numbered_paren_lowercase": f"### 1) performance analysis\nV2 fuses.\n### 2) Algorithm design\none kernel\n"
-                                   f"### 3) CODE IMPLEMENTATION\n{FENCED}",
-    "extra_prose": f"Sure! Here is my answer.\n\n# Performance Analysis\nV2 fuses.\n\n# Algorithm Design\none kernel\n\n"
-                   f"# Code Implementation\nThe full code:\n{FENCED}\nThis should be about 2x faster. Let me know!",
-    "bold_numbered": f"**1. Performance Analysis**\nV2 fuses.\n\n**2. Algorithm Design**\none kernel\n\n**3. Code Implementation**\n{FENCED}",
+    f"### 3) CODE IMPLEMENTATION\n{FENCED}",
+    "extra_prose": "Sure! Here is my answer.\n\n# Performance Analysis\nV2 fuses.\n\n# Algorithm Design\none "
+                   "kernel\n\n"
+    f"# Code Implementation\nThe full code:\n{FENCED}\nThis should be about 2x faster. Let me know!",
+    "bold_numbered": "**1. Performance Analysis**\nV2 fuses.\n\n**2. Algorithm Design**\none kernel\n\n**3. Code "
+                     f"Implementation**\n{FENCED}",
     "bulleted_bold": f"- **Performance Analysis**: V2 fuses.\n- **Algorithm Design**: one kernel\n\n{FENCED}",
 }
 
@@ -237,7 +241,9 @@ def test_parse_prefers_code_implementation_over_later_usage_example():
 
 def test_parse_code_section_wins_over_code_quoted_in_analysis():
     quoted = MODELNEW.replace("mul_", "mul")
-    r = parse_response(f"## Performance Analysis\nThe 1.7x one:\n```python\n{quoted}```\n## Code Implementation\n{FENCED}")
+    r = parse_response(
+        f"## Performance Analysis\nThe 1.7x one:\n```python\n{quoted}```\n## Code Implementation\n{FENCED}"
+    )
     assert r.code == MODELNEW
     # a broken final answer is a format failure, not replaced by the quoted exemplar
     r = parse_response(f"## Performance Analysis\n```python\n{quoted}```\n## Code Implementation\n"
@@ -255,7 +261,10 @@ def test_parse_code_section_wins_over_code_quoted_in_analysis():
         ("```python\nclass Foo(nn.Module):\n    pass\n```", "no class ModelNew in any code block"),
         ("```python\nclass ModelNew(nn.Module:\n    pass\n```", "code block does not parse"),
         ("```cuda\n__global__ void k() {}\n```", "no python code block"),
-        ("## Code Implementation\n```python\nclass ModelNew(nn.Module):\n    def forward(self, x):\n", "code block does not parse"),
+        (
+            "## Code Implementation\n```python\nclass ModelNew(nn.Module):\n    def forward(self, x):\n",
+            "code block does not parse",
+        ),
     ],
 )
 def test_parse_format_failures(text, problem):
@@ -266,7 +275,9 @@ def test_parse_format_failures(text, problem):
 
 def test_parse_unfenced_python_and_indented_blocks():
     assert parse_response(MODELNEW).code == MODELNEW
-    indented = "1. Code Implementation:\n" + "\n".join("   " + line if line else "" for line in FENCED.splitlines()) + "\n"
+    indented = (
+        "1. Code Implementation:\n" + "\n".join("   " + line if line else "" for line in FENCED.splitlines()) + "\n"
+    )
     assert parse_response(indented).code == MODELNEW
 
 
@@ -283,9 +294,23 @@ def test_parse_mixed_cpp_and_python_blocks():
 
 @pytest.mark.parametrize(
     "junk",
-    [None, 42, "\x00", "```", "``````", "~~~~\n", "**", "#" * 200, "<think>", "</think>", "<think></think>",
-     "```python\n\x00class ModelNew: pass\n```", "## Code Implementation\n" * 50, "\r\n```python\r\nclass ModelNew:\r\n  pass\r\n```\r\n",
-     "a" * 200_000],
+    [
+        None,
+        42,
+        "\x00",
+        "```",
+        "``````",
+        "~~~~\n",
+        "**",
+        "#" * 200,
+        "<think>",
+        "</think>",
+        "<think></think>",
+        "```python\n\x00class ModelNew: pass\n```",
+        "## Code Implementation\n" * 50,
+        "\r\n```python\r\nclass ModelNew:\r\n  pass\r\n```\r\n",
+        "a" * 200_000,
+    ],
 )
 def test_parse_never_raises(junk):
     r = parse_response(junk)
@@ -465,9 +490,11 @@ def test_selection_feeds_build_prompt_end_to_end():
 
 @pytest.mark.cpu
 def test_prompts_package_imports_neither_torch_nor_the_harness():
-    code = ("import sys, cudal1.prompts; "
-            "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m.startswith('cudal1.harness')]; "
-            "print(bad); sys.exit(1 if bad else 0)")
+    code = (
+        "import sys, cudal1.prompts; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m.startswith('cudal1.harness')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout + out.stderr
 
@@ -476,7 +503,11 @@ def test_prompts_package_imports_neither_torch_nor_the_harness():
 
 
 def _contrastive_user() -> str:
-    shown = [ok(MODELNEW.replace("mul_", "mul"), 0.8, "a"), ok(MODELNEW, 1.5, "b"), ok(MODELNEW + "\n# v3\n", 2.13, "c")]
+    shown = [
+        ok(MODELNEW.replace("mul_", "mul"), 0.8, "a"),
+        ok(MODELNEW, 1.5, "b"),
+        ok(MODELNEW + "\n# v3\n", 2.13, "c"),
+    ]
     return build_prompt(TASK, shown, "NVIDIA H200").user
 
 
@@ -486,16 +517,22 @@ def test_analysis_check_reads_what_the_prompt_showed():
 
     user = _contrastive_user()
     assert shown_implementations(user) == [(1, "0.80x"), (2, "1.50x"), (3, "2.13x")]
-    full = check_analysis("Implementation 3 (2.13x) beats Implementation 1 (0.80x) because it scales in place: one kernel "
-                          "instead of two, so half the memory traffic and one launch less.", user)
+    full = check_analysis(
+        "Implementation 3 (2.13x) beats Implementation 1 (0.80x) because it scales in place: one kernel "
+        "instead of two, so half the memory traffic and one launch less.",
+        user,
+    )
     assert (full.present, full.best, full.names_best, full.cites_speedups, full.compares) == (True, 3, True, True, True)
     assert full.reasons == ["memory", "launches"] and full.score == 1.0
     by_speedup = check_analysis("The fastest one, at 2.13x, avoids a second pass over the output tensor and its memory "
                                 "traffic; the slower ones allocate a temporary.", user)
     assert by_speedup.names_best and not by_speedup.compares and by_speedup.reasons == ["memory"]
     assert by_speedup.score == pytest.approx(2 / 3)
-    apart = check_analysis("Implementation 2 reached 1.50 times and Implementation 3 reached 2.13x in the measurements. "
-                           "Separately: memory traffic and kernel launches matter on GPUs in general.", user)
+    apart = check_analysis(
+        "Implementation 2 reached 1.50 times and Implementation 3 reached 2.13x in the measurements. "
+        "Separately: memory traffic and kernel launches matter on GPUs in general.",
+        user,
+    )
     assert apart.compares and apart.names_best and apart.reasons == [] and apart.score == pytest.approx(2 / 3)
     assert check_analysis("It is faster at 2.13x.", user).score == 0.0  # too short to count
     assert not check_analysis(" ".join(["word"] * 20) + " 12.13x faster", user).cites_speedups  # 12.13x is not 2.13x
@@ -503,7 +540,8 @@ def test_analysis_check_reads_what_the_prompt_showed():
 
 BOILERPLATE = [
     # causes without a measurement: what a model could write for any prompt
-    "The reference can be made faster by writing a custom CUDA kernel that uses shared memory and many threads per block "
+    "The reference can be made faster by writing a custom CUDA kernel that uses shared memory and many threads per "
+    "block "
     "to keep the GPU busy, coalesced loads, fused elementwise operations and fewer kernel launches.",
     # every implementation named, the best called best, every family of cause listed: no figure
     "Implementation 1, Implementation 2 and Implementation 3 differ in memory traffic, kernel launches, fusion, "
@@ -530,7 +568,10 @@ def test_analysis_check_of_a_one_shot_prompt():
     from cudal1.prompts import check_analysis
 
     user = build_prompt(TASK, [], "CPU").user
-    reasons = check_analysis("The reference reads the input twice and writes a temporary; fusing relu and the scaling into one "
-                             "pass halves the memory traffic.", user)
+    reasons = check_analysis(
+        "The reference reads the input twice and writes a temporary; fusing relu and the scaling into one "
+        "pass halves the memory traffic.",
+        user,
+    )
     assert reasons.present and reasons.shown == 0 and reasons.best is None
     assert reasons.score == 0.0  # nothing measured was shown: nothing to check the analysis against

@@ -6,7 +6,6 @@ the core imports and ``--backend ray`` is a one-line error naming the extra."""
 from __future__ import annotations
 
 import dataclasses
-
 import json
 import os
 import signal
@@ -15,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from cli_support import SMALL_DIAG
 
+from cli_support import SMALL_DIAG
 from cudal1.harness import DevicePlan, Job, run_jobs
 from cudal1.tasks import load_task_file
 from cudal1.types import Candidate, Status
@@ -31,11 +30,13 @@ SMALL = SMALL_DIAG.parent  # cheaper copies of bundled tasks (same names)
 def test_core_imports_and_cli_explains_without_ray(tmp_path):
     cands = tmp_path / "c.jsonl"
     cands.write_text(json.dumps({"task": "diag_matmul", "code": (FIX / "wrong.py").read_text()}) + "\n")
-    code = ("import sys; sys.modules['ray'] = None\n"
-            "import cudal1.harness, cudal1.harness.parent.ray_backend, cudal1.recorded\n"
-            "from cudal1.cli.main import main\n"
-            f"sys.exit(main(['judge-suite', '--candidates', {str(cands)!r}, '--suite', {str(TASKS / 'diag_matmul.py')!r}, "
-            f"'--out', {str(tmp_path / 'out')!r}, '--device', 'cpu', '--backend', 'ray']))\n")
+    code = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import cudal1.harness, cudal1.harness.parent.ray_backend, cudal1.recorded\n"
+        "from cudal1.cli.main import main\n"
+        f"sys.exit(main(['judge-suite', '--candidates', {str(cands)!r}, '--suite', {str(TASKS / 'diag_matmul.py')!r}, "
+        f"'--out', {str(tmp_path / 'out')!r}, '--device', 'cpu', '--backend', 'ray']))\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env=os.environ | {"PYTHONPATH": str(REPO / "src")})
     assert proc.returncode == 2, proc.stderr
@@ -65,7 +66,10 @@ def judge_config(cpu_judge_config, tmp_path_factory):
 
 
 def pairs_of(spec: list[tuple[str, Path]]) -> list[tuple]:
-    tasks = {name: load_task_file((SMALL if (SMALL / f"{name}.py").exists() else TASKS) / f"{name}.py") for name in {t for t, _ in spec}}
+    tasks = {
+        name: load_task_file((SMALL if (SMALL / f"{name}.py").exists() else TASKS) / f"{name}.py")
+        for name in {t for t, _ in spec}
+    }
     return [(tasks[t], Candidate(path.read_text(), task_hash=tasks[t].hash, label=path.stem)) for t, path in spec]
 
 
@@ -89,10 +93,17 @@ def test_ray_backend_judges_like_the_local_backend(cluster, judge_config, tmp_pa
     assert [r.status for r in remote] == [r.status for r in local]
     assert [r.status for r in remote] == [Status.OK, Status.REJECTED, Status.COMPILE_ERROR, Status.REJECTED, Status.OK,
                                           Status.OK, Status.OK]
-    assert "build_cached" in remote[-1].flags and "build_cached" in local[-1].flags  # the second shared the first's build
+    assert (
+        "build_cached" in remote[-1].flags and "build_cached" in local[-1].flags
+    )  # the second shared the first's build
     for a, b in zip(local, remote):
         assert type(a) is type(b) and set(a.to_dict()) == set(b.to_dict())
-        assert (a.task_hash, a.candidate_hash, a.config_hash, a.phase) == (b.task_hash, b.candidate_hash, b.config_hash, b.phase)
+        assert (a.task_hash, a.candidate_hash, a.config_hash, a.phase) == (
+            b.task_hash,
+            b.candidate_hash,
+            b.config_hash,
+            b.phase,
+        )
         noise = {"high_variance", "strict_verified", "contended"}  # what the host's load at that moment decides
         assert set(a.flags) - noise == set(b.flags) - noise
     s = ray_stats[0]
@@ -123,7 +134,9 @@ def test_a_killed_actor_loses_no_recorded_result(cluster, judge_config, tmp_path
 
     stats = []
     with RunStore(tmp_path / "store.sqlite") as store:
-        results = judge_recorded(pairs, judge_config, store=store, plan=plan, on_result=kill_once, on_stats=stats.append)
+        results = judge_recorded(
+            pairs, judge_config, store=store, plan=plan, on_result=kill_once, on_stats=stats.append
+        )
         recorded = [store.get_evaluation(t.hash, c.hash, judge_config.hash()) for t, c in pairs]
     assert killed
     want = [Status.REJECTED, Status.INCORRECT, Status.OK, Status.INCORRECT, Status.OK]
@@ -139,15 +152,18 @@ def test_a_killed_actor_loses_no_recorded_result(cluster, judge_config, tmp_path
 def test_grpo_rewards_are_judged_on_the_cluster(cluster, judge_config, tmp_path):
     """The training reward path (``JudgeReward`` → ``RolloutJudge`` → the judge) on a Ray plan gives
     the rewards and verdicts the local backend gives, and records them in the driver's store."""
-    from cudal1.store import RunStore
-    from cudal1.train.stages.contrast import ContrastivePrompts
-    from cudal1.train.stages.grpo import JudgeReward
     from cudal1.recorded import RecordedJudge
+    from cudal1.store import RunStore
     from cudal1.train.judging import RolloutJudge
     from cudal1.train.reward import RewardConfig, RunningStats
+    from cudal1.train.stages.contrast import ContrastivePrompts
+    from cudal1.train.stages.grpo import JudgeReward
 
     task = load_task_file(TASKS / "diag_matmul.py")
-    answers = [f"Analysis.\n```python\n{(FIX / name).read_text()}```" for name in ("honest_einsum.py", "wrong.py", "mutates_input.py")]
+    answers = [
+        f"Analysis.\n```python\n{(FIX / name).read_text()}```"
+        for name in ("honest_einsum.py", "wrong.py", "mutates_input.py")
+    ]
     answers.append("no code at all")
     seen = {}
     for plan in (DevicePlan.detect("cpu"), cluster.cluster_plan("cpu")):
@@ -156,7 +172,9 @@ def test_grpo_rewards_are_judged_on_the_cluster(cluster, judge_config, tmp_path)
             contrast = ContrastivePrompts(judge, [task])
             messages = contrast.prompt(task).messages()
             reward = JudgeReward(judge, contrast, RewardConfig(), RunningStats(64))
-            rewards = reward([messages] * 4, [[{"role": "assistant", "content": a}] for a in answers], [task.task_id] * 4)
+            rewards = reward(
+                [messages] * 4, [[{"role": "assistant", "content": a}] for a in answers], [task.task_id] * 4
+            )
             kinds = reward.metrics()["judged"]
             recorded = len(store.responses())
         seen[plan.backend] = (rewards, kinds, recorded)

@@ -47,7 +47,9 @@ def test_the_builtin_policy_says_it_compiles_with_its_default_passes():
 
 
 def _stats(jobs: int, span: float, busy: float) -> BatchStats:
-    return BatchStats(jobs=jobs, wall_s=span, gpu_span_s=span, gpu_busy_s=busy, lane_busy_s=busy, lane_idle_s=span - busy)
+    return BatchStats(
+        jobs=jobs, wall_s=span, gpu_span_s=span, gpu_busy_s=busy, lane_busy_s=busy, lane_idle_s=span - busy
+    )
 
 
 def test_judging_summary_merges_every_batch_and_passes_stats_on(monkeypatch):

@@ -10,7 +10,9 @@ def test_out_of_memory_is_flagged_also_when_the_reference_runs_out():
     scheduler judges such a job again alone when it shared its GPU."""
     from cudal1.harness.reference.worker import _oom_flag, classify_runtime
 
-    assert "oom" in classify_runtime(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB"), "x").flags
+    assert (
+        "oom" in classify_runtime(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.00 GiB"), "x").flags
+    )
     assert _oom_flag(RuntimeError("CUDA error: out of memory")) == ["oom"]
     assert _oom_flag(ValueError("shape mismatch")) == []
 
@@ -24,7 +26,9 @@ def test_cuda_error_boilerplate_is_not_an_illegal_memory_access():
     assert "illegal_memory_access" not in classify_runtime(os_error, "correctness").flags
     fault = RuntimeError("CUDA error: an illegal memory access was encountered\n" + boilerplate)
     assert "illegal_memory_access" in classify_runtime(fault, "correctness").flags
-    assert "illegal_memory_access" in classify_runtime(RuntimeError("CUDA error: device-side assert triggered"), "x").flags
+    assert (
+        "illegal_memory_access" in classify_runtime(RuntimeError("CUDA error: device-side assert triggered"), "x").flags
+    )
 
 
 def test_invalid_address_space_is_an_illegal_memory_access():
@@ -32,10 +36,14 @@ def test_invalid_address_space_is_an_illegal_memory_access():
     from cudal1.harness.faults import is_cuda_fault
     from cudal1.harness.reference.worker import classify_runtime
 
-    text = "CUDA error: operation not supported on global/shared address space\nSearch for `cudaErrorInvalidAddressSpace'"
+    text = (
+        "CUDA error: operation not supported on global/shared address space\nSearch for `cudaErrorInvalidAddressSpace'"
+    )
     assert "illegal_memory_access" in classify_runtime(RuntimeError(text), "correctness").flags
     assert is_cuda_fault("torch.AcceleratorError: CUDA error: an illegal memory access was encountered")
-    assert not is_cuda_fault("CUDA error: out of memory. Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.")
+    assert not is_cuda_fault(
+        "CUDA error: out of memory. Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions."
+    )
 
 
 class _LeaseProbe:

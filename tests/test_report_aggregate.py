@@ -6,8 +6,20 @@ import math
 
 import pytest
 
-from cudal1.report.aggregate import (CONVENTIONS, Conventions, TaskOutcome, aggregate, conventions, describe, fast_p,
-                                   fast_p_key, geomean, percentile, summarize, verdict_counts)
+from cudal1.report.aggregate import (
+    CONVENTIONS,
+    Conventions,
+    TaskOutcome,
+    aggregate,
+    conventions,
+    describe,
+    fast_p,
+    fast_p_key,
+    geomean,
+    percentile,
+    summarize,
+    verdict_counts,
+)
 from cudal1.types import Status
 
 
@@ -64,7 +76,11 @@ def test_summarize_by_hand():
     assert c["fast_p"] == s["fast_p"]  # fast_p does not depend on the convention
     assert c["faster"] == 2  # 1.005 is not a speedup under CUDA-L1's rule
     a = summarize(bests)  # the default: every task, the unsolved one at 1.0
-    assert a["n"] == 4 and a["geomean"] == pytest.approx((2.0 * 1.005 * 1.5) ** 0.25) and a["median"] == pytest.approx(1.2525)
+    assert (
+        a["n"] == 4
+        and a["geomean"] == pytest.approx((2.0 * 1.005 * 1.5) ** 0.25)
+        and a["median"] == pytest.approx(1.2525)
+    )
 
 
 def test_solving_fewer_tasks_cannot_raise_the_default_figures():
@@ -82,7 +98,14 @@ def test_summarize_empty_and_none_only():
     assert s["ok"] == 0 and s["geomean"] is None and s["fast_p"]["0"] == 0.0
     assert summarize([None, None])["geomean"] == 1.0
     assert summarize([None], CONVENTIONS["cuda-l1"])["geomean"] == 1.0
-    assert describe([3.0]) == {"mean": 3.0, "median": 3.0, "geomean": pytest.approx(3.0), "max": 3.0, "p25": 3.0, "p75": 3.0}
+    assert describe([3.0]) == {
+        "mean": 3.0,
+        "median": 3.0,
+        "geomean": pytest.approx(3.0),
+        "max": 3.0,
+        "p25": 3.0,
+        "p75": 3.0,
+    }
 
 
 def test_aggregate_levels_baselines_and_degenerate_apart():
@@ -96,7 +119,9 @@ def test_aggregate_levels_baselines_and_degenerate_apart():
     assert agg["summary"]["max"] == 2.0  # the degenerate 50x is not in any figure
     assert agg["degenerate"] == ["level2/2"]
     assert list(agg["levels"]) == ["level1", "level2", "other"]
-    assert agg["levels"]["level1"]["tasks"] == 2 and agg["levels"]["level1"]["geomean"] == pytest.approx(2.0 ** 0.5)  # 1/2 at 1.0
+    assert agg["levels"]["level1"]["tasks"] == 2 and agg["levels"]["level1"]["geomean"] == pytest.approx(
+        2.0**0.5
+    )  # 1/2 at 1.0
     assert aggregate(outs, CONVENTIONS["measured"])["levels"]["level1"]["geomean"] == pytest.approx(2.0)  # solved only
     assert agg["levels"]["level2"]["tasks"] == 1 and agg["levels"]["level2"]["fast_p"]["1.0"] == 1.0
     comp = agg["baselines"]["compile"]

@@ -16,23 +16,74 @@ from report_data import make_run
 
 # written out of order: level1/10 before level1/2 (numeric problem ids), the level-less task first
 ROWS = [
-    {"task": "mytask", "level": None, "class": "verified", "claimed": None, "measured": 1.3, "status": "ok", "flags": []},
-    {"task": "level1/10", "level": 1, "class": "verified", "claimed": 2.0, "measured": 1.9, "status": "ok",
-     "flags": ["no_custom_kernel"]},
-    {"task": "level3/3", "level": 3, "class": "degenerate_task", "claimed": 4.0, "measured": 2.0, "status": "ok",
-     "flags": ["degenerate_task"]},
-    {"task": "level1/2", "level": 1, "class": "slower_than_claimed", "claimed": 3.0, "measured": 1.5, "status": "ok",
-     "flags": ["high_variance"]},
-    {"task": "level2/1", "level": 2, "class": "incorrect", "claimed": 1.2, "measured": None, "status": "incorrect",
-     "flags": ["value_mismatch"]},
-    {"task": "level1/1", "level": 1, "class": "missing_code", "claimed": None, "measured": None, "status": None, "flags": []},
+    {
+        "task": "mytask",
+        "level": None,
+        "class": "verified",
+        "claimed": None,
+        "measured": 1.3,
+        "status": "ok",
+        "flags": [],
+    },
+    {
+        "task": "level1/10",
+        "level": 1,
+        "class": "verified",
+        "claimed": 2.0,
+        "measured": 1.9,
+        "status": "ok",
+        "flags": ["no_custom_kernel"],
+    },
+    {
+        "task": "level3/3",
+        "level": 3,
+        "class": "degenerate_task",
+        "claimed": 4.0,
+        "measured": 2.0,
+        "status": "ok",
+        "flags": ["degenerate_task"],
+    },
+    {
+        "task": "level1/2",
+        "level": 1,
+        "class": "slower_than_claimed",
+        "claimed": 3.0,
+        "measured": 1.5,
+        "status": "ok",
+        "flags": ["high_variance"],
+    },
+    {
+        "task": "level2/1",
+        "level": 2,
+        "class": "incorrect",
+        "claimed": 1.2,
+        "measured": None,
+        "status": "incorrect",
+        "flags": ["value_mismatch"],
+    },
+    {
+        "task": "level1/1",
+        "level": 1,
+        "class": "missing_code",
+        "claimed": None,
+        "measured": None,
+        "status": None,
+        "flags": [],
+    },
 ]
 ORDER = ["level1/1", "level1/2", "level1/10", "level2/1", "level3/3", "mytask"]
 
 
 def _audited_run(tmp_path: Path, **extra) -> Path:
     run = make_run(tmp_path / "run")
-    report = {"summary": summarize(ROWS), "records": ROWS, "environment": None, "config": {}, "file": "release.jsonl", **extra}
+    report = {
+        "summary": summarize(ROWS),
+        "records": ROWS,
+        "environment": None,
+        "config": {},
+        "file": "release.jsonl",
+        **extra,
+    }
     (run / "verify_report.json").write_text(json.dumps(report))
     return run
 
@@ -56,8 +107,12 @@ def test_json_audit_records(tmp_path, capsys):
     assert by_task["level2/1"]["ratio"] is None and by_task["level2/1"]["status"] == "incorrect"  # nothing measured
     assert by_task["level1/1"] == {"task": "level1/1", "level": 1, "class": "missing_code", "claimed": None,
                                    "measured": None, "ratio": None, "status": None, "flags": []}
-    assert audit["per_level"] == {"level1": {"verified": 1, "slower_than_claimed": 1, "missing_code": 1},
-                                  "level2": {"incorrect": 1}, "level3": {"degenerate_task": 1}, "other": {"verified": 1}}
+    assert audit["per_level"] == {
+        "level1": {"verified": 1, "slower_than_claimed": 1, "missing_code": 1},
+        "level2": {"incorrect": 1},
+        "level3": {"degenerate_task": 1},
+        "other": {"verified": 1},
+    }
 
 
 def test_json_audit_without_per_level_counts_records(tmp_path, capsys):
@@ -104,8 +159,11 @@ def test_html_audit_section(tmp_path, capsys):
     body = section[section.index("<tbody>"):section.index("</tbody>")]
     rows = re.findall(r"<tr><td class=\"l\">([^<]+)</td>", body)
     assert rows == ORDER
-    assert re.search(r'level1/2</td>.*?slower_than_claimed</td>\s*<td>3\.00</td><td>1\.50</td>\s*<td class="bad">0\.500</td>',
-                     body, re.S)
+    assert re.search(
+        r'level1/2</td>.*?slower_than_claimed</td>\s*<td>3\.00</td><td>1\.50</td>\s*<td class="bad">0\.500</td>',
+        body,
+        re.S,
+    )
     assert re.search(r'level1/10</td>.*?<td class="">0\.950</td>', body, re.S)  # above the 0.6 slack
     # class counts per level: verified is 1 in level1, 1 in other, 2 in all
     assert re.search(r"verified</td>\s*<td>1</td><td>0</td><td>0</td><td>1</td><td><b>2</b></td>", section)

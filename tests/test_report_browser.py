@@ -62,7 +62,9 @@ def chromium() -> str | None:
     return None
 
 
-@pytest.mark.skipif(chromium() is None, reason="no Chromium binary (apt-get install chromium-headless-shell, or chromium)")
+@pytest.mark.skipif(
+    chromium() is None, reason="no Chromium binary (apt-get install chromium-headless-shell, or chromium)"
+)
 def test_report_renders_in_headless_chromium(tmp_path: Path):
     from playwright.sync_api import sync_playwright
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from report_data import ENV, _verdict, make_run
-
 from cudal1.report.load import load_runs
 from cudal1.store import RunStore
 from cudal1.types import Candidate, Status
+from report_data import ENV, _verdict, make_run
+
 
 def test_synthetic_run_reads_back(tmp_path):
     data = load_runs([make_run(tmp_path / "run")])

@@ -53,7 +53,13 @@ def test_json_contract(run, capsys):
     assert s["fast_p"] == pytest.approx({"0": 0.75, "1.0": 0.5, "1.2": 0.5, "1.5": 0.25, "2.0": 0.0})
     assert s["fast_p_point"] == pytest.approx({"0": 0.75, "1.0": 0.75, "1.2": 0.5, "1.5": 0.25, "2.0": 0.0})
     assert (s["faster"], s["faster_point"]) == (2, 3)
-    assert s["statuses"] == {"ok": 5, "compile_error": 1, "incorrect": 1, "timeout": 1, "rejected": 1}  # anchors left out
+    assert s["statuses"] == {
+        "ok": 5,
+        "compile_error": 1,
+        "incorrect": 1,
+        "timeout": 1,
+        "rejected": 1,
+    }  # anchors left out
     assert s["flags"]["side_stream"] == 1 and s["flags"]["degenerate_task"] == 1
     assert set(doc["levels"]) == {"level1", "level2", "other"} and doc["levels"]["level1"]["tasks"] == 2
     assert doc["levels"]["level1"]["statuses"] == {"ok": 2, "compile_error": 1, "incorrect": 1, "timeout": 1}
@@ -75,11 +81,19 @@ def test_json_contract(run, capsys):
     assert set(tech) == {"candidates", "verified", "tasks", "median_speedup"}
     assert tech["verified"] == 1 and tech["median_speedup"] == pytest.approx(0.8)
     assert doc["environment"]["gpu_name"] == ENV.gpu_name
-    assert doc["rejected"] == [{"task": "level2/1", "candidate": doc["rejected"][0]["candidate"], "flags": ["side_stream"],
-                                "message": "candidate work escaped the calling stream"}]
+    assert doc["rejected"] == [
+        {
+            "task": "level2/1",
+            "candidate": doc["rejected"][0]["candidate"],
+            "flags": ["side_stream"],
+            "message": "candidate work escaped the calling stream",
+        }
+    ]
     assert doc["degenerate"] == ["level2/2"]
     assert [r["round"] for r in doc["rounds"]] == [0, 1, 2]
-    assert doc["rounds"][1]["geomean_best_so_far"] == pytest.approx((1.0 * 1.0 * 1.005 * 1.5) ** 0.25)  # 0.8 and none -> 1.0
+    assert doc["rounds"][1]["geomean_best_so_far"] == pytest.approx(
+        (1.0 * 1.0 * 1.005 * 1.5) ** 0.25
+    )  # 0.8 and none -> 1.0
     assert doc["conventions"]["cuda-l1"]["n"] == 4
 
 
@@ -95,7 +109,10 @@ def test_markdown(run, capsys):
     assert md.startswith("# cudal1 report")
     assert "| group | tasks | ok | mean | median | geomean | max | p25 | p75 | fast_0 | fast_1.0 |" in md
     # all tasks, the unsolved one at 1.0x (the default convention); the solved-only figures beside, labelled
-    assert re.search(r"\| all \| 4 \| 3 \| 1\.38 \| 1\.25 \| 1\.32 \| 2\.00 \| 1\.00 \| 1\.62 \| 75% \| 50% \| 50% \| 25% \| 0% \|", md), md
+    assert re.search(
+        r"\| all \| 4 \| 3 \| 1\.38 \| 1\.25 \| 1\.32 \| 2\.00 \| 1\.00 \| 1\.62 \| 75% \| 50% \| 50% \| 25% \| 0% \|",
+        md,
+    ), md
     assert "Under the `measured` conventions: n 3, mean 1.50, median 1.50, geomean 1.44" in md
     assert "by the point value alone: 3" in md and "fast_1.0 75%" in md  # KernelBench's fast_p beside ours
     assert "| level2/1 | 1.00x? |" in md and "| level1/1 | 2.00x |" in md  # the CI of 1.005x includes 1.0
@@ -108,7 +125,13 @@ def test_html_is_self_contained(run, tmp_path, capsys):
     assert cli_main(["report", str(run), "--out", str(out)]) == 0
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") >= 4
-    for pattern in (r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", r"<script", r"<link", r"@import", r"url\(\s*['\"]?https?:"):
+    for pattern in (
+        r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""",
+        r"<script",
+        r"<link",
+        r"@import",
+        r"url\(\s*['\"]?https?:",
+    ):
         assert not re.search(pattern, page, re.I), pattern
     for text in ("Summary", "Against baselines", "Techniques", "level1/1", "side_stream", "NVIDIA H200",
                  "Diff (reference → best)", "We fuse the ops", "degenerate"):
@@ -266,8 +289,16 @@ def test_the_best_is_the_program_optimize_keeps(tmp_path, capsys):
         for code, speedup, ci in (("anchor", 1.0, (0.9, 1.1)), ("sure", 1.5, (1.3, 1.7)), ("maybe", 2.2, (0.8, 3.2))):
             cand = reference_candidate(task) if code == "anchor" else Candidate(f"# {code}\n", task_hash=task.hash)
             store.add_candidate(cand, task.hash, {"round": 0 if code == "anchor" else 1})
-            store.record_evaluation(EvalResult(Status.OK, task_hash=task.hash, candidate_hash=cand.hash, speedup=speedup,
-                                               speedup_ci=ci, environment=ENV))
+            store.record_evaluation(
+                EvalResult(
+                    Status.OK,
+                    task_hash=task.hash,
+                    candidate_hash=cand.hash,
+                    speedup=speedup,
+                    speedup_ci=ci,
+                    environment=ENV,
+                )
+            )
     assert cli_main(["report", str(out), "--json"]) == 0
     (row,) = _last_json(capsys.readouterr().out)["tasks"]
     assert (row["best_speedup"], row["faster"], row["candidates"]) == (1.5, True, 2)

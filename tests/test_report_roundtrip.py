@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
 
+from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
 from cudal1.cli.main import main as cli_main
 from cudal1.releases import Record
 from cudal1.report.trackers import TrackerLogger, TrackerUnavailable, check_tracker

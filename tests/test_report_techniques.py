@@ -206,7 +206,9 @@ def test_cli_analyze_json_contract(tmp_path, capsys):
     assert "pytorch_rewrite" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("args", [["analyze", "/nonexistent/cand.py"], ["analyze", __file__, "--reference", "/nonexistent.py"]])
+@pytest.mark.parametrize(
+    "args", [["analyze", "/nonexistent/cand.py"], ["analyze", __file__, "--reference", "/nonexistent.py"]]
+)
 def test_cli_analyze_unreadable_file(args, capsys):
     assert cli_main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -252,7 +254,12 @@ def test_labels_come_from_the_code_and_the_reference_only_adds():
                 assert analyze(code).techniques == analyze(stripped).techniques, (task, name)
                 pairs.append((stripped, ref))
     for cand in sorted((REPO / "examples" / "candidates").glob("*.py")):
-        ref = REPO / "examples" / "tasks" / cand.name.replace("_broadcast", "").replace("_addmm", "").replace("_reassociated", "")
+        ref = (
+            REPO
+            / "examples"
+            / "tasks"
+            / cand.name.replace("_broadcast", "").replace("_addmm", "").replace("_reassociated", "")
+        )
         if ref.exists():
             pairs.append((cand.read_text(), ref.read_text()))
     for cand, ref in pairs:

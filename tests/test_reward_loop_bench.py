@@ -24,7 +24,9 @@ def test_one_step_of_scripted_answers_is_timed_phase_by_phase(tmp_path, monkeypa
             "--mix", "correct=1,wrong=1,repeat=1,nocode=1"]
     assert reward_loop.main(args) == 0
     table = capsys.readouterr().out.strip().splitlines()
-    assert table[-2].split()[:3] == ["step", "generation_s", "judge_s"] and table[-1].split()[0] == "1"  # the table, last
+    assert (
+        table[-2].split()[:3] == ["step", "generation_s", "judge_s"] and table[-1].split()[0] == "1"
+    )  # the table, last
     result = json.loads((tmp_path / "reward_loop.json").read_text())
     (step,) = result["steps"]
     # two groups of the mix: a correct program and its repeat, a wrong one, an answer without code

@@ -34,15 +34,22 @@ class TestVerdictProblem:
     def test_missing_or_reordered_phases(self):
         from cudal1.harness.parent.sandbox import verdict_problem
 
-        assert "phases" in verdict_problem(self.JOB, ["setup", "reference", "import", "construct", "correctness"], _ok_verdict())
-        assert "phases" in verdict_problem(self.JOB, ["setup", "reference", "import", "construct", "timing", "correctness"],
-                                           _ok_verdict())
+        assert "phases" in verdict_problem(
+            self.JOB, ["setup", "reference", "import", "construct", "correctness"], _ok_verdict()
+        )
+        assert "phases" in verdict_problem(
+            self.JOB, ["setup", "reference", "import", "construct", "timing", "correctness"], _ok_verdict()
+        )
 
     def test_too_few_trials_or_no_timing(self):
         from cudal1.harness.parent.sandbox import verdict_problem
 
-        assert "correctness trials" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 2, "passed": 2}))
-        assert "correctness trials" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 5, "passed": 4}))
+        assert "correctness trials" in verdict_problem(
+            self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 2, "passed": 2})
+        )
+        assert "correctness trials" in verdict_problem(
+            self.JOB, self.PHASES, _ok_verdict(correctness={"trials": 5, "passed": 4})
+        )
         assert "timed calls" in verdict_problem(self.JOB, self.PHASES, _ok_verdict(timing={}))
 
     def test_errors_beyond_the_parents_tolerances(self):

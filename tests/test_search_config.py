@@ -8,7 +8,8 @@ import dataclasses
 import pytest
 import yaml
 
-from cudal1.cli.main import build_parser, main as cli_main
+from cudal1.cli.main import build_parser
+from cudal1.cli.main import main as cli_main
 from cudal1.cli.optimize import search_config
 from cudal1.config import ConfigError
 from cudal1.policy.base import PolicyConfig, policy_settings

@@ -16,7 +16,9 @@ def test_hyperparameter_guard_catches_ignored_constructor_arguments():
     ignored = good.replace("self.scale = scale", "self.scale = 0.5")
     (finding,) = run_static_guards(ignored, reference=ref)
     assert finding.flag == "hyperparameter_ignored" and finding.reject
-    fewer = good.replace("def __init__(self, in_features, out_features, scale):", "def __init__(self, in_features, out_features):")
+    fewer = good.replace(
+        "def __init__(self, in_features, out_features, scale):", "def __init__(self, in_features, out_features):"
+    )
     fewer = fewer.replace("self.scale = scale", "self.scale = 0.5")
     assert [f.flag for f in run_static_guards(fewer, reference=ref)] == ["hyperparameter_ignored"]
     inherits = "from torch import nn\nclass ModelNew(Model):\n    pass\n"
@@ -35,7 +37,9 @@ def test_frames_guard_flags_frame_and_closure_walking_only():
     def flags_of(src):
         return [f.check for f in run_static_guards(src, ["frames"])]
 
-    assert flags_of("import sys\ntry:\n    1/0\nexcept Exception as e:\n    f = e.__traceback__.tb_frame\n") == ["frames"]
+    assert flags_of("import sys\ntry:\n    1/0\nexcept Exception as e:\n    f = e.__traceback__.tb_frame\n") == [
+        "frames"
+    ]
     assert flags_of("def g(f):\n    return getattr(f, 'f_back')\n") == ["frames"]
     assert flags_of("import ctypes\np = ctypes.pythonapi\n") == ["frames"]
     assert flags_of("import signal as s\ns.signal(s.SIGUSR1, print)\n") == ["frames"]
@@ -59,9 +63,14 @@ def test_the_static_guards_run_once_per_job(monkeypatch):
     monkeypatch.setattr(static_guard, "run_static_guards", lambda *a, **k: calls.append(a) or real(*a, **k))
     monkeypatch.setattr(evaluator.Evaluator, "_run", lambda self, job, device, gpu, mode: JobOutcome())
     monkeypatch.setattr(evaluator, "assemble", lambda outcome, config, base: EvalResult(status=Status.OK))
-    task = Task(name="t", source="import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
-    fallback = ("import torch\ntry:\n    from torch.utils.cpp_extension import load_inline\n    ext = load_inline('e', '')\n"
-                "except Exception:\n    ext = None\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        return x\n")
+    task = Task(
+        name="t", source="import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
+    fallback = (
+        "import torch\ntry:\n    from torch.utils.cpp_extension import load_inline\n    ext = load_inline('e', '')\n"
+        "except Exception:\n    ext = None\nclass ModelNew(torch.nn.Module):\n    def forward(self, x):\n        "
+        "return x\n"
+    )
     ev = evaluator.Evaluator(EvalConfig(device="cpu"), DevicePlan("cpu", (None,), ""))
     result = ev.evaluate_job(Job(task, Candidate(fallback, task_hash=task.hash)), None, None)
     assert len(calls) == 1 and "pytorch_fallback" in result.flags

@@ -9,6 +9,7 @@ import pytest
 
 from cudal1.harness.parent.stats import bootstrap_speedup_ci, speedup
 
+
 class TestBootstrap:
     def _clean(self, n: int = 40):
         ref = [10.0 + 0.01 * ((i * 7) % 11) for i in range(n)]
@@ -152,8 +153,8 @@ class TestFigures:
         assert np.median(f.host["ref"]) == pytest.approx(np.median(f.gpu["ref"]))
 
     def test_cpu_rows_agree(self):
-        from cudal1.harness.spec import TimingStage
         from cudal1.harness.figures import figures
+        from cudal1.harness.spec import TimingStage
 
         stage = TimingStage(clock="cpu_monotonic", ref=[[1.0, 1.0, 1.0, False, False]] * 3,
                             cand=[[0.5, 0.5, 0.5, False, False, 0.6]] * 3)
@@ -220,7 +221,9 @@ class TestPairedInterval:
     def test_host_contention_from_wait_shares(self):
         from cudal1.harness.parent.stats import host_contention
 
-        quiet = host_contention({"wait_share": {"ref": [0.0, 0.01], "cand": [0.02, 0.0]}, "runnable": [1, 2], "cpus": 2})
+        quiet = host_contention(
+            {"wait_share": {"ref": [0.0, 0.01], "cand": [0.02, 0.0]}, "runnable": [1, 2], "cpus": 2}
+        )
         assert quiet["contended"] is False and quiet["runnable"] == 1.5
         busy = host_contention({"wait_share": {"ref": [0.4, 0.5, 0.45], "cand": [0.05]}, "runnable": [4], "cpus": 2})
         assert busy["contended"] is True and busy["wait_share"]["reference"] == 0.45

@@ -271,7 +271,9 @@ def test_shared_kernelbench_split_counts_and_is_a_partition() -> None:
     assert {lvl: sum(t.level == lvl for t in held) for lvl in (1, 2, 3, 4)} == {1: 20, 2: 20, 3: 10, 4: 4}
     assert len(train) == 216 and not {t.hash for t in held} & {t.hash for t in train}
     assert len(held) + len(train) == len(tasks)
-    assert [t.problem_id for t in resolve_suite("kernelbench:level3:held-out", KERNELBENCH_JSONL)] == list(range(5, 51, 5))
+    assert [t.problem_id for t in resolve_suite("kernelbench:level3:held-out", KERNELBENCH_JSONL)] == list(
+        range(5, 51, 5)
+    )
 
 
 def test_shared_cuda_l1_sample() -> None:

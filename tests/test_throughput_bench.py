@@ -25,7 +25,9 @@ def test_the_mixed_set_has_fifty_pairs_of_every_kind(shared_dir, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "set.jsonl").read_text().splitlines()]
     kinds = {r["kind"] for r in rows}
     assert len(rows) >= 50 and {"cuda-l1", "cuda", "triton", "rename", "compile"} <= kinds
-    assert all("load_inline" in r["code"] or "cpp_extension" in r["code"] for r in rows if r["kind"] in ("cuda-l1", "cuda"))
+    assert all(
+        "load_inline" in r["code"] or "cpp_extension" in r["code"] for r in rows if r["kind"] in ("cuda-l1", "cuda")
+    )
     assert all("@triton.jit" in r["code"] and "ModelNew" in r["code"] for r in rows if r["kind"] == "triton")
     assert all(r["level"] in (1, 2) for r in rows)
 
@@ -36,7 +38,14 @@ def test_table_reads_a_run(tmp_path):
 
     args = throughput.parse_args(["--out", str(tmp_path), "--workers", "16"])
     parent = throughput.Parent(args)
-    batch = {"idle_share": 0.125, "lane_startup_s": 30.0, "builds": 26, "build_queue_s": 10.0, "build_s": 900.0, "judge_s": 200.0}
+    batch = {
+        "idle_share": 0.125,
+        "lane_startup_s": 30.0,
+        "builds": 26,
+        "build_queue_s": 10.0,
+        "build_s": 900.0,
+        "judge_s": 200.0,
+    }
     parent.mixed = [{"workers": 16, "pairs": 53, "passes": [
         {"name": "fresh", "complete": True, "wall_s": 240.0, "judged": 53, "candidates_per_gpu_hour": 795.0,
          "statuses": {"ok": 50, "incorrect": 3}, "batch": batch},

@@ -115,16 +115,22 @@ def test_trl_block_reaches_trls_classes(tmp_path):
     from cudal1.train.stages.grpo import grpo_arguments
     from cudal1.train.stages.sft import sft_arguments
 
-    sft = sft_arguments(load_config("sft", "smoke", {"trl": {"max_grad_norm": 0.25, "lr_scheduler_type": "linear"}}), tmp_path)
+    sft = sft_arguments(
+        load_config("sft", "smoke", {"trl": {"max_grad_norm": 0.25, "lr_scheduler_type": "linear"}}), tmp_path
+    )
     assert sft.max_grad_norm == 0.25 and sft.lr_scheduler_type.value == "linear"  # a default cudal1 picks, overridden
-    grpo = grpo_arguments(load_config("grpo", "smoke", {"trl": {"vllm_enable_sleep_mode": True, "mask_truncated_completions": True}}),
-                          tmp_path)
+    grpo = grpo_arguments(
+        load_config("grpo", "smoke", {"trl": {"vllm_enable_sleep_mode": True, "mask_truncated_completions": True}}),
+        tmp_path,
+    )
     assert grpo.vllm_enable_sleep_mode and grpo.mask_truncated_completions
     with pytest.raises(ConfigError, match="not a field of trl.GRPOConfig"):
         grpo_arguments(load_config("grpo", "smoke", {"trl": {"num_generashuns": 4}}), tmp_path)
     with pytest.raises(ConfigError, match="num_generations is set by cudal1 itself"):
         grpo_arguments(load_config("grpo", "smoke", {"trl": {"num_generations": 4}}), tmp_path)
     with pytest.raises(ConfigError, match="trl.GRPOConfig refused"):
-        grpo_arguments(load_config("grpo", "smoke", {"trl": {"generation_batch_size": 16, "steps_per_generation": 2}}), tmp_path)
+        grpo_arguments(
+            load_config("grpo", "smoke", {"trl": {"generation_batch_size": 16, "steps_per_generation": 2}}), tmp_path
+        )
     with pytest.raises(ConfigError, match="mapping"):
         load_config("grpo", "smoke", {"trl": ["max_grad_norm"]})

@@ -88,7 +88,10 @@ def test_unreachable_teacher_is_one_line_naming_the_url(tmp_path, capsys):
                      str(tmp_path / "d.jsonl")])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and url in err[0] and err[0].startswith("cudal1: error:")
-    assert cli_main(["collect", "--suite", str(task_file), "--teacher", "not-a-url", "--out", str(tmp_path / "d.jsonl")]) == 2
+    assert (
+        cli_main(["collect", "--suite", str(task_file), "--teacher", "not-a-url", "--out", str(tmp_path / "d.jsonl")])
+        == 2
+    )
     assert "URL=MODEL" in capsys.readouterr().err
 
 
@@ -96,7 +99,9 @@ def test_missing_train_extra_names_the_extra(monkeypatch, capsys, tmp_path, requ
     from cudal1 import extras
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("trl", "peft") else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in ("trl", "peft") else real(name, *a)
+    )
     extras.is_available.cache_clear()  # probes are cached per process: ask again, and forget the answers after
     request.addfinalizer(extras.is_available.cache_clear)
     for stage in ("sft", "ssl", "grpo"):

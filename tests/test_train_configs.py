@@ -23,13 +23,17 @@ def test_grpo_default_preset_is_a_valid_trl_config_with_vllm_colocate(tmp_path: 
     assert args.use_vllm and args.vllm_mode == "colocate" and args.vllm_gpu_memory_utilization == pytest.approx(0.3)
     assert args.num_generations == cfg.group_size == 8
     # 8 prompts x 8 completions per optimizer step, spread over 8 ranks
-    assert args.per_device_train_batch_size * 8 * args.gradient_accumulation_steps == cfg.group_size * cfg.prompts_per_step
+    assert (
+        args.per_device_train_batch_size * 8 * args.gradient_accumulation_steps == cfg.group_size * cfg.prompts_per_step
+    )
     assert args.beta == pytest.approx(cfg.beta) and args.loss_type == cfg.loss_type
     with pytest.raises(ValueError, match="divisible"):
         grpo_arguments(cfg, tmp_path, processes=7)
 
 
-@pytest.mark.parametrize("name, kind, stage", [("ddp", "MULTI_GPU", None), ("zero2", "DEEPSPEED", 2), ("zero3", "DEEPSPEED", 3)])
+@pytest.mark.parametrize(
+    "name, kind, stage", [("ddp", "MULTI_GPU", None), ("zero2", "DEEPSPEED", 2), ("zero3", "DEEPSPEED", 3)]
+)
 def test_accelerate_configs_load_with_accelerate(name: str, kind: str, stage: int | None) -> None:
     from accelerate.commands.config.config_args import ClusterConfig
 
@@ -43,8 +47,8 @@ def test_recipes_load_through_trl_and_accelerate_and_fit(tmp_path: Path, name: s
     from accelerate.commands.config.config_args import ClusterConfig
 
     from cudal1.train.config import load_config
-    from cudal1.train.stages.grpo import grpo_arguments
     from cudal1.train.recipes import H200_GIB, HEADROOM_GIB, RECIPES, fits, memory, shortfalls
+    from cudal1.train.stages.grpo import grpo_arguments
 
     recipe = RECIPES[name]
     cfg = load_config("grpo", recipe.grpo_preset)
@@ -123,4 +127,6 @@ def test_a_run_that_does_not_fit_says_so_before_training(tmp_path: Path, monkeyp
     short = memory_shortfalls(str(tmp_path / "7b"), awake, zero2, judge, plan, 8)
     assert len(short) == 1 and "while judging" in short[0] and "vllm_enable_sleep_mode" in short[0]
     assert memory_shortfalls(str(tmp_path / "7b"), awake, zero2, SimpleNamespace(device="cpu"), plan, 8) == []
-    assert memory_shortfalls("Qwen/Qwen2.5-Coder-7B-Instruct", cfg, zero2, judge, plan, 8) == []  # a hub name: not looked up
+    assert (
+        memory_shortfalls("Qwen/Qwen2.5-Coder-7B-Instruct", cfg, zero2, judge, plan, 8) == []
+    )  # a hub name: not looked up

@@ -86,7 +86,9 @@ def test_leave_ends_a_rank_after_its_exit_handlers_without_the_teardown(tmp_path
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     if world:
         env["WORLD_SIZE"] = world
-    proc = subprocess.run([sys.executable, "-c", _LEAVE, str(marker)], capture_output=True, text=True, timeout=60, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _LEAVE, str(marker)], capture_output=True, text=True, timeout=60, env=env
+    )
     assert marker.read_text() == "exit handlers ran"  # both ways
     if world:  # several processes: ends in leave, output flushed, no interpreter teardown
         assert (proc.returncode, proc.stdout) == (3, "last output, unflushed"), proc.stderr
@@ -137,8 +139,22 @@ def test_grpo_smoke_under_two_processes(tmp_path, seed_primed):
 
     out = tmp_path / "grpo"
     seed_primed(out)
-    proc = _torchrun(["grpo", "--smoke", "--max-steps", "1", "--eval-every", "1", "--eval-samples", "4", "--out", str(out),
-                      "--json"], timeout=480)
+    proc = _torchrun(
+        [
+            "grpo",
+            "--smoke",
+            "--max-steps",
+            "1",
+            "--eval-every",
+            "1",
+            "--eval-samples",
+            "4",
+            "--out",
+            str(out),
+            "--json",
+        ],
+        timeout=480,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     summaries = _summaries(proc.stdout)
     assert len(summaries) == 1, proc.stdout[-4000:]
@@ -152,7 +168,9 @@ def test_grpo_smoke_under_two_processes(tmp_path, seed_primed):
     step = _metrics(out)[0]  # its counts are gathered from both ranks, not rank 0's half
     assert sum(step["judged"].values()) == per_step and 0 <= step["success_rate"] <= 1
     ev = _metrics(out)[1]  # the evaluation after step 1: both ranks' samples gathered into one line
-    assert ev["samples"] == 4 and ev["complete"] and ev["tasks"] == 1 and set(ev["fast_p"]) == {"1.0", "1.2", "1.5", "2.0"}
+    assert (
+        ev["samples"] == 4 and ev["complete"] and ev["tasks"] == 1 and set(ev["fast_p"]) == {"1.0", "1.2", "1.5", "2.0"}
+    )
     assert summaries[0]["eval"][0]["step"] == 1 and "pass@4" in ev
 
     con = sqlite3.connect(out / "cudal1.sqlite")

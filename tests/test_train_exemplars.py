@@ -33,13 +33,25 @@ def _source(tmp_path: Path, config_hash: str) -> Path:
         for name, status, speedup, ch, flags in rows:
             cand = Candidate(codes[name], task_hash=task.hash)
             store.add_candidate(cand, task.hash, {"policy": "teacher"})
-            store.record_evaluation(EvalResult(status=status, task_name=task.name, task_hash=task.hash, candidate_hash=cand.hash,
-                                               speedup=speedup, speedup_ci=(speedup * 0.9, speedup * 1.1) if speedup else None,
-                                               config_hash=ch, flags=list(flags)))
+            store.record_evaluation(
+                EvalResult(
+                    status=status,
+                    task_name=task.name,
+                    task_hash=task.hash,
+                    candidate_hash=cand.hash,
+                    speedup=speedup,
+                    speedup_ci=(speedup * 0.9, speedup * 1.1) if speedup else None,
+                    config_hash=ch,
+                    flags=list(flags),
+                )
+            )
         anchor = reference_candidate(task)
         store.add_candidate(anchor, task.hash, {"policy": "reference"})
-        store.record_evaluation(EvalResult(status=Status.OK, task_hash=task.hash, candidate_hash=anchor.hash, speedup=1.0,
-                                           config_hash=config_hash))
+        store.record_evaluation(
+            EvalResult(
+                status=Status.OK, task_hash=task.hash, candidate_hash=anchor.hash, speedup=1.0, config_hash=config_hash
+            )
+        )
     return data
 
 
@@ -60,7 +72,14 @@ def test_seeding_judges_verified_programs_here(tmp_path, monkeypatch):
     with RunStore(tmp_path / "grpo" / "cudal1.sqlite") as store:
         recorded = RecordedJudge(config, store)
         summary = seed_pool(recorded, [task], [str(data)], per_task=4)
-        assert summary | {"sources": None} == {"sources": None, "tasks": 1, "seeded": 2, "reused": 1, "judged": 1, "ok": 2}
+        assert summary | {"sources": None} == {
+            "sources": None,
+            "tasks": 1,
+            "seeded": 2,
+            "reused": 1,
+            "judged": 1,
+            "ok": 2,
+        }
         assert recorded.judged == 1  # einsum judged here; broadcast's verdict under this config copied
         ok = {e.candidate_hash: e.speedup for e in recorded.pool(task).ok}
         broadcast, einsum = (Candidate(smoke.VARIANTS[k], task_hash=task.hash).hash for k in ("broadcast", "einsum"))
@@ -89,6 +108,11 @@ def test_bad_sources_are_one_line_errors(tmp_path, capsys):
     pytest.importorskip("trl")
     from cudal1.cli.main import main as cli_main
 
-    assert cli_main(["train", "grpo", "--smoke", "--exemplars-from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]) == 2
+    assert (
+        cli_main(
+            ["train", "grpo", "--smoke", "--exemplars-from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "o")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--exemplars-from" in err[0] and err[0].startswith("cudal1: error:")

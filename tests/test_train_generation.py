@@ -24,8 +24,10 @@ def test_an_engine_group_generates_one_block_and_its_ranks_judge_alternate_items
     assert [p.group for p in parts] == [0, 0, 1, 1] and parts[0].groups == 2
 
 
-@pytest.mark.parametrize("n, world, tp", [(n, w, t) for n, w, t in itertools.product((0, 1, 7, 64, 250), (1, 2, 3, 8), (1, 2, 4))
-                                          if w % t == 0])
+@pytest.mark.parametrize(
+    "n, world, tp",
+    [(n, w, t) for n, w, t in itertools.product((0, 1, 7, 64, 250), (1, 2, 3, 8), (1, 2, 4)) if w % t == 0],
+)
 def test_every_item_is_generated_by_one_group_and_judged_once(n, world, tp):
     parts = [shard(n, r, world, tp) for r in range(world)]
     judged = sorted(i for p in parts for i in p.judge)

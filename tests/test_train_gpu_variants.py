@@ -47,7 +47,10 @@ def test_gpu_variants_parse_and_are_classified():
         parsed = parse_response(smoke.short_answer(code))
         assert parsed.code and "class ModelNew" in parsed.code
         assert programs.program_kind(parsed.code) == name.split("_")[0]
-    assert "__global__ void row_scale_vec4" in programs.CUDA_ROW_SCALE and "C10_CUDA_KERNEL_LAUNCH_CHECK" in programs.CUDA_ROW_SCALE
+    assert (
+        "__global__ void row_scale_vec4" in programs.CUDA_ROW_SCALE
+        and "C10_CUDA_KERNEL_LAUNCH_CHECK" in programs.CUDA_ROW_SCALE
+    )
     assert "@triton.jit" in programs.TRITON_ROW_SCALE
     assert all(programs.program_kind(c) == "pytorch" for c in [*smoke.VARIANTS.values(), *smoke.CHEATS.values()])
     assert programs.program_kind(None) == "none"
@@ -58,8 +61,13 @@ def test_gpu_variants_parse_and_are_classified():
 def test_priming_can_include_gpu_variants():
     task = smoke.smoke_task()
     answers = {**smoke.VARIANTS, **programs.GPU_VARIANTS}
-    records = smoke.priming_records(task, 40, answers=answers,
-                                    exemplars={k: (v, (3.0, 5.0)) for k, v in programs.GPU_VARIANTS.items()}, max_exemplars=2)
+    records = smoke.priming_records(
+        task,
+        40,
+        answers=answers,
+        exemplars={k: (v, (3.0, 5.0)) for k, v in programs.GPU_VARIANTS.items()},
+        max_exemplars=2,
+    )
     assert {r["variant"] for r in records} & set(programs.GPU_VARIANTS)
     prompts = " ".join(m["content"] for r in records for m in r["messages"] if m["role"] == "user")
     assert "load_inline" in prompts or "triton.jit" in prompts  # GPU programs shown as exemplars too
@@ -77,7 +85,12 @@ def test_rollout_kinds_counts_per_kind_and_status(tmp_path):
     task = smoke.smoke_task()
     store = RunStore(tmp_path / "cudal1.sqlite")
     try:
-        for code in (programs.CUDA_ROW_SCALE, programs.TRITON_ROW_SCALE, smoke.VARIANTS["broadcast"], programs.CUDA_ROW_SCALE):
+        for code in (
+            programs.CUDA_ROW_SCALE,
+            programs.TRITON_ROW_SCALE,
+            smoke.VARIANTS["broadcast"],
+            programs.CUDA_ROW_SCALE,
+        ):
             cand = Candidate(code, task_hash=task.hash, label="grpo")
             store.add_candidate(cand, task.hash, {"round": 1, "policy": "grpo"})
             store.record_response(task.hash, 1, "grpo", {}, "text", "", cand.hash)
@@ -95,18 +108,36 @@ def test_rollout_kinds_counts_per_kind_and_status(tmp_path):
 def test_summaries_for_the_gpu_session(tmp_path):
     tg = _train_gpu()
     log = tmp_path / "a.log"
-    summary = {"out": "x", "steps": 2, "reward_mean": [-1.0, 0.5], "judged": {"ok": 3}, "judge_device": "cuda",
-               "judge_gpus": [0], "distributed": {"world_size": 2, "backend": "nccl",
-                                                  "ranks": [{"rank": 0, "device": "cuda:0"}, {"rank": 1, "device": "cuda:1"}]}}
+    summary = {
+        "out": "x",
+        "steps": 2,
+        "reward_mean": [-1.0, 0.5],
+        "judged": {"ok": 3},
+        "judge_device": "cuda",
+        "judge_gpus": [0],
+        "distributed": {
+            "world_size": 2,
+            "backend": "nccl",
+            "ranks": [{"rank": 0, "device": "cuda:0"}, {"rank": 1, "device": "cuda:1"}],
+        },
+    }
     log.write_text("noise\n{'loss': 1}\n" + json.dumps(summary) + "\n")
     line = tg.summarize_log(log)
     assert "reward_mean -1.000 -> 0.500" in line and "backend=nccl" in line and "'cuda:1'" in line
     log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
     assert "RuntimeError: boom" in tg.summarize_log(log)
-    res = {"reward_first_third": -0.5, "reward_last_third": 0.2, "reward_rose": True, "steps": 3, "rollouts_per_min": 100.0,
-           "fresh_evaluations_per_min": 10.0, "peak_gpu_memory_gb": 0.2, "warmup_s": 40.0,
-           "warmup": [{"variant": "cuda_row_scale", "kind": "cuda", "status": "ok"}],
-           "rollout_kinds": {"cuda": {"rollouts": 4, "status": {"ok": 4}}}}
+    res = {
+        "reward_first_third": -0.5,
+        "reward_last_third": 0.2,
+        "reward_rose": True,
+        "steps": 3,
+        "rollouts_per_min": 100.0,
+        "fresh_evaluations_per_min": 10.0,
+        "peak_gpu_memory_gb": 0.2,
+        "warmup_s": 40.0,
+        "warmup": [{"variant": "cuda_row_scale", "kind": "cuda", "status": "ok"}],
+        "rollout_kinds": {"cuda": {"rollouts": 4, "status": {"ok": 4}}},
+    }
     (tmp_path / "r.json").write_text(json.dumps(res))
     line = tg.summarize_json(tmp_path / "r.json")
     assert "rose=True" in line and "'cuda_row_scale': 'ok'" in line and "cuda': '4(ok:4)'" in line

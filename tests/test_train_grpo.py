@@ -39,15 +39,19 @@ def test_sft_step_changes_parameters_and_masks_the_prompt(tmp_path):
     from transformers import AutoTokenizer
 
     from cudal1.train.config import SFTConfig
-    from cudal1.train.stages.sft import run_sft
     from cudal1.train.smoke.stages import verified_records
     from cudal1.train.smoke.tiny import build_tiny_model, common_lines
+    from cudal1.train.stages.sft import run_sft
 
     records = verified_records()
     texts = [m["content"] for r in records for m in r["messages"]]
-    base = build_tiny_model(tmp_path / "base", texts, hidden=32, fixed=common_lines(texts[:1]) + common_lines(texts[1:2]))
+    base = build_tiny_model(
+        tmp_path / "base", texts, hidden=32, fixed=common_lines(texts[:1]) + common_lines(texts[1:2])
+    )
     tok = AutoTokenizer.from_pretrained(base)
-    enc = tok.apply_chat_template(records[0]["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    enc = tok.apply_chat_template(
+        records[0]["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True
+    )
     mask = enc["assistant_masks"]
     assert 0 < sum(mask) < len(mask) and mask[0] == 0  # the assistant turn only ...
     last = max(i for i, m in enumerate(mask) if m)
@@ -109,7 +113,10 @@ def test_grpo_smoke_learns_to_prefer_fast_verified_programs(tmp_path, monkeypatc
 
     # --resume continues from the last checkpoint; the priming is reused, nothing recorded is lost
     steps = summary["steps"]
-    assert cli_main(["train", "grpo", "--smoke", "--resume", "--max-steps", str(steps + 2), "--out", str(out), "--json"]) == 0
+    assert (
+        cli_main(["train", "grpo", "--smoke", "--resume", "--max-steps", str(steps + 2), "--out", str(out), "--json"])
+        == 0
+    )
     resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert resumed["resumed_from"].endswith(f"checkpoint-{steps}") and resumed["steps"] == steps + 2
     after = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

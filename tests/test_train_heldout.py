@@ -36,12 +36,15 @@ def _one_line(capsys, *words: str) -> str:
 
 def test_fingerprint_ignores_comments_spacing_and_blank_lines_only():
     src = smoke.TASK_SOURCE
-    reformatted = "# copied from somewhere\n" + src.replace("    def forward(self, A, B):", "    def forward( self,A,B ):  # hot") \
-        .replace("\n\n\n", "\n\n\n\n")
+    reformatted = "# copied from somewhere\n" + src.replace(
+        "    def forward(self, A, B):", "    def forward( self,A,B ):  # hot"
+    ).replace("\n\n\n", "\n\n\n\n")
     assert fingerprint(reformatted) == fingerprint(src) is not None
     assert fingerprint(src.replace("N = 512", "N = 513")) != fingerprint(src)  # another size is another task
     assert fingerprint(src.replace("return torch.diag(A) @ B", "return torch.diag(B) @ A")) != fingerprint(src)
-    assert fingerprint("x = f'{a + b} {c!r:>{w}}'\n") == fingerprint("x  =  f'{a + b} {c!r:>{w}}'  # f-string kept whole\n")
+    assert fingerprint("x = f'{a + b} {c!r:>{w}}'\n") == fingerprint(
+        "x  =  f'{a + b} {c!r:>{w}}'  # f-string kept whole\n"
+    )
     assert fingerprint("def f(:\n  'unterminated") is None
 
 
@@ -108,8 +111,29 @@ def test_ssl_and_grpo_refuse_held_out_suites_and_grpo_an_eval_split_it_trains_on
         _one_line(capsys, f"train {stage}: 1 of 2", "level1/5 (held-out id)")
     task_file = tmp_path / "t.py"
     task_file.write_text(smoke.TASK_SOURCE)
-    assert cli_main(["train", "grpo", "--suite", "kernelbench:level1:train", "--source", str(kb), "--model", model,
-                     "--eval-every", "2", "--eval-split", str(task_file), "--device", "cpu", "--out", str(tmp_path / "g")]) == 2
+    assert (
+        cli_main(
+            [
+                "train",
+                "grpo",
+                "--suite",
+                "kernelbench:level1:train",
+                "--source",
+                str(kb),
+                "--model",
+                model,
+                "--eval-every",
+                "2",
+                "--eval-split",
+                str(task_file),
+                "--device",
+                "cpu",
+                "--out",
+                str(tmp_path / "g"),
+            ]
+        )
+        == 2
+    )
     _one_line(capsys, "1 eval task(s) are also trained on (t = level1/4)", "disjoint")
     assert overlap([smoke.smoke_task()], [smoke.smoke_eval_task()]) == []  # the smoke evaluates on another size
 

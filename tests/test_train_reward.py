@@ -9,7 +9,16 @@ import yaml
 
 from cudal1.config import ConfigError
 from cudal1.train.config import GRPOConfig, SFTConfig, SSLConfig, load_config, presets
-from cudal1.train.reward import FAILURE_KINDS, FORMAT, Outcome, RewardConfig, RunningStats, normalized, outcome_of, shape_rewards
+from cudal1.train.reward import (
+    FAILURE_KINDS,
+    FORMAT,
+    Outcome,
+    RewardConfig,
+    RunningStats,
+    normalized,
+    outcome_of,
+    shape_rewards,
+)
 from cudal1.types import EvalResult, Status
 
 
@@ -170,14 +179,17 @@ def test_rollouts_carry_their_analysis_score(tmp_path):
     from cudal1.store import RunStore
     from cudal1.train import smoke
     from cudal1.train.judging import RolloutJudge
-
     from cudal1.types import Exemplar
 
     task = smoke.smoke_task()
-    shown = build_prompt(task, [Exemplar(smoke.VARIANTS["matmul"], 1.0), Exemplar(smoke.VARIANTS["broadcast"], 3.2)], "CPU")
+    shown = build_prompt(
+        task, [Exemplar(smoke.VARIANTS["matmul"], 1.0), Exemplar(smoke.VARIANTS["broadcast"], 3.2)], "CPU"
+    )
     one_shot = build_prompt(task, [], "CPU")
-    text = ("### Performance Analysis\nThe 1.00x version materialises an N x N diagonal matrix and multiplies it; at 3.20x "
-            "the broadcast avoids that memory traffic for a row scaling.\n\nNo code this time.")
+    text = (
+        "### Performance Analysis\nThe 1.00x version materialises an N x N diagonal matrix and multiplies it; at 3.20x "
+        "the broadcast avoids that memory traffic for a row scaling.\n\nNo code this time."
+    )
     with RunStore(tmp_path / "s.sqlite") as store:
         judge = RolloutJudge(RecordedJudge(smoke.smoke_judge_config(), store))
         [(res, outcome), (_, bare)] = judge.judge([(task, text), (task, text)], prompts=[shown, one_shot])

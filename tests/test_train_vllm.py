@@ -34,7 +34,9 @@ def _grpo_args(tmp_path: Path, processes: int = 1, **fields):
     from cudal1.train.config import load_config
     from cudal1.train.stages.grpo import grpo_arguments
 
-    return grpo_arguments(load_config("grpo", "smoke", {"use_vllm": True, **SETTINGS, **fields}), tmp_path, processes=processes)
+    return grpo_arguments(
+        load_config("grpo", "smoke", {"use_vllm": True, **SETTINGS, **fields}), tmp_path, processes=processes
+    )
 
 
 def test_every_grpo_vllm_setting_reaches_trls_config(tmp_path):
@@ -75,7 +77,9 @@ def trl_engine_fakes(monkeypatch):
     monkeypatch.setattr(vg, "VLLMClient", VLLMClient, raising=False)
     monkeypatch.setattr(vg, "is_vllm_available", lambda *a, **k: True)
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        monkeypatch.setenv(name, {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.get(name, os.environ.get(name, "")))
+        monkeypatch.setenv(
+            name, {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.get(name, os.environ.get(name, ""))
+        )
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     return seen
 
@@ -120,18 +124,30 @@ def _events(log: Path) -> list[dict]:
 
 
 def test_offline_engine_gets_every_setting_alone_and_in_an_engine_group(fake_vllm):
-    from cudal1.prompts import build_prompt
     from cudal1.policy.vllm_policy import GenerationSettings, VLLMEngine, use_vllm
+    from cudal1.prompts import build_prompt
 
     assert use_vllm("auto") and use_vllm("vllm")  # installed (the fake): auto means vLLM
-    settings = GenerationSettings(backend="vllm", temperature=0.6, top_p=0.8, max_new_tokens=777, tensor_parallel_size=4,
-                                  gpu_memory_utilization=0.55, max_model_length=5000)
+    settings = GenerationSettings(
+        backend="vllm",
+        temperature=0.6,
+        top_p=0.8,
+        max_new_tokens=777,
+        tensor_parallel_size=4,
+        gpu_memory_utilization=0.55,
+        max_model_length=5000,
+    )
     engine = VLLMEngine("/models/m", settings, seed=7)
     texts = engine.texts([build_prompt(smoke.smoke_task(), [], "CPU")] * 2, n=3)
     engine.close()
     VLLMEngine("/models/m", settings, seed=8, world=8).close()
     init, chat, destroy, group, _ = _events(fake_vllm)
-    assert init["kwargs"] == {"seed": 7, "tensor_parallel_size": 4, "gpu_memory_utilization": 0.55, "max_model_len": 5000}
+    assert init["kwargs"] == {
+        "seed": 7,
+        "tensor_parallel_size": 4,
+        "gpu_memory_utilization": 0.55,
+        "max_model_len": 5000,
+    }
     assert chat["prompts"] == 2 and chat["roles"] == [["system", "user"]]
     assert {k: chat["params"][k] for k in ("n", "temperature", "top_p", "max_tokens")} == \
         {"n": 3, "temperature": 0.6, "top_p": 0.8, "max_tokens": 777}
@@ -140,7 +156,9 @@ def test_offline_engine_gets_every_setting_alone_and_in_an_engine_group(fake_vll
     assert group["kwargs"]["tensor_parallel_size"] == 4
 
 
-def _run(args: list[str], tmp_path: Path, answers: list[str], timeout: float) -> tuple[subprocess.CompletedProcess, list]:
+def _run(
+    args: list[str], tmp_path: Path, answers: list[str], timeout: float
+) -> tuple[subprocess.CompletedProcess, list]:
     log, script = tmp_path / "vllm.jsonl", tmp_path / "answers.json"
     script.write_text(json.dumps(answers))
     root = Path(__file__).resolve().parent.parent
@@ -165,10 +183,38 @@ def test_evaluate_with_policy_vllm_end_to_end(tmp_path):
     task.write_text(smoke.TASK_SOURCE)
     model = tmp_path / "model"
     model.mkdir()
-    proc, events = _run(["evaluate", str(task), "--policy", "vllm", "--model-path", str(model), "--tensor-parallel-size",
-                         "2", "--samples", "4", "--temperature", "0.3", "--max-tokens", "900", "--sample-seed", "5",
-                         "--device", "cpu", "--trials", "2", "--timing-trials", "10", "--out", str(tmp_path / "eval"),
-                         "--json"], tmp_path, ANSWERS, timeout=240)
+    proc, events = _run(
+        [
+            "evaluate",
+            str(task),
+            "--policy",
+            "vllm",
+            "--model-path",
+            str(model),
+            "--tensor-parallel-size",
+            "2",
+            "--samples",
+            "4",
+            "--temperature",
+            "0.3",
+            "--max-tokens",
+            "900",
+            "--sample-seed",
+            "5",
+            "--device",
+            "cpu",
+            "--trials",
+            "2",
+            "--timing-trials",
+            "10",
+            "--out",
+            str(tmp_path / "eval"),
+            "--json",
+        ],
+        tmp_path,
+        ANSWERS,
+        timeout=240,
+    )
     summary = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [e["event"] for e in events] == ["init", "chat", "destroy"]
     assert events[0]["model"] == str(model) and events[0]["kwargs"]["tensor_parallel_size"] == 2
@@ -185,9 +231,20 @@ def test_ssl_generates_with_the_vllm_engine_end_to_end(tmp_path, seed_primed):
     seed_primed(out)
     from cudal1.train.config import load_config
 
-    cfg = load_config("ssl", "smoke", {"backend": "vllm", "vllm_tensor_parallel_size": 2, "vllm_gpu_memory_utilization": 0.55,
-                                       "vllm_max_model_length": 3072, "temperature": 0.9, "top_p": 0.7, "rounds": 2,
-                                       "sft.max_steps": 2})
+    cfg = load_config(
+        "ssl",
+        "smoke",
+        {
+            "backend": "vllm",
+            "vllm_tensor_parallel_size": 2,
+            "vllm_gpu_memory_utilization": 0.55,
+            "vllm_max_model_length": 3072,
+            "temperature": 0.9,
+            "top_p": 0.7,
+            "rounds": 2,
+            "sft.max_steps": 2,
+        },
+    )
     config = tmp_path / "ssl.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()))
     proc, events = _run(["train", "ssl", "--smoke", "--config", str(config), "--out", str(out), "--json"], tmp_path,
@@ -197,8 +254,12 @@ def test_ssl_generates_with_the_vllm_engine_end_to_end(tmp_path, seed_primed):
     first, second = events[0], events[3]
     assert first["model"].endswith("prime/primed") and second["model"] == str(out / "round1" / "model")
     for init in (first, second):  # one process: one engine over 2 GPUs, no external launcher
-        assert init["kwargs"] == {"seed": init["kwargs"]["seed"], "tensor_parallel_size": 2, "gpu_memory_utilization": 0.55,
-                                  "max_model_len": 3072}
+        assert init["kwargs"] == {
+            "seed": init["kwargs"]["seed"],
+            "tensor_parallel_size": 2,
+            "gpu_memory_utilization": 0.55,
+            "max_model_len": 3072,
+        }
     assert {k: events[1]["params"][k] for k in ("temperature", "top_p", "max_tokens")} == \
         {"temperature": 0.9, "top_p": 0.7, "max_tokens": cfg.max_new_tokens}
     assert events[1]["prompts"] == cfg.samples  # every sample of the round in one batch

@@ -22,6 +22,7 @@ from cudal1.rewrite.triton_kernels import fusion as triton_fusion
 from cudal1.rewrite.triton_kernels.fusion import NAME, PRELUDE_KEY, run
 from triton_cases import ACTIVATIONS, task
 
+
 @pytest.fixture(autouse=True)
 def every_chain_is_worth_it(request, monkeypatch):
     """Test inputs are tiny; the cost model (tested on its own below) would decline short chains."""

@@ -19,7 +19,7 @@ from cudal1.rewrite.graph.emit import emit_class
 from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
 from cudal1.rewrite.triton_kernels import gemm as triton_gemm
 from cudal1.rewrite.triton_kernels.gemm import MIN_MACS, NAME
-from triton_cases import load_source, compare_interpreted, task
+from triton_cases import compare_interpreted, load_source, task
 
 PRECISION = Path(__file__).parent / "fixtures" / "rewrite" / "precision"
 
@@ -62,12 +62,15 @@ def test_products_become_split_precision_kernels_and_match(tmp_path):
         assert out["same_kind"] and out["max_abs"] <= 1e-5 * out["scale"] + 1e-5, out
 
 
-CONVS = task(init="self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)\nself.depthwise = nn.Conv2d(8, 8, 3, groups=8)\n",
-             forward="""\
+CONVS = task(
+    init="self.conv = nn.Conv2d(3, 8, 3, stride=2, padding=1)\nself.depthwise = nn.Conv2d(8, 8, 3, groups=8)\n",
+    forward="""\
                  y = torch.relu(self.conv(x))
                  z = F.conv2d(y, self.conv.weight[:, :3].repeat(1, 3, 1, 1)[:, :8], None, 1, (2, 1), 2)
                  return self.depthwise(z)
-                 """, inputs="torch.randn(2, 3, 17, 15)")
+                 """,
+    inputs="torch.randn(2, 3, 17, 15)",
+)
 
 
 @pytest.mark.cpu
@@ -96,7 +99,12 @@ def test_launchers_hand_other_inputs_to_pytorch(tmp_path, monkeypatch):
     for x, y in [(a.half(), b.half()), (torch.randn(2, 1, 5, 7), torch.randn(3, 7, 4)), (a[0], b),
                  (torch.randn(0, 7), b)]:  # not fp32, broadcast batch dims, a vector, empty: torch itself
         assert torch.equal(mod._cudal1_matmul(x, y), x @ y)
-    for x, y in [(a, b), (torch.randn(2, 5, 7), b), (a, torch.randn(4, 7, 3)), (torch.randn(4, 5, 7), torch.randn(4, 7, 3))]:
+    for x, y in [
+        (a, b),
+        (torch.randn(2, 5, 7), b),
+        (a, torch.randn(4, 7, 3)),
+        (torch.randn(4, 5, 7), torch.randn(4, 7, 3)),
+    ]:
         with pytest.raises(KernelCalled):
             mod._cudal1_matmul(x, y)
     with pytest.raises(KernelCalled):

@@ -9,9 +9,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from cudal1.rewrite.triton_kernels import reduce as triton_reduce
 from cudal1.rewrite.graph.emit import emit_class
 from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
+from cudal1.rewrite.triton_kernels import reduce as triton_reduce
 from triton_cases import compare_interpreted, task
 
 
@@ -74,7 +74,9 @@ def test_long_rows_take_the_blocked_path(tmp_path):
     notes, cls = rewrite(src)
     assert len(notes) == 4
     # the same kernels with rows longer than the one-read limit and a block of 16 elements
-    blocked = cls.replace("_CUDAL1_ONE_PASS = 16384", "_CUDAL1_ONE_PASS = 8").replace('{"BLOCK": 1024}', '{"BLOCK": 16}')
+    blocked = cls.replace("_CUDAL1_ONE_PASS = 16384", "_CUDAL1_ONE_PASS = 8").replace(
+        '{"BLOCK": 1024}', '{"BLOCK": 16}'
+    )
     assert blocked.count('{"BLOCK": 16}') == 2 and "_CUDAL1_ONE_PASS = 8" in blocked
     for out in compare_interpreted(src + "\n\n" + blocked, tmp_path, seeds=(3,)):
         assert out["same_kind"] and out["max_abs"] <= 2e-5 * max(1.0, out["scale"]), out

@@ -13,7 +13,7 @@ import pytest
 from cudal1.harness import evaluate
 from cudal1.types import Candidate, Status, Task
 
-TASK = '''
+TASK = """
 import json, os, sys
 import torch
 import torch.nn as nn
@@ -24,8 +24,8 @@ RECORD = %(record)r
 class Model(nn.Module):
     def forward(self, x):
         with open(RECORD, "a") as f:
-            f.write(json.dumps({"pid": os.getpid(),
-                                "candidate_loaded": any(m.startswith("cudal1_candidate") for m in sys.modules)}) + "\\n")
+            loaded = any(m.startswith("cudal1_candidate") for m in sys.modules)
+            f.write(json.dumps({"pid": os.getpid(), "candidate_loaded": loaded}) + "\\n")
         return x * 2
 
 
@@ -35,7 +35,7 @@ def get_inputs():
 
 def get_init_inputs():
     return []
-'''
+"""
 
 CANDIDATE = '''
 import json, os, sys

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
-from cudal1.train.smoke.server import Reply, ScriptedLLMServer, fail_first
 
-from cudal1.cli.main import build_parser, main as cli_main
+from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
+from cudal1.cli.main import build_parser
+from cudal1.cli.main import main as cli_main
 from cudal1.store import RunStore
+from cudal1.train.smoke.server import Reply, ScriptedLLMServer, fail_first
 
 REPO = Path(__file__).resolve().parent.parent
 CANDIDATES = REPO / "examples" / "candidates"
@@ -40,7 +41,8 @@ SLOW_CODE = FAST_CODE.replace("return A.unsqueeze(1) * B", f"""d = torch.diag(A)
         for _ in range({SLOW_REPEATS - 1}):
             d @ B  # the reference's own matmul, again, dropped
         return d @ B""")
-ANSWER = f"## Performance Analysis\nscale rows\n\n## Algorithm Design\nbroadcast\n\n## Code Implementation\n```python\n{FAST_CODE}```\n"
+ANSWER = (f"## Performance Analysis\nscale rows\n\n## Algorithm Design\nbroadcast\n\n"
+          f"## Code Implementation\n```python\n{FAST_CODE}```\n")
 
 
 @pytest.fixture(name="env")
@@ -101,7 +103,9 @@ def test_failed_generations_are_recorded_exit_1_and_are_asked_again_on_resume(tm
         (response,) = store.responses()
     assert response["error"] and response["candidate_hash"] is None  # recorded as a generation failure
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["generation"]["failed"] == 1 and summary["tasks"][0]["judged"] == 0  # only the reference, not counted
+    assert (
+        summary["generation"]["failed"] == 1 and summary["tasks"][0]["judged"] == 0
+    )  # only the reference, not counted
 
     # the same --out against an endpoint that fails once, then answers: one retry, summarised in one line
     with ScriptedLLMServer(fail_first(1, 503, ANSWER)) as srv:
@@ -136,16 +140,22 @@ def test_reused_out_refuses_other_settings_and_summary_agrees_with_report(tmp_pa
     assert json.loads((out / "summary.json").read_text()) == last_json(first.stdout)  # untouched
     allowed = run_cli([*base, "--trials", "3", "--allow-config-change"], env, tmp_path)
     assert allowed.returncode == 0, allowed.stderr[-3000:]
-    assert yaml.safe_load((out / "config.1.yaml").read_text())["judge"]["correctness_trials"] == 2  # the first config, kept
+    assert (
+        yaml.safe_load((out / "config.1.yaml").read_text())["judge"]["correctness_trials"] == 2
+    )  # the first config, kept
     assert yaml.safe_load((out / "config.yaml").read_text())["judge"]["correctness_trials"] == 3
     summary = last_json(allowed.stdout)
     report = run_cli(["report", out, "--json"], env, tmp_path)
     assert report.returncode == 0, report.stderr
     doc = last_json(report.stdout)
-    assert [(t["task"], t["best_speedup"]) for t in doc["tasks"]] == [(r["task"], r["best_speedup"]) for r in summary["tasks"]]
+    assert [(t["task"], t["best_speedup"]) for t in doc["tasks"]] == [
+        (r["task"], r["best_speedup"]) for r in summary["tasks"]
+    ]
     assert doc["summary"]["faster"] == summary["faster"] and doc["summary"]["faster_point"] == summary["faster_point"]
     # "judged" counts the same candidates in both (the reference not counted), with the same verdicts
-    assert [(t["candidates"], t["statuses"]) for t in doc["tasks"]] == [(r["judged"], r["statuses"]) for r in summary["tasks"]]
+    assert [(t["candidates"], t["statuses"]) for t in doc["tasks"]] == [
+        (r["judged"], r["statuses"]) for r in summary["tasks"]
+    ]
     assert summary["tasks"][0]["judged"] == 1
     table = run_cli([*base[:-1], "--trials", "3"], env, tmp_path)  # the same run again, read back, for people
     assert table.returncode == 0 and "judged: candidates with a verdict, the reference not counted" in table.stdout
@@ -177,12 +187,16 @@ def test_best_never_holds_a_slower_candidate_and_the_saved_config_reproduces_the
 def test_default_out_is_named_per_run_and_out_at_a_file_is_one_line(tmp_path, env):
     one = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "-q"], env, tmp_path)
     assert one.returncode == 0, one.stderr[-3000:]
-    two = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "--trials", "3", "-q"], env, tmp_path)
+    two = run_cli(
+        ["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "--trials", "3", "-q"], env, tmp_path
+    )
     assert two.returncode == 0, two.stderr[-3000:]
     runs = sorted(p.name for p in (tmp_path / "runs" / "optimize").iterdir())
     assert len(runs) == 2 and all(r.startswith("diag_matmul-") for r in runs)  # one folder per run, by settings
     # the config says device: cpu; --device auto resolves to the same device here: the same run, resumed
-    auto = run_cli(["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "--device", "auto"], env, tmp_path)
+    auto = run_cli(
+        ["optimize", SMALL_DIAG, "--rounds", "0", "--config", _config(tmp_path), "--device", "auto"], env, tmp_path
+    )
     assert auto.returncode == 0, auto.stderr[-3000:]
     import torch
 
@@ -202,7 +216,9 @@ def test_a_syntax_error_names_the_users_file(tmp_path, env):
     bad.write_text("import torch\nclass ModelNew(torch.nn.Module)\n    pass\n")
     config = tmp_path / "small.yaml"
     config.write_text(small_config())
-    done = run_cli(["judge", "--reference", SMALL_DIAG, "--candidate", bad, "--config", config, "--json"], env, tmp_path)
+    done = run_cli(
+        ["judge", "--reference", SMALL_DIAG, "--candidate", bad, "--config", config, "--json"], env, tmp_path
+    )
     assert done.returncode == 0, done.stderr
     verdict = last_json(done.stdout)
     assert verdict["status"] == "compile_error" and str(bad) in verdict["message"] and "cand_" not in verdict["message"]
@@ -266,12 +282,17 @@ def test_a_broken_file_in_a_task_directory_is_skipped_shown_and_counted(tmp_path
     tasks.mkdir()
     (tasks / "diag_matmul.py").write_text(SMALL_DIAG.read_text())
     (tasks / "broken.py").write_text("class Model(:\n")
-    done = run_cli(["optimize", tasks, "--rounds", "0", "--config", _config(tmp_path), "--out", tmp_path / "o", "--json"],
-                   env, tmp_path)
+    done = run_cli(
+        ["optimize", tasks, "--rounds", "0", "--config", _config(tmp_path), "--out", tmp_path / "o", "--json"],
+        env,
+        tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"cudal1: warning: skipped {tasks / 'broken.py'}: not valid Python (line 1" in done.stderr
     summary = last_json(done.stdout)
-    assert [r["task"] for r in summary["tasks"]] == ["diag_matmul"] and summary["tasks"][0]["judged"] == 0  # the reference only
+    assert [r["task"] for r in summary["tasks"]] == ["diag_matmul"] and summary["tasks"][0][
+        "judged"
+    ] == 0  # the reference only
     assert [s["path"] for s in summary["skipped_tasks"]] == [str(tasks / "broken.py")]
 
 
@@ -280,7 +301,9 @@ def test_an_offline_kernelbench_selector_fails_in_one_line(tmp_path, env):
     pytest.importorskip("datasets")
     offline = dict(env, HF_ENDPOINT=f"http://127.0.0.1:{_free_port()}", HF_HOME=str(tmp_path / "hf"))
     offline.pop("CUDAL1_KERNELBENCH", None)
-    done = run_cli(["optimize", "kernelbench:level1/1", "--rounds", "0", "--out", tmp_path / "o"], offline, tmp_path, timeout=120)
+    done = run_cli(
+        ["optimize", "kernelbench:level1/1", "--rounds", "0", "--out", tmp_path / "o"], offline, tmp_path, timeout=120
+    )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == _errors(done.stderr), done.stderr  # no retry warnings around it
     assert "not reachable" in done.stderr and "--source" in done.stderr
@@ -349,11 +372,20 @@ def test_verbose_says_what_the_judge_did_and_very_verbose_each_call():
     from cudal1.cli.progress import judge_detail
     from cudal1.types import Correctness, EvalResult, Status, Timing
 
-    result = EvalResult(Status.OK, task_name="diag_matmul", candidate_hash="ab" * 32, speedup=2.0, speedup_ci=(1.8, 2.2),
-                        reference=Timing.from_samples([4.0, 4.2, 3.9], "cpu_monotonic"),
-                        candidate=Timing.from_samples([2.0, 2.1, 1.9], "cpu_monotonic"), wall_s=9.5, build_s=1.25,
-                        phase_s={"import": 1.3, "correctness": 2.0, "timing": 5.0}, flags=["cpu_timing"],
-                        correctness=Correctness(trials=5, passed=5, rule="exact", bound=1e-5))
+    result = EvalResult(
+        Status.OK,
+        task_name="diag_matmul",
+        candidate_hash="ab" * 32,
+        speedup=2.0,
+        speedup_ci=(1.8, 2.2),
+        reference=Timing.from_samples([4.0, 4.2, 3.9], "cpu_monotonic"),
+        candidate=Timing.from_samples([2.0, 2.1, 1.9], "cpu_monotonic"),
+        wall_s=9.5,
+        build_s=1.25,
+        phase_s={"import": 1.3, "correctness": 2.0, "timing": 5.0},
+        flags=["cpu_timing"],
+        correctness=Correctness(trials=5, passed=5, rule="exact", bound=1e-5),
+    )
     one = "\n".join(judge_detail(result, 1))
     assert "9.5 s wall, build 1.25 s; phases (s): import 1.30, correctness 2.00, timing 5.00" in one
     assert "reference 4.00 ms (IQR" in one and "n=3" in one and "clock cpu_monotonic; flags cpu_timing" in one

@@ -15,7 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "vs_kernelbench.py"
 
-FAKE_EVAL = '''
+FAKE_EVAL = """
 import os
 import time
 
@@ -44,11 +44,12 @@ def eval_kernel_against_ref(original_model_src, custom_model_src, seed_num=42, n
     if "RAISE" in custom_model_src:
         raise ValueError("boom")
     if "FAIL" in custom_model_src:
-        return KernelExecResult(compiled=False, metadata={"compilation_error_name": "RuntimeError",
-                                                          "compilation_error": RuntimeError("Error building extension 'x'")})
+        error = RuntimeError("Error building extension 'x'")
+        metadata = {"compilation_error_name": "RuntimeError", "compilation_error": error}
+        return KernelExecResult(compiled=False, metadata=metadata)
     return KernelExecResult(compiled=True, correctness=True, runtime=1.5, ref_runtime=3.0,
                             metadata={"correctness_trials": "(5 / 5)"})
-'''
+"""
 
 
 def load_script():
@@ -64,9 +65,21 @@ def vk():
 
 
 def write_records(path: Path, codes: list[str | None]) -> Path:
-    ref = "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n        return x\n"
-    lines = [json.dumps({"level_id": 1, "task_id": 10 + i, "ref_code": ref, "custom_code": "None" if code is None else code,
-                         "score_default": 1.5}) for i, code in enumerate(codes)]
+    ref = (
+        "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
+    lines = [
+        json.dumps(
+            {
+                "level_id": 1,
+                "task_id": 10 + i,
+                "ref_code": ref,
+                "custom_code": "None" if code is None else code,
+                "score_default": 1.5,
+            }
+        )
+        for i, code in enumerate(codes)
+    ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
@@ -82,7 +95,9 @@ def fake_kernelbench(root: Path) -> Path:
 def test_dry_run_lists_the_records_and_both_commands(vk, tmp_path, capsys):
     records = write_records(tmp_path / "r.jsonl", ["code A", None, "code C"])
     src = fake_kernelbench(tmp_path / "kb")
-    rc = vk.main(["--dry-run", "--records", str(records), "--kernelbench-src", str(src), "--out", str(tmp_path / "o.json")])
+    rc = vk.main(
+        ["--dry-run", "--records", str(records), "--kernelbench-src", str(src), "--out", str(tmp_path / "o.json")]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "3 records, 2 with code" in out
@@ -126,10 +141,16 @@ def test_bad_inputs_are_one_line_errors(vk, tmp_path, capsys):
 @pytest.mark.cpu
 def test_missing_kernelbench_src_exits_with_one_line(tmp_path):
     records = write_records(tmp_path / "r.jsonl", ["a"])
-    done = subprocess.run([sys.executable, str(SCRIPT), "--records", str(records), "--kernelbench-src", str(tmp_path / "nope")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--records", str(records), "--kernelbench-src", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0
-    assert done.stderr.strip().splitlines() == [f"vs_kernelbench: --kernelbench-src {tmp_path / 'nope'}: no such directory"]
+    assert done.stderr.strip().splitlines() == [
+        f"vs_kernelbench: --kernelbench-src {tmp_path / 'nope'}: no such directory"
+    ]
     assert "Traceback" not in done.stderr + done.stdout
 
 
@@ -145,7 +166,9 @@ class Fake:
 
 def test_kb_result_dict(vk):
     assert vk.kb_result_dict(None) is None
-    got = vk.kb_result_dict(Fake(compiled=True, correctness=False, metadata={"runtime_error": RuntimeError("illegal memory")}))
+    got = vk.kb_result_dict(
+        Fake(compiled=True, correctness=False, metadata={"runtime_error": RuntimeError("illegal memory")})
+    )
     assert got == {"compiled": True, "correctness": False, "metadata": {"runtime_error": "illegal memory"}}
 
     class V2:
@@ -168,9 +191,19 @@ def test_kb_rows_classify_every_outcome(vk):
     assert row["outcome"] == "correct" and row["speedup"] == 2.0 and row["eval_s"] == 5.0 and row["log_tail"] == ""
     assert row["correctness_trials"] == "(5 / 5)"
 
-    compile_err = {"ok": True, "result": {"compiled": False, "correctness": False, "runtime": -1.0, "ref_runtime": -1.0,
-                                          "metadata": {"compilation_error_name": "RuntimeError",
-                                                       "compilation_error": "ninja failed\nError building extension 'k'"}}}
+    compile_err = {
+        "ok": True,
+        "result": {
+            "compiled": False,
+            "correctness": False,
+            "runtime": -1.0,
+            "ref_runtime": -1.0,
+            "metadata": {
+                "compilation_error_name": "RuntimeError",
+                "compilation_error": "ninja failed\nError building extension 'k'",
+            },
+        },
+    }
     row = vk.kb_row(_rec(1), rc=0, timed_out=False, wall_s=30.0, driver=compile_err, log_tail="nvcc: error X\n")
     assert row["outcome"] == "compile_error" and row["compiled"] is False and row["speedup"] is None
     assert row["error"] == "RuntimeError: Error building extension 'k'" and "nvcc: error X" in row["log_tail"]
@@ -178,7 +211,10 @@ def test_kb_rows_classify_every_outcome(vk):
     runtime_err = {"ok": True, "result": {"compiled": True, "correctness": False, "ref_runtime": 2.0,
                                           "metadata": {"runtime_error": "CUDA error: illegal memory access"}}}
     assert vk.kb_row(_rec(2), rc=0, timed_out=False, wall_s=1.0, driver=runtime_err)["outcome"] == "runtime_error"
-    wrong = {"ok": True, "result": {"compiled": True, "correctness": False, "metadata": {"correctness_issue": "Output mismatch"}}}
+    wrong = {
+        "ok": True,
+        "result": {"compiled": True, "correctness": False, "metadata": {"correctness_issue": "Output mismatch"}},
+    }
     row = vk.kb_row(_rec(3), rc=0, timed_out=False, wall_s=1.0, driver=wrong)
     assert row["outcome"] == "incorrect" and row["error"] == "Output mismatch"
 
@@ -186,7 +222,10 @@ def test_kb_rows_classify_every_outcome(vk):
               "error": "Traceback (most recent call last):\n  File x\nModuleNotFoundError: No module named 'litellm'\n"}
     row = vk.kb_row(_rec(4), rc=0, timed_out=False, wall_s=1.0, driver=raised)
     assert row["outcome"] == "error" and row["error"] == "ModuleNotFoundError: No module named 'litellm'"
-    assert vk.kb_row(_rec(5), rc=0, timed_out=False, wall_s=1.0, driver={"ok": True, "result": None})["outcome"] == "no_result"
+    assert (
+        vk.kb_row(_rec(5), rc=0, timed_out=False, wall_s=1.0, driver={"ok": True, "result": None})["outcome"]
+        == "no_result"
+    )
     row = vk.kb_row(_rec(6), rc=-9, timed_out=True, wall_s=300.2, driver=None, log_tail="building\n", timeout_s=300.0)
     assert row["outcome"] == "timeout" and row["error"] == "killed after 300 s; building"
     row = vk.kb_row(_rec(7), rc=-11, timed_out=False, wall_s=4.0, driver=None, log_tail="")
@@ -221,8 +260,19 @@ def test_kb_one_driver_writes_a_result(vk, tmp_path, monkeypatch):
     for i, code in enumerate(["fine", "RAISE", "FAIL"]):
         job = tmp_path / f"job{i}.json"
         result = tmp_path / f"result{i}.json"
-        job.write_text(json.dumps({"ref_code": "r", "custom_code": code, "seed": 42, "correct_trials": 5, "perf_trials": 100,
-                                   "build_dir": str(tmp_path / "build"), "result": str(result)}))
+        job.write_text(
+            json.dumps(
+                {
+                    "ref_code": "r",
+                    "custom_code": code,
+                    "seed": 42,
+                    "correct_trials": 5,
+                    "perf_trials": 100,
+                    "build_dir": str(tmp_path / "build"),
+                    "result": str(result),
+                }
+            )
+        )
         assert vk.kb_one(str(job)) == 0
         driver = json.loads(result.read_text())
         rows.append(vk.kb_row(_rec(i), rc=0, timed_out=False, wall_s=1.0, driver=driver))
@@ -253,11 +303,22 @@ def test_kernelbench_side_runs_records_serially_with_a_timeout(vk, tmp_path):
 
 def test_cudal1_rows_totals_and_the_last_table(vk):
     recs = [_rec(0), _rec(1), _rec(2, None)]
-    report = {"summary": {"classes": {"verified": 1, "incorrect": 1, "missing_code": 1}},
-              "records": [{"task": "level1/0", "class": "verified", "status": "ok", "measured": 1.9, "claimed": 2.0, "flags": []},
-                          {"task": "level1/1", "class": "incorrect", "status": "incorrect", "measured": None, "claimed": 1.1,
-                           "flags": [], "message": "max abs error 3.0"},
-                          {"task": "level1/2", "class": "missing_code", "status": None, "measured": None, "claimed": None}]}
+    report = {
+        "summary": {"classes": {"verified": 1, "incorrect": 1, "missing_code": 1}},
+        "records": [
+            {"task": "level1/0", "class": "verified", "status": "ok", "measured": 1.9, "claimed": 2.0, "flags": []},
+            {
+                "task": "level1/1",
+                "class": "incorrect",
+                "status": "incorrect",
+                "measured": None,
+                "claimed": 1.1,
+                "flags": [],
+                "message": "max abs error 3.0",
+            },
+            {"task": "level1/2", "class": "missing_code", "status": None, "measured": None, "claimed": None},
+        ],
+    }
     walls = {"level1/0": [{"status": "ok", "wall_s": 4.0, "build_s": 1.5}]}
     crows = vk.cudal1_rows(recs, report, walls)
     assert [r["class"] for r in crows] == ["verified", "incorrect", "missing_code"]
@@ -266,11 +327,23 @@ def test_cudal1_rows_totals_and_the_last_table(vk):
     assert (ctot["records"], ctot["judged"], ctot["per_record_s"], ctot["batch"]) == (3, 2, 10.0, {"builds": 2})
     assert ctot["statuses"] == {"ok": 1, "incorrect": 1}
 
-    krows = [vk.kb_row(_rec(0), rc=0, timed_out=False, wall_s=25.0,
-                       driver={"ok": True, "result": {"compiled": True, "correctness": True, "runtime": 1.0, "ref_runtime": 2.0}}),
-             vk.kb_row(_rec(1), rc=0, timed_out=False, wall_s=25.0,
-                       driver={"ok": True, "result": {"compiled": False, "correctness": False}}),
-             vk.kb_row(_rec(2, None), rc=None, timed_out=False, wall_s=None, driver=None)]
+    krows = [
+        vk.kb_row(
+            _rec(0),
+            rc=0,
+            timed_out=False,
+            wall_s=25.0,
+            driver={"ok": True, "result": {"compiled": True, "correctness": True, "runtime": 1.0, "ref_runtime": 2.0}},
+        ),
+        vk.kb_row(
+            _rec(1),
+            rc=0,
+            timed_out=False,
+            wall_s=25.0,
+            driver={"ok": True, "result": {"compiled": False, "correctness": False}},
+        ),
+        vk.kb_row(_rec(2, None), rc=None, timed_out=False, wall_s=None, driver=None),
+    ]
     cudal1 = {"totals": ctot, "rows": crows}
     kb = {"totals": vk.kb_totals(krows, 50.0), "rows": krows}
     assert vk.figures(cudal1, kb)["ratio_kb_over_cudal1"] == 2.5

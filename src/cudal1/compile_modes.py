@@ -91,7 +91,9 @@ def inductor_name(settings: set[str] | list[str] | tuple[str, ...]) -> str:
     """The exec pass name of a set of settings, in registry order: ``inductor[cd,freezing]``."""
     unknown = set(settings) - set(INDUCTOR_SETTINGS)
     if unknown:
-        raise ValueError(f"unknown inductor setting(s) {', '.join(sorted(unknown))}; known: {', '.join(INDUCTOR_SETTINGS)}")
+        raise ValueError(
+            f"unknown inductor setting(s) {', '.join(sorted(unknown))}; known: {', '.join(INDUCTOR_SETTINGS)}"
+        )
     return "inductor[" + ",".join(n for n in INDUCTOR_SETTINGS if n in settings) + "]"
 
 

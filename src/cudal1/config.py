@@ -341,8 +341,10 @@ class EvalConfig(Config):
     min_timing_trials: int = 10  # timed calls per model even for slow models
     timing_budget_s: float = 4.0  # target wall time of the timing phase (both models)
     recheck_fraction: float = 0.1  # share of timed candidate outputs re-checked (at least 2)
-    flush_l2: bool = True  # overwrite a buffer larger than L2 before every timed call (both models); off: warm-cache timing
-    timing_figure: str = "gpu"  # what the speedup compares: gpu (device time, host latency excluded) or host (host-inclusive)
+    flush_l2: bool = True
+    timing_figure: str = (
+        "gpu"  # what the speedup compares: gpu (device time, host latency excluded) or host (host-inclusive)
+    )
     timing_block: int = 5  # timed calls per block; reference and candidate blocks alternate in random order
     confine_candidates: bool = True  # run each candidate's process unprivileged and confined where the OS allows
     poison_freed_memory: bool = True  # fill the allocator's free blocks with NaN between runs
@@ -398,8 +400,17 @@ class EvalConfig(Config):
         """The fields that change verdicts or numbers (not paths, worker counts or hard limits)."""
         # Hard limits are left out: they decide nothing about a run that finishes in time, and a
         # resumed run with another --timeout must find what was recorded.
-        ignore = {"cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s", "build_timeout_s",
-                  "setup_timeout_s", "confine_candidates"}
+        ignore = {
+            "cache_dir",
+            "build_workers",
+            "workers_per_gpu",
+            "keep_samples",
+            "input_seed",
+            "timeout_s",
+            "build_timeout_s",
+            "setup_timeout_s",
+            "confine_candidates",
+        }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}
 
     def hash(self) -> str:
@@ -419,7 +430,9 @@ RECORD_SECTION = "run"  # what a run records about itself (target, device, versi
 LEGACY_RECORD_KEYS = ("cudal1", "stage", "smoke", "processes", "args")
 
 
-def read_config_file(path: str | os.PathLike[str], sections: Iterable[str], flat: str | None = "judge") -> dict[str, dict[str, Any]]:
+def read_config_file(
+    path: str | os.PathLike[str], sections: Iterable[str], flat: str | None = "judge"
+) -> dict[str, dict[str, Any]]:
     """The settings sections of a config file, ``{section: mapping}``, for a command that reads
     ``sections``.  This is the format every run writes as ``OUT/config.yaml``
     (:func:`write_config_file`), so feeding a run's saved file back reproduces its settings.  A
@@ -435,7 +448,9 @@ def read_config_file(path: str | os.PathLike[str], sections: Iterable[str], flat
         return {flat: data}
     unknown = [str(k) for k in data if k not in known and k not in records]
     if unknown:
-        raise ConfigError(f"{path}: unknown section(s) {', '.join(unknown)} for this command; known: {', '.join(known)}")
+        raise ConfigError(
+            f"{path}: unknown section(s) {', '.join(unknown)} for this command; known: {', '.join(known)}"
+        )
     out: dict[str, dict[str, Any]] = {}
     for name in known:
         value = data.get(name)

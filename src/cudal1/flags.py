@@ -25,11 +25,16 @@ FLAGS: dict[str, str] = {
     "signal": "the worker was killed by a signal (e.g. SIGSEGV)",
     "no_verdict": "the worker exited without sending a verdict",
     "timing_mismatch": "the candidate's process reported times that do not fit the clean side's clock",
-    "below_physical_limit": "a timed call was faster than writing its outputs once at the device's peak memory bandwidth",
-    "persisting_l2": "the candidate set a persisting-L2 limit or an access-policy window (lines an L2 flush cannot evict)",
-    "new_process": "the candidate's process started a process after warm-up (it is sealed against that once timing begins)",
-    "foreign_gpu_work": "a process the candidate started (by descent or uid) held its own context on the GPU being timed",
-    "contended": "the GPU (another process outside this judge) or the host (its timed threads waited for a CPU) was shared while it was timed: the timing is not trusted",
+    "below_physical_limit": "a timed call was faster than writing its outputs once at the device's peak memory "
+                            "bandwidth",
+    "persisting_l2": "the candidate set a persisting-L2 limit or an access-policy window (lines an L2 flush cannot "
+                     "evict)",
+    "new_process": "the candidate's process started a process after warm-up (it is sealed against that once timing "
+                   "begins)",
+    "foreign_gpu_work": "a process the candidate started (by descent or uid) held its own context on the GPU being "
+                        "timed",
+    "contended": "the GPU (another process outside this judge) or the host (its timed threads waited for a CPU) was "
+                 "shared while it was timed: the timing is not trusted",
     # informational
     "cpu_timing": "timed on the CPU with a monotonic host clock",
     "build_cached": "the candidate's extension build was found in the build cache",
@@ -38,9 +43,11 @@ FLAGS: dict[str, str] = {
     "pytorch_fallback": "the code falls back to PyTorch behind try/except",
     "strict_verified": "a speedup above the strict threshold passed a second, stricter verification",
     "reviewer_suspects": "an optional LLM reviewer suspects reward hacking (second opinion, never a verdict)",
-    "launch_bound": "the host's time to issue a call exceeds its GPU time (reference or candidate): figures depend on the host",
+    "launch_bound": "the host's time to issue a call exceeds its GPU time (reference or candidate): figures depend "
+                    "on the host",
     "high_variance": "timing spread (IQR/median) above 10%: the speedup is less certain",
-    "rejudged_alone": "judged again with the GPU to itself: it ran out of device memory beside other workers, or its timing was contended",
+    "rejudged_alone": "judged again with the GPU to itself: it ran out of device memory beside other workers, or its "
+                      "timing was contended",
 }
 
 

@@ -351,8 +351,11 @@ class RecordedJudge:
         if merged is None:
             return None
         data = merged.to_dict()
-        return {"batches": len(self.batch_stats), "workers_per_gpu": self.config.workers_per_gpu,
-                **{k: data.get(k) for k in ("jobs", "wall_s", "gpu_idle_share", "idle_share", "mean_concurrent_builds")}}
+        return {
+            "batches": len(self.batch_stats),
+            "workers_per_gpu": self.config.workers_per_gpu,
+            **{k: data.get(k) for k in ("jobs", "wall_s", "gpu_idle_share", "idle_share", "mean_concurrent_builds")},
+        }
 
     def baselines(self, tasks: list[Task], modes: list[str], on_result: Callable[[EvalResult], None] | None = None,
                   on_stats: Callable[[Any], None] | None = None) -> dict[tuple[str, str], EvalResult]:
@@ -369,7 +372,11 @@ class RecordedJudge:
         todo: list[tuple[Task, str]] = []
         for task in tasks:
             for mode in modes:
-                cached = self.store.get_baseline(task.hash, mode, env_key, self.config_hash) if self.store is not None else None
+                cached = (
+                    self.store.get_baseline(task.hash, mode, env_key, self.config_hash)
+                    if self.store is not None
+                    else None
+                )
                 if cached is not None:
                     out[(task.hash, mode)] = cached
                 else:
@@ -383,7 +390,11 @@ class RecordedJudge:
             if on_result is not None:
                 on_result(res)
 
-        timed = time_baselines(todo, self.config, plan=plan, on_result=record, on_stats=self._stats_to(on_stats)) if todo else []
+        timed = (
+            time_baselines(todo, self.config, plan=plan, on_result=record, on_stats=self._stats_to(on_stats))
+            if todo
+            else []
+        )
         for (task, mode), res in zip(todo, timed):
             out[(task.hash, mode)] = res
         return out

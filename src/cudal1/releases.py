@@ -64,16 +64,35 @@ def read_records(path: str | Path, tasks: list[Task] | None = None) -> list[Reco
     for n, rec in lines:
         if "ref_code" in rec:
             task = _release_task(rec, f"{path}:{n}")
-            claims = {k[len("score_"):]: float(v) for k, v in rec.items() if k.startswith("score_") and isinstance(v, (int, float))}
-            records.append(Record(task.task_id, task.level, task, None if missing_code(rec.get("custom_code")) else rec["custom_code"],
-                                  claims.get("default"), claims))
+            claims = {
+                k[len("score_") :]: float(v)
+                for k, v in rec.items()
+                if k.startswith("score_") and isinstance(v, (int, float))
+            }
+            records.append(
+                Record(
+                    task.task_id,
+                    task.level,
+                    task,
+                    None if missing_code(rec.get("custom_code")) else rec["custom_code"],
+                    claims.get("default"),
+                    claims,
+                )
+            )
         elif "task" in rec:
             if tasks is None:
                 raise ReleaseError(f"{path}:{n}: a (task, code) record needs --suite to resolve its task")
             task = find_task(tasks, str(rec["task"]))
             claimed = rec.get("claimed_speedup", rec.get("speedup"))
-            records.append(Record(task.task_id, task.level, task, None if missing_code(rec.get("code")) else rec["code"],
-                                  float(claimed) if isinstance(claimed, (int, float)) else None))
+            records.append(
+                Record(
+                    task.task_id,
+                    task.level,
+                    task,
+                    None if missing_code(rec.get("code")) else rec["code"],
+                    float(claimed) if isinstance(claimed, (int, float)) else None,
+                )
+            )
         else:
             raise ReleaseError(f"{path}:{n}: expected CUDA-L1 fields (ref_code, custom_code) or (task, code)")
     if not records:

@@ -284,8 +284,9 @@ def _hub_reachable(timeout_s: float = 3.0) -> bool:
         return False
     url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
     try:
-        with socket.create_connection((url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)),
-                                      timeout=timeout_s):
+        with socket.create_connection(
+            (url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)), timeout=timeout_s
+        ):
             return True
     except OSError:
         return False
@@ -406,7 +407,9 @@ def resolve_suite(selector_text: str, source: PathLike | None = None) -> list[Ta
 # Front door and lookup
 
 
-def load_tasks(spec: PathLike, source: PathLike | None = None, skipped: list[tuple[str, str]] | None = None) -> list[Task]:
+def load_tasks(
+    spec: PathLike, source: PathLike | None = None, skipped: list[tuple[str, str]] | None = None
+) -> list[Task]:
     """Load tasks from a ``.py`` file, a ``.jsonl`` file, a directory, or a suite selector.
 
     A spec that is not an existing path and contains ``:`` (or is a bare suite name such as

@@ -151,7 +151,9 @@ class Environment:
     python: str | None = None
     cudal1: str | None = None
     hostname: str | None = None
-    isolation: dict[str, str] = field(default_factory=dict)  # what confined the candidate's process (measure -> applied / refused: why)
+    isolation: dict[str, str] = field(
+        default_factory=dict
+    )  # what confined the candidate's process (measure -> applied / refused: why)
     slots: str = ""  # how inputs and outputs crossed the two processes: cuda_ipc, host_files (and why)
 
     def key(self) -> str:
@@ -184,7 +186,9 @@ class EvalResult:
     phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds per worker phase
     kernels: list[str] = field(default_factory=list)  # CUDA kernels of one profiled forward
     timing_figure: str = ""  # what reference/candidate/speedup measure: gpu (device time) or host (host-inclusive)
-    figures: dict[str, dict[str, Any]] = field(default_factory=dict)  # gpu/host -> reference_ms, candidate_ms, speedup (gpu: also join)
+    figures: dict[str, dict[str, Any]] = field(
+        default_factory=dict
+    )  # gpu/host -> reference_ms, candidate_ms, speedup (gpu: also join)
 
     @property
     def correct(self) -> bool:

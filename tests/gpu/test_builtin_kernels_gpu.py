@@ -62,7 +62,9 @@ def test_split_precision_gemm_is_as_accurate_as_fp32(tmp_path, strict_fp32, prec
     new.load_state_dict(ref.state_dict())
     x, y = (t.cuda() for t in mod.get_inputs())
     with torch.no_grad():
-        exact = torch.bmm(torch.nn.functional.linear(x.double(), ref.fc.weight.double(), ref.fc.bias.double()), y.double())
+        exact = torch.bmm(
+            torch.nn.functional.linear(x.double(), ref.fc.weight.double(), ref.fc.bias.double()), y.double()
+        )
         fp32_err = (ref(x, y).double() - exact).norm() / exact.norm()
         err = (new(x, y).double() - exact).norm() / exact.norm()
     if worse:
@@ -127,7 +129,9 @@ LINEAR = task(init="self.fc = nn.Linear(512, 512)\n", forward="return torch.relu
 
 @pytest.mark.parametrize("name", ["inductor[cd,gemm,freezing,padding,aggressive]", "compile-cudagraph"])
 def test_compiled_exec_passes_run_on_the_gpu(tmp_path, strict_fp32, name):
-    mod = load_source(tmp_path, render_candidate(LINEAR, name), f"exec_{name.replace('[', '_').replace(']', '').replace(',', '_')}")
+    mod = load_source(
+        tmp_path, render_candidate(LINEAR, name), f"exec_{name.replace('[', '_').replace(']', '').replace(',', '_')}"
+    )
     torch.manual_seed(0)
     ref = mod.Model().cuda()
     new = mod.ModelNew().cuda()

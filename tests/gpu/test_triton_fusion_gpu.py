@@ -23,9 +23,9 @@ import pytest
 pytest.importorskip("triton")
 import torch
 
-from cudal1.rewrite.triton_kernels import fusion as triton_fusion
 from cudal1.rewrite.graph.emit import emit_class
 from cudal1.rewrite.graph.trace import propagate_shapes, trace_task
+from cudal1.rewrite.triton_kernels import fusion as triton_fusion
 from triton_cases import ACTIVATIONS, task
 
 pytestmark = pytest.mark.gpu

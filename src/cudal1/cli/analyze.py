@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.options import read_text, UsageError
+from cudal1.cli.options import UsageError, read_text
 from cudal1.cli.output import print_json, table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("analyze", help="label a candidate with the optimization techniques it uses", description=__doc__)
+    p = sub.add_parser(
+        "analyze", help="label a candidate with the optimization techniques it uses", description=__doc__
+    )
     p.add_argument("file", metavar="FILE", help="candidate source (.py)")
     p.add_argument("--reference", default=None, metavar="REF", help="the reference task, to find algebraic shortcuts")
     p.add_argument("--analysis", default=None, metavar="TEXT", help="a file with the model's Performance Analysis")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cudal1.cli.options import add_judge_flags, config_from_args, load_suite, out_dir, UsageError
+from cudal1.cli.options import UsageError, add_judge_flags, config_from_args, load_suite, out_dir
 from cudal1.cli.output import print_json, table
 from cudal1.cli.progress import progress_for
 from cudal1.speedup import result_cell
@@ -17,9 +17,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("baseline", help="measure eager / torch.compile / CUDA-graph baselines", description=__doc__)
     p.add_argument("--suite", required=True, help="kernelbench:level1, a task dir, JSONL or .py")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
-    p.add_argument("--modes", default=DEFAULT_MODES,
-                   help=f"comma-separated, the builtin policy's names (default {DEFAULT_MODES}; also "
-                        "compile-max-autotune-no-cudagraphs; the old names compile, compile-ro, max-autotune are accepted)")
+    p.add_argument(
+        "--modes",
+        default=DEFAULT_MODES,
+        help=f"comma-separated, the builtin policy's names (default {DEFAULT_MODES}; also "
+        "compile-max-autotune-no-cudagraphs; the old names compile, compile-ro, max-autotune are accepted)",
+    )
     p.add_argument("--out", default="runs/baselines", metavar="DIR",
                    help="output directory: config.yaml and the run store, a cache of baselines shared by runs "
                         "(measured once per task, GPU, torch and judge config) (default: runs/baselines)")

@@ -18,10 +18,10 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cudal1.config import SAMPLING_TEMPERATURE
-from cudal1.cli.options import add_backend_flags, add_judge_flags, config_from_args, plan_from_args, UsageError
+from cudal1.cli.options import UsageError, add_backend_flags, add_judge_flags, config_from_args, plan_from_args
 from cudal1.cli.output import print_json, table
 from cudal1.cli.progress import progress
+from cudal1.config import SAMPLING_TEMPERATURE
 
 if TYPE_CHECKING:
     from cudal1.recorded import RecordedJudge
@@ -33,20 +33,37 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
     p.add_argument("--teacher", action="append", default=[], metavar="URL=MODEL",
                    help="an OpenAI-compatible endpoint and its model (repeatable)")
-    p.add_argument("--from", dest="from_file", default=None, metavar="FILE", help="re-judge a published kernel set instead")
-    p.add_argument("--attempts", type=int, default=None, help="answers asked per task per teacher (default 20; --smoke: one pass over its script)")
-    p.add_argument("--per-task", type=int, default=2, help="verified programs kept per task, fastest first (default 2; 0 = all)")
-    p.add_argument("--out", default="runs/collect/data.jsonl", metavar="DATA.jsonl", help="output JSONL (store: DATA.sqlite)")
+    p.add_argument(
+        "--from", dest="from_file", default=None, metavar="FILE", help="re-judge a published kernel set instead"
+    )
+    p.add_argument(
+        "--attempts",
+        type=int,
+        default=None,
+        help="answers asked per task per teacher (default 20; --smoke: one pass over its script)",
+    )
+    p.add_argument(
+        "--per-task", type=int, default=2, help="verified programs kept per task, fastest first (default 2; 0 = all)"
+    )
+    p.add_argument(
+        "--out", default="runs/collect/data.jsonl", metavar="DATA.jsonl", help="output JSONL (store: DATA.sqlite)"
+    )
     p.add_argument("--smoke", action="store_true", help="scripted local teacher on the bundled task (CPU)")
     p.add_argument("--allow-held-out", action="store_true",
                    help="admit KernelBench held-out tasks (by default a suite holding one is refused and --from leaves "
                         "their records out)")
-    p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)")
+    p.add_argument(
+        "--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)"
+    )
     t = p.add_argument_group("teacher sampling")
-    t.add_argument("--temperature", type=float, default=None, help=f"sampling temperature (default: {SAMPLING_TEMPERATURE})")
+    t.add_argument(
+        "--temperature", type=float, default=None, help=f"sampling temperature (default: {SAMPLING_TEMPERATURE})"
+    )
     t.add_argument("--max-tokens", type=int, default=None, help="completion token limit")
     t.add_argument("--concurrency", type=int, default=None, help="requests in flight per teacher")
-    t.add_argument("--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key")
+    t.add_argument(
+        "--api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding the API key"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     add_judge_flags(p)
     add_backend_flags(p)
@@ -94,8 +111,10 @@ def run(args: argparse.Namespace) -> int:
         print_json(summary)
     else:
         print(table(["outcome", "count"], sorted(summary["judged"].items())))
-        print(f"\nkept {summary['kept']} verified program(s) for {summary['tasks_with_data']} task(s): {summary['out']} "
-              f"(run store {summary['store']})")
+        print(
+            f"\nkept {summary['kept']} verified program(s) for {summary['tasks_with_data']} task(s): {summary['out']} "
+            f"(run store {summary['store']})"
+        )
         if summary.get("held_out_left_out"):
             print(f"left out {summary['held_out_left_out']} record(s) of held-out tasks (--allow-held-out admits them)")
     return 0
@@ -120,8 +139,8 @@ def _policy_options(args: argparse.Namespace) -> dict:
 
 
 def _smoke(args: argparse.Namespace, judge: RecordedJudge) -> dict:
-    from cudal1.train.stages.collect import Teacher, collect_teachers
     from cudal1.train.smoke import scripted_teacher, smoke_task, teacher_script
+    from cudal1.train.stages.collect import Teacher, collect_teachers
 
     _require_openai()
     attempts = args.attempts or len(teacher_script())  # by default one pass over the script: every kind of answer

@@ -37,8 +37,17 @@ def run(args: argparse.Namespace) -> int:
         return 0
     rows = [(r["task"], r["a"], r["b"], r["b_over_a"]) for r in doc["tasks"]]
     heads = ["task", "A x", "B x", "B / A"]
-    agg = [(side, doc[side]["tasks"], doc[side]["ok"], doc[side]["geomean"], doc[side]["median"], doc[side]["fast_p"]["1.0"])
-           for side in ("a", "b")]
+    agg = [
+        (
+            side,
+            doc[side]["tasks"],
+            doc[side]["ok"],
+            doc[side]["geomean"],
+            doc[side]["median"],
+            doc[side]["fast_p"]["1.0"],
+        )
+        for side in ("a", "b")
+    ]
     aheads = ["side", "tasks", "ok", "geomean", "median", "fast_1.0"]
     c = doc["common"]
     tail = (f"A: {doc['a']['source']} ({doc['a']['kind']}); B: {doc['b']['source']} ({doc['b']['kind']})\n"

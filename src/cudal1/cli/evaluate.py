@@ -17,37 +17,62 @@ from __future__ import annotations
 import argparse
 import os
 
-from cudal1.config import SAMPLING_TEMPERATURE
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_policy, config_from_args,
-                                config_sections, early_guard, load_suite, out_dir, plan_from_args, resolve_device,
-                                run_out, UsageError)
+from cudal1.cli.options import (
+    UsageError,
+    add_backend_flags,
+    add_judge_flags,
+    add_out_flags,
+    check_policy,
+    config_from_args,
+    config_sections,
+    early_guard,
+    load_suite,
+    out_dir,
+    plan_from_args,
+    resolve_device,
+    run_out,
+)
 from cudal1.cli.output import print_json, retry_warning, table
 from cudal1.cli.progress import progress_for
+from cudal1.config import SAMPLING_TEMPERATURE
 
 POLICIES = ("openai", "hf", "vllm")
 DEFAULT_SAMPLES = 8
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("evaluate", help="fixed-budget evaluation of a model: k one-shot samples per task, pass@k and fast_p",
-                       description=__doc__)
-    p.add_argument("target", metavar="TASKS", help="a task .py, a task dir, a JSONL, or a selector such as kernelbench:held-out")
+    p = sub.add_parser(
+        "evaluate",
+        help="fixed-budget evaluation of a model: k one-shot samples per task, pass@k and fast_p",
+        description=__doc__,
+    )
+    p.add_argument(
+        "target", metavar="TASKS", help="a task .py, a task dir, a JSONL, or a selector such as kernelbench:held-out"
+    )
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
     p.add_argument("--samples", type=int, default=DEFAULT_SAMPLES, metavar="K",
                    help=f"one-shot samples per task, one request each (default: {DEFAULT_SAMPLES})")
     g = p.add_argument_group("model")
-    g.add_argument("--policy", choices=POLICIES, default=None, help="default: openai with --base-url, else hf with --model-path")
+    g.add_argument(
+        "--policy", choices=POLICIES, default=None, help="default: openai with --base-url, else hf with --model-path"
+    )
     g.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1")
     g.add_argument("--model", default=None, help="model name at the endpoint")
-    g.add_argument("--model-path", default=None, metavar="DIR", help="local model directory (what training writes) for hf or vllm")
+    g.add_argument(
+        "--model-path", default=None, metavar="DIR", help="local model directory (what training writes) for hf or vllm"
+    )
     g.add_argument("--api-key-env", default=None, metavar="VAR", help="environment variable holding the API key")
-    g.add_argument("--temperature", type=float, default=None, help=f"sampling temperature (default: {SAMPLING_TEMPERATURE})")
+    g.add_argument(
+        "--temperature", type=float, default=None, help=f"sampling temperature (default: {SAMPLING_TEMPERATURE})"
+    )
     g.add_argument("--top-p", type=float, default=None, help="nucleus sampling mass (default: 0.95)")
     g.add_argument("--max-tokens", type=int, default=None, help="completion token limit (default: 8192)")
     g.add_argument("--concurrency", type=int, default=None, help="requests in flight to the endpoint (default: 8)")
     g.add_argument("--tensor-parallel-size", type=int, default=None, metavar="N",
                    help="vllm: GPUs per engine (default: all visible)")
-    g.add_argument("--sample-seed", type=int, default=None, help="sampling seed (sent to the server; seeds hf and vllm)")
+    g.add_argument(
+        "--sample-seed", type=int, default=None, help="sampling seed (sent to the server; seeds hf and vllm)"
+    )
     add_out_flags(p, "evaluate", "evaluation.json, config.yaml, the run store cudal1.sqlite")
     p.add_argument("--json", action="store_true", help="print the summary as the last stdout line")
     add_judge_flags(p, sections=("judge", "policy"))
@@ -60,13 +85,26 @@ def policy_config(args: argparse.Namespace):
     from cudal1.policy import PolicyConfig
 
     base = PolicyConfig.from_dict(config_sections(args).get("policy", {}))
-    name = args.policy or base.name or ("openai" if (args.base_url or base.base_url) else "hf" if args.model_path else None)
+    name = (
+        args.policy
+        or base.name
+        or ("openai" if (args.base_url or base.base_url) else "hf" if args.model_path else None)
+    )
     if name not in POLICIES:
         raise UsageError("evaluate needs a model: --base-url URL --model NAME, or --policy hf|vllm --model-path DIR")
-    return base.replace(name=name, base_url=args.base_url or os.environ.get("CUDAL1_BASE_URL"), model=args.model,
-                        model_path=args.model_path, api_key_env=args.api_key_env, temperature=args.temperature,
-                        top_p=args.top_p, max_tokens=args.max_tokens, concurrency=args.concurrency, seed=args.sample_seed,
-                        tensor_parallel_size=args.tensor_parallel_size)
+    return base.replace(
+        name=name,
+        base_url=args.base_url or os.environ.get("CUDAL1_BASE_URL"),
+        model=args.model,
+        model_path=args.model_path,
+        api_key_env=args.api_key_env,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_tokens=args.max_tokens,
+        concurrency=args.concurrency,
+        seed=args.sample_seed,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
 
 
 def make_policy(cfg):
@@ -93,7 +131,9 @@ def guard_model(out, cfg, name: str) -> None:
         return
     before = dict(saved.get("policy") or {}) | {"name": (saved.get("run") or {}).get("policy")}
     now = cfg.to_dict() | {"name": name}
-    changed = [f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in ("name",) + MODEL_KEYS if before.get(k) != now.get(k)]
+    changed = [
+        f"{k}: {before.get(k)!r} -> {now.get(k)!r}" for k in ("name",) + MODEL_KEYS if before.get(k) != now.get(k)
+    ]
     if changed:
         raise UsageError(f"{out} holds an evaluation of another model or sampling ({'; '.join(changed[:3])}): "
                          "give another --out")
@@ -119,7 +159,13 @@ def run(args: argparse.Namespace) -> int:
     out = run_out(args, "evaluate", args.target, judge, policy_cfg, args.samples)
     guard_model(out, policy_cfg, name)
     policy = make_policy(policy_cfg)
-    record = {"command": "evaluate", "target": args.target, "source": args.source, "samples": args.samples, "policy": name}
+    record = {
+        "command": "evaluate",
+        "target": args.target,
+        "source": args.source,
+        "samples": args.samples,
+        "policy": name,
+    }
     write_config_file(out, judge=judge, policy=policy_cfg, run=record)
     try:
         with progress_for(args, "evaluate", 0) as progress:
@@ -139,25 +185,37 @@ def run(args: argparse.Namespace) -> int:
     if summary["failed_requests"] and summary["samples"] == 0:
         import sys
 
-        print(f"cudal1: error: every request failed ({summary['failed_requests']}); rerun with --out {out} to ask again",
-              file=sys.stderr)
+        print(
+            f"cudal1: error: every request failed ({summary['failed_requests']}); rerun with --out {out} to ask again",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
 
 def _print(s: dict) -> None:
-    rows = [(t, r["samples"], r["compiled"], r["correct"], r["ok"], r["best_speedup"]) for t, r in s["per_task"].items()]
+    rows = [
+        (t, r["samples"], r["compiled"], r["correct"], r["ok"], r["best_speedup"]) for t, r in s["per_task"].items()
+    ]
     print(table(["task", "samples", "compiled", "correct", "ok", "best x"], rows))
     passes = ", ".join(f"{k} {v:.3f}" for k, v in s.items() if k.startswith("pass@") and v is not None)
     fast = ", ".join(f"fast_{p} {v:.3f}" for p, v in s["fast_p"].items() if v is not None)
     sp = s["speedup"]
-    print(f"\n{s['tasks']} task(s), {s['samples']} sample(s): compiled {s['compile_rate']:.3f}, correct {s['correct_rate']:.3f}, "
-          f"ok {s['ok_rate']:.3f}" if s["samples"] else f"\n{s['tasks']} task(s), no sample scored")
+    print(
+        f"\n{s['tasks']} task(s), {s['samples']} sample(s): compiled {s['compile_rate']:.3f}, correct "
+        f"{s['correct_rate']:.3f}, "
+        f"ok {s['ok_rate']:.3f}"
+        if s["samples"]
+        else f"\n{s['tasks']} task(s), no sample scored"
+    )
     print(f"{passes}; {fast} (best of {s['samples_per_task']}, 95% CI above p)")
     r = lambda v: v and round(v, 3)  # noqa: E731
-    print(f"best-of-k speedup over all {sp['tasks']} task(s), {sp['unsolved']} unsolved at 1.0x: geomean {r(sp['geomean'])}, "
-          f"median {r(sp['median'])}; solved only ({sp['solved']}): geomean {r(sp['solved_geomean'])}, "
-          f"median {r(sp['solved_median'])}; {s['out']}/evaluation.json")
+    print(
+        f"best-of-k speedup over all {sp['tasks']} task(s), {sp['unsolved']} unsolved at 1.0x: geomean "
+        f"{r(sp['geomean'])}, "
+        f"median {r(sp['median'])}; solved only ({sp['solved']}): geomean {r(sp['solved_geomean'])}, "
+        f"median {r(sp['solved_median'])}; {s['out']}/evaluation.json"
+    )
     if s["failed_requests"]:
         import sys
 

@@ -33,15 +33,27 @@ def describe(r: EvalResult) -> str:
                    else "not measurably faster or slower (the CI includes 1.0)")
         lines.append(f"speedup     {result_cell(r)}{ci}: {verdict}")
     if r.reference and r.candidate:
-        lines.append(f"reference   {fmt(r.reference.median_ms)} ms (IQR {fmt(r.reference.iqr_ms)}, n={r.reference.trials})")
-        lines.append(f"candidate   {fmt(r.candidate.median_ms)} ms (IQR {fmt(r.candidate.iqr_ms)}, n={r.candidate.trials}, clock {r.candidate.clock})")
-    other = {k: v for k, v in (r.figures or {}).items() if k != (r.timing_figure or "gpu") and v.get("speedup") is not None}
+        lines.append(
+            f"reference   {fmt(r.reference.median_ms)} ms (IQR {fmt(r.reference.iqr_ms)}, n={r.reference.trials})"
+        )
+        lines.append(
+            f"candidate   {fmt(r.candidate.median_ms)} ms (IQR {fmt(r.candidate.iqr_ms)}, n={r.candidate.trials}, "
+            f"clock {r.candidate.clock})"
+        )
+    other = {
+        k: v for k, v in (r.figures or {}).items() if k != (r.timing_figure or "gpu") and v.get("speedup") is not None
+    }
     for name, fig in other.items():  # the figure the speedup does not use, e.g. host-inclusive beside the GPU time
-        lines.append(f"{name + ' figure':<11} {fmt(fig['speedup'])}x (reference {fmt(fig.get('reference_ms'))} ms, "
-                     f"candidate {fmt(fig.get('candidate_ms'))} ms){' - launch-bound' if 'launch_bound' in r.flags else ''}")
+        lines.append(
+            f"{name + ' figure':<11} {fmt(fig['speedup'])}x (reference {fmt(fig.get('reference_ms'))} ms, "
+            f"candidate {fmt(fig.get('candidate_ms'))} ms){' - launch-bound' if 'launch_bound' in r.flags else ''}"
+        )
     c = r.correctness
     if c.trials:
-        lines.append(f"correctness {c.passed}/{c.trials} trials, max abs err {fmt(c.max_abs_error)}, max rel err {fmt(c.max_rel_error)}, {c.rechecked} timed outputs re-checked")
+        lines.append(
+            f"correctness {c.passed}/{c.trials} trials, max abs err {fmt(c.max_abs_error)}, max rel err "
+            f"{fmt(c.max_rel_error)}, {c.rechecked} timed outputs re-checked"
+        )
     if r.flags:
         lines.append(f"flags       {', '.join(r.flags)}")
     if r.message:

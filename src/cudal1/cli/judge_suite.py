@@ -13,22 +13,45 @@ import json
 import statistics
 from collections import Counter
 
-from cudal1.tables import geomean
-from cudal1.jsonl import JsonlError, iter_jsonl
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, early_guard,
-                                load_suite, plan_from_args, resolve_device, run_out, UsageError)
+from cudal1.cli.options import (
+    UsageError,
+    add_backend_flags,
+    add_judge_flags,
+    add_out_flags,
+    config_from_args,
+    early_guard,
+    load_suite,
+    plan_from_args,
+    resolve_device,
+    run_out,
+)
 from cudal1.cli.output import as_user_file, batch_line, batch_summary, print_json, table
 from cudal1.cli.progress import progress_for
+from cudal1.jsonl import JsonlError, iter_jsonl
 from cudal1.speedup import LEGEND, faster, noisy, result_cell, uncertain
+from cudal1.tables import geomean
 from cudal1.types import Candidate, EvalResult, Task
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("judge-suite", aliases=["eval-suite"], help="judge a JSONL of candidates against a suite (alias: "
-                       "eval-suite)", description=__doc__)
-    p.add_argument("--candidates", required=True, metavar="FILE.jsonl", help="lines with 'task' and 'code' (optional 'label')")
-    p.add_argument("--suite", required=True, help="kernelbench:level1, kernelbench:level2/1-20, a task dir, JSONL or .py")
-    p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors (else $CUDAL1_KERNELBENCH, else the HF dataset)")
+    p = sub.add_parser(
+        "judge-suite",
+        aliases=["eval-suite"],
+        help="judge a JSONL of candidates against a suite (alias: eval-suite)",
+        description=__doc__,
+    )
+    p.add_argument(
+        "--candidates", required=True, metavar="FILE.jsonl", help="lines with 'task' and 'code' (optional 'label')"
+    )
+    p.add_argument(
+        "--suite", required=True, help="kernelbench:level1, kernelbench:level2/1-20, a task dir, JSONL or .py"
+    )
+    p.add_argument(
+        "--source",
+        default=None,
+        metavar="PATH",
+        help="KernelBench JSONL or directory for suite selectors (else $CUDAL1_KERNELBENCH, else the HF dataset)",
+    )
     add_out_flags(p, "judge-suite", "results.jsonl, summary.json, config.yaml, the run store cudal1.sqlite")
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices (default: all)")
     p.add_argument("--json", action="store_true", help="print a JSON summary as the last line of stdout")
@@ -112,13 +135,19 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
         return 0
-    rows = [(t.task_id, c.label[-28:], r.status.value, result_cell(r), r.reference_ms, r.candidate_ms, ",".join(r.flags))
-            for (t, c), r in zip(pairs, results)]
+    rows = [
+        (t.task_id, c.label[-28:], r.status.value, result_cell(r), r.reference_ms, r.candidate_ms, ",".join(r.flags))
+        for (t, c), r in zip(pairs, results)
+    ]
     print(table(["task", "candidate", "status", "speedup", "ref ms", "cand ms", "flags"], rows))
-    print(f"\n{summary['evaluated']} evaluated: " + ", ".join(f"{k} {v}" for k, v in summary["statuses"].items())
-          + f"; faster than the reference (95% CI above 1.0): {summary['faster']}, by point value only: "
-          f"{summary['faster_point']}; geomean speedup of ok {summary['speedup_geomean'] and round(summary['speedup_geomean'], 3)}; "
-          f"results in {out}")
+    print(
+        f"\n{summary['evaluated']} evaluated: "
+        + ", ".join(f"{k} {v}" for k, v in summary["statuses"].items())
+        + f"; faster than the reference (95% CI above 1.0): {summary['faster']}, by point value only: "
+        f"{summary['faster_point']}; geomean speedup of ok "
+        f"{summary['speedup_geomean'] and round(summary['speedup_geomean'], 3)}; "
+        f"results in {out}"
+    )
     if any(uncertain(r.speedup, r.speedup_ci) or noisy(r) for r in results):
         print(LEGEND)
     print(batch_line(summary["batch"]))

@@ -3,8 +3,9 @@
 Exit codes: 0 when the command completed (whatever the verdicts); 2 for bad usage or bad input,
 with a one-line ``cudal1: error: ...`` on stderr; 1 for a failure: an endpoint that does not
 answer, a run whose policy produced no completion at all (one line saying why), or an internal
-error (one line, plus the traceback only with ``CUDAL1_DEBUG=1``); 130 on Ctrl-C or SIGTERM (everything recorded so far is kept).
-Logging: ``-v``/``-vv``/``-q`` before or after the subcommand, else ``$CUDAL1_LOG_LEVEL``.
+error (one line, plus the traceback only with ``CUDAL1_DEBUG=1``); 130 on Ctrl-C or SIGTERM
+(everything recorded so far is kept). Logging: ``-v``/``-vv``/``-q`` before or after the
+subcommand, else ``$CUDAL1_LOG_LEVEL``.
 """
 
 from __future__ import annotations
@@ -20,10 +21,21 @@ import traceback
 from typing import Any
 
 from cudal1 import __version__
-from cudal1.cli import (analyze, baseline, collect, compare, evaluate, export, judge, judge_suite, optimize, report, train,
-                        verify)
+from cudal1.cli import (
+    analyze,
+    baseline,
+    collect,
+    compare,
+    evaluate,
+    export,
+    judge,
+    judge_suite,
+    optimize,
+    report,
+    train,
+    verify,
+)
 from cudal1.cli.options import RunFailure, UsageError
-
 
 _RST = re.compile(r"``([^`]+)``|:(?:func|class|meth|mod|data|attr):`~?([^`]+)`")
 
@@ -100,7 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"cudal1 {__version__}")
     _log_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in (optimize, judge, judge_suite, baseline, verify, report, analyze, export, compare, collect, train, evaluate):
+    for module in (
+        optimize,
+        judge,
+        judge_suite,
+        baseline,
+        verify,
+        report,
+        analyze,
+        export,
+        compare,
+        collect,
+        train,
+        evaluate,
+    ):
         module.register(sub)
     for p in _subparsers(parser):
         _log_flags(p, top=False)
@@ -169,7 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line, not a traceback wall
         if os.environ.get("CUDAL1_DEBUG"):
             traceback.print_exc()
-        print(f"cudal1: internal error: {type(exc).__name__}: {exc} (set CUDAL1_DEBUG=1 for the traceback)", file=sys.stderr)
+        print(
+            f"cudal1: internal error: {type(exc).__name__}: {exc} (set CUDAL1_DEBUG=1 for the traceback)",
+            file=sys.stderr,
+        )
         return 1
     finally:
         if in_main:

@@ -21,9 +21,22 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, check_policy, config_from_args,
-                                config_sections, default_of, early_guard, load_suite, plan_from_args, resolve_device,
-                                run_out, UsageError, with_default)
+from cudal1.cli.options import (
+    UsageError,
+    add_backend_flags,
+    add_judge_flags,
+    add_out_flags,
+    check_policy,
+    config_from_args,
+    config_sections,
+    default_of,
+    early_guard,
+    load_suite,
+    plan_from_args,
+    resolve_device,
+    run_out,
+    with_default,
+)
 from cudal1.cli.output import batch_line, batch_summary, print_json, retry_warning, table
 from cudal1.cli.progress import progress_for
 from cudal1.prompts.select import STRATEGIES
@@ -39,14 +52,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("target", metavar="TASK_OR_SUITE", help="a task .py, a task dir, a JSONL, or kernelbench:level1/1-5")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
     g = p.add_argument_group("policy")
-    g.add_argument("--policy", choices=POLICIES, default=None, help="default: openai if an endpoint is configured, else builtin")
-    g.add_argument("--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)")
+    g.add_argument(
+        "--policy", choices=POLICIES, default=None, help="default: openai if an endpoint is configured, else builtin"
+    )
+    g.add_argument(
+        "--base-url", default=None, help="OpenAI-compatible endpoint, e.g. http://localhost:8000/v1 (vLLM, SGLang)"
+    )
     g.add_argument("--model", default=None, help="model name at the endpoint")
     g.add_argument("--api-key-env", default=None, metavar="VAR",
                    help=f"environment variable holding the API key (default: {_policy_default('api_key_env')})")
     g.add_argument("--temperature", type=float, default=None,
                    help=f"the LLM's sampling temperature (default: {_policy_default('temperature')})")
-    g.add_argument("--max-tokens", type=int, default=None, help=f"completion token limit (default: {_policy_default('max_tokens')})")
+    g.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help=f"completion token limit (default: {_policy_default('max_tokens')})",
+    )
     g.add_argument("--concurrency", type=int, default=None,
                    help=f"parallel requests to the endpoint (default: {_policy_default('concurrency')})")
     g.add_argument("--replay", default=None, metavar="FILE.jsonl", help="candidates (task, code) for --policy replay")
@@ -54,9 +76,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--passes", default=None, metavar="LIST",
                    help="builtin policy: comma-separated pass names, in the order to try them (default: all; "
                         "see the README's builtin-policy table)")
-    g.add_argument("--review", action="store_true",
-                   help="ask the same LLM for a second opinion on accepted candidates (flag reviewer_suspects; never a verdict)")
-    s = p.add_argument_group("search", "flags override --search-config, which overrides --config, which overrides the defaults shown")
+    g.add_argument(
+        "--review",
+        action="store_true",
+        help="ask the same LLM for a second opinion on accepted candidates (flag reviewer_suspects; never a verdict)",
+    )
+    s = p.add_argument_group(
+        "search", "flags override --search-config, which overrides --config, which overrides the defaults shown"
+    )
     s.add_argument("--search-config", default=None, metavar="YAML",
                    help="search settings file: SearchConfig fields (rounds, samples, ...); unknown keys are errors")
     s.add_argument("--rounds", type=int, default=None, help=_help("rounds", "rounds after the reference round"))
@@ -64,14 +91,25 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--exemplars", type=int, default=None, help=_help("exemplars", "measured exemplars per prompt"))
     s.add_argument("--strategy", choices=list(STRATEGIES), default=None,
                    help=_help("strategy", "exemplar selection"))
-    s.add_argument("--tau", type=float, default=None, help=_help("tau", "exemplar selection: softmax temperature over speedup buckets (not the sampling --temperature)"))
+    s.add_argument(
+        "--tau",
+        type=float,
+        default=None,
+        help=_help(
+            "tau", "exemplar selection: softmax temperature over speedup buckets (not the sampling --temperature)"
+        ),
+    )
     s.add_argument("--no-feedback", dest="feedback", action="store_const", const=False, default=None,
                    help="do not show failed candidates' errors")
     s.add_argument("--budget-minutes", type=float, default=None, help=_help("budget_minutes", "wall-clock budget"))
-    s.add_argument("--max-evaluations", type=int, default=None, help=_help("max_evaluations", "budget of judged candidates"))
+    s.add_argument(
+        "--max-evaluations", type=int, default=None, help=_help("max_evaluations", "budget of judged candidates")
+    )
     s.add_argument("--search-seed", dest="search_seed", type=int, default=None,
                    help=_help("seed", "search seed (exemplar sampling)"))
-    add_out_flags(p, "optimize", "best/<task>.py, candidates/<task>.py, summary.json, config.yaml, the run store cudal1.sqlite")
+    add_out_flags(
+        p, "optimize", "best/<task>.py, candidates/<task>.py, summary.json, config.yaml, the run store cudal1.sqlite"
+    )
     p.add_argument("--json", action="store_true", help="print summary.json's content as the last stdout line")
     p.add_argument("--report-to", choices=["tensorboard", "wandb", "mlflow"], default=None,
                    help="also log live metrics to this experiment tracker (off by default; needs its package)")
@@ -127,8 +165,9 @@ def make_policy(cfg, device: str):
     from cudal1.policy import make_policy as make
 
     if cfg.name == "vllm":
-        raise UsageError("policy vllm (offline vLLM generation) is for cudal1 evaluate; optimize takes builtin, openai, "
-                         "hf or replay")
+        raise UsageError(
+            "policy vllm (offline vLLM generation) is for cudal1 evaluate; optimize takes builtin, openai, hf or replay"
+        )
     cfg = cfg.replace(device=device) if cfg.name == "builtin" else cfg
     check_policy(cfg)
     try:
@@ -234,10 +273,17 @@ def report_summary(args: argparse.Namespace, summary: dict, policy: Policy, out:
     if args.json:
         print_json(summary)
     else:
-        rows = [(r["task"], "degenerate" if r["degenerate"] else cell(r["best_speedup"], r["best_ci"], r["high_variance"]),
-                 f"{r['best_ci'][0]:.3g}-{r['best_ci'][1]:.3g}" if r["best_ci"] else "-", r["judged"],
-                 ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())) or "-", _kept(r))
-                for r in summary["tasks"]]
+        rows = [
+            (
+                r["task"],
+                "degenerate" if r["degenerate"] else cell(r["best_speedup"], r["best_ci"], r["high_variance"]),
+                f"{r['best_ci'][0]:.3g}-{r['best_ci'][1]:.3g}" if r["best_ci"] else "-",
+                r["judged"],
+                ", ".join(f"{k} {v}" for k, v in sorted(r["statuses"].items())) or "-",
+                _kept(r),
+            )
+            for r in summary["tasks"]
+        ]
         print(table(["task", "best x", "95% CI", "judged", "verdicts", "kept"], rows))
         gm = summary["geomean_best_speedup"]
         n = len(summary["tasks"])
@@ -251,12 +297,19 @@ def report_summary(args: argparse.Namespace, summary: dict, policy: Policy, out:
     retry_warning(gen["retries"], args.quiet)
     if gen["failed"]:
         if gen["answered_total"] == 0:
-            print(f"cudal1: error: no completion from the policy: {gen['failed']} of {gen['requested']} request(s) failed "
-                  f"(last: {gen['last_error'].splitlines()[0][:300]}); nothing was proposed; rerun with --out {out} "
-                  "to ask again", file=sys.stderr)
+            print(
+                f"cudal1: error: no completion from the policy: {gen['failed']} of {gen['requested']} request(s) "
+                "failed "
+                f"(last: {gen['last_error'].splitlines()[0][:300]}); nothing was proposed; rerun with --out {out} "
+                "to ask again",
+                file=sys.stderr,
+            )
             return 1
-        print(f"cudal1: warning: {gen['failed']} of {gen['requested']} generation(s) failed "
-              f"(last: {gen['last_error'].splitlines()[0][:300]}); rerun with --out {out} to ask again", file=sys.stderr)
+        print(
+            f"cudal1: warning: {gen['failed']} of {gen['requested']} generation(s) failed "
+            f"(last: {gen['last_error'].splitlines()[0][:300]}); rerun with --out {out} to ask again",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -50,7 +50,8 @@ def check_policy(cfg) -> None:
         raise UsageError(problem)
     if cfg.name != "openai":
         return
-    from cudal1.policy.openai_policy import EndpointUnreachable, check_endpoint as check, endpoint_url
+    from cudal1.policy.openai_policy import EndpointUnreachable, endpoint_url
+    from cudal1.policy.openai_policy import check_endpoint as check
 
     try:
         check(endpoint_url(cfg.base_url))
@@ -65,7 +66,12 @@ def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("ju
     the help says ``--config`` takes)."""
     p.set_defaults(config_sections=sections, config_flat=flat)
     g = p.add_argument_group("judge")
-    g.add_argument("--device", choices=["auto", "cpu", "cuda"], default=None, help=with_default("where to run", EvalConfig, "device"))
+    g.add_argument(
+        "--device",
+        choices=["auto", "cpu", "cuda"],
+        default=None,
+        help=with_default("where to run", EvalConfig, "device"),
+    )
     g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help=with_default("hard limit per phase (construct, correctness, timing)", EvalConfig, "timeout_s"))
     g.add_argument("--build-timeout", type=float, default=None, metavar="SECONDS",
@@ -78,7 +84,9 @@ def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("ju
                    help=with_default("what the speedup compares: gpu = the call's device time without host latency, "
                                      "host = host-inclusive (the larger of the GPU time and the host's time to issue "
                                      "the call)", EvalConfig, "timing_figure"))
-    g.add_argument("--preset", default=None, help="judge preset: default, fast, thorough, kernelbench-v0 (default: default)")
+    g.add_argument(
+        "--preset", default=None, help="judge preset: default, fast, thorough, kernelbench-v0 (default: default)"
+    )
     g.add_argument("--config", default=None, metavar="YAML",
                    help=f"settings file ({', '.join(sections)} section{'s' * (len(sections) > 1)}), e.g. a run's "
                         f"OUT/config.yaml, which reproduces that run; a plain mapping of {flat} settings also works"
@@ -187,7 +195,9 @@ def default_out(command: str, target: str, *configs: Any) -> Path:
     import re
 
     stem = re.sub(r"[^A-Za-z0-9_.-]+", "-", Path(target.rstrip("/")).stem if ":" not in target else target).strip("-")
-    blob = json.dumps([target] + [c.identity() if hasattr(c, "identity") else c for c in configs], sort_keys=True, default=str)
+    blob = json.dumps(
+        [target] + [c.identity() if hasattr(c, "identity") else c for c in configs], sort_keys=True, default=str
+    )
     return Path("runs") / command / f"{stem[:60] or command}-{hashlib.sha256(blob.encode()).hexdigest()[:8]}"
 
 

@@ -19,7 +19,9 @@ def print_json(obj: Any) -> None:
 def retry_warning(retries: int, quiet: bool) -> None:
     """One stderr line for the endpoint's retried requests (each retry is an INFO log line: -v)."""
     if retries and not quiet:
-        print(f"cudal1: warning: {retries} request(s) to the endpoint were retried (-v shows each retry)", file=sys.stderr)
+        print(
+            f"cudal1: warning: {retries} request(s) to the endpoint were retried (-v shows each retry)", file=sys.stderr
+        )
 
 
 def batch_summary(stats: list[Any]) -> dict[str, Any] | None:
@@ -35,12 +37,14 @@ def batch_line(batch: dict[str, Any] | None) -> str:
     if not batch:
         return "time: nothing judged (all from the run store)"
     idle, gpu_idle = batch.get("idle_share"), batch.get("gpu_idle_share")
-    return (f"time ({batch['backend']}): {batch['wall_s']:.1f} s wall; {batch['builds']} builds "
-            f"({batch['builds_shared']} shared, {batch['builds_cached']} cached; queue {batch['build_queue_s']:.1f} s, "
-            f"build {batch['build_s']:.1f} s, {batch['build_workers']} x MAX_JOBS {batch['max_jobs']}); "
-            f"judging {batch['judge_s']:.1f} s, of which in-worker imports/builds {batch.get('lane_build_s', 0.0):.1f} s; "
-            f"lanes idle {'-' if idle is None else f'{100 * idle:.0f}%'} after their first job, "
-            f"GPUs idle {'-' if gpu_idle is None else f'{100 * gpu_idle:.0f}%'} (no worker in a GPU phase)")
+    return (
+        f"time ({batch['backend']}): {batch['wall_s']:.1f} s wall; {batch['builds']} builds "
+        f"({batch['builds_shared']} shared, {batch['builds_cached']} cached; queue {batch['build_queue_s']:.1f} s, "
+        f"build {batch['build_s']:.1f} s, {batch['build_workers']} x MAX_JOBS {batch['max_jobs']}); "
+        f"judging {batch['judge_s']:.1f} s, of which in-worker imports/builds {batch.get('lane_build_s', 0.0):.1f} s; "
+        f"lanes idle {'-' if idle is None else f'{100 * idle:.0f}%'} after their first job, "
+        f"GPUs idle {'-' if gpu_idle is None else f'{100 * gpu_idle:.0f}%'} (no worker in a GPU phase)"
+    )
 
 
 _BUILD_COPY = re.compile(r"(?:[\w./-]*/)?cand_[0-9a-f]{8,}\w*\.py")

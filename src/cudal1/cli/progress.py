@@ -171,8 +171,10 @@ class Progress:
             self._bar = None
         elif not self.quiet and self.done and self._shown != self.done:
             read_back = self.done - self.worked
-            self._print(f"{self.desc} {self.done}/{self.total}: {self.worked} settled now, {read_back} read back from the "
-                        f"run store or shared with an identical candidate ({self._timing()})")
+            self._print(
+                f"{self.desc} {self.done}/{self.total}: {self.worked} settled now, {read_back} read back from the "
+                f"run store or shared with an identical candidate ({self._timing()})"
+            )
             self._shown = self.done
 
     def __enter__(self) -> "Progress":

@@ -18,12 +18,18 @@ from cudal1.cli.options import UsageError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="a run's figures as HTML, Markdown or JSON", description=__doc__)
     p.add_argument("runs", nargs="+", metavar="RUN_DIR_OR_DB", help="run directories or run store files")
-    p.add_argument("--out", default=None, metavar="FILE",
-                   help="the report file to write (one file, so --out names a file here; default: report.html for html, "
-                        "stdout for json and md)")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE",
+        help="the report file to write (one file, so --out names a file here; default: report.html for html, "
+        "stdout for json and md)",
+    )
     p.add_argument("--format", choices=["html", "json", "md"], default=None,
                    help="html (default with --out or without --format), json or md (printed unless --out)")
-    p.add_argument("--json", action="store_true", help="same as --format json: one JSON document as the last stdout line")
+    p.add_argument(
+        "--json", action="store_true", help="same as --format json: one JSON document as the last stdout line"
+    )
     p.add_argument("--conventions", choices=["all-tasks", "measured", "cuda-l1"], default="all-tasks",
                    help="how tasks without a verified or faster program count in the speedup statistics: all-tasks "
                         "(at 1.0x), measured (left out: solved tasks only) or cuda-l1 (docs/report.md)")
@@ -38,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     fmt = "json" if args.json else args.format or (
         Path(args.out).suffix.lstrip(".") if args.out and Path(args.out).suffix in (".json", ".md") else "html")
     if args.out and Path(args.out).is_dir():
-        raise UsageError(f"--out {args.out} is a directory; the report is one file (e.g. --out {Path(args.out) / 'report.html'})")
+        raise UsageError(
+            f"--out {args.out} is a directory; the report is one file (e.g. --out {Path(args.out) / 'report.html'})"
+        )
     try:
         text = render_report(args.runs, fmt, args.conventions)
     except (ReportError, ImportError) as exc:

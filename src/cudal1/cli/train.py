@@ -24,8 +24,14 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cudal1.cli.options import (UsageError, add_backend_flags, add_judge_flags, config_from_args, config_sections,
-                                plan_from_args)
+from cudal1.cli.options import (
+    UsageError,
+    add_backend_flags,
+    add_judge_flags,
+    config_from_args,
+    config_sections,
+    plan_from_args,
+)
 from cudal1.cli.output import print_json, table
 from cudal1.config import Config, EvalConfig
 
@@ -56,44 +62,78 @@ def _common(p: argparse.ArgumentParser, stage: str) -> None:
     p.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny model built on the spot, bundled task")
     p.add_argument("--model", default=None, metavar="NAME_OR_DIR", help="model to train (hub name or local directory)")
     if stage == "sft":
-        p.add_argument("--data", default=None, metavar="DATA.jsonl", help="chat-format records (what cudal1 collect writes)")
-        p.add_argument("--lora", action="store_true", default=None, help="train LoRA adapters (merged into the saved model)")
+        p.add_argument(
+            "--data", default=None, metavar="DATA.jsonl", help="chat-format records (what cudal1 collect writes)"
+        )
+        p.add_argument(
+            "--lora", action="store_true", default=None, help="train LoRA adapters (merged into the saved model)"
+        )
     else:
         p.add_argument("--suite", default=None, help="tasks: a .py, a directory, a JSONL or kernelbench:level1/1-20")
-        p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
+        p.add_argument(
+            "--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors"
+        )
     if stage == "ssl":
         p.add_argument("--rounds", type=int, default=None, help="rounds (default from the config)")
         p.add_argument("--samples", type=int, default=None, help="programs per task per round")
     if stage == "grpo":
-        p.add_argument("--exemplars-from", nargs="+", default=None, metavar="RUN",
-                       help="seed the exemplar pool with the verified programs of earlier runs (collect DATA.jsonl, ssl/grpo/"
-                            "optimize/evaluate run directories or run stores), judged here first")
+        p.add_argument(
+            "--exemplars-from",
+            nargs="+",
+            default=None,
+            metavar="RUN",
+            help="seed the exemplar pool with the verified programs of earlier runs (collect DATA.jsonl, ssl/grpo/"
+            "optimize/evaluate run directories or run stores), judged here first",
+        )
         p.add_argument("--exemplars-per-task", type=int, default=4, metavar="N",
                        help="seeded programs per task, fastest first (default: 4; 0 = all)")
         e = p.add_argument_group("evaluation during training (the figures of cudal1 evaluate, in metrics.jsonl)")
-        e.add_argument("--eval-every", type=int, default=None, metavar="N", help="evaluate every N steps (default: config's, 0 = never)")
-        e.add_argument("--eval-split", default=None, metavar="SPLIT_OR_TASKS",
-                       help="eval tasks: held-out or train (the fixed KernelBench split, within the --suite's level when it "
-                            "names one), or any suite selector, file or directory; --smoke: the smoke task")
-        e.add_argument("--eval-samples", type=int, default=None, metavar="K", help="one-shot samples per eval task (default: 8)")
-    p.add_argument("--allow-held-out", action="store_true",
-                   help="train on KernelBench held-out tasks anyway (refused by default: by level and id, or by source)")
+        e.add_argument(
+            "--eval-every",
+            type=int,
+            default=None,
+            metavar="N",
+            help="evaluate every N steps (default: config's, 0 = never)",
+        )
+        e.add_argument(
+            "--eval-split",
+            default=None,
+            metavar="SPLIT_OR_TASKS",
+            help="eval tasks: held-out or train (the fixed KernelBench split, within the --suite's level when it "
+            "names one), or any suite selector, file or directory; --smoke: the smoke task",
+        )
+        e.add_argument(
+            "--eval-samples", type=int, default=None, metavar="K", help="one-shot samples per eval task (default: 8)"
+        )
+    p.add_argument(
+        "--allow-held-out",
+        action="store_true",
+        help="train on KernelBench held-out tasks anyway (refused by default: by level and id, or by source)",
+    )
     p.add_argument("--out", default=f"runs/train-{stage}", metavar="DIR", help="output directory")
     p.add_argument("--max-steps", type=int, default=None, help="optimizer steps (overrides the config)")
     p.add_argument("--learning-rate", type=float, default=None, help="peak learning rate (overrides the config)")
     p.add_argument("--resume", action="store_true", help="continue from the last checkpoint in --out")
-    p.add_argument("--report-to", default="none", metavar="NAME", help="none, tensorboard, wandb or mlflow (comma-separated)")
+    p.add_argument(
+        "--report-to", default="none", metavar="NAME", help="none, tensorboard, wandb or mlflow (comma-separated)"
+    )
     p.add_argument("--json", action="store_true", help="print the summary as one JSON line")
     presets = f"; or a packaged {stage} preset (smoke, default{', lora' if stage == 'sft' else ''}, ...)"
     if stage == "sft":
         p.set_defaults(config_sections=("sft",), config_flat="sft")
-        p.add_argument("--config", default=None, metavar="YAML_OR_PRESET",
-                       help=f"settings file (sft section), e.g. a run's OUT/config.yaml, which reproduces that run; a plain "
-                            f"mapping of sft settings also works{presets}; unknown keys are errors")
+        p.add_argument(
+            "--config",
+            default=None,
+            metavar="YAML_OR_PRESET",
+            help=f"settings file (sft section), e.g. a run's OUT/config.yaml, which reproduces that run; a plain "
+            f"mapping of sft settings also works{presets}; unknown keys are errors",
+        )
         return
     add_judge_flags(p, sections=("judge", stage), flat=stage, also=presets)
     g = p.add_argument_group("judge")
-    g.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)")
+    g.add_argument(
+        "--gpus", default=None, metavar="LIST", help="comma-separated GPU indices for judging (default: all)"
+    )
     # the spellings of cudal1 0.1, kept as aliases: --preset and a judge-only settings file
     g.add_argument("--judge-preset", dest="preset", default=None, help=argparse.SUPPRESS)
     g.add_argument("--judge-config", default=None, metavar="YAML", help=argparse.SUPPRESS)
@@ -124,7 +164,8 @@ def judge_config(args: argparse.Namespace) -> EvalConfig:
 def stage_config(args: argparse.Namespace) -> Config:
     """The stage's config: its section of ``--config`` (a file or a packaged preset), else the
     ``smoke`` (with ``--smoke``) or ``default`` preset; then the flags that were given."""
-    from cudal1.train.config import load_config, stage_config as build
+    from cudal1.train.config import load_config
+    from cudal1.train.config import stage_config as build
 
     overrides: dict[str, Any] = {"learning_rate": args.learning_rate, "max_steps": args.max_steps}
     if args.stage == "sft":
@@ -166,7 +207,9 @@ def run(args: argparse.Namespace) -> int:
     except (MissingExtra, ValueError) as exc:
         raise UsageError(str(exc)) from None
     if getattr(args, "backend", "local") == "ray" and dist.world_size() > 1 and not args.ray_address:
-        raise UsageError("--backend ray under several training processes needs --ray-address (one cluster for all ranks)")
+        raise UsageError(
+            "--backend ray under several training processes needs --ray-address (one cluster for all ranks)"
+        )
     _resolve_config_file(args)
     cfg = stage_config(args)
     if getattr(args, "exemplars_from", None):
@@ -179,9 +222,14 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(str(exc)) from None
     out = Path(args.out)
     judge = judge_config(args) if args.stage != "sft" else None
-    record = {"command": f"train {args.stage}", "stage": args.stage, "smoke": args.smoke, "processes": dist.world_size(),
-              "version": __version__, "args": {k: v for k, v in vars(args).items()
-                                               if k != "func" and not k.startswith("_") and not callable(v)}}
+    record = {
+        "command": f"train {args.stage}",
+        "stage": args.stage,
+        "smoke": args.smoke,
+        "processes": dist.world_size(),
+        "version": __version__,
+        "args": {k: v for k, v in vars(args).items() if k != "func" and not k.startswith("_") and not callable(v)},
+    }
     if dist.is_main():  # under several processes: rank 0 writes and prints, every rank trains
         write_config_file(out, judge=judge, **{args.stage: cfg}, run=record)
     try:
@@ -212,7 +260,9 @@ def _recorded(args: argparse.Namespace, config: EvalConfig) -> RecordedJudge:
     return RecordedJudge(config, plan=plan)
 
 
-def _dispatch(args: argparse.Namespace, cfg: Config, judge: EvalConfig | None, out: Path, report: Any) -> dict[str, Any]:
+def _dispatch(
+    args: argparse.Namespace, cfg: Config, judge: EvalConfig | None, out: Path, report: Any
+) -> dict[str, Any]:
     from cudal1.train.smoke import stages as smoke_stages
 
     if args.stage == "sft":
@@ -283,7 +333,12 @@ def _print(stage: str, summary: dict[str, Any]) -> None:
         print(table(["round", "success_rate", "kept", "loss"],
                     [(r["round"], r["success_rate"], r["kept"], r["loss"]) for r in summary["rounds"]]))
     else:
-        print(f"{summary['examples']} examples, {summary['steps']} steps, loss {summary['loss_first']} -> {summary['loss_last']}")
-    print(f"model: {summary.get('model') if stage == 'ssl' else summary['out']}; metrics: {summary['out']}/metrics.jsonl")
+        print(
+            f"{summary['examples']} examples, {summary['steps']} steps, loss {summary['loss_first']} -> "
+            f"{summary['loss_last']}"
+        )
+    print(
+        f"model: {summary.get('model') if stage == 'ssl' else summary['out']}; metrics: {summary['out']}/metrics.jsonl"
+    )
 
 

@@ -10,20 +10,35 @@ from __future__ import annotations
 import argparse
 import json
 
-from cudal1.cli.options import (add_backend_flags, add_judge_flags, add_out_flags, config_from_args, early_guard,
-                                plan_from_args, resolve_device, run_out, UsageError)
+from cudal1.cli.options import (
+    UsageError,
+    add_backend_flags,
+    add_judge_flags,
+    add_out_flags,
+    config_from_args,
+    early_guard,
+    plan_from_args,
+    resolve_device,
+    run_out,
+)
 from cudal1.cli.output import batch_line, batch_summary, print_json, table
 from cudal1.cli.progress import progress_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("verify", help="audit a published kernel set (CUDA-L1 release JSONL or task/code JSONL)", description=__doc__)
+    p = sub.add_parser(
+        "verify", help="audit a published kernel set (CUDA-L1 release JSONL or task/code JSONL)", description=__doc__
+    )
     p.add_argument("file", metavar="FILE", help="JSONL records")
     p.add_argument("--suite", default=None, help="tasks for (task, code) records")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for suite selectors")
     add_out_flags(p, "verify", "verify_report.json, config.yaml, the run store cudal1.sqlite")
-    p.add_argument("--slack", type=float, default=None,
-                   help="measured >= SLACK x claimed counts as verified (default: cudal1.report.verify.DEFAULT_SLACK, 0.8)")
+    p.add_argument(
+        "--slack",
+        type=float,
+        default=None,
+        help="measured >= SLACK x claimed counts as verified (default: cudal1.report.verify.DEFAULT_SLACK, 0.8)",
+    )
     p.add_argument("--gpus", default=None, metavar="LIST", help="comma-separated GPU indices (default: all)")
     p.add_argument("--json", action="store_true", help="print the summary as JSON on the last line")
     add_judge_flags(p)
@@ -61,23 +76,35 @@ def run(args: argparse.Namespace) -> int:
         done = sum(judge.verdict(t, c) is not None for _, t, c in todo)
         progress.line(f"{len(todo)} record(s) with code on {plan.hardware_name()}; out {out}"
                       + (f"; resuming: {done} already judged" if done else ""))
-        run_id = store.start_run("verify", {"judge_hash": judge.config_hash, "judge": config.to_dict(), "file": str(args.file)})
+        run_id = store.start_run(
+            "verify", {"judge_hash": judge.config_hash, "judge": config.to_dict(), "file": str(args.file)}
+        )
         results = judge.judge([(t, c) for _, t, c in todo], on_stats=stats.append)
         store.finish_run(run_id, "done")
-    report = verify_report(records, {i: r for (i, _, _), r in zip(todo, results)}, args.slack, config.to_dict(), str(args.file))
+    report = verify_report(
+        records, {i: r for (i, _, _), r in zip(todo, results)}, args.slack, config.to_dict(), str(args.file)
+    )
     report["summary"]["batch"] = batch_summary(stats)  # where the time went (see docs/harness.md)
     summary, rows = report["summary"], report["records"]
     (out / "verify_report.json").write_text(json.dumps(report, indent=1, default=str))
     if args.json:
         print_json(summary)
         return 0
-    print(table(["task", "class", "claimed x", "measured x", "status", "flags"],
-                [(r["task"], r["class"], r["claimed"], r["measured"], r["status"], ",".join(r["flags"])) for r in rows]))
+    print(
+        table(
+            ["task", "class", "claimed x", "measured x", "status", "flags"],
+            [(r["task"], r["class"], r["claimed"], r["measured"], r["status"], ",".join(r["flags"])) for r in rows],
+        )
+    )
     print()
     print(table(["class", "count"], sorted(summary["classes"].items())))
     print()
-    print(table(["speedups", "mean", "median", "geomean"],
-                [(k, summary[k]["mean"], summary[k]["median"], summary[k]["geomean"]) for k in ("claimed", "measured")]))
+    print(
+        table(
+            ["speedups", "mean", "median", "geomean"],
+            [(k, summary[k]["mean"], summary[k]["median"], summary[k]["geomean"]) for k in ("claimed", "measured")],
+        )
+    )
     print(batch_line(summary["batch"]))
     print(f"report: {out / 'verify_report.json'}")
     return 0

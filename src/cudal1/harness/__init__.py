@@ -16,8 +16,17 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["BASELINE_MODES", "DevicePlan", "HarnessError", "Job", "evaluate", "evaluate_pairs", "measure_baselines", "run_jobs",
-           "time_baselines"]
+__all__ = [
+    "BASELINE_MODES",
+    "DevicePlan",
+    "HarnessError",
+    "Job",
+    "evaluate",
+    "evaluate_pairs",
+    "measure_baselines",
+    "run_jobs",
+    "time_baselines",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -88,7 +88,13 @@ def _is_extension_build(fn: Any, owners: set[str]) -> bool:
     if isinstance(fn, ast.Attribute):
         if fn.attr == "load_inline":
             return True
-        owner = fn.value.attr if isinstance(fn.value, ast.Attribute) else fn.value.id if isinstance(fn.value, ast.Name) else ""
+        owner = (
+            fn.value.attr
+            if isinstance(fn.value, ast.Attribute)
+            else fn.value.id
+            if isinstance(fn.value, ast.Name)
+            else ""
+        )
         return fn.attr == "load" and owner in owners
     return False
 
@@ -268,7 +274,9 @@ def clear_stale_batons(path: Path, *, older_than_s: float | None = None, since: 
             mtime = baton.stat().st_mtime
         except OSError:
             continue
-        stale = (older_than_s is not None and now - mtime > older_than_s) or (since is not None and mtime >= since - 1.0)
+        stale = (older_than_s is not None and now - mtime > older_than_s) or (
+            since is not None and mtime >= since - 1.0
+        )
         if stale:
             baton.unlink(missing_ok=True)
             removed.append(baton)

@@ -151,7 +151,9 @@ def compare(ref: Any, out: Any, tolerances: Tolerances, device_type: str,
             if problem:
                 return Mismatch("lazy_output", f"{path}: {problem}"), worst
     if [p for p, _ in ref_leaves] != [p for p, _ in out_leaves]:
-        return Mismatch("shape_mismatch", f"output structure differs: {len(out_leaves)} leaves, want {len(ref_leaves)}"), worst
+        return Mismatch(
+            "shape_mismatch", f"output structure differs: {len(out_leaves)} leaves, want {len(ref_leaves)}"
+        ), worst
     for (path, r), (_, o) in zip(ref_leaves, out_leaves):
         mismatch = _compare_leaf(path, r, o, tolerances, worst, exact_leaves.get(path), exact is not None,
                                  (limits or {}).get(path))

@@ -179,7 +179,9 @@ _ATTR = {"memory_clock_khz": 36, "bus_width_bits": 37, "l2_bytes": 38, "sm_count
 
 def attribute(name: str, device: int = 0) -> int:
     value = ctypes.c_int()
-    _check(runtime().cudaDeviceGetAttribute(ctypes.byref(value), _ATTR[name], device), f"cudaDeviceGetAttribute({name})")
+    _check(
+        runtime().cudaDeviceGetAttribute(ctypes.byref(value), _ATTR[name], device), f"cudaDeviceGetAttribute({name})"
+    )
     return value.value
 
 

@@ -7,8 +7,8 @@ the parent and asks ``nvidia-smi`` only, so the parent never creates a CUDA cont
 from __future__ import annotations
 
 import importlib.metadata
-import platform
 import os
+import platform
 import shutil
 import socket
 import subprocess

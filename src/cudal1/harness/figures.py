@@ -70,7 +70,9 @@ class Figures:
     base_ms: float = 0.0  # the clean side's device-wide join cost
     cand_excess_ms: float = 0.0  # the candidate's median device-wide excess over it
     charged_ms: dict[str, float] = field(default_factory=dict)  # ref / cand -> excess charged to each call
-    join_probe_ms: dict[str, float | None] = field(default_factory=dict)  # ref / cand -> median of the timer's join probe
+    join_probe_ms: dict[str, float | None] = field(
+        default_factory=dict
+    )  # ref / cand -> median of the timer's join probe
     window: dict[str, Any] = field(default_factory=dict)  # the clean window's check (see window_check)
 
     def samples(self, figure: str, who: str) -> list[float]:
@@ -122,8 +124,10 @@ def figures(stage: TimingStage) -> Figures:
     if physics:
         fastest = min((float(r[0]) for r in cand), default=float("inf"))
         if fastest < physics:
-            out.below_physics = (f"a call took {fastest * 1e3:.3g} us, below the {physics * 1e3:.3g} us it takes to write "
-                                 f"the outputs once at the device's peak bandwidth")
+            out.below_physics = (
+                f"a call took {fastest * 1e3:.3g} us, below the {physics * 1e3:.3g} us it takes to write "
+                f"the outputs once at the device's peak bandwidth"
+            )
     sides = [who for who in ("ref", "cand") if rows[who] and
              median([float(r[2]) for r in rows[who] if not bool(r[3])] or [0.0]) > median(out.gpu[who])]
     if sides:
@@ -175,7 +179,9 @@ def _fit(cand: list[list[Any]], blocks: list[list[Any]]) -> str:
     """Why the candidate's reported times cannot be right on the clean side's clock ('' if they fit)."""
     for i, r in enumerate(cand):
         if len(r) > 5 and float(r[0]) > float(r[5]) + _FIT_SLACK_MS:
-            return f"timed call {i} reported {float(r[0]):.4g} ms on the GPU inside a clean window of {float(r[5]):.4g} ms"
+            return (
+                f"timed call {i} reported {float(r[0]):.4g} ms on the GPU inside a clean window of {float(r[5]):.4g} ms"
+            )
     i = 0
     for block in blocks:
         who, n, span = str(block[0]), int(block[1]), float(block[2])

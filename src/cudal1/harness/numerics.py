@@ -22,13 +22,13 @@ finite (NaN/Inf positions are compared exactly, as before):
   (a tile-boundary bug) cannot hide inside a large tensor's norm.  Scaled by the largest
   ``|E|``, not by each element's own magnitude, for the same cancellation reason.
 
-Constants (:class:`cudal1.config.ExactRule`, the job's rule): ``factor = 16``: two honest roundings of one value differ by small factors (measured: matrix
-chains, summation orders and fused kernels stay within 4x), while precision damage is 30x and
-more (TF32 matmuls, bf16 sums, an output scaled by 1.0005).  ``floor_rel`` (fp32 1e-5, fp16 2e-3,
-bf16 1.6e-2) covers programs whose reference happens to be exact (elementwise ops) and honest
-accumulation orders with larger worst-case error (a sequential sum of 16k fp32 values has
-relative error ~5e-6); ``atol`` is an absolute floor per element for outputs whose exact value is
-(near) zero.
+Constants (:class:`cudal1.config.ExactRule`, the job's rule): ``factor = 16``: two honest roundings
+of one value differ by small factors (measured: matrix chains, summation orders and fused kernels
+stay within 4x), while precision damage is 30x and more (TF32 matmuls, bf16 sums, an output scaled
+by 1.0005).  ``floor_rel`` (fp32 1e-5, fp16 2e-3, bf16 1.6e-2) covers programs whose reference
+happens to be exact (elementwise ops) and honest accumulation orders with larger worst-case error
+(a sequential sum of 16k fp32 values has relative error ~5e-6); ``atol`` is an absolute floor per
+element for outputs whose exact value is (near) zero.
 
 Where the rule cannot apply (the reference cannot run in float64, integer/complex/float64
 outputs), the fixed per-dtype table judges that output and the verdict says so
@@ -339,7 +339,9 @@ class ExactAnswers:
         data = buf.getvalue()
         os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
         tmp = f"{path}.{os.getpid()}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)  # answers: not the candidate's to read
+        fd = os.open(
+            tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600
+        )  # answers: not the candidate's to read
         with os.fdopen(fd, "wb") as f:
             f.write(data)
         os.replace(tmp, path)

@@ -5,9 +5,9 @@ Contract: :class:`WorkerSpec` is the clean reference worker's whole job and
 The reference worker's ``config`` is the resolved :class:`~cudal1.config.EvalConfig`, so defaults
 are stated once, in the config, never restated by a reader.  The candidate's spec holds only what
 its process needs (:class:`CandidateSettings`, taken from that config): no seed, no tolerances, no
-timing plan; the weights' seed comes with its ``construct`` request, the inputs call by call.  :class:`WorkerVerdict` is the reference worker's signed ``result`` message
-parsed into stages (build, correctness, timing); unknown keys in a message are ignored, missing
-ones take the defaults below.
+timing plan; the weights' seed comes with its ``construct`` request, the inputs call by call.
+:class:`WorkerVerdict` is the reference worker's signed ``result`` message parsed into stages
+(build, correctness, timing); unknown keys in a message are ignored, missing ones take the defaults below.
 """
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ class WorkerSpec:
     baseline_mode: str | None = None
     exact_cache: ExactCacheSpec | None = None
     cwd: str | None = None  # the child's working directory: relative paths a candidate writes land there
-    gpu_lease: str | None = None  # lock file of the GPU's lease (shared while using it, exclusive while timing); None: none
+    gpu_lease: str | None = (
+        None  # lock file of the GPU's lease (shared while using it, exclusive while timing); None: none
+    )
     slot_dir: str = ""  # where CPU slots (shared with the candidate's process) are created
     candidate_pid: int = 0  # the candidate's process (stopped while the reference is timed); 0: none
 
@@ -134,7 +136,8 @@ class BuildStage:
 
 @dataclass
 class TimingStage:
-    """The timed calls as measured (figures and statistics are computed from them: :mod:`cudal1.harness.figures`, :mod:`cudal1.harness.parent.stats`).
+    """The timed calls as measured (figures and statistics are computed from them:
+    :mod:`cudal1.harness.figures`, :mod:`cudal1.harness.parent.stats`).
     ``ref``/``cand``: one row per call, ``[gpu_ms, device_ms, host_ms, blocked, escaped, window_ms,
     waited_ms]``; ``window_ms`` is the reference worker's own clock from handing out the call's key
     to seeing its outputs' digest (:mod:`cudal1.harness.window`), for both sides; ``waited_ms``
@@ -152,7 +155,9 @@ class TimingStage:
     physics_ms: float | None = None  # outputs written once at the device's peak bandwidth (CUDA only)
     sealed: str = ""  # what sealing the candidate's process against new processes did (applied / refused: why)
     helpers: int = 0  # processes of the candidate's beside its own when it was sealed (compile workers, helpers)
-    load: dict[str, Any] = field(default_factory=dict)  # host load per block (cudal1.harness.reference.hostload.BlockLoad)
+    load: dict[str, Any] = field(
+        default_factory=dict
+    )  # host load per block (cudal1.harness.reference.hostload.BlockLoad)
 
 
 @dataclass

@@ -133,7 +133,9 @@ class CudaTimer:
         self.page = window.private_page()
         l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
         self._flush_buf = torch.empty(max(16, 2 * l2 if flush_l2 else 16) // 16 * 4, dtype=torch.int32, device=device)
-        self.keybuf = torch.zeros(8, dtype=torch.int32, device=device)  # the open call's key, and the gate's release word
+        self.keybuf = torch.zeros(
+            8, dtype=torch.int32, device=device
+        )  # the open call's key, and the gate's release word
         per_sm = max(1, cuda_api.attribute("max_threads_per_sm") // 1024)
         u64, u32 = ctypes.c_uint64, ctypes.c_uint32
         self._gate = cuda_api.PreparedLaunch(cuda_api.load_function(PTX, "cudal1_gate"),

@@ -31,8 +31,13 @@ def generate(source: Path = SOURCE) -> str:
         out = Path(tmp) / "k.ptx"
         subprocess.run(["nvcc", "-ptx", "-arch=compute_75", "-O3", str(source), "-o", str(out)], check=True)
         text = re.sub(r"^\.version .*$", f".version {ISA}", out.read_text(), count=1, flags=re.M)
-        text = "\n".join(line for line in text.splitlines() if not line.startswith("// Compiler Build ID")
-                         and not line.startswith("// Cuda compilation tools") and not line.startswith("// Based on NVVM"))
+        text = "\n".join(
+            line
+            for line in text.splitlines()
+            if not line.startswith("// Compiler Build ID")
+            and not line.startswith("// Cuda compilation tools")
+            and not line.startswith("// Based on NVVM")
+        )
         out.write_text(text)
         for arch in ("sm_75", "sm_90"):
             subprocess.run(["ptxas", f"-arch={arch}", str(out), "-o", str(Path(tmp) / f"{arch}.cubin")], check=True)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import torch
 
-from cudal1.harness.slots import SlotMap, SlotPool, Slot, dtype_name, dtype_of, layout, nbytes_of, view
+from cudal1.harness.slots import Slot, SlotMap, SlotPool, dtype_name, dtype_of, layout, nbytes_of, view
 
 MAX_LEAVES = 4096
 MAX_DEPTH = 12
@@ -241,7 +241,9 @@ def decode_outputs(desc: Any, pool: SlotPool) -> Any:
 def _strided(data: torch.Tensor, shape: list[int], strides: Any) -> torch.Tensor:
     """The slot's elements (in storage order) seen with the candidate's strides, which must
     describe a dense, non-overlapping layout of exactly those elements."""
-    if not (isinstance(strides, list) and len(strides) == len(shape) and all(type(s) is int and s > 0 for s in strides)):
+    if not (
+        isinstance(strides, list) and len(strides) == len(shape) and all(type(s) is int and s > 0 for s in strides)
+    ):
         raise WireError("malformed strides")
     flat = data.reshape(-1)
     if flat.numel() == 0:

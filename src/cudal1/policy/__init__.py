@@ -25,8 +25,19 @@ import dataclasses
 import importlib
 from typing import Any
 
-from cudal1.policy.base import (Policy, PolicyConfig, PolicyError, PoolEntry, PoolPrompt, Proposal,
-                                declined_completion, error_completion, policy_problem, resolve_config, wrap_code)
+from cudal1.policy.base import (
+    Policy,
+    PolicyConfig,
+    PolicyError,
+    PoolEntry,
+    PoolPrompt,
+    Proposal,
+    declined_completion,
+    error_completion,
+    policy_problem,
+    resolve_config,
+    wrap_code,
+)
 
 # name -> "module:Class"; the module is imported lazily by make_policy.
 POLICIES: dict[str, str] = {

@@ -34,7 +34,6 @@ from typing import Any, Protocol, runtime_checkable
 from cudal1.config import SAMPLING_TEMPERATURE, Config, ConfigError
 from cudal1.types import Completion, Prompt
 
-
 POLICY_NAMES = ("builtin", "openai", "hf", "replay", "vllm")
 
 

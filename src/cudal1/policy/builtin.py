@@ -36,8 +36,15 @@ import threading
 
 from cudal1.compile_modes import INDUCTOR_SETTINGS, inductor_name, inductor_settings
 from cudal1.policy.base import PoolPrompt, Proposal, declined_completion
-from cudal1.policy.builtin_passes import (GRAPH_VARIANTS, PASSES, Pass, pass_named, prepare_rewrites, rewrite_detail,
-                                          set_rewrite_cache)
+from cudal1.policy.builtin_passes import (
+    GRAPH_VARIANTS,
+    PASSES,
+    Pass,
+    pass_named,
+    prepare_rewrites,
+    rewrite_detail,
+    set_rewrite_cache,
+)
 from cudal1.types import Completion, Prompt
 
 __all__ = ["PASSES", "BuiltinPolicy", "Pass", "compose", "passes_in", "prepare_rewrites", "render_candidate",

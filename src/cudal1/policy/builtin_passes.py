@@ -28,9 +28,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from cudal1.compile_modes import (COMPILE_CUDAGRAPH, COMPILE_CUDAGRAPH_DESCRIPTION, COMPILE_MODES, CUDA_GRAPH,
-                                  CUDA_GRAPH_DESCRIPTION, INDUCTOR_SETTINGS, CompileMode, cuda_graph_source,
-                                  inductor_name, inductor_settings)
+from cudal1.compile_modes import (
+    COMPILE_CUDAGRAPH,
+    COMPILE_CUDAGRAPH_DESCRIPTION,
+    COMPILE_MODES,
+    CUDA_GRAPH,
+    CUDA_GRAPH_DESCRIPTION,
+    INDUCTOR_SETTINGS,
+    CompileMode,
+    cuda_graph_source,
+    inductor_name,
+    inductor_settings,
+)
 
 
 @dataclass(frozen=True)
@@ -186,8 +195,8 @@ def _channels_last_class(source: str, base: str) -> str | None:
                         p.data = p.data.contiguous(memory_format=torch.{fmt})
 
             def forward(self, *args):
-                args = [a.contiguous(memory_format=torch.{fmt}) if isinstance(a, torch.Tensor) and a.dim() == {rank} else a
-                        for a in args]
+                args = [a.contiguous(memory_format=torch.{fmt})
+                        if isinstance(a, torch.Tensor) and a.dim() == {rank} else a for a in args]
                 return super().forward(*args)
         ''')
 

@@ -102,7 +102,11 @@ class HFPolicy:
         cfg, tok, torch = self.config, self._tokenizer, self._torch
         texts = [self._render(prompt) for prompt in batch]
         enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(self.device)
-        kwargs: dict[str, Any] = {"max_new_tokens": cfg.max_tokens, "num_return_sequences": n, "pad_token_id": tok.pad_token_id}
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": cfg.max_tokens,
+            "num_return_sequences": n,
+            "pad_token_id": tok.pad_token_id,
+        }
         if cfg.temperature > 0:
             kwargs.update(do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p)
         else:

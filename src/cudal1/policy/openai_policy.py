@@ -8,9 +8,9 @@ policy object, across concurrent ``generate`` calls.  The client's own retries a
 retries 408/409/429/5xx, timeouts and connection errors ``max_retries`` times with exponential
 backoff and jitter (honouring a server's ``Retry-After`` up to ``backoff_max_s``), logs each
 retry at INFO and counts them (``retries``).  :func:`check_endpoint` is the one request a command
-makes before any work, so that a dead endpoint fails in seconds.  Everything else (other 4xx, malformed responses) fails at once.  Failures become error
-completions; a request that still fails after its retries fails the rest of its prompt's samples
-with the same error instead of retrying each of them.
+makes before any work, so that a dead endpoint fails in seconds.  Everything else (other 4xx,
+malformed responses) fails at once.  Failures become error completions; a request that still fails
+after its retries fails the rest of its prompt's samples with the same error instead of retrying each of them.
 
 Recorded per completion: ``usage`` (the request's ``prompt_tokens``/``completion_tokens`` divided
 evenly over its choices, so sums over completions equal what was billed; the undivided numbers are

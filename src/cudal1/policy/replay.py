@@ -123,7 +123,9 @@ class ReplayPolicy:
             if matched:
                 self._used[i] = True
                 return self._completion(record)
-        return declined_completion(self.name, f"replay exhausted: no unused record for task {prompt.task_name!r}", self.model)
+        return declined_completion(
+            self.name, f"replay exhausted: no unused record for task {prompt.task_name!r}", self.model
+        )
 
     def _completion(self, record: Record) -> Completion:
         response = record.get("response") or record.get("text")

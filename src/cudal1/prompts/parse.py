@@ -135,7 +135,9 @@ def _scan(text: str) -> tuple[dict[str, list[str]], list[_Block]]:
         line = lines[i]
         fence = _FENCE_OPEN.match(line)
         if fence:
-            close = re.compile(r"^[ \t]*" + re.escape(fence.group("fence")[0]) + "{" + str(len(fence.group("fence"))) + r",}[ \t]*$")
+            close = re.compile(
+                r"^[ \t]*" + re.escape(fence.group("fence")[0]) + "{" + str(len(fence.group("fence"))) + r",}[ \t]*$"
+            )
             j = i + 1
             while j < len(lines) and not close.match(lines[j]):
                 j += 1

@@ -161,7 +161,8 @@ def aggregate(outcomes: list[TaskOutcome], conv: Conventions = CONVENTIONS["all-
     modes = sorted({m for o in live for m in o.baselines})
     return {
         "conventions": conv.name,
-        "summary": summarize([o.best for o in live], conv, [o.low for o in live]) | {"degenerate": len(outcomes) - len(live)},
+        "summary": summarize([o.best for o in live], conv, [o.low for o in live])
+        | {"degenerate": len(outcomes) - len(live)},
         "levels": {k: summarize([o.best for o in group], conv, [o.low for o in group]) for k, group in levels.items()},
         "baselines": {m: against_baseline(live, m, conv) for m in modes},
         "degenerate": [o.task for o in outcomes if o.degenerate],

@@ -49,11 +49,12 @@ import statistics
 from collections import Counter
 from typing import Any
 
-from cudal1.report.load import CandidateRecord, RunData, TaskRecord
 from cudal1.report.aggregate import CONVENTIONS, TaskOutcome, aggregate, conventions, geomean, level_key, verdict_counts
+from cudal1.report.load import CandidateRecord, RunData, TaskRecord
 from cudal1.report.techniques import TECHNIQUES, analyze
 from cudal1.report.verify import CLASSES, DEFAULT_SLACK
-from cudal1.speedup import faster as speedup_faster, noisy, uncertain
+from cudal1.speedup import faster as speedup_faster
+from cudal1.speedup import noisy, uncertain
 from cudal1.types import Status
 
 COMPILE_CANDIDATE = "compile-default-candidate"
@@ -201,20 +202,27 @@ def task_row(rec: TaskRecord, labels: dict[str, list[str]]) -> dict[str, Any]:
     best = best_candidate(rec)
     judged = [c for c in rec.candidates if c.result is not None]
     counts = verdict_counts([c.result for c in judged])
-    return {"task": rec.task.task_id, "level": rec.task.level, "name": rec.task.name,
-            "best_speedup": best.result.speedup if best else None,
-            "best_candidate": best.hash if best else None,
-            "best_ci": list(best.result.speedup_ci) if best and best.result.speedup_ci else None,
-            "faster": bool(best and speedup_faster(best.result)),
-            "uncertain": bool(best and uncertain(best.result.speedup, best.result.speedup_ci)),
-            "high_variance": bool(best and noisy(best.result)),
-            "statuses": counts["statuses"], "flags": counts["flags"],
-            "techniques": labels.get(best.hash, []) if best else [],
-            "candidates": len(judged), "pending": len(rec.candidates) - len(judged),
-            "verified": sum(1 for c in judged if _ok(c)), "degenerate": degenerate(rec),
-            "baselines": baseline_speedups(rec),
-            "reference_ms": best.result.reference_ms if best else (rec.reference.reference_ms if rec.reference else None),
-            "best_ms": best.result.candidate_ms if best else None}
+    return {
+        "task": rec.task.task_id,
+        "level": rec.task.level,
+        "name": rec.task.name,
+        "best_speedup": best.result.speedup if best else None,
+        "best_candidate": best.hash if best else None,
+        "best_ci": list(best.result.speedup_ci) if best and best.result.speedup_ci else None,
+        "faster": bool(best and speedup_faster(best.result)),
+        "uncertain": bool(best and uncertain(best.result.speedup, best.result.speedup_ci)),
+        "high_variance": bool(best and noisy(best.result)),
+        "statuses": counts["statuses"],
+        "flags": counts["flags"],
+        "techniques": labels.get(best.hash, []) if best else [],
+        "candidates": len(judged),
+        "pending": len(rec.candidates) - len(judged),
+        "verified": sum(1 for c in judged if _ok(c)),
+        "degenerate": degenerate(rec),
+        "baselines": baseline_speedups(rec),
+        "reference_ms": best.result.reference_ms if best else (rec.reference.reference_ms if rec.reference else None),
+        "best_ms": best.result.candidate_ms if best else None,
+    }
 
 
 def _record_order(row: dict[str, Any]) -> tuple:
@@ -267,7 +275,9 @@ EVALUATION_KEYS = ("run", "tasks", "samples_per_task", "samples", "complete", "f
 def evaluation_section(evaluation: dict[str, Any]) -> dict[str, Any]:
     """``doc["evaluations"]`` entry of one ``cudal1 evaluate`` run's ``evaluation.json``: its rates,
     fast_p, best-of-k speedups and ``pass`` (``pass@j`` → value, j ascending)."""
-    passes = sorted((k for k in evaluation if k.startswith("pass@")), key=lambda k: int(k[5:]) if k[5:].isdigit() else 0)
+    passes = sorted(
+        (k for k in evaluation if k.startswith("pass@")), key=lambda k: int(k[5:]) if k[5:].isdigit() else 0
+    )
     return {k: evaluation.get(k) for k in EVALUATION_KEYS} | {"pass": {k: evaluation[k] for k in passes}}
 
 
@@ -280,9 +290,17 @@ def build_report(data: RunData, conv: str = "all-tasks", labels: dict[str, list[
     judged = [c.result for rec in data.tasks for c in rec.candidates if c.result is not None]
     counts = verdict_counts(judged)
     env, envs = environment(data)
-    rejected = [{"task": rec.task.task_id, "candidate": c.hash, "flags": c.result.flags,
-                 "message": (c.result.message.splitlines() or [""])[0][:300]}
-                for rec in data.tasks for c in rec.candidates if c.result is not None and c.result.status is Status.REJECTED]
+    rejected = [
+        {
+            "task": rec.task.task_id,
+            "candidate": c.hash,
+            "flags": c.result.flags,
+            "message": (c.result.message.splitlines() or [""])[0][:300],
+        }
+        for rec in data.tasks
+        for c in rec.candidates
+        if c.result is not None and c.result.status is Status.REJECTED
+    ]
     others = {name: aggregate(outcomes, c)["summary"] for name, c in CONVENTIONS.items() if name != chosen.name}
     by_level: dict[str, list] = {}
     for rec in data.tasks:

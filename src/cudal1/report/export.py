@@ -25,9 +25,13 @@ from typing import Any
 from cudal1.report.document import COMPILE_CANDIDATE, baseline_speedups, best_candidate, degenerate
 from cudal1.report.load import RunData
 
-SCORE_NAMES = {"compile-default": "torch_compile_default", "compile-reduce-overhead": "torch_compile_reduce_overhead",
-               "compile-max-autotune": "torch_compile_max_autotune",
-               "compile-max-autotune-no-cudagraphs": "torch_compile_max_autotune_no_cudagraphs", "cudagraph": "cuda_graph"}
+SCORE_NAMES = {
+    "compile-default": "torch_compile_default",
+    "compile-reduce-overhead": "torch_compile_reduce_overhead",
+    "compile-max-autotune": "torch_compile_max_autotune",
+    "compile-max-autotune-no-cudagraphs": "torch_compile_max_autotune_no_cudagraphs",
+    "cudagraph": "cuda_graph",
+}
 FORMATS = ("cuda-l1",)
 
 
@@ -36,10 +40,13 @@ def cuda_l1_records(data: RunData) -> list[dict[str, Any]]:
     for rec in data.tasks:
         task = rec.task
         best = best_candidate(rec)
-        row: dict[str, Any] = {"level_id": task.level if task.problem_id is not None else None,
-                               "task_id": task.problem_id if task.level is not None and task.problem_id is not None else task.task_id,
-                               "task_name": task.name, "ref_code": task.source,
-                               "custom_code": best.source if best and not degenerate(rec) else None}
+        row: dict[str, Any] = {
+            "level_id": task.level if task.problem_id is not None else None,
+            "task_id": task.problem_id if task.level is not None and task.problem_id is not None else task.task_id,
+            "task_name": task.name,
+            "ref_code": task.source,
+            "custom_code": best.source if best and not degenerate(rec) else None,
+        }
         if best is not None:
             row["score_default"] = best.result.speedup
             bases = baseline_speedups(rec)

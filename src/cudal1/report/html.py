@@ -18,10 +18,10 @@ from typing import Any
 
 from cudal1 import __version__
 from cudal1.report import plots
+from cudal1.report.aggregate import FAST_P, fast_p_key
 from cudal1.report.document import ENVIRONMENT_KEYS, baseline_label, environment_rows, model_analysis
 from cudal1.report.load import RunData
 from cudal1.report.markdown import STAT_KEYS, fmt
-from cudal1.report.aggregate import FAST_P, fast_p_key
 from cudal1.report.verify import CLASSES
 from cudal1.speedup import LEGEND, cell
 
@@ -40,7 +40,15 @@ def _diff(reference: str, best: str) -> list[tuple[str, str]]:
     lines = list(difflib.unified_diff(reference.splitlines(), best.splitlines(), "reference", "best", lineterm="", n=2))
     out = []
     for line in lines[2:MAX_DIFF_LINES]:  # the two file-name lines say nothing here
-        kind = "hunk" if line.startswith("@@") else "add" if line.startswith("+") else "del" if line.startswith("-") else "ctx"
+        kind = (
+            "hunk"
+            if line.startswith("@@")
+            else "add"
+            if line.startswith("+")
+            else "del"
+            if line.startswith("-")
+            else "ctx"
+        )
         out.append((kind, line))
     if len(lines) > MAX_DIFF_LINES:
         out.append(("hunk", f"... {len(lines) - MAX_DIFF_LINES} more diff lines"))
@@ -71,12 +79,17 @@ def task_details(doc: dict[str, Any], data: RunData) -> dict[str, dict[str, Any]
         rec = by_id[t["task"]]
         best = next((c for c in rec.candidates if c.hash == t["best_candidate"]), None)
         builtin = bool(best) and not model_analysis(best) and bool(best.analysis)  # type: ignore[arg-type]
-        out[t["task"]] = {"reference": rec.task.source, "best": best.source if best else None,
-                          "label": best.label if best else "", "analysis": best.analysis if best else "",
-                          "analysis_title": "Passes the builtin policy applied (its own account, not a model's analysis)"
-                          if builtin else "Model's analysis",
-                          "analysis_check": analysis_check(best.meta if best else {}),
-                          "diff": _diff(rec.task.source, best.source) if best else []}
+        out[t["task"]] = {
+            "reference": rec.task.source,
+            "best": best.source if best else None,
+            "label": best.label if best else "",
+            "analysis": best.analysis if best else "",
+            "analysis_title": "Passes the builtin policy applied (its own account, not a model's analysis)"
+            if builtin
+            else "Model's analysis",
+            "analysis_check": analysis_check(best.meta if best else {}),
+            "diff": _diff(rec.task.source, best.source) if best else [],
+        }
     return out
 
 
@@ -107,9 +120,12 @@ def audit_levels(audit: dict[str, Any]) -> list[tuple[str, dict[str, int]]]:
 
 
 _CONV_NOTES = {
-    "all-tasks": "Conventions 'all-tasks': every task, its best verified speedup as measured, a task without one at 1.0× (the reference stays).",
-    "measured": "Conventions 'measured' (solved tasks only): each task's best verified speedup as measured; tasks without one are left out of the statistics.",
-    "cuda-l1": "Conventions 'cuda-l1': a task counts its best speedup only above 1.01×, every other task counts 1.0× (the reference is kept).",
+    "all-tasks": "Conventions 'all-tasks': every task, its best verified speedup as measured, a task without one at "
+                 "1.0× (the reference stays).",
+    "measured": "Conventions 'measured' (solved tasks only): each task's best verified speedup as measured; tasks "
+                "without one are left out of the statistics.",
+    "cuda-l1": "Conventions 'cuda-l1': a task counts its best speedup only above 1.01×, every other task counts 1.0× "
+               "(the reference is kept).",
 }
 
 
@@ -127,15 +143,36 @@ def render_html(doc: dict[str, Any], data: RunData) -> str:
                "verdicts": plots.verdicts(s["statuses"], s["flags"]),
                "audit": plots.audit_scatter(audit["records"], audit["slack"]) if audit else ""}
     return env.get_template("report.html.j2").render(
-        title=", ".join(doc.get("sources", [])), s=s, levels=doc["levels"], baselines=doc["baselines"],
-        others=doc.get("conventions") or {}, tasks=doc["tasks"], techniques=doc["techniques"],
-        rejected=doc.get("rejected", []), degenerate=doc.get("degenerate", []), audit=audit,
-        audit_levels=audit_levels(audit) if audit else [], class_colors=plots.CLASS_COLORS,
-        env_rows=environment_rows(doc.get("environment")), environments=doc.get("environments", []),
-        env_keys=ENVIRONMENT_KEYS, runs=doc.get("runs", []), evaluations=doc.get("evaluations", []),
-        show_levels=len(doc["levels"]) > 1, blabel=baseline_label,
-        details=task_details(doc, data), plots=figures, fast_keys=[fast_p_key(p) for p in FAST_P],
-        row=_row, f=fmt, pct=lambda x: fmt(x, pct=True), legend=LEGEND,
-        speed=lambda t: cell(t["best_speedup"], t.get("best_ci"), t.get("high_variance", False)), ci=lambda c: f"{c[0]:.3g}–{c[1]:.3g}" if c else "-",
-        env_line=_env_line(doc.get("environment")), conv_note=_CONV_NOTES.get(s["conventions"], ""),
-        version=__version__, generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        title=", ".join(doc.get("sources", [])),
+        s=s,
+        levels=doc["levels"],
+        baselines=doc["baselines"],
+        others=doc.get("conventions") or {},
+        tasks=doc["tasks"],
+        techniques=doc["techniques"],
+        rejected=doc.get("rejected", []),
+        degenerate=doc.get("degenerate", []),
+        audit=audit,
+        audit_levels=audit_levels(audit) if audit else [],
+        class_colors=plots.CLASS_COLORS,
+        env_rows=environment_rows(doc.get("environment")),
+        environments=doc.get("environments", []),
+        env_keys=ENVIRONMENT_KEYS,
+        runs=doc.get("runs", []),
+        evaluations=doc.get("evaluations", []),
+        show_levels=len(doc["levels"]) > 1,
+        blabel=baseline_label,
+        details=task_details(doc, data),
+        plots=figures,
+        fast_keys=[fast_p_key(p) for p in FAST_P],
+        row=_row,
+        f=fmt,
+        pct=lambda x: fmt(x, pct=True),
+        legend=LEGEND,
+        speed=lambda t: cell(t["best_speedup"], t.get("best_ci"), t.get("high_variance", False)),
+        ci=lambda c: f"{c[0]:.3g}–{c[1]:.3g}" if c else "-",
+        env_line=_env_line(doc.get("environment")),
+        conv_note=_CONV_NOTES.get(s["conventions"], ""),
+        version=__version__,
+        generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    )

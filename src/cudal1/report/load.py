@@ -27,7 +27,9 @@ from urllib.parse import quote
 from cudal1.types import EvalResult, Task
 
 STORE_NAME = "cudal1.sqlite"
-EVALUATION_NAME = "evaluation.json"  # what ``cudal1 evaluate`` writes beside its store (cudal1.train.evaluation.evaluate.SUMMARY)
+EVALUATION_NAME = (
+    "evaluation.json"  # what ``cudal1 evaluate`` writes beside its store (cudal1.train.evaluation.evaluate.SUMMARY)
+)
 SCHEMA_VERSION = "1"  # the run store's schema this reader understands (cudal1.store.SCHEMA_VERSION)
 
 
@@ -72,7 +74,9 @@ class RunData:
     environments: list[dict[str, Any]] = field(default_factory=list)
     runs: list[dict[str, Any]] = field(default_factory=list)  # kind, status, config of each recorded run
     audit: dict[str, Any] | None = None  # a verify run's verify_report.json
-    evaluations: list[dict[str, Any]] = field(default_factory=list)  # each ``cudal1 evaluate`` run's evaluation.json, with "run"
+    evaluations: list[dict[str, Any]] = field(
+        default_factory=list
+    )  # each ``cudal1 evaluate`` run's evaluation.json, with "run"
 
 
 def store_path(path: str | Path) -> Path:
@@ -107,7 +111,9 @@ def _connect(path: Path) -> sqlite3.Connection:
         raise ReportError(f"cannot read run store {path}: {exc}") from None
     if version is None or str(version[0]) != SCHEMA_VERSION:
         conn.close()
-        raise ReportError(f"run store {path} has schema version {version and version[0]!r}; this reader knows {SCHEMA_VERSION}")
+        raise ReportError(
+            f"run store {path} has schema version {version and version[0]!r}; this reader knows {SCHEMA_VERSION}"
+        )
     return conn
 
 
@@ -126,9 +132,13 @@ def _read_store(path: Path, into: dict[str, TaskRecord], data: RunData, baseline
         for name, source, level, pid, origin, h in conn.execute(
                 "SELECT name, source, level, problem_id, origin, hash FROM tasks ORDER BY added_at, rowid"):
             if h not in into:
-                into[h] = TaskRecord(Task(name=name, source=source, level=level, problem_id=pid, origin=origin), run=str(path))
+                into[h] = TaskRecord(
+                    Task(name=name, source=source, level=level, problem_id=pid, origin=origin), run=str(path)
+                )
         verdicts: dict[tuple[str, str], EvalResult] = {}
-        for th, ch, blob in conn.execute("SELECT task_hash, candidate_hash, result_json FROM evaluations ORDER BY created_at, id"):
+        for th, ch, blob in conn.execute(
+            "SELECT task_hash, candidate_hash, result_json FROM evaluations ORDER BY created_at, id"
+        ):
             verdicts[(th, ch)] = EvalResult.from_dict(json.loads(blob))
         analyses = {ch: text for ch, text in conn.execute(
             "SELECT candidate_hash, analysis FROM responses WHERE candidate_hash IS NOT NULL ORDER BY id")}
@@ -144,7 +154,9 @@ def _read_store(path: Path, into: dict[str, TaskRecord], data: RunData, baseline
                 continue
             known = next((c for c in rec.candidates if c.hash == h), None)
             if known is None:
-                rec.candidates.append(CandidateRecord(h, source, label, json.loads(meta or "{}"), result, analyses.get(h, "")))
+                rec.candidates.append(
+                    CandidateRecord(h, source, label, json.loads(meta or "{}"), result, analyses.get(h, ""))
+                )
             elif result is not None:
                 known.result = result
         for th, mode, blob in conn.execute("SELECT task_hash, mode, result_json FROM baselines ORDER BY created_at"):

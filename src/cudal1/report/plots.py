@@ -72,7 +72,9 @@ def distribution(per_level: dict[str, list[float]]) -> str:
     rng = random.Random(0)
     for i, (_, values) in enumerate(groups):
         ax.boxplot([values], positions=[i], widths=0.5, showfliers=False, medianprops={"color": "#c62828"})
-        ax.scatter([i + rng.uniform(-0.18, 0.18) for _ in values], values, s=10, alpha=0.6, color=_PALETTE[i % len(_PALETTE)])
+        ax.scatter(
+            [i + rng.uniform(-0.18, 0.18) for _ in values], values, s=10, alpha=0.6, color=_PALETTE[i % len(_PALETTE)]
+        )
     ax.axhline(1.0, color="#888", lw=0.8, ls="--")
     _log_axis(ax)
     ax.set_xticks(range(len(groups)), [f"{k}\n(n={len(v)})" for k, v in groups])
@@ -94,7 +96,9 @@ def baselines(tasks: list[dict[str, Any]], label: Callable[[str], str] = str) ->
     ax.plot(xs, [t["best_speedup"] for t in rows], "o", ms=4, color=_PALETTE[0], label="best candidate")
     for j, m in enumerate(modes):
         pts = [(i, t["baselines"][m]) for i, t in enumerate(rows) if m in t["baselines"]]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "x", ms=5, color=_PALETTE[(j + 1) % len(_PALETTE)], label=label(m))
+        ax.plot(
+            [p[0] for p in pts], [p[1] for p in pts], "x", ms=5, color=_PALETTE[(j + 1) % len(_PALETTE)], label=label(m)
+        )
     ax.axhline(1.0, color="#888", lw=0.8, ls="--")
     _log_axis(ax)
     ax.set_ylabel("speedup over eager (log)")
@@ -171,7 +175,15 @@ def audit_scatter(records: list[dict[str, Any]], slack: float) -> str:
     values = [v for r in pts for v in (r["claimed"], r["measured"])]
     lo, hi = min(values + [1.0]) / 1.25, max(values + [1.0]) * 1.25
     ax.plot([lo, hi], [lo, hi], color="#555", lw=0.9, label="measured = claimed", zorder=2)
-    ax.plot([lo, hi], [slack * lo, slack * hi], color="#555", lw=0.9, ls="--", label=f"measured = {slack:g} × claimed", zorder=2)
+    ax.plot(
+        [lo, hi],
+        [slack * lo, slack * hi],
+        color="#555",
+        lw=0.9,
+        ls="--",
+        label=f"measured = {slack:g} × claimed",
+        zorder=2,
+    )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(lo, hi)

@@ -18,7 +18,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
-
 FUSED_CALLS = {"addmm", "baddbmm", "addbmm", "addmv", "addcmul", "addcdiv", "scaled_dot_product_attention"}
 
 
@@ -101,7 +100,9 @@ def reference_of(source: str) -> _Reference | None:
     for n in tree.body:
         dumps.setdefault(_node_key(n), set()).add(ast.dump(n))
     ops, where = _forward_ops(tree)
-    class_ops = {n.name: _forward_ops(ast.Module(body=[n], type_ignores=[]))[0] for n in tree.body if isinstance(n, ast.ClassDef)}
+    class_ops = {
+        n.name: _forward_ops(ast.Module(body=[n], type_ignores=[]))[0] for n in tree.body if isinstance(n, ast.ClassDef)
+    }
     return _Reference(tree, tuple(source.splitlines()), dumps, ops, where, class_ops)
 
 
@@ -109,7 +110,9 @@ def _shared_with(ref: _Reference) -> Callable[[ast.stmt], bool]:
     return lambda n: _node_key(n) in ref.dumps and ast.dump(n) in ref.dumps[_node_key(n)]
 
 
-def _forward_ops(tree: ast.Module | None, skip: Callable[[ast.stmt], bool] = lambda n: False) -> tuple[Counter, dict[str, int]]:
+def _forward_ops(
+    tree: ast.Module | None, skip: Callable[[ast.stmt], bool] = lambda n: False
+) -> tuple[Counter, dict[str, int]]:
     """Operations the program performs (calls and ``@``), leaving out top-level statements for
     which ``skip`` holds (code shared with the reference); with the first line of each."""
     ops: Counter = Counter()
@@ -144,7 +147,12 @@ def _module_types(tree: ast.Module) -> dict[str, str]:
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
             kind = op_name(node.value)
             for t in node.targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self" and kind[:1].isupper():
+                if (
+                    isinstance(t, ast.Attribute)
+                    and isinstance(t.value, ast.Name)
+                    and t.value.id == "self"
+                    and kind[:1].isupper()
+                ):
                     out[t.attr] = kind.lower()
     return out
 
@@ -249,7 +257,11 @@ def reference_rules(ev: Any, tree: ast.Module | None, ref_source: str, custom: b
             if op in _HEAVY_OPS or op in FUSED_CALLS:
                 ev.add("algebraic_shortcut", n)
     _reassociation(ev, tree, ref)
-    changed = {op for op in set(ref.ops) | set(own_ops) if ref.ops[op] != own_ops[op]} - {"compile", "super", "__init__"}
+    changed = {op for op in set(ref.ops) | set(own_ops) if ref.ops[op] != own_ops[op]} - {
+        "compile",
+        "super",
+        "__init__",
+    }
     if changed and not inherited:
         for op in sorted(changed, key=lambda o: own_where.get(o, 1 << 30)):
             if op in own_where:

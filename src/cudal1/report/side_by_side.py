@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cudal1.report.load import ReportError, load_runs
 from cudal1.report.aggregate import CONVENTIONS, geomean, summarize
+from cudal1.report.load import ReportError, load_runs
 
 MARGIN = 1.01
 

@@ -33,7 +33,7 @@ import ast
 import re
 from dataclasses import dataclass, field
 
-from cudal1.report.reference_diff import FUSED_CALLS, parse_source, reference_of, walk, dotted, op_name, reference_rules
+from cudal1.report.reference_diff import FUSED_CALLS, dotted, op_name, parse_source, reference_of, reference_rules, walk
 
 TECHNIQUES: tuple[str, ...] = (
     "memory_layout", "memory_coalescing", "operation_fusion", "algebraic_shortcut", "block_config",
@@ -45,16 +45,33 @@ MAX_EVIDENCE = 5
 # CUDA C++ line patterns (matched inside string constants holding CUDA source)
 _CUDA_RULES: dict[str, tuple[str, ...]] = {
     "cuda_kernel": (r"__global__",),
-    "memory_coalescing": (r"\b(float4|float2|double2|int4|half2|__half2|__nv_bfloat162)\b",
-                          r"blockDim\.x\s*\*\s*gridDim\.x|gridDim\.x\s*\*\s*blockDim\.x"),
-    "smem_register_caching": (r"__shared__", r"__ldg\s*\(", r"__constant__",
-                              r"^\s*(?:float|double|half|__half|int|scalar_t|acc_t)\s+\w+\s*\[\s*\w+\s*\]\s*(?:;|=|\{)"),
-    "warp_reduction": (r"__shfl(?:_down|_up|_xor)?_sync", r"__reduce_\w+_sync", r"WarpReduce", r"cg::reduce",
-                       r"\bwarp_?reduce\w*", r"\bwarpReduce\w*"),
-    "block_config": (r"__launch_bounds__", r"#define\s+\w*(?:BLOCK|TILE|THREADS|WARPS)\w*",
-                     r"constexpr\s+(?:int|unsigned|size_t|auto)\s+\w*(?:BLOCK|TILE|THREADS|Block|Tile|Threads)\w*",
-                     r"\bdim3\s+\w+\s*\("),
-    "async_execution": (r"cudaStreamCreate\w*|cudaMemcpyAsync|cudaEventCreate|cp\.async|__pipeline_memcpy_async|memcpy_async",),
+    "memory_coalescing": (
+        r"\b(float4|float2|double2|int4|half2|__half2|__nv_bfloat162)\b",
+        r"blockDim\.x\s*\*\s*gridDim\.x|gridDim\.x\s*\*\s*blockDim\.x",
+    ),
+    "smem_register_caching": (
+        r"__shared__",
+        r"__ldg\s*\(",
+        r"__constant__",
+        r"^\s*(?:float|double|half|__half|int|scalar_t|acc_t)\s+\w+\s*\[\s*\w+\s*\]\s*(?:;|=|\{)",
+    ),
+    "warp_reduction": (
+        r"__shfl(?:_down|_up|_xor)?_sync",
+        r"__reduce_\w+_sync",
+        r"WarpReduce",
+        r"cg::reduce",
+        r"\bwarp_?reduce\w*",
+        r"\bwarpReduce\w*",
+    ),
+    "block_config": (
+        r"__launch_bounds__",
+        r"#define\s+\w*(?:BLOCK|TILE|THREADS|WARPS)\w*",
+        r"constexpr\s+(?:int|unsigned|size_t|auto)\s+\w*(?:BLOCK|TILE|THREADS|Block|Tile|Threads)\w*",
+        r"\bdim3\s+\w+\s*\(",
+    ),
+    "async_execution": (
+        r"cudaStreamCreate\w*|cudaMemcpyAsync|cudaEventCreate|cp\.async|__pipeline_memcpy_async|memcpy_async",
+    ),
     "memory_layout": (r"__shared__[^;]*\[\s*\w+\s*\+\s*1\s*\]",),  # padding against bank conflicts
     "library_call": (r"\b(?:cublas\w*|cudnn\w*|cusparse\w*|cufft\w*)\b|cutlass::|cub::|thrust::",),
     "cuda_graph": (r"cudaGraph\w*|cudaStreamBeginCapture",),
@@ -79,7 +96,7 @@ _LIBRARY_CALLS = {"addmm", "baddbmm", "addbmm", "addmv", "addr", "scaled_dot_pro
                   "conv_transpose2d", "layer_norm", "batch_norm", "group_norm"}
 _ANALYSIS_RULES = {
     "algebraic_shortcut": r"algebraic|mathematical(?:ly)? (?:identity|equivalen)|associativ|closed[- ]form|"
-                          r"re-?parenthes|simplif(?:y|ies|ied|ication) the (?:math|computation|expression)|fold(?:s|ed|ing)? the",
+    r"re-?parenthes|simplif(?:y|ies|ied|ication) the (?:math|computation|expression)|fold(?:s|ed|ing)? the",
     "operation_fusion": r"\bfus(?:e|es|ed|ing|ion)\b",
 }
 
@@ -198,13 +215,18 @@ def _triton_rules(ev: _Evidence, funcs: list[ast.FunctionDef]) -> None:
             if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and op_name(node.value) == "load":
                 loaded.update(t.id for t in node.targets if isinstance(t, ast.Name))
         for node in ast.walk(fn):  # values derived from loads, in source order (one pass is enough for straight code)
-            if isinstance(node, ast.Assign) and any(isinstance(n, ast.Name) and n.id in loaded for n in ast.walk(node.value)):
+            if isinstance(node, ast.Assign) and any(
+                isinstance(n, ast.Name) and n.id in loaded for n in ast.walk(node.value)
+            ):
                 loaded.update(t.id for t in node.targets if isinstance(t, ast.Name))
         for node in ast.walk(fn):
             if isinstance(node, ast.Call):
                 name = dotted(node.func)
                 short = name.rsplit(".", 1)[-1]
-                if name.startswith(("tl.", "triton.language.", "libdevice.", "tl.math.", "tl.extra")) and short in _TL_MATH:
+                if (
+                    name.startswith(("tl.", "triton.language.", "libdevice.", "tl.math.", "tl.extra"))
+                    and short in _TL_MATH
+                ):
                     cats.setdefault(_TL_MATH[short], node.lineno)
                     if short in _TL_REDUCE:
                         ev.add("warp_reduction", node.lineno)
@@ -251,10 +273,17 @@ def _python_rules(ev: _Evidence, tree: ast.Module | None, ref_calls: set[str]) -
         elif isinstance(node, ast.Attribute):
             if node.attr in ("channels_last", "channels_last_3d"):
                 ev.add("memory_layout", node.lineno)
-            elif node.attr == "benchmark" and isinstance(node.ctx, ast.Store) and dotted(node).endswith("cudnn.benchmark"):
+            elif (
+                node.attr == "benchmark"
+                and isinstance(node.ctx, ast.Store)
+                and dotted(node).endswith("cudnn.benchmark")
+            ):
                 ev.add("library_call", node.lineno)
     for n, line in enumerate(ev.lines, 1):
-        if re.search(r"\.(?:t|transpose\([^)]*\)|permute\([^)]*\))\(?\)?\.contiguous\(\)", line) and "__global__" not in line:
+        if (
+            re.search(r"\.(?:t|transpose\([^)]*\)|permute\([^)]*\))\(?\)?\.contiguous\(\)", line)
+            and "__global__" not in line
+        ):
             ev.add("memory_layout", n)
 
 

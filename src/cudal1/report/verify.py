@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Any
 
-from cudal1.releases import ReleaseError as VerifyError  # noqa: F401 - the verify app's name for it
 from cudal1.releases import Record, candidates_of, read_records  # noqa: F401 - re-exported for the app
+from cudal1.releases import ReleaseError as VerifyError  # noqa: F401 - the verify app's name for it
 from cudal1.report.aggregate import describe
 from cudal1.types import EvalResult, Status
 
@@ -52,7 +52,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def audit_rows(records: list[Record], results: dict[int, EvalResult], slack: float = DEFAULT_SLACK) -> list[dict[str, Any]]:
+def audit_rows(
+    records: list[Record], results: dict[int, EvalResult], slack: float = DEFAULT_SLACK
+) -> list[dict[str, Any]]:
     rows = []
     for i, rec in enumerate(records):
         res = results.get(i)

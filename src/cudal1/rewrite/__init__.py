@@ -27,8 +27,15 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ALGEBRAIC_REWRITES = ("simplify", "diag-broadcast", "matmul-chain", "fold-batchnorm", "fold-linear", "reduce-through-linear",
-                    "sdpa")
+ALGEBRAIC_REWRITES = (
+    "simplify",
+    "diag-broadcast",
+    "matmul-chain",
+    "fold-batchnorm",
+    "fold-linear",
+    "reduce-through-linear",
+    "sdpa",
+)
 REWRITE_NAMES = ALGEBRAIC_REWRITES + ("triton-fusion", "gemm-3xtf32", "triton-reduce")
 
 

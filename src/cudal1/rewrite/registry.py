@@ -16,10 +16,10 @@ from __future__ import annotations
 from cudal1.rewrite.algebra.diag_broadcast import DIAG_BROADCAST
 from cudal1.rewrite.algebra.fold_affine import FOLD_LINEAR, REDUCE_THROUGH_LINEAR
 from cudal1.rewrite.algebra.fold_batchnorm import FOLD_BATCHNORM
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.algebra.matmul_chain import MATMUL_CHAIN
 from cudal1.rewrite.algebra.sdpa import SDPA
 from cudal1.rewrite.algebra.simplify import SIMPLIFY
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.triton_kernels.fusion import TRITON_FUSION
 from cudal1.rewrite.triton_kernels.gemm import GEMM_3XTF32
 from cudal1.rewrite.triton_kernels.reduce import TRITON_REDUCE

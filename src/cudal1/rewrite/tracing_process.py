@@ -93,8 +93,8 @@ class Session:
     def _apply(self, gm: Any, name: str, result: dict[str, Any]) -> Any:
         """``gm`` after rewrite ``name`` (a copy when it rewrote something; ``gm`` itself when it
         declined or broke the graph, which is then recorded in ``result["declined"]``)."""
-        from cudal1.rewrite.registry import REWRITES
         from cudal1.rewrite.graph.trace import propagate_shapes
+        from cudal1.rewrite.registry import REWRITES
 
         work = copy.deepcopy(gm)
         try:
@@ -123,7 +123,12 @@ class Session:
             ref = load_task_module(self.source, "reference")
             cand = types.ModuleType("candidate")
             text = self.source + "\n\n" + class_source
-            linecache.cache["<candidate>"] = (len(text), None, text.splitlines(True), "<candidate>")  # @triton.jit reads it
+            linecache.cache["<candidate>"] = (
+                len(text),
+                None,
+                text.splitlines(True),
+                "<candidate>",
+            )  # @triton.jit reads it
             exec(compile(text, "<candidate>", "exec", dont_inherit=True), cand.__dict__)  # noqa: S102
             with torch.device("meta"):
                 init = ref.get_init_inputs()

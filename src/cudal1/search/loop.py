@@ -123,16 +123,27 @@ class Search:
         rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
         prompts = []
         for _ in range(k):
-            prompt = contrastive_prompt(task, pool.ok, pool.failed, self.judge.hardware, exemplars=self.cfg.exemplars,
-                                        strategy=self.cfg.strategy, tau=self.cfg.tau, feedback=self.cfg.feedback, rng=rng,
-                                        template=self.cfg.template)
+            prompt = contrastive_prompt(
+                task,
+                pool.ok,
+                pool.failed,
+                self.judge.hardware,
+                exemplars=self.cfg.exemplars,
+                strategy=self.cfg.strategy,
+                tau=self.cfg.tau,
+                feedback=self.cfg.feedback,
+                rng=rng,
+                template=self.cfg.template,
+            )
             prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries))
         return prompts
 
     def run_round(self, round_: int, wanted: dict[str, int]) -> int:
         """Sample and judge one round (``wanted``: task hash -> completions to request); returns
         the candidates judged."""
-        prompts = [(t, p) for t in self.tasks if wanted.get(t.hash) for p in self.prompts_for(t, round_, wanted[t.hash])]
+        prompts = [
+            (t, p) for t in self.tasks if wanted.get(t.hash) for p in self.prompts_for(t, round_, wanted[t.hash])
+        ]
         completions = self.policy.generate([p for _, p in prompts], 1)
         pairs: list[tuple[Task, Candidate]] = []
         for (task, prompt), batch in zip(prompts, completions):
@@ -146,9 +157,21 @@ class Search:
                                                     "meta": comp.meta})
                     pairs.append((task, cand))
                 else:
-                    self.judge.unjudged(task, f"generation failed: {got.error}" if got.error else f"no code: {got.problem}")
-                self.judge.record_response(task, round_, comp.policy, dataclasses.asdict(prompt), comp.text, got.analysis,
-                                           cand, problem=got.problem, error=got.error, usage=comp.usage)
+                    self.judge.unjudged(
+                        task, f"generation failed: {got.error}" if got.error else f"no code: {got.problem}"
+                    )
+                self.judge.record_response(
+                    task,
+                    round_,
+                    comp.policy,
+                    dataclasses.asdict(prompt),
+                    comp.text,
+                    got.analysis,
+                    cand,
+                    problem=got.problem,
+                    error=got.error,
+                    usage=comp.usage,
+                )
         if pairs:
             self.judge.judge(pairs)
         return len(pairs)
@@ -189,7 +212,9 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
             pending = [p for p in judge.pending(tasks) if p not in anchors]
             # every slot this run settles, those read back from the store included (each anchor settles
             # once, judged or read back), so a progress display counts up to its total and no further
-            judge.expect(len(anchors) + len(pending) + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1)))
+            judge.expect(
+                len(anchors) + len(pending) + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1))
+            )
             judge.judge(anchors, review=False)
             if pending:  # sampled before a kill, not yet judged: judge them before new rounds
                 log.info("resuming: %d candidate(s) recorded but not judged", len(pending))

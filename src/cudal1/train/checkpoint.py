@@ -38,7 +38,12 @@ from typing import Any, Iterator
 log = logging.getLogger(__name__)
 
 ADAPTER_DIR = "adapter"
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 class CheckpointError(ValueError):
@@ -50,7 +55,9 @@ def last_checkpoint(out: str | Path) -> Path | None:
     out = Path(out)
     if not out.is_dir():
         return None
-    found = [(int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))]
+    found = [
+        (int(m.group(1)), p) for p in out.iterdir() if p.is_dir() and (m := re.fullmatch(r"checkpoint-(\d+)", p.name))
+    ]
     return max(found)[1] if found else None
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 REPORT_TO = ("none", "tensorboard", "wandb", "mlflow")
 
 
@@ -58,7 +57,9 @@ def peft_config(enabled: bool, lora) -> Any:
     targets: Any = lora.target_modules
     if targets != "all-linear":
         targets = [t.strip() for t in targets.split(",") if t.strip()]
-    return PeftLora(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM")
+    return PeftLora(
+        r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=targets, task_type="CAUSAL_LM"
+    )
 
 
 def warmup_kwargs(args_cls: type, ratio: float) -> dict[str, Any]:
@@ -80,7 +81,9 @@ def cuda_or_cpu_kwargs(args_cls: type, bf16: bool, gradient_checkpointing: bool)
     return {"bf16": bool(bf16 and cuda), ckpt: bool(gradient_checkpointing and cuda), "use_cpu": not cuda}
 
 
-def trainer_arguments(cls: type, ours: dict[str, Any], defaults: dict[str, Any], extra: dict[str, Any], where: str) -> Any:
+def trainer_arguments(
+    cls: type, ours: dict[str, Any], defaults: dict[str, Any], extra: dict[str, Any], where: str
+) -> Any:
     """``cls(**defaults | extra | ours)``: a TRL config from cudal1's settings (``ours``: each
     key -> value, set from a cudal1 field or pinned because cudal1's code depends on it), its
     overridable ``defaults``, and the config's ``trl:`` block ``extra`` (any other field of
@@ -94,8 +97,10 @@ def trainer_arguments(cls: type, ours: dict[str, Any], defaults: dict[str, Any],
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(extra) - names)
     if unknown:
-        raise ConfigError(f"{where}.trl: {', '.join(unknown)} {'is not a field' if len(unknown) == 1 else 'are not fields'} "
-                          f"of trl.{cls.__name__}")
+        raise ConfigError(
+            f"{where}.trl: {', '.join(unknown)} {'is not a field' if len(unknown) == 1 else 'are not fields'} "
+            f"of trl.{cls.__name__}"
+        )
     taken = sorted(set(extra) & set(ours))
     if taken:
         raise ConfigError(f"{where}.trl: {', '.join(taken)} {'is' if len(taken) == 1 else 'are'} set by cudal1 itself; "

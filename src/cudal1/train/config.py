@@ -68,7 +68,9 @@ class SFTConfig(Config):
     save_steps: int = 200  # checkpoint every N optimizer steps
     save_total_limit: int = 3  # keep at most this many checkpoints
     seed: int = 0
-    trl: dict[str, Any] = field(default_factory=dict)  # any other trl.SFTConfig field, passed through (checked by TRL's class)
+    trl: dict[str, Any] = field(
+        default_factory=dict
+    )  # any other trl.SFTConfig field, passed through (checked by TRL's class)
 
     def validate(self) -> None:
         _positive(self, "learning_rate", "batch_size", "gradient_accumulation_steps", "max_length", "logging_steps",
@@ -92,8 +94,10 @@ class SSLConfig(Config):
     batch_size: int = 8  # prompts per generation batch (transformers backend)
     max_keep_per_task: int = 0  # successes kept per task per round (0: all; duplicates always dropped)
     backend: str = "auto"  # auto (vLLM when installed, else transformers) | vllm | transformers
-    vllm_tensor_parallel_size: int = 0  # GPUs per vLLM engine; 0: all visible GPUs alone, 1 per rank under several processes
-    vllm_gpu_memory_utilization: float = 0.9  # share of each engine GPU vLLM may take while generating (freed before the SFT)
+    vllm_tensor_parallel_size: int = 0
+    vllm_gpu_memory_utilization: float = (
+        0.9  # share of each engine GPU vLLM may take while generating (freed before the SFT)
+    )
     vllm_max_model_length: int | None = None  # vLLM context length (prompt + completion); None: the model's own
     sft: SFTConfig = field(default_factory=SFTConfig)  # the fine-tuning of each round
 
@@ -129,10 +133,14 @@ class GRPOConfig(Config):
     feedback: bool = False  # also show one failed attempt with the judge's message
     reward: RewardConfig = field(default_factory=RewardConfig)
     use_vllm: bool = False  # generate with vLLM (TRL colocate or server mode)
-    vllm_mode: str = "colocate"  # colocate: an engine inside the training processes | server: `trl vllm-serve` on its own GPUs
+    vllm_mode: str = (
+        "colocate"  # colocate: an engine inside the training processes | server: `trl vllm-serve` on its own GPUs
+    )
     vllm_gpu_memory_utilization: float = 0.3  # colocate: share of each GPU vLLM may take (weights + KV cache)
     vllm_tensor_parallel_size: int = 1  # colocate: GPUs (training ranks) per engine; must divide the process count
-    vllm_max_model_length: int | None = None  # colocate: vLLM context length (prompt + completion); None: the model's own
+    vllm_max_model_length: int | None = (
+        None  # colocate: vLLM context length (prompt + completion); None: the model's own
+    )
     vllm_server_base_url: str | None = None  # server: where `trl vllm-serve` listens; None: TRL's http://0.0.0.0:8000
     lora: bool = False  # train LoRA adapters instead of all weights
     lora_config: LoraConfig = field(default_factory=LoraConfig)
@@ -144,10 +152,14 @@ class GRPOConfig(Config):
     seed: int = 0
     eval_every: int = 0  # evaluate on the eval tasks (train grpo --eval-split) every N steps; 0: never
     eval_samples: int = 8  # samples per eval task, one-shot (the k of pass@k and best-of-k)
-    collapse_share: float = 0.9  # a step whose rollouts are at least this share format failures (no usable code) is collapsed
-    collapse_steps: int = 3  # that many collapsed steps in a row: the run reports a collapse and the step it began; 0: off
+    collapse_share: float = 0.9
+    collapse_steps: int = (
+        3  # that many collapsed steps in a row: the run reports a collapse and the step it began; 0: off
+    )
     collapse_stop: bool = False  # end training when a collapse is reported (the final save still runs)
-    trl: dict[str, Any] = field(default_factory=dict)  # any other trl.GRPOConfig field, passed through (checked by TRL's class)
+    trl: dict[str, Any] = field(
+        default_factory=dict
+    )  # any other trl.GRPOConfig field, passed through (checked by TRL's class)
 
     def validate(self) -> None:
         _positive(self, "group_size", "prompts_per_step", "max_steps", "learning_rate", "max_completion_length",
@@ -182,7 +194,9 @@ def _mapping(obj: Any, name: str) -> None:
 def _vllm_fields(obj: Any, allow_auto_tp: bool = False) -> None:
     tp, share, length = obj.vllm_tensor_parallel_size, obj.vllm_gpu_memory_utilization, obj.vllm_max_model_length
     if tp < (0 if allow_auto_tp else 1):
-        raise ConfigError(f"{type(obj).__name__}.vllm_tensor_parallel_size must be {'>= 0' if allow_auto_tp else '>= 1'}")
+        raise ConfigError(
+            f"{type(obj).__name__}.vllm_tensor_parallel_size must be {'>= 0' if allow_auto_tp else '>= 1'}"
+        )
     if not 0 < share <= 1:
         raise ConfigError(f"{type(obj).__name__}.vllm_gpu_memory_utilization must be in (0, 1]")
     if length is not None and length < 1:
@@ -199,7 +213,9 @@ def presets(kind: str) -> list[str]:
     """Names of the packaged presets for ``kind`` (``sft``, ``ssl``, ``grpo``)."""
     root = resources.files("cudal1.train") / "configs"
     prefix = f"{kind}-"
-    return sorted(e.name[len(prefix):-5] for e in root.iterdir() if e.name.startswith(prefix) and e.name.endswith(".yaml"))
+    return sorted(
+        e.name[len(prefix) : -5] for e in root.iterdir() if e.name.startswith(prefix) and e.name.endswith(".yaml")
+    )
 
 
 def config_file(kind: str, source: str | os.PathLike[str]) -> Path:
@@ -214,7 +230,9 @@ def config_file(kind: str, source: str | os.PathLike[str]) -> Path:
     return Path(str(ref))
 
 
-def stage_config(kind: str, section: Mapping[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+def stage_config(
+    kind: str, section: Mapping[str, Any] | None = None, overrides: dict[str, Any] | None = None
+) -> Config:
     """The ``kind`` config from its section of a settings file (``None``: the defaults) with
     ``overrides`` (``None`` values ignored; dotted keys reach nested fields, e.g. ``{"reward.clip": 2.0}``)."""
     if kind not in KINDS:
@@ -222,7 +240,9 @@ def stage_config(kind: str, section: Mapping[str, Any] | None = None, overrides:
     return KINDS[kind].from_dict(section or {}, kind).replace(**(overrides or {}))
 
 
-def load_config(kind: str, source: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None) -> Any:
+def load_config(
+    kind: str, source: str | os.PathLike[str] | None = None, overrides: dict[str, Any] | None = None
+) -> Any:
     """The ``kind`` config from ``source`` — a YAML path (a plain mapping of the stage's fields, or a
     run's ``OUT/config.yaml``, whose ``kind`` section is read) or a preset name such as ``smoke`` or
     ``default`` — with ``overrides`` (see :func:`stage_config`).  Files are read by

@@ -49,7 +49,9 @@ def shard(n: int, rank: int, world: int, tp: int = 1) -> Shard:
     return Shard(block, list(block)[member::tp], group, groups)
 
 
-def generate(model: str, prompts: list[Prompt], settings: GenerationSettings, *, seed: int, world: int = 1) -> list[str]:
+def generate(
+    model: str, prompts: list[Prompt], settings: GenerationSettings, *, seed: int, world: int = 1
+) -> list[str]:
     """One completion text per prompt from ``model`` (see the module docstring).  Under several
     processes with vLLM every rank must call it, with or without prompts: starting the engines is
     collective."""

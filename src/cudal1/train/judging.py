@@ -54,7 +54,9 @@ class RolloutJudge:
             scores.append(check.score)
             cand = Candidate(parsed.code, task_hash=task.hash, label=label or self.policy) if parsed.code else None
             if cand is not None:  # the check travels with the candidate (its first response's, for a repeated program)
-                self.recorded.propose(task, cand, {"round": round_, "policy": self.policy, "analysis_check": check.to_dict()})
+                self.recorded.propose(
+                    task, cand, {"round": round_, "policy": self.policy, "analysis_check": check.to_dict()}
+                )
             prompt_d = dataclasses.asdict(prompt) if prompt is not None else {}
             self.recorded.record_response(task, round_, self.policy, prompt_d, text, parsed.analysis, cand,
                                           problem=parsed.problem)

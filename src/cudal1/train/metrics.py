@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-
 # TRL/transformers log key -> our key
 RENAMES = {"loss": "loss", "reward": "reward_mean", "reward_std": "reward_std", "kl": "kl", "learning_rate": "lr"}
 
@@ -53,7 +52,9 @@ def metrics_callback(out: str | Path, stage: str, extra: Callable[[int], dict[st
             logs = logs or {}
             if "train_runtime" in logs or not ("loss" in logs or "reward" in logs):
                 return
-            more = extra(int(state.global_step)) if extra else None  # on every rank: ``extra`` may gather from all of them
+            more = (
+                extra(int(state.global_step)) if extra else None
+            )  # on every rank: ``extra`` may gather from all of them
             if not state.is_world_process_zero:
                 return
             rec = metrics_record(logs, state.global_step, stage, more)

@@ -42,7 +42,9 @@ from dataclasses import dataclass
 GIB = 2**30
 H200_GIB = 139.0  # usable memory of one H200 as torch reports it (143771 MiB on nvidia-smi, less the context)
 HEADROOM_GIB = 8.0  # left free for the CUDA context, NCCL and fragmentation
-JUDGE_WORKER_GIB = 60.0  # the most a judge worker held for a KernelBench level-1 task on the H200 (benchmarks/LOG.md, 2026-12-01)
+JUDGE_WORKER_GIB = (
+    60.0  # the most a judge worker held for a KernelBench level-1 task on the H200 (benchmarks/LOG.md, 2026-12-01)
+)
 NODE_HOST_GIB = 2048.0  # host memory of an 8-GPU node (an HGX H200 with 2 TiB)
 MERGE_OVERHEAD = 1.1  # the LoRA merge's host peak over the base model's bytes (load, merge in place, save)
 
@@ -101,8 +103,16 @@ class Recipe:
 
 RECIPES: dict[str, Recipe] = {
     "7b-8gpu": Recipe("7b-8gpu", QWEN25_CODER_7B, "default", "accelerate-zero2", zero_stage=2, training_gpus=8),
-    "32b-8gpu": Recipe("32b-8gpu", QWEN25_CODER_32B, "32b-8gpu", "accelerate-zero3-6proc", zero_stage=3, training_gpus=6,
-                       vllm_gpus=2, optimizer_offload=True),
+    "32b-8gpu": Recipe(
+        "32b-8gpu",
+        QWEN25_CODER_32B,
+        "32b-8gpu",
+        "accelerate-zero3-6proc",
+        zero_stage=3,
+        training_gpus=6,
+        vllm_gpus=2,
+        optimizer_offload=True,
+    ),
 }
 
 
@@ -125,7 +135,9 @@ def memory(recipe: Recipe, cfg, judge_gib: float = JUDGE_WORKER_GIB) -> dict[str
         "optimizer": 0.0 if recipe.optimizer_offload else optimizer,
         "reference": (2 * m.params / (n if z >= 3 else 1)) if cfg.beta > 0 and not cfg.lora else 0.0,
         "activations": m.layers * b * tokens * m.hidden * 2 + b * cfg.max_completion_length * m.vocab * 4,
-        "vllm": cfg.vllm_gpu_memory_utilization * recipe.gpu_gib * GIB if cfg.use_vllm and cfg.vllm_mode == "colocate" else 0.0,
+        "vllm": cfg.vllm_gpu_memory_utilization * recipe.gpu_gib * GIB
+        if cfg.use_vllm and cfg.vllm_mode == "colocate"
+        else 0.0,
     }
     gib = {k: v / GIB for k, v in out.items()}
     gib["total"] = sum(gib.values())
@@ -160,9 +172,12 @@ def shortfalls(recipe: Recipe, cfg, judge_gib: float = JUDGE_WORKER_GIB) -> list
         out.append(f"a training step needs {est['total']:.0f} GiB per GPU, {room:.0f} GiB usable")
     if est["judge_total"] > room:
         free = room - est["held_while_judging"]
-        out.append(f"while judging, training holds {est['held_while_judging']:.0f} GiB per GPU, leaving {max(free, 0):.0f} GiB "
-                   f"for {recipe.judge_workers} judge worker(s) that need up to {est['judge']:.0f} GiB "
-                   "(vllm_enable_sleep_mode, optimizer offload or judging on other GPUs frees room)")
+        out.append(
+            f"while judging, training holds {est['held_while_judging']:.0f} GiB per GPU, leaving {max(free, 0):.0f} "
+            "GiB "
+            f"for {recipe.judge_workers} judge worker(s) that need up to {est['judge']:.0f} GiB "
+            "(vllm_enable_sleep_mode, optimizer offload or judging on other GPUs frees room)"
+        )
     engines = 1 if recipe.vllm_gpus else recipe.training_gpus // max(1, cfg.vllm_tensor_parallel_size)
     if "kv_tokens" in est and est["kv_tokens"] < est["step_tokens"] / engines:
         out.append(f"a vLLM engine holds {max(est['kv_tokens'], 0) / 1e3:.0f}k tokens of KV cache, a step needs "
@@ -198,15 +213,22 @@ def table() -> str:
     for recipe in RECIPES.values():
         cfg = load_config("grpo", recipe.grpo_preset)
         est = memory(recipe, cfg)
-        parts = ", ".join(f"{k} {est[k]:.1f}" for k in ("weights", "gradients", "optimizer", "reference", "activations", "vllm"))
-        line = (f"{recipe.name} ({recipe.model.name}, ZeRO-{recipe.zero_stage}, {recipe.training_gpus} training GPUs, "
-                f"micro-batch {est['micro_batch']:.0f}): per training GPU {est['total']:.1f} GiB ({parts}); while judging "
-                f"{est['held_while_judging']:.1f} held + {est['judge']:.0f} judge = {est['judge_total']:.1f}")
+        parts = ", ".join(
+            f"{k} {est[k]:.1f}" for k in ("weights", "gradients", "optimizer", "reference", "activations", "vllm")
+        )
+        line = (
+            f"{recipe.name} ({recipe.model.name}, ZeRO-{recipe.zero_stage}, {recipe.training_gpus} training GPUs, "
+            f"micro-batch {est['micro_batch']:.0f}): per training GPU {est['total']:.1f} GiB ({parts}); while judging "
+            f"{est['held_while_judging']:.1f} held + {est['judge']:.0f} judge = {est['judge_total']:.1f}"
+        )
         if est["offload_host"]:
             line += f"; optimizer on the host {est['offload_host']:.0f} GiB"
         if "kv_tokens" in est:
-            line += (f"; vLLM weights {est['vllm_weights']:.1f} GiB per GPU, KV cache for {est['kv_tokens'] / 1e3:.0f}k tokens "
-                     f"per engine, a step needs {est['step_tokens'] / 1e3:.0f}k in all")
+            line += (
+                f"; vLLM weights {est['vllm_weights']:.1f} GiB per GPU, KV cache for {est['kv_tokens'] / 1e3:.0f}k "
+                "tokens "
+                f"per engine, a step needs {est['step_tokens'] / 1e3:.0f}k in all"
+            )
         lines.append(line + f"; fits: {fits(recipe, cfg)}")
     return "\n".join(lines)
 

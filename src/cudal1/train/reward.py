@@ -61,7 +61,9 @@ class RewardConfig(Config):
     incorrect: float = -1.6  # wrong outputs on fresh inputs
     rejected: float = -3.0  # cheating caught by a guard: must be the lowest reward
     degenerate: float = 0.0  # ok on a task whose output ignores its inputs (speedup means nothing)
-    analysis_bonus: float = 0.0  # cudal1's format term, off by default: + bonus x the Performance Analysis check's score
+    analysis_bonus: float = (
+        0.0  # cudal1's format term, off by default: + bonus x the Performance Analysis check's score
+    )
 
     def validate(self) -> None:
         if not self.clip > 0:
@@ -77,12 +79,16 @@ class RewardConfig(Config):
         if not (math.isfinite(bonus) and bonus >= 0):
             raise ConfigError("reward analysis_bonus must be finite and >= 0")
         if not self.rejected + bonus < min(others):
-            raise ConfigError(f"reward for rejected ({self.rejected}, plus an analysis_bonus of {bonus}) must be below every "
-                              f"other reward (lowest other: {min(others)}, including -clip)")
+            raise ConfigError(
+                f"reward for rejected ({self.rejected}, plus an analysis_bonus of {bonus}) must be below every "
+                f"other reward (lowest other: {min(others)}, including -clip)"
+            )
         worst_fail = max(getattr(self, k) for k in FAILURE_KINDS if k != "rejected")
         if bonus and not worst_fail + bonus < -self.clip:
-            raise ConfigError(f"reward analysis_bonus {bonus} would lift a failure ({worst_fail}) to -clip ({-self.clip}) "
-                              "or above: a verified program must outrank every failing one")
+            raise ConfigError(
+                f"reward analysis_bonus {bonus} would lift a failure ({worst_fail}) to -clip ({-self.clip}) "
+                "or above: a verified program must outrank every failing one"
+            )
 
     def failure(self, kind: str) -> float:
         """The fixed reward of a failure ``kind`` (one of :data:`FAILURE_KINDS`)."""

@@ -34,7 +34,9 @@ class SamplingParams:
     max_tokens: int | None = 16
     extra: dict = field(default_factory=dict)
 
-    def __init__(self, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, max_tokens: int | None = 16, **extra: Any):
+    def __init__(
+        self, n: int = 1, temperature: float = 1.0, top_p: float = 1.0, max_tokens: int | None = 16, **extra: Any
+    ):
         self.n, self.temperature, self.top_p, self.max_tokens, self.extra = n, temperature, top_p, max_tokens, extra
 
 

@@ -140,8 +140,14 @@ class CallHandlers:
         for lane, (src, dst) in enumerate(pairs):
             fresh = torch.empty_like(dst)
             if self.device.type == "cuda":
-                self.timer.kernels.mask(src.data_ptr(), fresh.data_ptr(), src.numel(), self.timer.keybuf.data_ptr(), lane,
-                                        torch.cuda.current_stream().cuda_stream)
+                self.timer.kernels.mask(
+                    src.data_ptr(),
+                    fresh.data_ptr(),
+                    src.numel(),
+                    self.timer.keybuf.data_ptr(),
+                    lane,
+                    torch.cuda.current_stream().cuda_stream,
+                )
             else:
                 win.cpu_mask(src.numpy(), fresh.numpy(), self.last_key, lane)
             again.append(fresh)

@@ -51,8 +51,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from cudal1.harness.child.seccomp import (DEFAULT_PROGRAM, DENIED_SYSCALLS, SELF_ONLY_SYSCALLS, SYSCALLS, bpf,
-                                         seccomp_program)
+from cudal1.harness.child.seccomp import (
+    DEFAULT_PROGRAM,
+    DENIED_SYSCALLS,
+    SELF_ONLY_SYSCALLS,
+    SYSCALLS,
+    bpf,
+    seccomp_program,
+)
 
 APPLIED, REFUSED, NOT_APPLICABLE = "applied", "refused", "not applicable"
 UID_BASE, UID_SPAN = 1_900_000_000, 100_000_000  # above systemd's container ranges, below 2**31
@@ -74,7 +80,9 @@ class ConfinePolicy:
     home: str | os.PathLike[str]  # new or empty: becomes HOME (0700)
     tmp: str | os.PathLike[str]  # new or empty: becomes TMPDIR (0700)
     writable: Sequence[str | os.PathLike[str]] = ()  # existing paths also writable (job's shared memory, /dev)
-    readable_only: Sequence[str | os.PathLike[str]] | None = None  # None: reads everywhere; else only these trees (+ writable)
+    readable_only: Sequence[str | os.PathLike[str]] | None = (
+        None  # None: reads everywhere; else only these trees (+ writable)
+    )
     uid: int | None = None  # as root: the uid/gid to drop to; None: uid_for(build_dir)
     network: bool = False  # True leaves the network alone
     cache_env: Mapping[str, str] = field(default_factory=dict)  # overrides of the cache variables
@@ -105,7 +113,9 @@ class ConfineReport:
 
 def uid_for(build_dir: str | os.PathLike[str]) -> int:
     """The candidate uid of a build directory (a hash of its resolved path into the reserved range)."""
-    digest = hashlib.blake2b(str(Path(build_dir).resolve()).encode(), digest_size=8).digest()  # not OpenSSL: no ms of set-up
+    digest = hashlib.blake2b(
+        str(Path(build_dir).resolve()).encode(), digest_size=8
+    ).digest()  # not OpenSSL: no ms of set-up
     return UID_BASE + int.from_bytes(digest[:8], "big") % UID_SPAN
 
 
@@ -120,7 +130,9 @@ def confine(policy: ConfinePolicy) -> ConfineReport:
     for misuse.  Costs a few milliseconds (plus one ``chown`` per entry of the build directory)."""
     t0 = time.perf_counter()
     if not sys.platform.startswith("linux"):
-        return ConfineReport(tuple(Measure(n, NOT_APPLICABLE, f"not Linux ({sys.platform})") for n in MEASURES), -1, -1, 0.0)
+        return ConfineReport(
+            tuple(Measure(n, NOT_APPLICABLE, f"not Linux ({sys.platform})") for n in MEASURES), -1, -1, 0.0
+        )
     paths = _Paths.of(policy)
     if (threads := len(os.listdir("/proc/self/task"))) != 1:
         raise ConfineError(f"confine() must run before any other thread starts ({threads} threads)")
@@ -137,7 +149,9 @@ def confine(policy: ConfinePolicy) -> ConfineReport:
         gid, blocked = uid, note if uid == 0 else ""
         paths = paths.at_uid0() if uid == 0 else paths
         changed = sum(_give(d, uid, gid) for d in (paths.build, paths.home, paths.tmp))
-        measures.append(Measure("ownership", APPLIED, f"build dir, HOME, TMPDIR owned by {uid}:{gid} ({changed} entries changed)"))
+        measures.append(
+            Measure("ownership", APPLIED, f"build dir, HOME, TMPDIR owned by {uid}:{gid} ({changed} entries changed)")
+        )
     else:
         uid, gid, blocked, note = -1, -1, "", ""
         measures.append(Measure("ownership", NOT_APPLICABLE, f"not root: the files stay uid {os.geteuid()}'s"))
@@ -195,7 +209,9 @@ class _Paths:
         for p in self.writable:
             if str(p) in ("/dev", "/proc"):
                 keep += [Path(f) for f in gpu_device_files()] if str(p) == "/dev" else [Path("/proc/self")]
-                said.append(f"{p} narrowed to " + ("NVIDIA's device files" if str(p) == "/dev" else "its own /proc/<pid>"))
+                said.append(
+                    f"{p} narrowed to " + ("NVIDIA's device files" if str(p) == "/dev" else "its own /proc/<pid>")
+                )
             elif str(p) in _SYSTEM_TREES:
                 said.append(f"{p} dropped")
             else:
@@ -254,7 +270,9 @@ def _unreachable(paths: _Paths, uid: int) -> str:
             return f"{blocker} ({mode_of(blocker)}) keeps uid {uid} from {path}"
         return f"uid {uid} cannot {'read' if mode & os.R_OK else 'reach'} {path} ({mode_of(path)})"
 
-    wanted = [(d.parent, os.X_OK) for d in (paths.build, paths.home, paths.tmp)] + [(p, os.F_OK) for p in paths.writable]
+    wanted = [(d.parent, os.X_OK) for d in (paths.build, paths.home, paths.tmp)] + [
+        (p, os.F_OK) for p in paths.writable
+    ]
     wanted += [(p, os.R_OK | (os.X_OK if os.path.isdir(p) else 0)) for p in paths.must_read]
     return next((why for p, mode in wanted if (why := check(p, mode))), "")
 
@@ -266,7 +284,9 @@ def _give(root: Path, uid: int, gid: int) -> int:
     for _, dirs, files, dirfd in os.fwalk(root, follow_symlinks=False):
         for name in dirs + files:
             st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-            plain = stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink == 1)
+            plain = (
+                stat.S_ISDIR(st.st_mode) or stat.S_ISLNK(st.st_mode) or (stat.S_ISREG(st.st_mode) and st.st_nlink == 1)
+            )
             if plain and (st.st_uid, st.st_gid) != (uid, gid):
                 os.chown(name, uid, gid, dir_fd=dirfd, follow_symlinks=False)
                 changed += 1
@@ -286,7 +306,9 @@ def _set_env(policy: ConfinePolicy, paths: _Paths, uid: int | None) -> Measure:
         del os.environ[name]
     os.environ.update(env)
     tempfile.tempdir = str(paths.tmp)  # tempfile caches the directory it found first (the forkserver's)
-    return Measure("env", APPLIED, "HOME, TMPDIR and caches set" + (f"; removed {', '.join(removed)}" if removed else ""))
+    return Measure(
+        "env", APPLIED, "HOME, TMPDIR and caches set" + (f"; removed {', '.join(removed)}" if removed else "")
+    )
 
 
 # ---- the OS calls --------------------------------------------------------------------------------
@@ -367,13 +389,19 @@ class _Os:
                 os.setresuid(uid, uid, uid)
                 out.append(Measure("ids", APPLIED, f"{note}uid {uid} gid {gid}, no supplementary groups"))
             except OSError as exc:
-                out.append(Measure("ids", REFUSED, f"setresuid({uid}): {_reason(exc.errno or 0)}; stays uid 0 without capabilities"))
+                out.append(
+                    Measure(
+                        "ids", REFUSED, f"setresuid({uid}): {_reason(exc.errno or 0)}; stays uid 0 without capabilities"
+                    )
+                )
         if os.geteuid() == 0:
             self.prctl(28, 0x2F)  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP (locked), KEEP_CAPS_LOCKED
         with open("/proc/self/status") as f:
             had = "CapEff:\t0000000000000000" not in f.read()
         header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-        if self._call(self.libc.capset, header, (ctypes.c_uint32 * 6)()) != 0:  # 2 x (effective, permitted, inheritable)
+        if (
+            self._call(self.libc.capset, header, (ctypes.c_uint32 * 6)()) != 0
+        ):  # 2 x (effective, permitted, inheritable)
             out.append(self.failed("capabilities", "capset"))
         elif had or root:
             out.append(Measure("capabilities", APPLIED, "every set empty" + (", bounding set too" if root else "")))
@@ -394,21 +422,39 @@ class _Os:
         fs |= _FS_READ if paths.readable is not None else 0
         net = _NET_TCP if abi >= 4 and not policy.network else 0
         scoped = _SCOPES if abi >= 6 else 0
-        writable = [paths.build, paths.home, paths.tmp, *paths.writable, *[Path(os.devnull)] * os.path.exists(os.devnull)]
+        writable = [
+            paths.build,
+            paths.home,
+            paths.tmp,
+            *paths.writable,
+            *[Path(os.devnull)] * os.path.exists(os.devnull),
+        ]
         rules = [(p, fs) for p in writable] + [(p, _FS_READ) for p in paths.readable or () if p.exists()]
         problem = self._restrict(_RulesetAttr(fs, net, scoped), 8 if abi < 4 else 16 if abi < 6 else 24, rules)
         if problem:
             return [Measure(names[0], REFUSED, f"ABI {abi}: {problem}"),
                     *(Measure(n, NOT_APPLICABLE, "no Landlock domain") for n in names[1:])]
-        reads = "reads everywhere" if paths.readable is None else f"reads only beneath {len(paths.readable)} listed paths and those"
+        reads = (
+            "reads everywhere"
+            if paths.readable is None
+            else f"reads only beneath {len(paths.readable)} listed paths and those"
+        )
         extra = ", ".join(map(str, paths.writable)) or "nothing else"
-        return [Measure(names[0], APPLIED, f"ABI {abi}: writes only beneath its own directories, /dev/null and {extra}; {reads}"
-                                           + (f"; uid 0: {paths.narrowed}" if paths.narrowed else "")
-                                           + ("; renames across directories fail (ABI 1)" if abi == 1 else "")),
-                Measure(names[1], APPLIED, "TCP bind and connect refused") if net else
-                Measure(names[1], NOT_APPLICABLE, "the policy allows network" if policy.network else f"ABI {abi} < 4"),
-                Measure(names[2], APPLIED, "no signals or abstract Unix sockets outside") if scoped else
-                Measure(names[2], NOT_APPLICABLE, f"ABI {abi} < 6")]
+        return [
+            Measure(
+                names[0],
+                APPLIED,
+                f"ABI {abi}: writes only beneath its own directories, /dev/null and {extra}; {reads}"
+                + (f"; uid 0: {paths.narrowed}" if paths.narrowed else "")
+                + ("; renames across directories fail (ABI 1)" if abi == 1 else ""),
+            ),
+            Measure(names[1], APPLIED, "TCP bind and connect refused")
+            if net
+            else Measure(names[1], NOT_APPLICABLE, "the policy allows network" if policy.network else f"ABI {abi} < 4"),
+            Measure(names[2], APPLIED, "no signals or abstract Unix sockets outside")
+            if scoped
+            else Measure(names[2], NOT_APPLICABLE, f"ABI {abi} < 6"),
+        ]
 
     def _restrict(self, attr: _RulesetAttr, size: int, rules: list[tuple[Path, int]]) -> str:
         """Create the ruleset, add ``rules`` (path beneath -> rights) and enforce it; '' or what failed."""
@@ -420,7 +466,9 @@ class _Os:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
                 try:
                     allowed = rights if stat.S_ISDIR(os.fstat(fd).st_mode) else rights & _FS_FILE_ONLY
-                    if self.syscall(_LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(_PathBeneath(allowed & attr.fs, fd)), 0):
+                    if self.syscall(
+                        _LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(_PathBeneath(allowed & attr.fs, fd)), 0
+                    ):
                         return f"add_rule {path}: {_reason(ctypes.get_errno())}"
                 finally:
                     os.close(fd)
@@ -434,7 +482,9 @@ class _Os:
         machine = platform.machine()
         if machine not in SYSCALLS:
             return Measure("seccomp", NOT_APPLICABLE, f"no syscall table for {machine}")
-        program = DEFAULT_PROGRAM if tuple(deny) == DENIED_SYSCALLS and DEFAULT_PROGRAM else seccomp_program(machine, deny)
+        program = (
+            DEFAULT_PROGRAM if tuple(deny) == DENIED_SYSCALLS and DEFAULT_PROGRAM else seccomp_program(machine, deny)
+        )
         if self.prctl(22, 2, ctypes.byref(bpf(program))) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
             return self.failed("seccomp")
         return Measure("seccomp", APPLIED, f"{machine}: {', '.join(deny)}, unsetting the subreaper -> EPERM; "

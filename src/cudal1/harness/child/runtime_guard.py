@@ -141,6 +141,7 @@ class RuntimeGuard:
 
     def __init__(self) -> None:
         import torch._dynamo  # noqa: F401 - importing Dynamo rebinds torch.manual_seed; snapshot after it
+
         import cudal1.harness.compare  # noqa: F401 - the judge's modules are guarded too
 
         try:  # torch.compile patches nn.Module.__init__ on first use; let it happen before the snapshot
@@ -172,7 +173,9 @@ class RuntimeGuard:
         ``forward`` (patching them would make the reference slow or its outputs wrong)."""
         for name in ("Model", "get_inputs", "get_init_inputs"):
             self.reference.append((f"reference.{name}", ref_module, name, getattr(ref_module, name, None)))
-        self.reference.append(("reference Model.forward", type(ref_model), "forward", type(ref_model).__dict__.get("forward")))
+        self.reference.append(
+            ("reference Model.forward", type(ref_model), "forward", type(ref_model).__dict__.get("forward"))
+        )
         self.reference_model = ref_model
 
     def violation(self) -> tuple[str, str] | None:

@@ -23,14 +23,50 @@ SELF_ONLY_SYSCALLS: dict[str, tuple[tuple[int, int], ...]] = {
 }
 
 SYSCALLS = {  # machine -> (AUDIT_ARCH, foreign x32 range, numbers)
-    "x86_64": (0xC000003E, True, {
-        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "pidfd_getfd": 438,
-        "process_madvise": 440, "prctl": 157, "setpriority": 141, "sched_setparam": 142, "sched_setscheduler": 144, "sched_setaffinity": 203,
-        "ioprio_set": 251, "migrate_pages": 256, "move_pages": 279, "prlimit64": 302, "sched_setattr": 314}),
-    "aarch64": (0xC00000B7, False, {
-        "ptrace": 117, "process_vm_readv": 270, "process_vm_writev": 271, "kcmp": 272, "pidfd_getfd": 438,
-        "process_madvise": 440, "prctl": 167, "setpriority": 140, "sched_setparam": 118, "sched_setscheduler": 119, "sched_setaffinity": 122,
-        "ioprio_set": 30, "migrate_pages": 238, "move_pages": 239, "prlimit64": 261, "sched_setattr": 274}),
+    "x86_64": (
+        0xC000003E,
+        True,
+        {
+            "ptrace": 101,
+            "process_vm_readv": 310,
+            "process_vm_writev": 311,
+            "kcmp": 312,
+            "pidfd_getfd": 438,
+            "process_madvise": 440,
+            "prctl": 157,
+            "setpriority": 141,
+            "sched_setparam": 142,
+            "sched_setscheduler": 144,
+            "sched_setaffinity": 203,
+            "ioprio_set": 251,
+            "migrate_pages": 256,
+            "move_pages": 279,
+            "prlimit64": 302,
+            "sched_setattr": 314,
+        },
+    ),
+    "aarch64": (
+        0xC00000B7,
+        False,
+        {
+            "ptrace": 117,
+            "process_vm_readv": 270,
+            "process_vm_writev": 271,
+            "kcmp": 272,
+            "pidfd_getfd": 438,
+            "process_madvise": 440,
+            "prctl": 167,
+            "setpriority": 140,
+            "sched_setparam": 118,
+            "sched_setscheduler": 119,
+            "sched_setaffinity": 122,
+            "ioprio_set": 30,
+            "migrate_pages": 238,
+            "move_pages": 239,
+            "prlimit64": 261,
+            "sched_setattr": 274,
+        },
+    ),
 }
 
 
@@ -65,7 +101,12 @@ def seccomp_program(machine: str, deny: Sequence[str] = DENIED_SYSCALLS) -> list
     for name, conds in SELF_ONLY_SYSCALLS.items():
         code.append((jeq, 0, f"after {name}", numbers[name]))
         for index, value in conds:  # 64-bit argument: low word == value, high word == 0 (little-endian)
-            code += [(ld, 0, 0, 16 + 8 * index), (jeq, 0, "deny", value), (ld, 0, 0, 20 + 8 * index), (jeq, 0, "deny", 0)]
+            code += [
+                (ld, 0, 0, 16 + 8 * index),
+                (jeq, 0, "deny", value),
+                (ld, 0, 0, 20 + 8 * index),
+                (jeq, 0, "deny", 0),
+            ]
         code += [(ret, 0, 0, allow), (f"after {name}",)]
     code += [(ret, 0, 0, allow), ("deny",), (ret, 0, 0, eperm)]
     labels: dict[str, int] = {}

@@ -238,7 +238,12 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
         if _len(args) != 2 or _type(args[0]) is not _str or _type(args[1]) is not _str:
             return "malformed message for the verdict channel"
         kind, payload = args
-        if _id(caller.f_code) != send_id or kind_json_get(kind) is None or kind == "tamper" or not judge_chain(caller.f_back):
+        if (
+            _id(caller.f_code) != send_id
+            or kind_json_get(kind) is None
+            or kind == "tamper"
+            or not judge_chain(caller.f_back)
+        ):
             return "sent a message on the verdict channel from outside the judge's protocol"
         if not write(kind, payload):
             return "sent a message after the verdict"

@@ -32,9 +32,9 @@ from cudal1.harness import compare as cmp
 from cudal1.harness.child import signing_hook
 from cudal1.harness.child.calls import MAX_REQUEST_BYTES, CallHandlers
 from cudal1.harness.child.refusal import Refusal, runtime_refusal
+from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
 from cudal1.harness.proctree import become_subreaper
-from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.slots import SlotMap
 from cudal1.harness.spec import CandidateSpec
 from cudal1.harness.timer import make_timer
@@ -48,8 +48,15 @@ BUILD_NICENESS = 10  # a pre-build's niceness (it and its compilers yield to the
 
 
 class CandidateProcess(CallHandlers):
-    def __init__(self, spec: CandidateSpec, link: Any, threads: Any = None,
-                 confinement: dict[str, Any] | None = None, log_fd: int | None = None, page_fd: int | None = None) -> None:
+    def __init__(
+        self,
+        spec: CandidateSpec,
+        link: Any,
+        threads: Any = None,
+        confinement: dict[str, Any] | None = None,
+        log_fd: int | None = None,
+        page_fd: int | None = None,
+    ) -> None:
         self.spec = spec
         self.page_fd = page_fd  # the clean window's shared page (cudal1.harness.window)
         self.page: Any = None
@@ -161,7 +168,9 @@ class CandidateProcess(CallHandlers):
                     try:
                         window.map_for_gpu(self.page)
                     except Exception as exc:  # noqa: BLE001 - the judge's own step: say what failed
-                        raise Refusal("runtime_error", f"the timing window's page cannot be mapped for the GPU: {exc}") from None
+                        raise Refusal(
+                            "runtime_error", f"the timing window's page cannot be mapped for the GPU: {exc}"
+                        ) from None
         self.l2_start = self.persisting_l2()  # the device's own setting (nonzero by default on some GPUs)
         self.guard = RuntimeGuard()
         self.guard.watch_worker(self)

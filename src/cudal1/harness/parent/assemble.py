@@ -12,13 +12,14 @@ that fails the parent's re-checks (``sandbox.verdict_problem``) is ``rejected`` 
 from __future__ import annotations
 
 import signal
+
 from cudal1.config import EvalConfig
 from cudal1.flags import check as check_flag
-from cudal1.harness.parent.sandbox import JobOutcome
-from cudal1.harness.spec import TimingStage
-from cudal1.harness.figures import FIGURES, figures, median
-from cudal1.harness.parent.stats import host_contention, speedup, speedup_ci
 from cudal1.harness.faults import is_cuda_fault
+from cudal1.harness.figures import FIGURES, figures, median
+from cudal1.harness.parent.sandbox import JobOutcome
+from cudal1.harness.parent.stats import host_contention, speedup, speedup_ci
+from cudal1.harness.spec import TimingStage
 from cudal1.types import Correctness, Environment, EvalResult, Status, Timing
 
 _ENV_FIELDS = set(Environment.__dataclass_fields__)
@@ -43,7 +44,9 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
         r.environment.slots = outcome.result.slots
         timing = outcome.result.timing
         if timing is not None and timing.sealed:
-            r.environment.isolation["new_processes"] = f"{timing.sealed} ({timing.helpers} helper process(es) when sealed)"
+            r.environment.isolation["new_processes"] = (
+                f"{timing.sealed} ({timing.helpers} helper process(es) when sealed)"
+            )
     if outcome.sharing is not None:
         r.environment.isolation["gpu_sharing"] = outcome.sharing.summary()[:500]
     r.stderr_tail = _logs(outcome)
@@ -179,7 +182,9 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
     r.candidate = Timing.from_samples(f.samples(figure, "cand"), clock, keep=config.keep_samples)
     if clock == "cpu_monotonic" and "cpu_timing" not in r.flags:
         r.flags.append("cpu_timing")
-    spread = max(r.candidate.iqr_ms / max(r.candidate.median_ms, 1e-12), r.reference.iqr_ms / max(r.reference.median_ms, 1e-12))
+    spread = max(
+        r.candidate.iqr_ms / max(r.candidate.median_ms, 1e-12), r.reference.iqr_ms / max(r.reference.median_ms, 1e-12)
+    )
     if spread > 0.10:
         r.flags.append("high_variance")
     for name in FIGURES:
@@ -202,7 +207,9 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
             "probe_ms": {"reference": f.join_probe_ms.get("ref"), "candidate": f.join_probe_ms.get("cand")}}
     if r.status is Status.OK:
         r.speedup = speedup(r.reference.median_ms, r.candidate.median_ms)
-        r.speedup_ci = speedup_ci(f.samples(figure, "ref"), f.samples(figure, "cand"), t.blocks, config.bootstrap_samples)
+        r.speedup_ci = speedup_ci(
+            f.samples(figure, "ref"), f.samples(figure, "cand"), t.blocks, config.bootstrap_samples
+        )
     host = host_contention(t.load or {})
     if host:
         r.figures["contention"] = {"host": host}
@@ -212,7 +219,9 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
         if host["contended"] and host_bound and r.status is Status.OK:
             r.flags.append("contended")
             share = host["wait_share"]
-            r.message = (f"{r.message}\ncontended: the host was shared while this was timed (the reference's threads "
-                         f"waited {share['reference']:.0%} of their runnable time for a CPU, the candidate's "
-                         f"{share['candidate']:.0%}; {host.get('runnable', 0):.3g} tasks runnable on {host['cpus']} CPUs): "
-                         "the timing is not trusted").strip()
+            r.message = (
+                f"{r.message}\ncontended: the host was shared while this was timed (the reference's threads "
+                f"waited {share['reference']:.0%} of their runnable time for a CPU, the candidate's "
+                f"{share['candidate']:.0%}; {host.get('runnable', 0):.3g} tasks runnable on {host['cpus']} CPUs): "
+                "the timing is not trusted"
+            ).strip()

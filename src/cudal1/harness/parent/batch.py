@@ -148,7 +148,11 @@ class _LocalBatch:
                 if job.candidate is not None and build.needs_build(job.candidate):
                     self.tickets[i] = farm.submit(job)
             share = self.config.workers_per_gpu
-            lanes = [(g, g if share == 1 else f"{'cpu' if g is None else g}/{k}") for g in self.plan.lanes for k in range(share)]
+            lanes = [
+                (g, g if share == 1 else f"{'cpu' if g is None else g}/{k}")
+                for g in self.plan.lanes
+                for k in range(share)
+            ]
             threads = [threading.Thread(target=self.lane, args=lane, name=f"cudal1-lane-{lane[1]}") for lane in lanes]
             for t in threads:
                 t.start()
@@ -249,7 +253,9 @@ class _LocalBatch:
             MEMORY_BOUND.add(job.task.hash)
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
-        elif (res.figures.get("contention") or {}).get("gpu") and not self.stopping:  # another process used the GPU: once more, alone
+        elif (res.figures.get("contention") or {}).get(
+            "gpu"
+        ) and not self.stopping:  # another process used the GPU: once more, alone
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
         return res

@@ -13,9 +13,9 @@ not, while a worker imports its candidate or builds an extension the pre-build d
 backend), ``gpu_idle_share`` is measured per GPU instead: the share of each GPU's span (its
 first job's start to its last job's end) in which no worker on it was in a GPU phase
 (:data:`GPU_PHASES`; worker start-up, imports, builds and waits for the GPU lease are idle), so
-it stays true when several workers share a GPU (``EvalConfig.workers_per_gpu``).  Not covered: the rest of what happens inside a GPU worker
-(its other phases are in each ``EvalResult.phase_s``), and time a lane spends on the CPU side of a
-job (static guard, assembly), which counts as busy.
+it stays true when several workers share a GPU (``EvalConfig.workers_per_gpu``).  Not covered: the
+rest of what happens inside a GPU worker (its other phases are in each ``EvalResult.phase_s``), and
+time a lane spends on the CPU side of a job (static guard, assembly), which counts as busy.
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
-
 
 GPU_PHASES = frozenset({"reference", "construct", "correctness", "timing", "verify", "verify_timing"})
 
@@ -45,7 +44,9 @@ class JobTimes:
     index: int  # the job's position in the batch
     label: str
     lane: int | str | None = None  # the GPU (or Ray actor) that judged it
-    build: str = "none"  # none | built | shared (an identical source built by another job) | cached (found in the cache)
+    build: str = (
+        "none"  # none | built | shared (an identical source built by another job) | cached (found in the cache)
+    )
     build_queue_s: float = 0.0  # submitted -> its build process started
     build_s: float = 0.0  # build process start -> end (lock waits included)
     lock_wait_s: float = 0.0  # waiting on another process's build of the same source (flock)
@@ -113,9 +114,26 @@ class BatchStats:
     def merge(self, other: "BatchStats") -> "BatchStats":
         """Totals of two batches (lanes and per-job lists are concatenated)."""
         out = BatchStats(backend=self.backend if self.backend == other.backend else f"{self.backend}+{other.backend}")
-        for name in ("jobs", "wall_s", "builds", "builds_shared", "builds_cached", "build_queue_s", "build_s",
-                     "lock_wait_s", "judge_s", "lane_startup_s", "lane_idle_s", "lane_busy_s", "lane_build_s", "retries",
-                     "batches", "lease_wait_s", "gpu_span_s", "gpu_busy_s"):
+        for name in (
+            "jobs",
+            "wall_s",
+            "builds",
+            "builds_shared",
+            "builds_cached",
+            "build_queue_s",
+            "build_s",
+            "lock_wait_s",
+            "judge_s",
+            "lane_startup_s",
+            "lane_idle_s",
+            "lane_busy_s",
+            "lane_build_s",
+            "retries",
+            "batches",
+            "lease_wait_s",
+            "gpu_span_s",
+            "gpu_busy_s",
+        ):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("build_workers", "max_jobs", "max_concurrent_builds"):
             setattr(out, name, max(getattr(self, name), getattr(other, name)))
@@ -185,7 +203,9 @@ class StatsRecorder:
         with self.lock:
             self._running_builds -= 1
 
-    def build(self, index: int, kind: str, queue_s: float = 0.0, build_s: float = 0.0, lock_wait_s: float = 0.0) -> None:
+    def build(
+        self, index: int, kind: str, queue_s: float = 0.0, build_s: float = 0.0, lock_wait_s: float = 0.0
+    ) -> None:
         with self.lock:
             j = self.jobs[index]
             j.build, j.build_queue_s, j.build_s, j.lock_wait_s = kind, queue_s, build_s, lock_wait_s

@@ -19,8 +19,8 @@ from typing import Any, Callable
 
 from cudal1.config import TOLERANCES, EvalConfig
 from cudal1.harness import build
-from cudal1.harness.parent.assemble import assemble
 from cudal1.harness.lease import lease_path
+from cudal1.harness.parent.assemble import assemble
 from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
 from cudal1.harness.parent.sandbox import JobOutcome, run_job
 from cudal1.harness.spec import CUDA_WRITABLE, BuildStage, CandidateSettings, CandidateSpec, ExactCacheSpec, WorkerSpec
@@ -74,13 +74,17 @@ class Evaluator:
         self.input_seed = input_seed
         self.static_names = self._static_names(config.static_guards)
         self._exact_lock = threading.Lock()
-        self._exact_digests: dict[Path, str] = {}  # float64-answer file -> digest a worker sent before candidate code ran
+        self._exact_digests: dict[
+            Path, str
+        ] = {}  # float64-answer file -> digest a worker sent before candidate code ran
         self.on_timeline: Callable[[int | None, list[tuple[str, float, float]]], None] | None = None  # (gpu, phases)
 
     def exact_cache(self, task: Task, device: str) -> ExactCacheSpec:
         """Where the float64 answers of ``task``'s correctness inputs live for this batch, and the
         digest the worker must find there (None until a worker computed them)."""
-        key = content_hash("exact", f"{task.hash}|{self.input_seed}|{self.config.seed}|{self.config.correctness_trials}|{device}")
+        key = content_hash(
+            "exact", f"{task.hash}|{self.input_seed}|{self.config.seed}|{self.config.correctness_trials}|{device}"
+        )
         path = self.cache_root / "exact" / f"{key[:24]}.pt"
         with self._exact_lock:
             return ExactCacheSpec(str(path), self._exact_digests.get(path))
@@ -103,13 +107,21 @@ class Evaluator:
         from cudal1.harness.parent.static_guard import CHECKS
 
         spec = spec.strip()
-        names = [] if spec == "none" else list(CHECKS) if spec == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+        names = (
+            []
+            if spec == "none"
+            else list(CHECKS)
+            if spec == "all"
+            else [n.strip() for n in spec.split(",") if n.strip()]
+        )
         unknown = [n for n in names if n not in CHECKS]
         if unknown:
             raise HarnessError(f"unknown static guard(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}")
         return names
 
-    def _specs(self, job: Job, workdir: Path, device: str, gpu: int | None, mode: str) -> tuple[WorkerSpec | None, CandidateSpec]:
+    def _specs(
+        self, job: Job, workdir: Path, device: str, gpu: int | None, mode: str
+    ) -> tuple[WorkerSpec | None, CandidateSpec]:
         """The job's two specs: the clean reference worker's (None for a pre-build) and the
         candidate's process's (no input seed, no correctness rule)."""
         task, cand = job.task, job.candidate
@@ -198,7 +210,9 @@ class Evaluator:
     def static_findings(self, candidate: Candidate, task: Task) -> list:
         from cudal1.harness.parent.static_guard import run_static_guards
 
-        return run_static_guards(candidate.source, self.static_names, reference=task.source) if self.static_names else []
+        return (
+            run_static_guards(candidate.source, self.static_names, reference=task.source) if self.static_names else []
+        )
 
     def build_dir(self, job: Job) -> Path:
         assert job.candidate is not None
@@ -247,7 +261,9 @@ class Evaluator:
             result.wall_s += prebuilt[0].wall_s  # the pre-build is part of what this candidate cost
             if prebuilt[1]:
                 result.flags.append("build_cached")
-        result.flags.extend(dict.fromkeys(f.flag for f in findings if f.flag not in result.flags))  # the informational ones
+        result.flags.extend(
+            dict.fromkeys(f.flag for f in findings if f.flag not in result.flags)
+        )  # the informational ones
         if self.plan.driver and not result.environment.driver:
             result.environment.driver = self.plan.driver
         return result

@@ -63,7 +63,9 @@ class BuildBudget:
     memory_gib: float | None
 
     @classmethod
-    def detect(cls, requested: int, lanes: int, *, cores: int | None = None, memory_gib: float | None = -1.0) -> "BuildBudget":
+    def detect(
+        cls, requested: int, lanes: int, *, cores: int | None = None, memory_gib: float | None = -1.0
+    ) -> "BuildBudget":
         """``requested`` > 0 fixes the number of builds (``EvalConfig.build_workers``); 0 sizes it.
         ``lanes`` timing lanes each keep one core.  ``memory_gib`` -1: read ``/proc/meminfo``."""
         cores = cores or cpu_cores()

@@ -114,7 +114,9 @@ class GpuWatch:
             s = self.sharing
             s.checked = self._worker_seen
             if not self._worker_seen and s.samples:
-                s.note = "not checked: NVML lists process ids of another pid namespace (the job's worker is not among them)"
+                s.note = (
+                    "not checked: NVML lists process ids of another pid namespace (the job's worker is not among them)"
+                )
                 s.candidate, s.others = [], []
         return self.sharing
 

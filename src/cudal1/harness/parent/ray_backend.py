@@ -242,7 +242,9 @@ class _RayBatch:
         lanes_per_node = max(1, len(pool_.slots) // max(1, len({s.node for s in pool_.slots})))
         cpus = pool_.cpus()
         self.budget = BuildBudget.detect(config.build_workers, lanes_per_node, cores=cpus)
-        self.max_builds = max(1, min(self.budget.workers if config.build_workers else cpus, cpus // self.budget.max_jobs or 1))
+        self.max_builds = max(
+            1, min(self.budget.workers if config.build_workers else cpus, cpus // self.budget.max_jobs or 1)
+        )
         self.seed = config.input_seed if config.input_seed is not None else secrets.randbelow(2**31)
         self.rec = StatsRecorder("ray", jobs, self.max_builds, self.budget.max_jobs)
         self.results: list[EvalResult | None] = [None] * len(jobs)
@@ -315,7 +317,9 @@ class _RayBatch:
             for i in members:
                 self.built_on[i] = info["node"]
             queue_s = max(0.0, received - submitted - info["build_s"])
-            self.rec.build(leader, "cached" if info["cached"] else "built", queue_s, info["build_s"], info["lock_wait_s"])
+            self.rec.build(
+                leader, "cached" if info["cached"] else "built", queue_s, info["build_s"], info["lock_wait_s"]
+            )
             for i in members[1:]:
                 self.rec.build(i, "shared")
         self.ready.extend(members)

@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
-from cudal1.harness.parent.launcher import ensure_server, get_context, launching
-from cudal1.harness.parent.gpu_share import GpuWatch, Sharing
 from cudal1.harness.numerics import LeafCheck
+from cudal1.harness.parent.gpu_share import GpuWatch, Sharing
+from cudal1.harness.parent.launcher import ensure_server, get_context, launching
 from cudal1.harness.proctree import CandidateTree, parent_of
-from cudal1.harness.window import shared_page
 from cudal1.harness.spec import BuildStage, CandidateSpec, TaskFindings, WorkerSpec, WorkerVerdict
+from cudal1.harness.window import shared_page
 
 _log = logging.getLogger("cudal1.judge")  # what the judge is doing, live: -v (INFO) shows each job's phases
 _EXIT_GRACE_S = 15.0

@@ -131,12 +131,25 @@ def check_introspection(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]
     out = []
     for call, name in _calls(tree, aliases):
         if name in INTROSPECTION_CALLS:
-            out.append(Finding("introspection", "tampering", call.lineno, f"calls {name} (reaching into the judge's objects or frames)"))
+            out.append(
+                Finding(
+                    "introspection",
+                    "tampering",
+                    call.lineno,
+                    f"calls {name} (reaching into the judge's objects or frames)",
+                )
+            )
     for node in ast.walk(tree):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith(("cudal1.", "cudal1_candidate", "cudal1_reference")):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and node.value.startswith(("cudal1.", "cudal1_candidate", "cudal1_reference"))
+        ):
             out.append(Finding("introspection", "tampering", node.lineno, f"names the judge's module {node.value!r}"))
         if isinstance(node, (ast.Import, ast.ImportFrom)):
-            mods = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            mods = [a.name for a in node.names] + (
+                [node.module] if isinstance(node, ast.ImportFrom) and node.module else []
+            )
             if any(m.split(".")[0] == "cudal1" for m in mods):
                 out.append(Finding("introspection", "tampering", node.lineno, "imports the judge (cudal1)"))
     return out
@@ -151,8 +164,13 @@ def check_frames(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
         attr = None
         if isinstance(node, ast.Attribute) and node.attr in FRAME_ATTRS:
             attr = node.attr
-        elif (isinstance(node, ast.Call) and dotted(node.func, aliases) in ("getattr", "builtins.getattr", "setattr", "hasattr")
-              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value in FRAME_ATTRS):
+        elif (
+            isinstance(node, ast.Call)
+            and dotted(node.func, aliases) in ("getattr", "builtins.getattr", "setattr", "hasattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and node.args[1].value in FRAME_ATTRS
+        ):
             attr = node.args[1].value
         if attr:
             out.append(Finding("frames", "tampering", node.lineno, f"walks frames or closures ({attr})"))
@@ -160,7 +178,9 @@ def check_frames(tree: ast.AST, aliases: dict[str, str]) -> list[Finding]:
             out.append(Finding("frames", "tampering", node.lineno, f"uses {dotted(node, aliases)}"))
     for call, name in _calls(tree, aliases):
         if name in FRAME_CALLS:
-            out.append(Finding("frames", "tampering", call.lineno, f"calls {name} (frames of the judge or of other threads)"))
+            out.append(
+                Finding("frames", "tampering", call.lineno, f"calls {name} (frames of the judge or of other threads)")
+            )
     return out
 
 

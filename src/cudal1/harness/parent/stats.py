@@ -17,7 +17,9 @@ import numpy as np
 from cudal1.harness.figures import median
 
 
-def bootstrap_speedup_ci(ref_ms: list[float], cand_ms: list[float], samples: int = 1000, seed: int = 0) -> tuple[float, float] | None:
+def bootstrap_speedup_ci(
+    ref_ms: list[float], cand_ms: list[float], samples: int = 1000, seed: int = 0
+) -> tuple[float, float] | None:
     """95% percentile-bootstrap CI of median(ref)/median(cand); None with fewer than 2 samples."""
     if len(ref_ms) < 2 or len(cand_ms) < 2 or samples < 10:
         return None

@@ -46,7 +46,11 @@ def degenerate_reason(prints: list[torch.Tensor], other_seed: torch.Tensor | Non
         return "reference output is all NaN/Inf"
     if all(f.numel() == 0 or float(f.abs().max()) < _NEAR_ZERO for f in finite):
         return "reference output is (near) zero"
-    if all(f.numel() > 1 and float(f.max() - f.min()) <= 1e-7 * max(float(f.abs().max()), 1e-30) for f in finite) and len(prints) > 1 and all(_close(prints[0], p) for p in prints[1:]):
+    if (
+        all(f.numel() > 1 and float(f.max() - f.min()) <= 1e-7 * max(float(f.abs().max()), 1e-30) for f in finite)
+        and len(prints) > 1
+        and all(_close(prints[0], p) for p in prints[1:])
+    ):
         return "reference output is one constant"
     if len(prints) > 1 and all(_close(prints[0], p) for p in prints[1:]):
         return "reference output does not depend on the inputs"

@@ -24,11 +24,11 @@ import torch
 
 from cudal1.flags import FLAGS
 from cudal1.harness import compare as cmp
-from cudal1.harness.reference.hostload import WindowWaits
 from cudal1.harness.proctree import CandidateTree
+from cudal1.harness.reference.hostload import WindowWaits
+from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.slots import Slot, SlotError, SlotPool, dtype_of, view
 from cudal1.harness.window import raw_bytes
-from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.wire import WireError, decode_outputs, encode_inputs, output_targets, tensor_leaves
 
 MAX_REPLY_BYTES = 32 * 1024 * 1024
@@ -159,7 +159,9 @@ class CandidateLink:
         try:
             return decode_outputs(desc, self.pool)
         except (WireError, KeyError, TypeError, ValueError) as exc:
-            raise Verdict("rejected", f"the candidate's process described its output wrongly ({exc})", "tampering") from None
+            raise Verdict(
+                "rejected", f"the candidate's process described its output wrongly ({exc})", "tampering"
+            ) from None
 
     def inputs_intact(self, inputs: list, key: tuple[int, int, int, int] | None = None) -> bool:
         """The input slots still hold ``inputs`` (masked with ``key`` for a timed call; the
@@ -289,7 +291,9 @@ class CandidateLink:
             raise _verdict_from(reply["verdict"])
         if "slot_error" in reply:
             if self.pool.transport != "ipc":
-                raise Verdict("runtime_error", f"the candidate's process cannot open its slots: {reply['slot_error']}"[:2000])
+                raise Verdict(
+                    "runtime_error", f"the candidate's process cannot open its slots: {reply['slot_error']}"[:2000]
+                )
             raise _HostFallback(str(reply["slot_error"]))
         return reply
 
@@ -390,7 +394,9 @@ def _tensor_nodes(desc: Any, depth: int = 0) -> list[dict[str, Any]]:
     if not isinstance(items, list):
         return []
     if desc.get("t") == "dict":
-        return [n for pair in items if isinstance(pair, list) and len(pair) == 2 for n in _tensor_nodes(pair[1], depth + 1)]
+        return [
+            n for pair in items if isinstance(pair, list) and len(pair) == 2 for n in _tensor_nodes(pair[1], depth + 1)
+        ]
     return [n for x in items for n in _tensor_nodes(x, depth + 1)]
 
 

@@ -26,17 +26,17 @@ import torch
 from cudal1.config import EvalConfig, Tolerances
 from cudal1.harness import compare as cmp
 from cudal1.harness import window
-from cudal1.harness.reference.hostload import BlockLoad, WindowWaits
-from cudal1.harness.reference.link import CandidateLink, described
+from cudal1.harness.figures import figures
 from cudal1.harness.memory import poison_free_blocks
 from cudal1.harness.numerics import ExactAnswers, ExactReference, LeafCheck, deviation
-from cudal1.harness.spec import TimingStage, WorkerSpec
-from cudal1.harness.figures import figures
 from cudal1.harness.proctree import name_of
+from cudal1.harness.reference.hostload import BlockLoad, WindowWaits
+from cudal1.harness.reference.link import CandidateLink, described
+from cudal1.harness.reference.verdict import Verdict
+from cudal1.harness.spec import TimingStage, WorkerSpec
 from cudal1.harness.timer import CallWindow, make_timer
 from cudal1.harness.window import Stager, raw_bytes
 from cudal1.harness.wire import output_leaves, tensor_leaves
-from cudal1.harness.reference.verdict import Verdict
 
 _perf = time.perf_counter
 _perf_ns = time.perf_counter_ns
@@ -95,8 +95,17 @@ class Measurement:
         """Fresh inputs per trial; the reference runs here, the candidate in its own process."""
         est: dict[str, list[float]] = {"ref": [], "cand": []}
         layouts: set[tuple] = set()  # the reference's output layouts: one, unless they depend on the inputs
-        corr = {"trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None, "detail": "",
-                "by_dtype": {}, "exact_checks": {}, "fixed_outputs": {}}
+        corr = {
+            "trials": 0,
+            "passed": 0,
+            "max_abs_error": 0.0,
+            "max_rel_error": 0.0,
+            "failing_trial": None,
+            "detail": "",
+            "by_dtype": {},
+            "exact_checks": {},
+            "fixed_outputs": {},
+        }
         for i in range(trials):
             corr["trials"] = i + 1
             inputs = self.make_inputs(seed0 + i)
@@ -105,7 +114,9 @@ class Measurement:
                 exact = self.exact(cmp.clone_tree(inputs))
             ref_out, ms = self.run_model(ref_model, cmp.clone_tree(inputs))
             est["ref"].append(ms)
-            layouts.add(tuple((str(x.dtype), tuple(x.shape)) for x in output_leaves(ref_out) if isinstance(x, torch.Tensor)))
+            layouts.add(
+                tuple((str(x.dtype), tuple(x.shape)) for x in output_leaves(ref_out) if isinstance(x, torch.Tensor))
+            )
             self.fixed_layout = len(layouts) == 1
             try:
                 cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
@@ -114,7 +125,9 @@ class Measurement:
                 raise
             est["cand"].append(ms)
             if not link.inputs_intact(inputs):
-                raise Verdict("rejected", f"trial {i}: the input slots were written", "input_mutation", correctness=corr)
+                raise Verdict(
+                    "rejected", f"trial {i}: the input slots were written", "input_mutation", correctness=corr
+                )
             rule = self.spec.tolerances
             mismatch, errors = compare_described(ref_out, cand_out, rule, self.device.type, exact)
             del exact
@@ -253,7 +266,9 @@ class Measurement:
 
     def recheck(self, where: str, ref_out: Any, out: Any) -> None:
         """A timed output must match the reference's output on that call's own fresh inputs."""
-        mismatch, _ = compare_described(ref_out, out, self.spec.tolerances, self.device.type, limits=self.recheck_limits)
+        mismatch, _ = compare_described(
+            ref_out, out, self.spec.tolerances, self.device.type, limits=self.recheck_limits
+        )
         if mismatch is None:
             return
         if mismatch.flag == "lazy_output":
@@ -298,8 +313,11 @@ class Measurement:
         strict = self.timing(ref_model, link, est, 1.0, seed_offset=60_000, max_trials=30)
         cand_ms = statistics.median(figures(TimingStage(**strict["timing"])).gpu["cand"])
         if floor_ms is not None and cand_ms < 0.5 * floor_ms:
-            raise Verdict("rejected", f"candidate time {cand_ms:.4g} ms is below half the memory floor {floor_ms:.4g} ms",
-                          "impossible_time")
+            raise Verdict(
+                "rejected",
+                f"candidate time {cand_ms:.4g} ms is below half the memory floor {floor_ms:.4g} ms",
+                "impossible_time",
+            )
         self.extra_flags.append("strict_verified")
         strict["timing"].update(floor_ms=floor_ms, physics_ms=physics_ms)
         strict["rechecked"] = timed.get("rechecked", 0) + strict.get("rechecked", 0) + corr["passed"]
@@ -446,7 +464,12 @@ def stale(ref_out: Any, out: Any) -> bool:
     difference above ``_STALE_REL`` on some floating output, or any other mismatch), as opposed to
     a rounding-sized difference."""
     for (_, r), (_, o) in zip(cmp.leaves(ref_out), cmp.leaves(out)):
-        if not isinstance(r, torch.Tensor) or not isinstance(o, torch.Tensor) or r.shape != o.shape or r.dtype != o.dtype:
+        if (
+            not isinstance(r, torch.Tensor)
+            or not isinstance(o, torch.Tensor)
+            or r.shape != o.shape
+            or r.dtype != o.dtype
+        ):
             return True
         if not (r.is_floating_point() and o.is_floating_point()):
             if not torch.equal(r, o):

@@ -24,18 +24,18 @@ import torch
 
 from cudal1.harness import window
 from cudal1.harness.channel import Sender
-from cudal1.harness.reference.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.faults import is_out_of_memory, runtime_error_parts
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.lease import Lease
-from cudal1.harness.reference.link import CandidateGone, CandidateLink
-from cudal1.harness.reference.measure import Measurement, scrub
+from cudal1.harness.numerics import ExactAnswers, ExactReference
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
 from cudal1.harness.proctree import CandidateTree
-from cudal1.harness.numerics import ExactAnswers, ExactReference
+from cudal1.harness.reference.degenerate import degenerate_reason, fingerprint
+from cudal1.harness.reference.link import CandidateGone, CandidateLink
+from cudal1.harness.reference.measure import Measurement, scrub
+from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.slots import SlotPool
 from cudal1.harness.spec import PhaseLimits, WorkerSpec
-from cudal1.harness.reference.verdict import Verdict
 
 
 def _oom_flag(exc: BaseException) -> list[str]:
@@ -176,7 +176,9 @@ class RefWorker(Measurement):
         try:
             return load_module(self.spec.reference_path, self.spec.reference_module)
         except BaseException as exc:  # noqa: BLE001
-            raise Verdict("runtime_error", f"reference failed to import: {type(exc).__name__}: {exc}", "reference_error") from None
+            raise Verdict(
+                "runtime_error", f"reference failed to import: {type(exc).__name__}: {exc}", "reference_error"
+            ) from None
 
     def init_inputs(self, ref_mod: Any) -> list:
         init = list(ref_mod.get_init_inputs())
@@ -187,8 +189,12 @@ class RefWorker(Measurement):
             torch.manual_seed(self.cfg.seed if seed is None else seed)
             return ref_mod.Model(*self.init_inputs(ref_mod)).to(self.device)
         except BaseException as exc:  # noqa: BLE001
-            raise Verdict("runtime_error", f"reference failed to construct: {type(exc).__name__}: {exc}", "reference_error",
-                          *_oom_flag(exc)) from None
+            raise Verdict(
+                "runtime_error",
+                f"reference failed to construct: {type(exc).__name__}: {exc}",
+                "reference_error",
+                *_oom_flag(exc),
+            ) from None
 
     def probe_task(self, ref_mod: Any, ref_model: Any) -> None:
         """Degenerate-task check and the float64 answers, on the reference alone."""

@@ -12,8 +12,8 @@ import operator
 import torch.fx as fx
 
 from cudal1.rewrite.graph.emit import eliminate_dead_code
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.patterns import arg, op_name
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.trace import ndim, shape
 
 

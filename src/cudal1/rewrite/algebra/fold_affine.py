@@ -19,8 +19,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from cudal1.rewrite.graph.emit import eliminate_dead_code
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.patterns import arg, is_last_two_swap, is_number, module_of, op_name, reduced_dims, single_use
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.trace import is_constant, is_floating, ndim, reset_constant_memo, shape
 
 

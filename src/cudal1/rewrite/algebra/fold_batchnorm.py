@@ -25,8 +25,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from cudal1.rewrite.graph.emit import eliminate_dead_code
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.patterns import module_of, single_use
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.trace import ndim
 
 GUARDS_KEY = "cudal1_eval_guards"

@@ -16,8 +16,8 @@ import torch
 import torch.fx as fx
 
 from cudal1.rewrite.graph.emit import eliminate_dead_code
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.patterns import op_name, single_use
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.trace import ndim, shape
 
 

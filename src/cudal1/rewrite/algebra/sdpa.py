@@ -17,8 +17,8 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from cudal1.rewrite.graph.emit import eliminate_dead_code
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.patterns import arg, is_last_two_swap, is_number, module_of, op_name, single_use
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.trace import is_floating, ndim, shape
 
 
@@ -68,8 +68,10 @@ def _shape_value(node: object) -> float | None:
         return float(shape(node.args[0])[node.args[1]])
     if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[1], int):
         base = node.args[0]
-        if isinstance(base, fx.Node) and ((base.op == "call_method" and base.target == "size" and len(base.args) == 1) or
-                                          (op_name(base) == "getattr" and base.args[1] == "shape")):
+        if isinstance(base, fx.Node) and (
+            (base.op == "call_method" and base.target == "size" and len(base.args) == 1)
+            or (op_name(base) == "getattr" and base.args[1] == "shape")
+        ):
             s = shape(base.args[0])
             return float(s[node.args[1]]) if s else None
     if node.op == "call_function" and node.target in _MATH:
@@ -90,7 +92,9 @@ def _attention_scale(s: fx.Node, k_dim: int | None) -> tuple[fx.Node, float | No
     if name not in ("mul", "div") or len(s.args) != 2 or s.kwargs:
         return None
     a, b = s.args
-    base, c = (a, b) if isinstance(a, fx.Node) and not (isinstance(b, fx.Node) and _shape_value(a) is not None) else (b, a)
+    base, c = (
+        (a, b) if isinstance(a, fx.Node) and not (isinstance(b, fx.Node) and _shape_value(a) is not None) else (b, a)
+    )
     if name == "div" and base is not a:
         return None
     value = _shape_value(c)
@@ -137,8 +141,15 @@ def sdpa(gm: fx.GraphModule) -> list[str]:
         sq, sk, sv = shape(q), shape(k), shape(v)
         if default_scale:
             scale *= 1.0 / math.sqrt(sq[-1]) if sq else math.nan
-        if not (sq and sk and sv) or not (3 <= len(sq) == len(sk) == len(sv)) or sq[:-2] != sk[:-2] or sk[:-2] != sv[:-2] \
-                or sq[-1] != sk[-1] or sk[-2] != sv[-2] or not all(is_floating(t) for t in (q, k, v)):
+        if (
+            not (sq and sk and sv)
+            or not (3 <= len(sq) == len(sk) == len(sv))
+            or sq[:-2] != sk[:-2]
+            or sk[:-2] != sv[:-2]
+            or sq[-1] != sk[-1]
+            or sk[-2] != sv[-2]
+            or not all(is_floating(t) for t in (q, k, v))
+        ):
             continue
         with graph.inserting_before(node):
             keep = graph.call_function(torch.logical_not, (mask,)) if mask is not None else None

@@ -16,10 +16,18 @@ import torch
 import torch.fx as fx
 
 from cudal1.rewrite.graph.emit import eliminate_dead_code
+from cudal1.rewrite.graph.patterns import (
+    arg,
+    graph_has_mutation,
+    is_last_two_swap,
+    is_number,
+    module_of,
+    op_name,
+    reduced_dims,
+    single_use,
+)
 from cudal1.rewrite.graph.rewrite import Rewrite
-from cudal1.rewrite.graph.patterns import arg, graph_has_mutation, is_last_two_swap, is_number, module_of, op_name, reduced_dims, single_use
 from cudal1.rewrite.graph.trace import dtype, is_floating, ndim, shape
-
 
 _IDENTITY_REDUCTIONS = {"sum", "mean", "amax", "amin", "logsumexp", "prod", "max", "min"}
 
@@ -87,7 +95,13 @@ def _max_min_identity(node: fx.Node) -> list[str]:
     x = node.args[0]
     nd, s = ndim(x), shape(x)
     dim = arg(node, 1, "dim")
-    if not isinstance(x, fx.Node) or not is_floating(x) or not nd or not isinstance(dim, int) or arg(node, 2, "keepdim") is not True:
+    if (
+        not isinstance(x, fx.Node)
+        or not is_floating(x)
+        or not nd
+        or not isinstance(dim, int)
+        or arg(node, 2, "keepdim") is not True
+    ):
         return []
     if s[dim % nd] != 1 or not node.users or not all(
             (op_name(u) == "getitem" and u.args[1] == 0) or (op_name(u) == "getattr" and u.args[1] == "values")
@@ -133,7 +147,12 @@ def _fold_scalars(graph: fx.Graph, node: fx.Node) -> list[str]:
             return [f"merged two scalar scalings into one multiply by {inner[1] * f[1]:g}"]
     if name in ("add", "sub") and len(node.args) == 2 and not node.kwargs:
         p, q = _as_multiple(node.args[0]), _as_multiple(node.args[1])
-        if p is None or q is None or p[0] is not q[0] or not (p[1] != 1.0 or q[1] != 1.0 or node.args[0] is node.args[1]):
+        if (
+            p is None
+            or q is None
+            or p[0] is not q[0]
+            or not (p[1] != 1.0 or q[1] != 1.0 or node.args[0] is node.args[1])
+        ):
             return []
         for side in node.args:
             if side is not p[0] and not single_use(side):
@@ -149,5 +168,6 @@ def _fold_scalars(graph: fx.Graph, node: fx.Node) -> list[str]:
     return []
 
 
-SIMPLIFY = Rewrite("simplify", "remove redundant copies, casts, transposes and identity reductions; merge scalar chains",
-                     simplify)
+SIMPLIFY = Rewrite(
+    "simplify", "remove redundant copies, casts, transposes and identity reductions; merge scalar chains", simplify
+)

@@ -227,7 +227,10 @@ def emit_class(gm: fx.GraphModule, task_globals: dict[str, Any], notes: list[str
     if frontier:
         names = ", ".join(f"self._cudal1_c{i}" for i in range(len(frontier))) + ("," if len(frontier) == 1 else "")
         key = ", ".join(f"{attr_expr('self', s)}.data_ptr(), {attr_expr('self', s)}._version" for s in sources)
-        out += ["    def _cudal1_fold(self):", '        """Parameter-only values the forward uses (no inputs involved)."""']
+        out += [
+            "    def _cudal1_fold(self):",
+            '        """Parameter-only values the forward uses (no inputs involved)."""',
+        ]
         out += ["    " + ln for ln in fold_src.splitlines()]
         out += ["", "    def _cudal1_refresh(self):",
                 "        key = (" + key + ("," if len(sources) == 1 else "") + ")",

@@ -68,7 +68,9 @@ def trace_task(source: str) -> Traced:
     try:
         graph = _Tracer().trace(model)
     except Exception as exc:  # noqa: BLE001
-        raise TraceFailed(f"torch.fx cannot trace the model: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}") from None
+        raise TraceFailed(
+            f"torch.fx cannot trace the model: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+        ) from None
     gm = fx.GraphModule(model, graph)
     propagate_shapes(gm, inputs)
     return Traced(mod, model, gm, inputs)

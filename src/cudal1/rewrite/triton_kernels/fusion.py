@@ -38,13 +38,22 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 from cudal1.extras import is_available
-from cudal1.rewrite.triton_kernels.conv_epilogue import split_biases, undo
 from cudal1.rewrite.graph.emit import eliminate_dead_code
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.patterns import is_inplace, module_of
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.trace import is_constant, reset_constant_memo, shape
-from cudal1.rewrite.triton_kernels.codegen import (DTYPES, HEADER, HELPERS, Op, Region, exec_source, generate, recognise,
-                                           tensor_meta)
+from cudal1.rewrite.triton_kernels.codegen import (
+    DTYPES,
+    HEADER,
+    HELPERS,
+    Op,
+    Region,
+    exec_source,
+    generate,
+    recognise,
+    tensor_meta,
+)
+from cudal1.rewrite.triton_kernels.conv_epilogue import split_biases, undo
 from cudal1.rewrite.triton_kernels.cost import estimate, worth_fusing
 
 NAME = "triton-fusion"

@@ -33,8 +33,8 @@ import torch.fx as fx
 
 from cudal1.extras import is_available
 from cudal1.rewrite.graph.emit import eliminate_dead_code
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.patterns import arg, module_of, op_name
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.trace import dtype, is_constant, reset_constant_memo, shape
 from cudal1.rewrite.triton_kernels.codegen import exec_source
 from cudal1.rewrite.triton_kernels.fusion import PRELUDE_KEY

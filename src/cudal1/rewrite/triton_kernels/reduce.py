@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from cudal1.extras import is_available
 from cudal1.rewrite.graph.emit import eliminate_dead_code
-from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.patterns import arg, module_of
+from cudal1.rewrite.graph.rewrite import Rewrite
 from cudal1.rewrite.graph.trace import dtype, is_constant, ndim, reset_constant_memo, shape
 from cudal1.rewrite.triton_kernels.codegen import exec_source
 from cudal1.rewrite.triton_kernels.fusion import PRELUDE_KEY
@@ -113,10 +113,19 @@ def _norm(node: fx.Node) -> tuple[str, tuple, dict, str] | None:
         ns, w, b, eps = arg(node, 1, "normalized_shape"), arg(node, 2, "weight"), arg(node, 3, "bias"), \
             arg(node, 4, "eps", 1e-5)
         if isinstance(ns, (list, tuple)) and all(isinstance(d, int) for d in ns) and isinstance(eps, float):
-            return "_cudal1_layer_norm", (x, tuple(ns), w, b, eps), {}, f"layer_norm over {tuple(ns)} of {_shape_text(x)}"
+            return (
+                "_cudal1_layer_norm",
+                (x, tuple(ns), w, b, eps),
+                {},
+                f"layer_norm over {tuple(ns)} of {_shape_text(x)}",
+            )
     if getattr(F, "rms_norm", None) is not None and node.target is F.rms_norm:
         ns, w, eps = arg(node, 1, "normalized_shape"), arg(node, 2, "weight"), arg(node, 3, "eps")
-        if isinstance(ns, (list, tuple)) and all(isinstance(d, int) for d in ns) and (eps is None or isinstance(eps, float)):
+        if (
+            isinstance(ns, (list, tuple))
+            and all(isinstance(d, int) for d in ns)
+            and (eps is None or isinstance(eps, float))
+        ):
             return "_cudal1_rms_norm", (x, tuple(ns), w, eps), {}, f"rms_norm over {tuple(ns)} of {_shape_text(x)}"
     if node.target is F.group_norm:
         groups, w, b, eps = arg(node, 1, "num_groups"), arg(node, 2, "weight"), arg(node, 3, "bias"), \

@@ -54,7 +54,9 @@ class EvalSet:
         from datasets import Dataset
 
         ids = list(self.tasks)
-        return Dataset.from_dict({"task": ids, "prompt": [self.prompts[i].messages() for i in ids], "phase": [PHASE] * len(ids)})
+        return Dataset.from_dict(
+            {"task": ids, "prompt": [self.prompts[i].messages() for i in ids], "phase": [PHASE] * len(ids)}
+        )
 
     def score(self, task_ids: list[str], texts: list[str], step: int, reward: Any) -> list[float]:
         """Judge and record eval completions; rewards against the running statistics, unchanged."""

@@ -115,7 +115,9 @@ def _ask_and_judge(policy: Policy, judge: RecordedJudge, slots: list[Task], prom
         error = "no completion" if completion is None else completion.error
         if error:
             failed += 1
-            judge.record_response(task, ROUND, POLICY, dataclasses.asdict(prompts[task.hash]), "", "", None, error=error)
+            judge.record_response(
+                task, ROUND, POLICY, dataclasses.asdict(prompts[task.hash]), "", "", None, error=error
+            )
             judge.unjudged(task, f"request failed: {error}")
             continue
         items.append((task, completion.text))

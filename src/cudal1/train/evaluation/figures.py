@@ -138,17 +138,38 @@ def figures(samples: dict[str, list[Sample]], k: int) -> dict[str, Any]:
     values = list(best.values())
     every = [best.get(t, UNSOLVED) for t in samples]
     return {
-        "tasks": tasks, "samples_per_task": k, "samples": n_samples,
+        "tasks": tasks,
+        "samples_per_task": k,
+        "samples": n_samples,
         "complete": all(len(ss) >= k for ss in samples.values()),
-        "compile_rate": rate(lambda s: s.compiled), "correct_rate": rate(lambda s: s.correct), "ok_rate": rate(lambda s: s.ok),
+        "compile_rate": rate(lambda s: s.compiled),
+        "correct_rate": rate(lambda s: s.correct),
+        "ok_rate": rate(lambda s: s.ok),
         **passes,
-        "fast_p": fast, "fast_p_point": fast_point, "fast_p_at_1": fast_one,
-        "speedup": {"geomean": geomean(every), "median": statistics.median(every) if every else None, "tasks": tasks,
-                    "unsolved": tasks - len(values), "convention": CONVENTION, "solved": len(values),
-                    "solved_geomean": geomean(values), "solved_median": statistics.median(values) if values else None},
+        "fast_p": fast,
+        "fast_p_point": fast_point,
+        "fast_p_at_1": fast_one,
+        "speedup": {
+            "geomean": geomean(every),
+            "median": statistics.median(every) if every else None,
+            "tasks": tasks,
+            "unsolved": tasks - len(values),
+            "convention": CONVENTION,
+            "solved": len(values),
+            "solved_geomean": geomean(values),
+            "solved_median": statistics.median(values) if values else None,
+        },
         "degenerate": sum(1 for ss in samples.values() if any(s.degenerate for s in ss)),
-        "per_task": {t: {"samples": len(ss), "compiled": sum(s.compiled for s in ss), "correct": sum(s.correct for s in ss),
-                         "ok": sum(s.ok for s in ss), "best_speedup": best.get(t)} for t, ss in samples.items()},
+        "per_task": {
+            t: {
+                "samples": len(ss),
+                "compiled": sum(s.compiled for s in ss),
+                "correct": sum(s.correct for s in ss),
+                "ok": sum(s.ok for s in ss),
+                "best_speedup": best.get(t),
+            }
+            for t, ss in samples.items()
+        },
     }
 
 

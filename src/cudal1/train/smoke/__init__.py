@@ -163,9 +163,7 @@ def priming_records(task: Task, count: int, *, seed: int = 0, hardware: str = "C
     import random
 
     from cudal1.prompts import build_prompt
-    from cudal1.types import Exemplar
-
-    from cudal1.types import reference_candidate
+    from cudal1.types import Exemplar, reference_candidate
 
     rng = random.Random(seed)
     answers = answers or {**VARIANTS, **FAILURES, "mutates_input": CHEATS["mutates_input"]}
@@ -175,7 +173,10 @@ def priming_records(task: Task, count: int, *, seed: int = 0, hardware: str = "C
         pool[name], ranges[name] = code, span
     records = []
     for _ in range(count):
-        shown = [Exemplar(pool[k], round(rng.uniform(*ranges[k]), 2)) for k in rng.sample(sorted(pool), rng.randint(0, max_exemplars))]
+        shown = [
+            Exemplar(pool[k], round(rng.uniform(*ranges[k]), 2))
+            for k in rng.sample(sorted(pool), rng.randint(0, max_exemplars))
+        ]
         prompt = build_prompt(task, shown, hardware)
         name = rng.choice(sorted(answers))
         records.append({"messages": prompt.messages() + [{"role": "assistant", "content": short_answer(answers[name])}],

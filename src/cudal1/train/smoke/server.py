@@ -173,7 +173,9 @@ class _Handler(BaseHTTPRequestHandler):
         owner._enter()
         try:
             item = owner._next_item(body)
-            reply = item if isinstance(item, Reply) else Reply(texts=item) if isinstance(item, list) else Reply(text=item)
+            reply = (
+                item if isinstance(item, Reply) else Reply(texts=item) if isinstance(item, list) else Reply(text=item)
+            )
             if reply.delay_s and owner._stop.wait(reply.delay_s):
                 return  # server stopping: drop the request
             n = int(body.get("n") or 1)

@@ -38,8 +38,19 @@ if TYPE_CHECKING:
     from cudal1.harness import DevicePlan
     from cudal1.types import Task
 
-__all__ = ["PRIME", "judge_plan", "smoke_judge", "primed_model", "smoke_eval_task", "smoke_grpo", "smoke_sft", "smoke_ssl", "smoke_task",
-           "tiny_base", "verified_records"]
+__all__ = [
+    "PRIME",
+    "judge_plan",
+    "smoke_judge",
+    "primed_model",
+    "smoke_eval_task",
+    "smoke_grpo",
+    "smoke_sft",
+    "smoke_ssl",
+    "smoke_task",
+    "tiny_base",
+    "verified_records",
+]
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +144,6 @@ def smoke_grpo(out: str | Path, *, config: GRPOConfig | None = None, resume: boo
 def verified_records() -> list[dict[str, Any]]:
     """Chat records answering the smoke task with each bundled verified program (what collect keeps)."""
     from cudal1.prompts import build_prompt
-
     from cudal1.train.smoke import answer
 
     prompt = build_prompt(smoke_task(), [], "CPU")

@@ -65,14 +65,26 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, fixed: Iterabl
                                    pad_token="<|endoftext|>", unk_token=None)
     from tokenizers import AddedToken
 
-    fast.add_tokens([AddedToken(f, special=False, normalized=False) for f in sorted(set(fixed), key=len, reverse=True) if f])
+    fast.add_tokens(
+        [AddedToken(f, special=False, normalized=False) for f in sorted(set(fixed), key=len, reverse=True) if f]
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.padding_side = "left"
     return fast
 
 
-def build_tiny_model(out: str | Path, texts: Iterable[str], *, hidden: int = 64, layers: int = 2, heads: int = 4,
-                     vocab_size: int = 2048, max_positions: int = 8192, seed: int = 0, fixed: Iterable[str] = ()) -> Path:
+def build_tiny_model(
+    out: str | Path,
+    texts: Iterable[str],
+    *,
+    hidden: int = 64,
+    layers: int = 2,
+    heads: int = 4,
+    vocab_size: int = 2048,
+    max_positions: int = 8192,
+    seed: int = 0,
+    fixed: Iterable[str] = (),
+) -> Path:
     """Train a tokenizer on ``texts`` (``fixed`` strings as single tokens), build a ``layers``-layer
     Qwen2 model, save both to ``out``."""
     import torch

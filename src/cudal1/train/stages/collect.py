@@ -92,8 +92,11 @@ def _record(row: dict[str, Any], task: Task, res: EvalResult, source: str) -> di
     import dataclasses
 
     prompt = row["prompt"]
-    messages = [{"role": "system", "content": prompt.get("system", "")}, {"role": "user", "content": prompt.get("user", "")},
-                {"role": "assistant", "content": row["response"]}]
+    messages = [
+        {"role": "system", "content": prompt.get("system", "")},
+        {"role": "user", "content": prompt.get("user", "")},
+        {"role": "assistant", "content": row["response"]},
+    ]
     return {"messages": messages, "source": source, "task": task.task_id, "task_hash": task.hash,
             "status": res.status.value, "speedup": res.speedup,
             "speedup_ci": list(res.speedup_ci) if res.speedup_ci else None, "flags": list(res.flags),
@@ -143,9 +146,18 @@ def _summary(records: list[dict], judged: Counter, out: Path, **extra: Any) -> d
             "tasks_with_data": len({r["task_hash"] for r in records}), "judged": dict(judged)} | extra
 
 
-def collect_teachers(tasks: list[Task], teachers: list[Teacher], attempts: int, per_task: int, out: str | Path,
-                     judge: RecordedJudge, *, policy_options: dict[str, Any] | None = None, allow_held_out: bool = False,
-                     kernelbench: str | Path | None = None) -> dict[str, Any]:
+def collect_teachers(
+    tasks: list[Task],
+    teachers: list[Teacher],
+    attempts: int,
+    per_task: int,
+    out: str | Path,
+    judge: RecordedJudge,
+    *,
+    policy_options: dict[str, Any] | None = None,
+    allow_held_out: bool = False,
+    kernelbench: str | Path | None = None,
+) -> dict[str, Any]:
     """Sample, judge and keep (see the module docstring), judging through ``judge`` (its store is
     ``DATA.sqlite`` beside ``out`` unless it has one).  Returns a summary."""
     from cudal1.policy import PolicyConfig, make_policy
@@ -230,7 +242,9 @@ def collect_file(path: str | Path, tasks: list[Task] | None, per_task: int, out:
         done = {(row["task_hash"], row["response"]) for row in judge.responses() if row["policy"] == source}
         todo = [(t, text) for t, text in items if (t.hash, text) not in done]
         if todo:
-            verdicts = RolloutJudge(judge, source).judge(todo, prompts=[answer_prompt(t, judge.hardware) for t, _ in todo])
+            verdicts = RolloutJudge(judge, source).judge(
+                todo, prompts=[answer_prompt(t, judge.hardware) for t, _ in todo]
+            )
             judged.update(o.kind for _, o in verdicts)
         task_list = list({t.hash: t for t, _ in items}.values())
         kept = select_records(judge, task_list, [source], per_task)

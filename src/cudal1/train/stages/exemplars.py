@@ -97,7 +97,9 @@ def read_verified(source: str | Path, task_hashes: set[str]) -> dict[str, list[t
     return out
 
 
-def choose(tasks: list[Task], sources: list[str | Path], per_task: int) -> dict[str, list[tuple[Candidate, EvalResult, str]]]:
+def choose(
+    tasks: list[Task], sources: list[str | Path], per_task: int
+) -> dict[str, list[tuple[Candidate, EvalResult, str]]]:
     """Per task hash, the programs to seed: verified, distinct, fastest first, ``per_task`` at most;
     each with the verdict it was chosen by and its source."""
     hashes = {t.hash for t in tasks}

@@ -50,15 +50,15 @@ from typing import Any, Callable
 from cudal1.recorded import RecordedJudge
 from cudal1.train import dist, require_train
 from cudal1.train.checkpoint import check_engine, last_checkpoint, save_final
-from cudal1.train.stages.collapse import CollapseWatch
 from cudal1.train.common import check_model, cuda_or_cpu_kwargs, peft_config, trainer_arguments, world_size
 from cudal1.train.config import GRPOConfig
-from cudal1.train.stages.contrast import ContrastivePrompts
 from cudal1.train.evaluation.during_grpo import EVAL_POLICY, PHASE, EvalSet, eval_callback
 from cudal1.train.judging import RolloutJudge, reference_candidate
 from cudal1.train.metrics import metrics_callback, read_metrics
 from cudal1.train.preflight import memory_shortfalls
 from cudal1.train.reward import RewardConfig, RunningStats, outcome_of, shape_rewards
+from cudal1.train.stages.collapse import CollapseWatch
+from cudal1.train.stages.contrast import ContrastivePrompts
 from cudal1.types import EvalResult, Status, Task
 
 log = logging.getLogger(__name__)
@@ -175,21 +175,44 @@ def grpo_arguments(cfg: GRPOConfig, out: str | Path, report_to: Any = "none", pr
         raise ValueError(f"grpo: vllm_tensor_parallel_size ({cfg.vllm_tensor_parallel_size}) must divide the number of "
                          f"training processes ({processes}) in colocate mode")
     ours: dict[str, Any] = dict(
-        output_dir=str(out), num_generations=cfg.group_size, per_device_train_batch_size=per_device_batch(cfg, processes),
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_steps=cfg.max_steps,
-        learning_rate=cfg.learning_rate, beta=cfg.beta, epsilon=cfg.epsilon,
-        num_iterations=cfg.num_iterations, loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
-        temperature=cfg.temperature, top_p=cfg.top_p, max_completion_length=cfg.max_completion_length,
-        use_vllm=cfg.use_vllm, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
-        save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=report_to, remove_unused_columns=False,
+        output_dir=str(out),
+        num_generations=cfg.group_size,
+        per_device_train_batch_size=per_device_batch(cfg, processes),
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate,
+        beta=cfg.beta,
+        epsilon=cfg.epsilon,
+        num_iterations=cfg.num_iterations,
+        loss_type=cfg.loss_type,
+        scale_rewards=cfg.scale_rewards,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_completion_length=cfg.max_completion_length,
+        use_vllm=cfg.use_vllm,
+        logging_steps=cfg.logging_steps,
+        save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit,
+        seed=cfg.seed,
+        report_to=report_to,
+        remove_unused_columns=False,
     )
     if cfg.use_vllm:
-        ours.update(vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
-                    vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size, vllm_max_model_length=cfg.vllm_max_model_length,
-                    vllm_server_base_url=cfg.vllm_server_base_url)
+        ours.update(
+            vllm_mode=cfg.vllm_mode,
+            vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size,
+            vllm_max_model_length=cfg.vllm_max_model_length,
+            vllm_server_base_url=cfg.vllm_server_base_url,
+        )
     if cfg.eval_every and eval_tasks:
-        ours.update(do_eval=True, eval_strategy="steps", eval_steps=cfg.eval_every, num_generations_eval=cfg.eval_samples,
-                    per_device_eval_batch_size=eval_batch(cfg.eval_samples, processes))
+        ours.update(
+            do_eval=True,
+            eval_strategy="steps",
+            eval_steps=cfg.eval_every,
+            num_generations_eval=cfg.eval_samples,
+            per_device_eval_batch_size=eval_batch(cfg.eval_samples, processes),
+        )
     else:
         ours.update(eval_strategy="no")
     ours.update(cuda_or_cpu_kwargs(trl.GRPOConfig, cfg.bf16, cfg.gradient_checkpointing))
@@ -219,7 +242,8 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudg
     through ``judge`` (its config, plan, hardware name and listener are the run's; its store is
     ``OUT/cudal1.sqlite`` unless it has one).  Returns a summary.
     ``callbacks``: more ``transformers.TrainerCallback`` objects for the trainer (e.g. a deadline).
-    ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps (:mod:`cudal1.train.evaluation.during_grpo`).
+    ``eval_tasks`` with ``cfg.eval_every``: evaluated every ``eval_every`` steps
+    (:mod:`cudal1.train.evaluation.during_grpo`).
     ``exemplars_from``: earlier runs whose verified programs seed the exemplar pool, at most
     ``exemplars_per_task`` per task, judged here first (:mod:`.exemplars`).  Held-out training
     tasks are refused unless ``allow_held_out``, and ``eval_tasks`` must not be trained on
@@ -235,16 +259,29 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudg
         refuse(tasks, "train grpo", HeldOut.load(kernelbench))
     both = overlap(tasks, eval_tasks or [])
     if both:
-        raise ValueError(f"train grpo: {len(both)} eval task(s) are also trained on ({', '.join(both[:3])}"
-                         f"{', ...' if len(both) > 3 else ''}): the eval split must be disjoint from the training suite")
+        raise ValueError(
+            f"train grpo: {len(both)} eval task(s) are also trained on ({', '.join(both[:3])}"
+            f"{', ...' if len(both) > 3 else ''}): the eval split must be disjoint from the training suite"
+        )
     check_model(model)
     out = Path(out)
     with dist.main_first():  # rank 0 creates the store (schema, WAL) before the others open it
         out.mkdir(parents=True, exist_ok=True)
         judge.open_store(out / "cudal1.sqlite")
     try:
-        return _train(model, tasks, cfg, judge, out, resume=resume, report_to=report_to, callbacks=callbacks,
-                      eval_tasks=eval_tasks or [], seeds=(list(exemplars_from or []), exemplars_per_task), rollout=rollout)
+        return _train(
+            model,
+            tasks,
+            cfg,
+            judge,
+            out,
+            resume=resume,
+            report_to=report_to,
+            callbacks=callbacks,
+            eval_tasks=eval_tasks or [],
+            seeds=(list(exemplars_from or []), exemplars_per_task),
+            rollout=rollout,
+        )
     finally:
         judge.close_store()
 
@@ -256,7 +293,12 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge,
     from transformers import AutoTokenizer
 
     main = dist.is_main()
-    settings = {"model": str(model), "grpo": _asdict(cfg), "judge": judge.config.to_dict(), "processes": dist.world_size()}
+    settings = {
+        "model": str(model),
+        "grpo": _asdict(cfg),
+        "judge": judge.config.to_dict(),
+        "processes": dist.world_size(),
+    }
     with judge.run("train-grpo", settings, record=main):
         rollouts = RolloutJudge(judge, POLICY)
         seeded = None
@@ -290,11 +332,20 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge,
         for line in short if main else []:
             log.warning("grpo: memory estimate (cudal1/train/recipes.py): %s", line)
         trainer = trl.GRPOTrainer(
-            model=str(model), reward_funcs=[reward], args=args, rollout_func=rollout,
-            train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16), processing_class=tokenizer,
-            eval_dataset=evalset.dataset() if evalset else None, peft_config=peft_config(cfg.lora, cfg.lora_config),
-            callbacks=[metrics_callback(out, "grpo", reward.metrics), *([eval_callback(evalset, out)] if evalset else []),
-                       *([collapse_stop(watch)] if cfg.collapse_stop else []), *callbacks],
+            model=str(model),
+            reward_funcs=[reward],
+            args=args,
+            rollout_func=rollout,
+            train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16),
+            processing_class=tokenizer,
+            eval_dataset=evalset.dataset() if evalset else None,
+            peft_config=peft_config(cfg.lora, cfg.lora_config),
+            callbacks=[
+                metrics_callback(out, "grpo", reward.metrics),
+                *([eval_callback(evalset, out)] if evalset else []),
+                *([collapse_stop(watch)] if cfg.collapse_stop else []),
+                *callbacks,
+            ],
         )
         check_engine(trainer)
         result = trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
@@ -325,9 +376,14 @@ def summarize(out: Path, judge: RecordedJudge, tasks: list[Task]) -> dict[str, A
         speedups = [r.speedup for _, r in judge.results(t) if r.status is Status.OK and r.speedup is not None]
         best[t.task_id] = max(speedups) if speedups else None
     evals = sorted((m for m in read_metrics(out) if m.get("stage") == "eval"), key=lambda m: m["step"])
-    return {"out": str(out), "reward_mean": [r.get("reward_mean") for r in rows],
-            "success_rate": [r.get("success_rate") for r in rows], "best_speedup": best,
-            "judged": judge.status_counts(), "eval": [{k: v for k, v in m.items() if k not in ("time", "stage")} for m in evals]}
+    return {
+        "out": str(out),
+        "reward_mean": [r.get("reward_mean") for r in rows],
+        "success_rate": [r.get("success_rate") for r in rows],
+        "best_speedup": best,
+        "judged": judge.status_counts(),
+        "eval": [{k: v for k, v in m.items() if k not in ("time", "stage")} for m in evals],
+    }
 
 
 def _asdict(cfg: GRPOConfig) -> dict[str, Any]:
