@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cudal1.config import TOLERANCES, Tolerances
 from cudal1.harness import compare as cmp
+from cudal1.tolerances import TOLERANCES, Tolerances
 
 STRICT = TOLERANCES["strict"]
 

@@ -242,7 +242,7 @@ class TestConfigBase:
 def test_the_correctness_rules_are_typed_values():
     """A rule is its per-dtype limits plus, for ``exact``, the exact-answer constants: no magic keys
     in a dtype table, one fallback for a dtype the limits do not name."""
-    from cudal1.config import TOLERANCES, ExactRule, Tolerances
+    from cudal1.tolerances import TOLERANCES, ExactRule, Tolerances
 
     exact, strict, v0 = TOLERANCES["exact"], TOLERANCES["strict"], TOLERANCES["kernelbench-v0"]
     assert isinstance(exact.exact, ExactRule) and strict.exact is None and v0.exact is None

@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from cudal1.config import TOLERANCES, EvalConfig, ExactRule
+from cudal1.config import EvalConfig
 from cudal1.harness import compare as cmp
 from cudal1.harness.numerics import ExactReference, LeafCheck, exact_applies, float64_model, leaf_check
 from cudal1.harness.parent.sandbox import verdict_problem
-from cudal1.harness.reference.measure import stale
+from cudal1.harness.reference.outputs import stale
+from cudal1.tolerances import TOLERANCES, ExactRule
 
 REPO = Path(__file__).resolve().parent.parent
 RULE = TOLERANCES["exact"]  # the default correctness rule

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from cudal1.config import TOLERANCES, EvalConfig
+from cudal1.config import EvalConfig
 from cudal1.harness.spec import WorkerSpec
+from cudal1.tolerances import TOLERANCES
 
 STRICT = TOLERANCES["strict"]
 

@@ -6,8 +6,9 @@ import dataclasses
 
 import pytest
 
-from cudal1.config import TOLERANCES, EvalConfig
+from cudal1.config import EvalConfig
 from cudal1.harness.spec import TaskFindings, WorkerSpec, WorkerVerdict
+from cudal1.tolerances import TOLERANCES
 
 
 def _spec(**changes) -> WorkerSpec:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+from cudal1.tolerances import TOLERANCES
 from cudal1.types import content_hash
 
 C = TypeVar("C", bound="Config")
@@ -256,71 +257,6 @@ def read_yaml_mapping(path: str | os.PathLike[str]) -> dict[str, Any]:
 # The sampling temperature every policy and training stage uses unless told otherwise (the
 # exemplar selection's softmax temperature is another knob: ``tau``).
 SAMPLING_TEMPERATURE = 1.0
-
-
-# ---- correctness rules ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ExactRule:
-    """The exact-answer rule's constants (:mod:`cudal1.harness.numerics` explains the rule): a
-    floating output's error against the float64 answer may be ``factor`` times the fp32
-    reference's own error, and never has to be smaller than its dtype's floors."""
-
-    factor: float = 16.0
-    # dtype -> (floor relative to |exact|, absolute floor per element); other dtypes take float32's
-    floors: Mapping[str, tuple[float, float]] = dataclasses.field(default_factory=lambda: {
-        "float32": (1e-5, 1e-8),
-        "float16": (2e-3, 1e-5),
-        "bfloat16": (1.6e-2, 1e-4),
-    })
-
-    def floor(self, dtype: str) -> tuple[float, float]:
-        return self.floors.get(dtype) or self.floors["float32"]
-
-
-@dataclass(frozen=True)
-class Tolerances:
-    """A correctness rule: ``limits`` (per output dtype, ``(atol, rtol)`` against the reference's
-    own output) and, when set, the exact-answer rule, which judges floating outputs first; the
-    limits then judge only what it cannot (integer or float64 outputs, a reference that cannot
-    run in float64)."""
-
-    name: str
-    limits: Mapping[str, tuple[float, float]]
-    exact: ExactRule | None = None
-
-    FALLBACK: ClassVar[tuple[float, float]] = (1e-4, 1e-4)  # a dtype the limits do not name
-
-    def limit(self, dtype: str) -> tuple[float, float]:
-        """``(atol, rtol)`` for an output of ``dtype``."""
-        return self.limits.get(dtype, self.FALLBACK)
-
-
-_STRICT = {
-    "float64": (1e-7, 1e-7),
-    "float32": (1e-4, 1e-4),
-    "float16": (1e-2, 1e-2),
-    "bfloat16": (1e-2, 1e-2),
-    "float8_e4m3fn": (1e-1, 1e-1),
-    "float8_e5m2": (1e-1, 1e-1),
-}
-# ``exact`` (the default) judges floating outputs against the reference run in float64, with
-# ``strict``'s limits for what it cannot judge.  The fixed rules compare with the fp32 reference
-# only: ``kernelbench-v0`` is the 1e-2 that KernelBench's published numbers used, kept for
-# comparability.
-TOLERANCES: dict[str, Tolerances] = {
-    "exact": Tolerances("exact", _STRICT, ExactRule()),
-    "strict": Tolerances("strict", _STRICT),
-    "kernelbench-v0": Tolerances("kernelbench-v0", {
-        "float64": (1e-2, 1e-2),
-        "float32": (1e-2, 1e-2),
-        "float16": (1e-2, 1e-2),
-        "bfloat16": (1e-2, 1e-2),
-        "float8_e4m3fn": (1e-1, 1e-1),
-        "float8_e5m2": (1e-1, 1e-1),
-    }),
-}
 
 
 @dataclass(frozen=True)

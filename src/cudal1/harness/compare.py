@@ -4,7 +4,7 @@ Contract: ``compare(ref, out, tolerances, device_type, exact=None)`` returns a :
 or ``None`` and the errors it saw.  With ``exact`` (the reference's float64 outputs) every
 floating output the exact rule can judge is judged by it (:mod:`cudal1.harness.numerics`); the
 others, and every output when ``exact`` is None, by the rule's per-dtype limits
-(:class:`cudal1.config.Tolerances`): errors computed in float64 (``|out - ref|`` against
+(:class:`cudal1.tolerances.Tolerances`): errors computed in float64 (``|out - ref|`` against
 ``atol + rtol * |ref|`` elementwise).  NaN/Inf
 positions must match the fp32 reference's exactly.  Integer and
 bool outputs must match exactly.  Only plain ``torch.Tensor`` objects (not subclasses, not
@@ -21,8 +21,8 @@ from typing import Any
 
 import torch
 
-from cudal1.config import ExactRule, Tolerances
 from cudal1.harness.numerics import LeafCheck, exact_applies, leaf_check, within_limits
+from cudal1.tolerances import ExactRule, Tolerances
 
 # Captured before candidate code runs (see module docstring).
 _Tensor = torch.Tensor

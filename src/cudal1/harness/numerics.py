@@ -22,7 +22,7 @@ finite (NaN/Inf positions are compared exactly, as before):
   (a tile-boundary bug) cannot hide inside a large tensor's norm.  Scaled by the largest
   ``|E|``, not by each element's own magnitude, for the same cancellation reason.
 
-Constants (:class:`cudal1.config.ExactRule`, the job's rule): ``factor = 16``: two honest roundings
+Constants (:class:`cudal1.tolerances.ExactRule`, the job's rule): ``factor = 16``: two honest roundings
 of one value differ by small factors (measured: matrix chains, summation orders and fused kernels
 stay within 4x), while precision damage is 30x and more (TF32 matmuls, bf16 sums, an output scaled
 by 1.0005).  ``floor_rel`` (fp32 1e-5, fp16 2e-3, bf16 1.6e-2) covers programs whose reference
@@ -46,8 +46,8 @@ from typing import Any
 
 import torch
 
-from cudal1.config import ExactRule
 from cudal1.harness.faults import is_out_of_memory
+from cudal1.tolerances import ExactRule
 
 # Captured before candidate code runs (the same reason as in compare.py).
 _Tensor = torch.Tensor

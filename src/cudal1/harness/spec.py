@@ -17,7 +17,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from cudal1.config import EvalConfig, Tolerances
+from cudal1.config import EvalConfig
+from cudal1.tolerances import Tolerances
 
 MODES = ("eval", "build", "baseline")
 

@@ -17,13 +17,14 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-from cudal1.config import TOLERANCES, EvalConfig
+from cudal1.config import EvalConfig
 from cudal1.harness import build
 from cudal1.harness.lease import lease_path
 from cudal1.harness.parent.assemble import assemble
 from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
 from cudal1.harness.parent.sandbox import JobOutcome, run_job
 from cudal1.harness.spec import CUDA_WRITABLE, BuildStage, CandidateSettings, CandidateSpec, ExactCacheSpec, WorkerSpec
+from cudal1.tolerances import TOLERANCES
 from cudal1.types import Candidate, EvalResult, Status, Task, content_hash
 
 

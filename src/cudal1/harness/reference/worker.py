@@ -32,7 +32,8 @@ from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_o
 from cudal1.harness.proctree import CandidateTree
 from cudal1.harness.reference.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.reference.link import CandidateGone, CandidateLink
-from cudal1.harness.reference.measure import Measurement, scrub
+from cudal1.harness.reference.measure import Measurement
+from cudal1.harness.reference.outputs import scrub
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.slots import SlotPool
 from cudal1.harness.spec import PhaseLimits, WorkerSpec
