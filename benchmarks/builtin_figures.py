@@ -68,9 +68,7 @@ def ratios(pairs: list[tuple[str, float, float]]) -> dict[str, Any]:
     rs = [(t, b / o) for t, b, o in pairs if b and o]
     values = [r for _, r in rs]
     return {
-        "n": len(rs),
-        "geomean": geomean(values),
-        "median": statistics.median(values) if values else None,
+        "n": len(rs), "geomean": geomean(values), "median": statistics.median(values) if values else None,
         "wins": sum(r > 1.0 for r in values),
         "win_rate": sum(r > 1.0 for r in values) / len(values) if values else None,
         "losses": sorted(([t, r] for t, r in rs if r < 1.0), key=lambda tr: tr[1]),
@@ -179,9 +177,7 @@ def summarize(rows: list[dict], modes: list[str]) -> dict[str, Any]:
                  for k, c in sorted(chains.items(), key=lambda kv: -kv[1]["judged"])}
     levels = sorted({r["level"] for r in live}, key=lambda v: (v is None, v or 0))
     return {
-        "tasks": len(rows),
-        "finished": len(live),
-        "unfinished": [r["task"] for r in unfinished],
+        "tasks": len(rows), "finished": len(live), "unfinished": [r["task"] for r in unfinished],
         "degenerate": [r["task"] for r in rows if r["degenerate"]],
         "no_verified_candidate": [r["task"] for r in live if not r["verified"]],
         "overall": figures(live),

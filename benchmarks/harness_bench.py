@@ -541,10 +541,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                      help="KernelBench picks as LEVEL/ID[:KIND],... with KIND rename|compile|cuda "
                           "(default: a built-in list of 10, extended with rename candidates up to --min-tasks)")
     src.add_argument(
-        "--min-tasks",
-        type=int,
-        default=20,
-        metavar="N",
+        "--min-tasks", type=int, default=20, metavar="N",
         help="extend the KernelBench picks until N distinct tasks (default 20)",
     )
     src.add_argument(
@@ -583,9 +580,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="keep the usual Inductor/Triton caches instead of fresh ones for this run")
     judge.add_argument("--no-samples", action="store_true", help="drop raw timing samples from the JSON")
     p.add_argument(
-        "--out",
-        default=str(REPO / "runs" / "harness_bench"),
-        metavar="DIR",
+        "--out", default=str(REPO / "runs" / "harness_bench"), metavar="DIR",
         help="where the JSON goes (default runs/harness_bench)",
     )
     p.add_argument("--dry-run", action="store_true", help="list the pairs and exit (no judging, no GPU needed)")
@@ -706,12 +701,8 @@ class BenchRun:
             "figures": self.figures(),
             "pairs": [
                 {
-                    "task": p.task.name,
-                    "task_id": p.task.task_id,
-                    "kind": p.kind,
-                    "label": p.candidate.label,
-                    "task_hash": p.task.hash,
-                    "candidate_hash": p.candidate.hash,
+                    "task": p.task.name, "task_id": p.task.task_id, "kind": p.kind,
+                    "label": p.candidate.label, "task_hash": p.task.hash, "candidate_hash": p.candidate.hash,
                     **p.traits(),
                     "overhead_s": [
                         overhead_s(run["results"][i], warm, cold_prebuilt(p, k)) for k, run in enumerate(runs)

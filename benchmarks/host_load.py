@@ -107,9 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{scenario}: {time.monotonic() - t:.0f} s", flush=True)
         for job, r in zip(jobs, results):
             rows.setdefault(job.candidate.label, {})[scenario] = {
-                "status": r.status.value,
-                "reference_ms": r.reference_ms,
-                "candidate_ms": r.candidate_ms,
+                "status": r.status.value, "reference_ms": r.reference_ms, "candidate_ms": r.candidate_ms,
                 "speedup": r.speedup,
             }
         (out / "host_load.json").write_text(json.dumps({"cpus": len(cpus), "records": rows}, indent=1))

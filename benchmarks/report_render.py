@@ -165,11 +165,7 @@ def verdict(task: Task, cand: Candidate, rng: random.Random, kind: str) -> EvalR
     flags = (["side_stream"] if status is Status.REJECTED else ["value_mismatch"] if status is Status.INCORRECT else [])
     ref_ms = rng.uniform(0.05, 20.0)
     return EvalResult(
-        status=status,
-        task_name=task.name,
-        task_hash=task.hash,
-        candidate_hash=cand.hash,
-        flags=flags,
+        status=status, task_name=task.name, task_hash=task.hash, candidate_hash=cand.hash, flags=flags,
         message="" if status is Status.OK else f"{status.value}: synthetic",
         correctness=Correctness(trials=5, passed=5 if status is Status.OK else 2),
         reference=Timing.from_samples([ref_ms] * 7, "cuda_event", keep=False),

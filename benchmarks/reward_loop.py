@@ -169,12 +169,8 @@ def build_policy(out: Path, shape: str, texts: list[str], cuda: bool) -> tuple[P
     tok = train_tokenizer(texts, vocab_size=8192 if shape == "tiny" else 16384)
     config = Qwen2Config(
         vocab_size=len(tok) if shape == "tiny" else max(len(tok), 151936),
-        max_position_embeddings=32768,
-        tie_word_embeddings=False,
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=None,
-        **SHAPES[shape],
+        max_position_embeddings=32768, tie_word_embeddings=False, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None, **SHAPES[shape],
     )
     torch.manual_seed(0)
     with torch.device("cuda" if cuda else "cpu"):
@@ -328,23 +324,11 @@ def main(argv: list[str] | None = None) -> int:
     steps = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s.get("stage") == "grpo"]
     return report(
-        out,
-        steps,
-        spent,
-        built,
-        rollouts,
-        gpus,
-        wall,
-        summary,
+        out, steps, spent, built, rollouts, gpus, wall, summary,
         dict(
-            shape=shape,
-            lora=args.lora,
-            answer_tokens=[min(lengths), max(lengths)],
-            mix=args.mix,
-            tasks=[t.task_id for t in tasks],
-            gpu=plan.hardware_name() if cuda else "CPU",
-            torch=torch.__version__,
-            cuda=cuda,
+            shape=shape, lora=args.lora, answer_tokens=[min(lengths), max(lengths)], mix=args.mix,
+            tasks=[t.task_id for t in tasks], gpu=plan.hardware_name() if cuda else "CPU",
+            torch=torch.__version__, cuda=cuda,
         ),
     )
 

@@ -148,13 +148,8 @@ def smoke_set() -> list[dict[str, Any]]:
                        ("rewrite", (REPO / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text())):
         rows.append(
             {
-                "kind": kind,
-                "task_name": diag.name,
-                "task_source": diag.source,
-                "level": None,
-                "problem_id": None,
-                "code": code,
-                "label": f"{kind}:{diag.name}:{len(rows)}",
+                "kind": kind, "task_name": diag.name, "task_source": diag.source, "level": None,
+                "problem_id": None, "code": code, "label": f"{kind}:{diag.name}:{len(rows)}",
             }
         )
     return rows
@@ -251,10 +246,7 @@ class Child:
 
         total = merged(stats)
         return {
-            "name": cur["name"],
-            "complete": complete,
-            "wall_s": wall,
-            "judged": len(results),
+            "name": cur["name"], "complete": complete, "wall_s": wall, "judged": len(results),
             "candidates_per_gpu_hour": 3600.0 * len(results) / (wall * max(1, getattr(self, "lanes", 1)))
             if wall > 0
             else None,
@@ -293,10 +285,8 @@ def child_main(args: argparse.Namespace) -> int:
 def fresh_env(scratch: Path) -> dict[str, str]:
     scratch.mkdir(parents=True, exist_ok=True)
     return os.environ | {
-        "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"),
-        "TRITON_CACHE_DIR": str(scratch / "triton"),
-        "CUDAL1_CACHE_DIR": str(scratch / "cudal1"),
-        "PYTHONUNBUFFERED": "1",
+        "TORCHINDUCTOR_CACHE_DIR": str(scratch / "inductor"), "TRITON_CACHE_DIR": str(scratch / "triton"),
+        "CUDAL1_CACHE_DIR": str(scratch / "cudal1"), "PYTHONUNBUFFERED": "1",
         "PYTHONPATH": os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p),
     }
 
@@ -339,35 +329,11 @@ class Parent:
                 break
             child_json = self.out / f"mixed_w{n}.json"
             cmd = [
-                sys.executable,
-                __file__,
-                "--child",
-                "--set",
-                str(set_path),
-                "--child-json",
-                str(child_json),
-                "--workers",
-                str(n),
-                "--device",
-                a.device,
-                "--preset",
-                a.preset,
-                "--tolerance",
-                a.tolerance,
-                "--timing-budget",
-                str(a.timing_budget),
-                "--timeout",
-                str(a.timeout),
-                "--build-timeout",
-                str(a.build_timeout),
-                "--cache-dir",
-                str(self.scratch / f"w{n}" / "cudal1"),
-                "--second-pass",
-                a.second_pass,
-                "--backend",
-                a.backend,
-                "--workers-per-gpu",
-                str(a.workers_per_gpu),
+                sys.executable, __file__, "--child", "--set", str(set_path), "--child-json", str(child_json),
+                "--workers", str(n), "--device", a.device, "--preset", a.preset, "--tolerance", a.tolerance,
+                "--timing-budget", str(a.timing_budget), "--timeout", str(a.timeout), "--build-timeout",
+                str(a.build_timeout), "--cache-dir", str(self.scratch / f"w{n}" / "cudal1"), "--second-pass",
+                a.second_pass, "--backend", a.backend, "--workers-per-gpu", str(a.workers_per_gpu),
             ]
             if a.ray_address:
                 cmd += ["--ray-address", a.ray_address]
@@ -388,18 +354,8 @@ class Parent:
             path.write_text("".join(src.read_text().splitlines(keepends=True)[: a.records]))
         records = sum(1 for line in path.read_text().splitlines() if line.strip())
         cmd = [
-            sys.executable,
-            "-m",
-            "cudal1.cli.main",
-            "verify",
-            str(path),
-            "--device",
-            a.device,
-            "--out",
-            str(self.out / "verify"),
-            "--json",
-            "--backend",
-            a.backend,
+            sys.executable, "-m", "cudal1.cli.main", "verify", str(path), "--device", a.device, "--out",
+            str(self.out / "verify"), "--json", "--backend", a.backend,
         ] + (["--ray-address", a.ray_address] if a.ray_address else [])
         cmd += ["--workers-per-gpu", str(a.workers_per_gpu)] if a.workers_per_gpu > 1 else []
         cmd += a.verify_args.split() if a.verify_args else []
@@ -416,11 +372,7 @@ class Parent:
                     continue
         judged, lanes = _release_progress(self.out / "verify")
         self.release = {
-            "rc": rc,
-            "records": records,
-            "judged": judged,
-            "lanes": lanes,
-            "wall_s": wall,
+            "rc": rc, "records": records, "judged": judged, "lanes": lanes, "wall_s": wall,
             "summary": summary,
             "candidates_per_gpu_hour": 3600.0 * judged / wall / max(1, lanes) if wall else None,
         }
@@ -428,11 +380,8 @@ class Parent:
 
     def write(self) -> None:
         payload = {
-            "args": vars(self.args),
-            "commit": _git("rev-parse", "HEAD"),
-            "dirty": bool(_git("status", "--porcelain")),
-            "mixed": self.mixed,
-            "release": self.release,
+            "args": vars(self.args), "commit": _git("rev-parse", "HEAD"),
+            "dirty": bool(_git("status", "--porcelain")), "mixed": self.mixed, "release": self.release,
             "elapsed_s": time.monotonic() - self.t0,
         }
         (self.out / "throughput.json").write_text(json.dumps(payload, indent=1, default=str))
@@ -445,16 +394,11 @@ class Parent:
                 idle = b.get("gpu_idle_share", b.get("idle_share"))
                 rows.append(
                     [
-                        f"mixed w={run['workers']}",
-                        p["name"] + ("" if p.get("complete") else " (killed)"),
-                        f"{p['judged']}/{run.get('pairs', '?')}",
-                        f"{p['wall_s']:.1f}",
+                        f"mixed w={run['workers']}", p["name"] + ("" if p.get("complete") else " (killed)"),
+                        f"{p['judged']}/{run.get('pairs', '?')}", f"{p['wall_s']:.1f}",
                         _f(p.get("candidates_per_gpu_hour") if p.get("batch") else None, 0),  # store: nothing judged
-                        "-" if idle is None else f"{100 * idle:.0f}%",
-                        _f(b.get("lane_startup_s"), 1),
-                        str(b.get("builds", "-")),
-                        _f(b.get("build_queue_s"), 0),
-                        _f(b.get("build_s"), 0),
+                        "-" if idle is None else f"{100 * idle:.0f}%", _f(b.get("lane_startup_s"), 1),
+                        str(b.get("builds", "-")), _f(b.get("build_queue_s"), 0), _f(b.get("build_s"), 0),
                         _f(b.get("judge_s"), 0),
                         " ".join(f"{k}={v}" for k, v in sorted(p["statuses"].items())),
                     ]
@@ -464,17 +408,8 @@ class Parent:
                 if fresh and p["name"] != "fresh" and p.get("complete") and p["wall_s"] > 0:
                     rows.append(
                         [
-                            f"mixed w={run['workers']}",
-                            f"{p['name']} speed-up",
-                            "",
-                            f"{fresh['wall_s'] / p['wall_s']:.1f}x",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
-                            "",
+                            f"mixed w={run['workers']}", f"{p['name']} speed-up", "",
+                            f"{fresh['wall_s'] / p['wall_s']:.1f}x", "", "", "", "", "", "", "",
                             "first pass wall / this pass wall",
                         ]
                     )
@@ -485,33 +420,16 @@ class Parent:
             classes = " ".join(f"{k}={v}" for k, v in sorted((s.get("classes") or {}).items()))
             rows.append(
                 [
-                    f"release verify ({r.get('lanes', '?')} GPU)",
-                    f"rc={r['rc']}",
-                    f"{r.get('judged', '?')}/{r['records']}",
-                    f"{r['wall_s']:.1f}",
-                    _f(r.get("candidates_per_gpu_hour"), 0),
-                    "-" if idle is None else f"{100 * idle:.0f}%",
-                    _f(b.get("lane_startup_s"), 1),
-                    str(b.get("builds", "-")),
-                    _f(b.get("build_queue_s"), 0),
-                    _f(b.get("build_s"), 0),
-                    _f(b.get("judge_s"), 0),
-                    classes,
+                    f"release verify ({r.get('lanes', '?')} GPU)", f"rc={r['rc']}",
+                    f"{r.get('judged', '?')}/{r['records']}", f"{r['wall_s']:.1f}",
+                    _f(r.get("candidates_per_gpu_hour"), 0), "-" if idle is None else f"{100 * idle:.0f}%",
+                    _f(b.get("lane_startup_s"), 1), str(b.get("builds", "-")), _f(b.get("build_queue_s"), 0),
+                    _f(b.get("build_s"), 0), _f(b.get("judge_s"), 0), classes,
                 ]
             )
         head = [
-            "run",
-            "pass",
-            "judged",
-            "wall s",
-            "cand/GPU-h",
-            "GPU idle",
-            "startup s",
-            "builds",
-            "queue s",
-            "build s",
-            "judge s",
-            "verdicts",
+            "run", "pass", "judged", "wall s", "cand/GPU-h", "GPU idle", "startup s", "builds", "queue s",
+            "build s", "judge s", "verdicts",
         ]
         from cudal1.tables import table
 
@@ -558,9 +476,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="throughput.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument(
-        "--out",
-        default=str(REPO / "runs" / "throughput"),
-        metavar="DIR",
+        "--out", default=str(REPO / "runs" / "throughput"), metavar="DIR",
         help="logs and JSON (default runs/throughput)",
     )
     p.add_argument(
@@ -592,10 +508,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--cuda-l1-count", type=int, default=24, metavar="N", help="load_inline records in the set (default 24)"
     )
     p.add_argument(
-        "--rewrite-tasks",
-        type=int,
-        default=10,
-        metavar="N",
+        "--rewrite-tasks", type=int, default=10, metavar="N",
         help="tasks with rename + torch.compile candidates (default 10)",
     )
     p.add_argument(

@@ -145,10 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     prof = {
         n: {
             "add": profiler_us("x + b", n, cost=cost.setdefault(n, {})),
-            "twice": profiler_us("(x + b) + b", n),
-            "once": profiler_us("torch.add(x, b, alpha=2)", n),
-            **timer_us(n),
-            **cost[n],
+            "twice": profiler_us("(x + b) + b", n), "once": profiler_us("torch.add(x, b, alpha=2)", n),
+            **timer_us(n), **cost[n],
         }
         for n in sizes
     }

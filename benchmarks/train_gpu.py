@@ -129,11 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                               exemplars={k: (v, (3.0, 5.0)) for k, v in gpu_variants.items()})
     texts = [m["content"] for r in records for m in r["messages"]]
     base = build_tiny_model(
-        out / "base",
-        texts,
-        hidden=args.hidden,
-        layers=args.layers,
-        heads=max(1, args.hidden // 64),
+        out / "base", texts, hidden=args.hidden, layers=args.layers, heads=max(1, args.hidden // 64),
         fixed=fixed_strings(records, programs=list(gpu_variants.values())),
     )
     from transformers import AutoTokenizer
@@ -165,8 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'variant':<18} {'kind':<8} {'status':<14} {'speedup':>8} {'wall_s':>7} flags")
     for name, (res, outcome) in zip(names, verdicts):
         row = {
-            "variant": name,
-            "kind": program_kind(answers.get(name) or CHEATS[name]),
+            "variant": name, "kind": program_kind(answers.get(name) or CHEATS[name]),
             "status": res.status.value if res is not None else "format",
             "speedup": res.speedup if res is not None else None,
             "wall_s": round(res.wall_s, 1) if res is not None else None,
@@ -182,15 +177,9 @@ def main(argv: list[str] | None = None) -> int:
         )
 
     cfg = dataclasses.replace(
-        load_config("grpo", "smoke"),
-        group_size=args.group,
-        prompts_per_step=args.prompts,
-        max_steps=args.steps,
-        learning_rate=args.lr,
-        beta=args.beta,
-        max_completion_length=max(96, longest + 16),
-        bf16=True,
-        save_steps=max(args.steps, 1),
+        load_config("grpo", "smoke"), group_size=args.group, prompts_per_step=args.prompts,
+        max_steps=args.steps, learning_rate=args.lr, beta=args.beta,
+        max_completion_length=max(96, longest + 16), bf16=True, save_steps=max(args.steps, 1),
     )
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -216,43 +205,24 @@ def main(argv: list[str] | None = None) -> int:
     first = sum(x["reward_mean"] for x in steps[:third]) / third
     last = sum(x["reward_mean"] for x in steps[-third:]) / third
     result = {
-        "gpu": hardware,
-        "torch": torch.__version__,
-        "trl": _version("trl"),
-        "transformers": _version("transformers"),
-        "prime_steps": args.prime_steps,
+        "gpu": hardware, "torch": torch.__version__, "trl": _version("trl"),
+        "transformers": _version("transformers"), "prime_steps": args.prime_steps,
         "model": {
             "hidden": args.hidden,
             "layers": args.layers,
             "parameters": sum(math.prod(v) for v in _shapes(out / "primed")),
         },
-        "task": f"diag_scale N={args.size}",
-        "group": args.group,
-        "prompts_per_step": args.prompts,
-        "steps": len(steps),
-        "prime_s": round(prime_s, 1),
-        "grpo_s": round(grpo_s, 1),
-        "rollouts": rollouts,
-        "fresh_evaluations": fresh,
-        "rollouts_per_min": round(60 * rollouts / grpo_s, 1),
-        "fresh_evaluations_per_min": round(60 * fresh / grpo_s, 1),
-        "judge_s": round(sum(judge_wall), 1),
-        "judge_share": round(sum(judge_wall) / grpo_s, 3),
-        "peak_gpu_memory_gb": round(peak_gb, 2),
-        "reward_mean": [x["reward_mean"] for x in steps],
-        "success_rate": [x["success_rate"] for x in steps],
-        "reward_first_third": first,
-        "reward_last_third": last,
-        "steps_planned": args.steps,
-        "stopped_by_deadline": len(steps) < args.steps,
-        "reward_rose": last > first,
-        "best_speedup": summary["best_speedup"],
-        "verdicts": summary["judged"],
-        "gpu_variants": sorted(gpu_variants),
-        "warmup_s": round(warm_s, 1),
-        "warmup": warmup,
-        "max_completion_length": cfg.max_completion_length,
-        "rollout_kinds": kinds,
+        "task": f"diag_scale N={args.size}", "group": args.group, "prompts_per_step": args.prompts,
+        "steps": len(steps), "prime_s": round(prime_s, 1), "grpo_s": round(grpo_s, 1), "rollouts": rollouts,
+        "fresh_evaluations": fresh, "rollouts_per_min": round(60 * rollouts / grpo_s, 1),
+        "fresh_evaluations_per_min": round(60 * fresh / grpo_s, 1), "judge_s": round(sum(judge_wall), 1),
+        "judge_share": round(sum(judge_wall) / grpo_s, 3), "peak_gpu_memory_gb": round(peak_gb, 2),
+        "reward_mean": [x["reward_mean"] for x in steps], "success_rate": [x["success_rate"] for x in steps],
+        "reward_first_third": first, "reward_last_third": last, "steps_planned": args.steps,
+        "stopped_by_deadline": len(steps) < args.steps, "reward_rose": last > first,
+        "best_speedup": summary["best_speedup"], "verdicts": summary["judged"],
+        "gpu_variants": sorted(gpu_variants), "warmup_s": round(warm_s, 1), "warmup": warmup,
+        "max_completion_length": cfg.max_completion_length, "rollout_kinds": kinds,
     }
     (out / "train_gpu.json").write_text(json.dumps(result, indent=1, default=str))
     print(json.dumps({k: v for k, v in result.items() if k not in ("reward_mean", "success_rate")}, default=str))

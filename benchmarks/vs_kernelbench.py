@@ -308,15 +308,9 @@ def cudal1_rows(records: list[dict[str, Any]], report: dict[str, Any] | None,
         timing = w.pop(0) if w and r.get("status") else {}
         rows.append(
             {
-                "index": rec["index"],
-                "key": rec["key"],
-                "class": r.get("class"),
-                "status": r.get("status"),
-                "measured": r.get("measured"),
-                "claimed": r.get("claimed"),
-                "flags": r.get("flags") or [],
-                "message": r.get("message") or "",
-                "wall_s": timing.get("wall_s"),
+                "index": rec["index"], "key": rec["key"], "class": r.get("class"), "status": r.get("status"),
+                "measured": r.get("measured"), "claimed": r.get("claimed"), "flags": r.get("flags") or [],
+                "message": r.get("message") or "", "wall_s": timing.get("wall_s"),
                 "build_s": timing.get("build_s"),
             }
         )
@@ -328,11 +322,8 @@ def cudal1_totals(rows: list[dict[str, Any]], wall_s: float | None, rc: int | No
     with_code = [r for r in rows if r["class"] != "missing_code"]
     classes = Counter(r["class"] for r in rows if r["class"])
     return {
-        "records": len(rows),
-        "judged": sum(r["status"] is not None for r in rows),
-        "wall_s": wall_s,
-        "rc": rc,
-        "timed_out": timed_out,
+        "records": len(rows), "judged": sum(r["status"] is not None for r in rows), "wall_s": wall_s,
+        "rc": rc, "timed_out": timed_out,
         "per_record_s": wall_s / len(with_code) if wall_s is not None and with_code else None,
         "classes": dict(classes),
         "statuses": dict(Counter(r["status"] for r in rows if r["status"])),
@@ -609,13 +600,9 @@ class Bench:
             job.write_text(
                 json.dumps(
                     {
-                        "ref_code": rec["ref_code"],
-                        "custom_code": rec["custom_code"],
-                        "seed": a.kb_seed,
-                        "correct_trials": a.kb_correct_trials,
-                        "perf_trials": a.kb_perf_trials,
-                        "build_dir": str(d / "build"),
-                        "result": str(result),
+                        "ref_code": rec["ref_code"], "custom_code": rec["custom_code"], "seed": a.kb_seed,
+                        "correct_trials": a.kb_correct_trials, "perf_trials": a.kb_perf_trials,
+                        "build_dir": str(d / "build"), "result": str(result),
                     }
                 )
             )
@@ -650,24 +637,17 @@ class Bench:
     def kb_done(self, wall: float | None, complete: bool = True) -> None:
         assert self.kb is not None
         self.kb |= {
-            "running": False,
-            "complete": complete,
-            "totals": kb_totals(self.kb_rows, wall, len(self.records)),
-            "rows": self.kb_rows,
+            "running": False, "complete": complete,
+            "totals": kb_totals(self.kb_rows, wall, len(self.records)), "rows": self.kb_rows,
         }
         self.write()
 
     # -- output --
     def payload(self, complete: bool) -> dict[str, Any]:
         return {
-            "started": self.started.isoformat(),
-            "finished": datetime.now(timezone.utc).isoformat(),
-            "complete": complete,
-            "args": vars(self.args),
-            "environment": self.environment,
-            "records_file": str(Path(self.args.records).resolve()),
-            "gpu": self.gpu,
-            "order": self.sides,
+            "started": self.started.isoformat(), "finished": datetime.now(timezone.utc).isoformat(),
+            "complete": complete, "args": vars(self.args), "environment": self.environment,
+            "records_file": str(Path(self.args.records).resolve()), "gpu": self.gpu, "order": self.sides,
             "records": [
                 {"index": r["index"], "key": r["key"], "level": r["level"], "has_code": r["custom_code"] is not None}
                 for r in self.records
@@ -690,13 +670,7 @@ class Bench:
             table(
                 [
                     "#",
-                    "task",
-                    "cudal1 class",
-                    "status",
-                    "measured x",
-                    "KB outcome",
-                    "KB wall s",
-                    "KB speedup x",
+                    "task", "cudal1 class", "status", "measured x", "KB outcome", "KB wall s", "KB speedup x",
                     "KB error",
                 ],
                 record_rows(self.records, self.cudal1, self.kb),
@@ -813,17 +787,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="a KernelBench checkout's src directory (holding kernelbench/eval.py); needed unless --only cudal1",
     )
     p.add_argument(
-        "--order",
-        choices=["cudal1-first", "kb-first"],
-        default="cudal1-first",
+        "--order", choices=["cudal1-first", "kb-first"], default="cudal1-first",
         help="which side runs first (default cudal1-first)",
     )
     p.add_argument("--only", choices=["kb", "cudal1"], default=None, help="run one side only")
     p.add_argument(
-        "--gpu",
-        type=int,
-        default=0,
-        metavar="N",
+        "--gpu", type=int, default=0, metavar="N",
         help="the GPU both sides use: index among the visible ones (default 0)",
     )
     p.add_argument(
@@ -855,10 +824,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--verify-args", default="", metavar="'FLAGS'",
                    help="extra flags for cudal1 verify (e.g. '--preset kernelbench-v0')")
     c.add_argument(
-        "--verify-timeout",
-        type=float,
-        default=None,
-        metavar="S",
+        "--verify-timeout", type=float, default=None, metavar="S",
         help="limit for the whole verify process (default none)",
     )
     p.add_argument("--kb-one", default=None, metavar="JOB", help=argparse.SUPPRESS)

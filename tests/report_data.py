@@ -88,11 +88,7 @@ def _verdict(
 ) -> EvalResult:
     ref_ms = 2.0
     return EvalResult(
-        status=status,
-        task_name=task.name,
-        task_hash=task.hash,
-        candidate_hash=cand.hash,
-        message=message,
+        status=status, task_name=task.name, task_hash=task.hash, candidate_hash=cand.hash, message=message,
         flags=list(flags),
         correctness=Correctness(trials=5, passed=5 if status is Status.OK else 0),
         reference=Timing.from_samples([ref_ms] * 5, "cuda_event"),
@@ -151,11 +147,7 @@ def make_run(out: Path, spec: list = SPEC) -> Path:
                 store.add_candidate(cand, task.hash, {"round": round_, "policy": policy})
                 store.record_evaluation(
                     _verdict(
-                        task,
-                        cand,
-                        status,
-                        speedup,
-                        flags,
+                        task, cand, status, speedup, flags,
                         "candidate work escaped the calling stream" if status is Status.REJECTED else "",
                     )
                 )

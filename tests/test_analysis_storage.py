@@ -114,23 +114,8 @@ def test_evaluate_stores_each_answers_analysis_and_its_check(tmp_path, monkeypat
         assert (
             cli_main(
                 [
-                    "evaluate",
-                    str(task),
-                    "--base-url",
-                    srv.url,
-                    "--model",
-                    "m",
-                    "--samples",
-                    "3",
-                    "--out",
-                    str(out),
-                    "--device",
-                    "cpu",
-                    "--trials",
-                    "2",
-                    "--timing-trials",
-                    "10",
-                    "--json",
+                    "evaluate", str(task), "--base-url", srv.url, "--model", "m", "--samples", "3", "--out",
+                    str(out), "--device", "cpu", "--trials", "2", "--timing-trials", "10", "--json",
                 ]
             )
             == 0

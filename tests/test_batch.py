@@ -292,17 +292,8 @@ def test_verify_report_carries_batch_stats(tmp_path, capsys):
     out = tmp_path / "v"
     rc = main(
         [
-            "verify",
-            str(records),
-            "--suite",
-            str(REPO / "examples" / "tasks"),
-            "--out",
-            str(out),
-            "--device",
-            "cpu",
-            "--trials",
-            "3",
-            "--json",
+            "verify", str(records), "--suite", str(REPO / "examples" / "tasks"), "--out", str(out),
+            "--device", "cpu", "--trials", "3", "--json",
         ]
     )
     assert rc == 0
@@ -313,17 +304,8 @@ def test_verify_report_carries_batch_stats(tmp_path, capsys):
     assert (
         main(
             [
-                "verify",
-                str(records),
-                "--suite",
-                str(REPO / "examples" / "tasks"),
-                "--out",
-                str(out),
-                "--device",
-                "cpu",
-                "--trials",
-                "3",
-                "--json",
+                "verify", str(records), "--suite", str(REPO / "examples" / "tasks"), "--out", str(out),
+                "--device", "cpu", "--trials", "3", "--json",
             ]
         )
         == 0

@@ -82,16 +82,8 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     assert (out / "rewrites.tgz").exists() and (out / "cudal1.sqlite.gz").exists()
     again = run(
         [
-            str(SMALL_DIAG),
-            "--device",
-            "cpu",
-            "--modes",
-            "compile-default",
-            "--preset",
-            "fast",
-            "--out",
-            str(out),
-            "--report-only",
+            str(SMALL_DIAG), "--device", "cpu", "--modes", "compile-default", "--preset", "fast", "--out",
+            str(out), "--report-only",
         ],
         tmp_path,
     )

@@ -198,15 +198,8 @@ def test_judge_suite_bad_candidates_file(tmp_path, capsys):
     bad.write_text('{"task": "diag_matmul", "code": "x"}\nnot json\n')
     rc = cli_main(
         [
-            "judge-suite",
-            "--candidates",
-            str(bad),
-            "--suite",
-            str(TASKS),
-            "--out",
-            str(tmp_path / "o"),
-            "--device",
-            "cpu",
+            "judge-suite", "--candidates", str(bad), "--suite", str(TASKS), "--out", str(tmp_path / "o"),
+            "--device", "cpu",
         ]
     )
     err = capsys.readouterr().err
@@ -215,15 +208,8 @@ def test_judge_suite_bad_candidates_file(tmp_path, capsys):
     unknown.write_text(json.dumps({"task": "no_such_task", "code": "class ModelNew: pass"}) + "\n")
     rc = cli_main(
         [
-            "judge-suite",
-            "--candidates",
-            str(unknown),
-            "--suite",
-            str(TASKS),
-            "--out",
-            str(tmp_path / "o"),
-            "--device",
-            "cpu",
+            "judge-suite", "--candidates", str(unknown), "--suite", str(TASKS), "--out", str(tmp_path / "o"),
+            "--device", "cpu",
         ]
     )
     err = capsys.readouterr().err

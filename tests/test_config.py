@@ -194,14 +194,10 @@ class TestConfigBase:
     @pytest.mark.parametrize(
         "data, needle",
         [
-            ({"steps": "many"}, "outer.steps"),
-            ({"on": "maybe"}, "outer.on"),
-            ({"mode": "c"}, "outer.mode"),
+            ({"steps": "many"}, "outer.steps"), ({"on": "maybe"}, "outer.on"), ({"mode": "c"}, "outer.mode"),
             ({"inner": {"clip": "x"}}, "outer.inner.clip"),
-            ({"inner": {"clp": 1}}, "unknown outer.inner key"),
-            ({"inner": 3}, "outer.inner"),
-            ({"steps": 0}, "at least 1"),
-            ({"stepz": 1}, "unknown outer key"),
+            ({"inner": {"clp": 1}}, "unknown outer.inner key"), ({"inner": 3}, "outer.inner"),
+            ({"steps": 0}, "at least 1"), ({"stepz": 1}, "unknown outer key"),
         ],
     )
     def test_bad_values_name_the_key(self, data, needle):
@@ -211,11 +207,7 @@ class TestConfigBase:
     def test_round_trip_replace_and_renamed_keys(self):
         cfg = _Outer(steps=3, inner=_Inner(names=("a", "b")))
         assert cfg.to_dict() == {
-            "steps": 3,
-            "on": False,
-            "mode": "a",
-            "limit": None,
-            "inner": {"clip": 1.5, "names": ["a", "b"]},
+            "steps": 3, "on": False, "mode": "a", "limit": None, "inner": {"clip": 1.5, "names": ["a", "b"]},
         }
         assert _Outer.from_dict(cfg.to_dict()) == cfg
         assert cfg.replace(steps=None, **{"inner.clip": 4}) == _Outer(steps=3, inner=_Inner(clip=4.0, names=("a", "b")))

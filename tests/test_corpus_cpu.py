@@ -56,10 +56,7 @@ def test_corpus_failures_have_no_speedup(corpus_results):
 # switched off, the worker's audit hook alone must still catch them (computed names, helper
 # functions and signal-handler frames get past any AST check).
 RUNTIME_ONLY = [
-    "forge_signed_verdict",
-    "frame_walk_tolerances",
-    "forge_from_signal_handler",
-    "loosen_via_inspect_stack",
+    "forge_signed_verdict", "frame_walk_tolerances", "forge_from_signal_handler", "loosen_via_inspect_stack",
 ]
 
 

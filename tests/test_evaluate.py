@@ -73,9 +73,7 @@ def test_solving_fewer_tasks_cannot_raise_the_all_task_figures():
     ok = lambda s: [Sample("ok", "done", s, (s * 0.9, s * 1.1))]  # noqa: E731
     broad = {"t1": ok(4.0), "t2": ok(1.5), "t3": ok(1.2), "t4": ok(1.1)}  # solves every task
     narrow = {
-        "t1": ok(4.0),
-        "t2": [Sample("format")],
-        "t3": [Sample("compile_error", "import")],
+        "t1": ok(4.0), "t2": [Sample("format")], "t3": [Sample("compile_error", "import")],
         "t4": [Sample("format")],
     }
     b, n = figures(broad, 1)["speedup"], figures(narrow, 1)["speedup"]
@@ -152,15 +150,8 @@ def test_evaluate_through_an_endpoint(tmp_path, monkeypatch, capsys):
     assert (
         cli_main(
             [
-                "evaluate",
-                str(task),
-                "--base-url",
-                "http://127.0.0.1:9/v1",
-                "--model",
-                "other",
-                "--out",
-                str(out),
-                *JUDGE,
+                "evaluate", str(task), "--base-url", "http://127.0.0.1:9/v1", "--model", "other", "--out",
+                str(out), *JUDGE,
             ]
         )
         == 2
@@ -190,20 +181,8 @@ def test_evaluate_through_transformers(tmp_path, monkeypatch, capsys):
     assert (
         cli_main(
             [
-                "evaluate",
-                str(_task_file(tmp_path)),
-                "--policy",
-                "hf",
-                "--model-path",
-                str(model),
-                "--samples",
-                "2",
-                "--max-tokens",
-                "8",
-                "--out",
-                str(out),
-                "--json",
-                *JUDGE,
+                "evaluate", str(_task_file(tmp_path)), "--policy", "hf", "--model-path", str(model),
+                "--samples", "2", "--max-tokens", "8", "--out", str(out), "--json", *JUDGE,
             ]
         )
         == 0

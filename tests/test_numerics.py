@@ -302,14 +302,8 @@ def test_corpus_in_process_every_draw(corpus, corpus_name):
 @pytest.fixture(scope="module")
 def corpus_config(tmp_path_factory):
     return EvalConfig(
-        device="cpu",
-        cache_dir=str(tmp_path_factory.mktemp("cache")),
-        timeout_s=60.0,
-        timing_budget_s=0.3,
-        timing_trials=10,
-        min_timing_trials=4,
-        correctness_trials=3,
-        bootstrap_samples=200,
+        device="cpu", cache_dir=str(tmp_path_factory.mktemp("cache")), timeout_s=60.0, timing_budget_s=0.3,
+        timing_trials=10, min_timing_trials=4, correctness_trials=3, bootstrap_samples=200,
         strict_speedup=1e9,
     )
 

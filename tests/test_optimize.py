@@ -113,10 +113,7 @@ def test_contrastive_rounds_show_measured_exemplars_and_survive_bad_answers(tmp_
     from cudal1.policy import make_policy
 
     script = [
-        FAST,
-        NO_CODE,
-        Reply(status=500),
-        SLOW_BUT_CORRECT,
+        FAST, NO_CODE, Reply(status=500), SLOW_BUT_CORRECT,
         "## Code Implementation\n```python\nclass ModelNew(nn.Module)\n    pass\n```",
         SLOW_BUT_CORRECT,
     ]
@@ -328,11 +325,7 @@ def test_builtin_passes_render_loadable_code_and_decline_when_exhausted():
     rendered = {name: render_candidate(source, name) for name in PASSES}
     # no convolution, no weights, and after diag-broadcast one multiply is left: nothing for a Triton kernel
     assert {n for n, code in rendered.items() if code is None} == {
-        "channels-last",
-        "cudnn-autotune",
-        "triton-fusion",
-        "gemm-3xtf32",
-        "triton-reduce",
+        "channels-last", "cudnn-autotune", "triton-fusion", "gemm-3xtf32", "triton-reduce",
         "inductor[freezing]",
     }
     for name, code in rendered.items():

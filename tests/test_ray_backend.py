@@ -99,10 +99,7 @@ def test_ray_backend_judges_like_the_local_backend(cluster, judge_config, tmp_pa
     for a, b in zip(local, remote):
         assert type(a) is type(b) and set(a.to_dict()) == set(b.to_dict())
         assert (a.task_hash, a.candidate_hash, a.config_hash, a.phase) == (
-            b.task_hash,
-            b.candidate_hash,
-            b.config_hash,
-            b.phase,
+            b.task_hash, b.candidate_hash, b.config_hash, b.phase,
         )
         noise = {"high_variance", "strict_verified", "contended"}  # what the host's load at that moment decides
         assert set(a.flags) - noise == set(b.flags) - noise

@@ -99,12 +99,7 @@ def test_summarize_empty_and_none_only():
     assert summarize([None, None])["geomean"] == 1.0
     assert summarize([None], CONVENTIONS["cuda-l1"])["geomean"] == 1.0
     assert describe([3.0]) == {
-        "mean": 3.0,
-        "median": 3.0,
-        "geomean": pytest.approx(3.0),
-        "max": 3.0,
-        "p25": 3.0,
-        "p75": 3.0,
+        "mean": 3.0, "median": 3.0, "geomean": pytest.approx(3.0), "max": 3.0, "p25": 3.0, "p75": 3.0,
     }
 
 

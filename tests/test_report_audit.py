@@ -17,58 +17,28 @@ from report_data import make_run
 # written out of order: level1/10 before level1/2 (numeric problem ids), the level-less task first
 ROWS = [
     {
-        "task": "mytask",
-        "level": None,
-        "class": "verified",
-        "claimed": None,
-        "measured": 1.3,
-        "status": "ok",
-        "flags": [],
+        "task": "mytask", "level": None, "class": "verified", "claimed": None, "measured": 1.3,
+        "status": "ok", "flags": [],
     },
     {
-        "task": "level1/10",
-        "level": 1,
-        "class": "verified",
-        "claimed": 2.0,
-        "measured": 1.9,
-        "status": "ok",
+        "task": "level1/10", "level": 1, "class": "verified", "claimed": 2.0, "measured": 1.9, "status": "ok",
         "flags": ["no_custom_kernel"],
     },
     {
-        "task": "level3/3",
-        "level": 3,
-        "class": "degenerate_task",
-        "claimed": 4.0,
-        "measured": 2.0,
-        "status": "ok",
-        "flags": ["degenerate_task"],
+        "task": "level3/3", "level": 3, "class": "degenerate_task", "claimed": 4.0, "measured": 2.0,
+        "status": "ok", "flags": ["degenerate_task"],
     },
     {
-        "task": "level1/2",
-        "level": 1,
-        "class": "slower_than_claimed",
-        "claimed": 3.0,
-        "measured": 1.5,
-        "status": "ok",
-        "flags": ["high_variance"],
+        "task": "level1/2", "level": 1, "class": "slower_than_claimed", "claimed": 3.0, "measured": 1.5,
+        "status": "ok", "flags": ["high_variance"],
     },
     {
-        "task": "level2/1",
-        "level": 2,
-        "class": "incorrect",
-        "claimed": 1.2,
-        "measured": None,
-        "status": "incorrect",
-        "flags": ["value_mismatch"],
+        "task": "level2/1", "level": 2, "class": "incorrect", "claimed": 1.2, "measured": None,
+        "status": "incorrect", "flags": ["value_mismatch"],
     },
     {
-        "task": "level1/1",
-        "level": 1,
-        "class": "missing_code",
-        "claimed": None,
-        "measured": None,
-        "status": None,
-        "flags": [],
+        "task": "level1/1", "level": 1, "class": "missing_code", "claimed": None, "measured": None,
+        "status": None, "flags": [],
     },
 ]
 ORDER = ["level1/1", "level1/2", "level1/10", "level2/1", "level3/3", "mytask"]
@@ -77,12 +47,8 @@ ORDER = ["level1/1", "level1/2", "level1/10", "level2/1", "level3/3", "mytask"]
 def _audited_run(tmp_path: Path, **extra) -> Path:
     run = make_run(tmp_path / "run")
     report = {
-        "summary": summarize(ROWS),
-        "records": ROWS,
-        "environment": None,
-        "config": {},
-        "file": "release.jsonl",
-        **extra,
+        "summary": summarize(ROWS), "records": ROWS, "environment": None, "config": {},
+        "file": "release.jsonl", **extra,
     }
     (run / "verify_report.json").write_text(json.dumps(report))
     return run

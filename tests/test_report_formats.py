@@ -54,11 +54,7 @@ def test_json_contract(run, capsys):
     assert s["fast_p_point"] == pytest.approx({"0": 0.75, "1.0": 0.75, "1.2": 0.5, "1.5": 0.25, "2.0": 0.0})
     assert (s["faster"], s["faster_point"]) == (2, 3)
     assert s["statuses"] == {
-        "ok": 5,
-        "compile_error": 1,
-        "incorrect": 1,
-        "timeout": 1,
-        "rejected": 1,
+        "ok": 5, "compile_error": 1, "incorrect": 1, "timeout": 1, "rejected": 1,
     }  # anchors left out
     assert s["flags"]["side_stream"] == 1 and s["flags"]["degenerate_task"] == 1
     assert set(doc["levels"]) == {"level1", "level2", "other"} and doc["levels"]["level1"]["tasks"] == 2
@@ -83,9 +79,7 @@ def test_json_contract(run, capsys):
     assert doc["environment"]["gpu_name"] == ENV.gpu_name
     assert doc["rejected"] == [
         {
-            "task": "level2/1",
-            "candidate": doc["rejected"][0]["candidate"],
-            "flags": ["side_stream"],
+            "task": "level2/1", "candidate": doc["rejected"][0]["candidate"], "flags": ["side_stream"],
             "message": "candidate work escaped the calling stream",
         }
     ]
@@ -126,10 +120,7 @@ def test_html_is_self_contained(run, tmp_path, capsys):
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and page.count("<svg") >= 4
     for pattern in (
-        r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""",
-        r"<script",
-        r"<link",
-        r"@import",
+        r"""(?:src|href)\s*=\s*["']?(?:https?:)?//""", r"<script", r"<link", r"@import",
         r"url\(\s*['\"]?https?:",
     ):
         assert not re.search(pattern, page, re.I), pattern
@@ -291,11 +282,7 @@ def test_the_best_is_the_program_optimize_keeps(tmp_path, capsys):
             store.add_candidate(cand, task.hash, {"round": 0 if code == "anchor" else 1})
             store.record_evaluation(
                 EvalResult(
-                    Status.OK,
-                    task_hash=task.hash,
-                    candidate_hash=cand.hash,
-                    speedup=speedup,
-                    speedup_ci=ci,
+                    Status.OK, task_hash=task.hash, candidate_hash=cand.hash, speedup=speedup, speedup_ci=ci,
                     environment=ENV,
                 )
             )

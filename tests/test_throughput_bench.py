@@ -39,11 +39,7 @@ def test_table_reads_a_run(tmp_path):
     args = throughput.parse_args(["--out", str(tmp_path), "--workers", "16"])
     parent = throughput.Parent(args)
     batch = {
-        "idle_share": 0.125,
-        "lane_startup_s": 30.0,
-        "builds": 26,
-        "build_queue_s": 10.0,
-        "build_s": 900.0,
+        "idle_share": 0.125, "lane_startup_s": 30.0, "builds": 26, "build_queue_s": 10.0, "build_s": 900.0,
         "judge_s": 200.0,
     }
     parent.mixed = [{"workers": 16, "pairs": 53, "passes": [

@@ -141,17 +141,8 @@ def test_grpo_smoke_under_two_processes(tmp_path, seed_primed):
     seed_primed(out)
     proc = _torchrun(
         [
-            "grpo",
-            "--smoke",
-            "--max-steps",
-            "1",
-            "--eval-every",
-            "1",
-            "--eval-samples",
-            "4",
-            "--out",
-            str(out),
-            "--json",
+            "grpo", "--smoke", "--max-steps", "1", "--eval-every", "1", "--eval-samples", "4", "--out",
+            str(out), "--json",
         ],
         timeout=480,
     )

@@ -35,10 +35,7 @@ def _source(tmp_path: Path, config_hash: str) -> Path:
             store.add_candidate(cand, task.hash, {"policy": "teacher"})
             store.record_evaluation(
                 EvalResult(
-                    status=status,
-                    task_name=task.name,
-                    task_hash=task.hash,
-                    candidate_hash=cand.hash,
+                    status=status, task_name=task.name, task_hash=task.hash, candidate_hash=cand.hash,
                     speedup=speedup,
                     speedup_ci=(speedup * 0.9, speedup * 1.1) if speedup else None,
                     config_hash=ch,
@@ -73,12 +70,7 @@ def test_seeding_judges_verified_programs_here(tmp_path, monkeypatch):
         recorded = RecordedJudge(config, store)
         summary = seed_pool(recorded, [task], [str(data)], per_task=4)
         assert summary | {"sources": None} == {
-            "sources": None,
-            "tasks": 1,
-            "seeded": 2,
-            "reused": 1,
-            "judged": 1,
-            "ok": 2,
+            "sources": None, "tasks": 1, "seeded": 2, "reused": 1, "judged": 1, "ok": 2,
         }
         assert recorded.judged == 1  # einsum judged here; broadcast's verdict under this config copied
         ok = {e.candidate_hash: e.speedup for e in recorded.pool(task).ok}

@@ -86,9 +86,7 @@ def test_rollout_kinds_counts_per_kind_and_status(tmp_path):
     store = RunStore(tmp_path / "cudal1.sqlite")
     try:
         for code in (
-            programs.CUDA_ROW_SCALE,
-            programs.TRITON_ROW_SCALE,
-            smoke.VARIANTS["broadcast"],
+            programs.CUDA_ROW_SCALE, programs.TRITON_ROW_SCALE, smoke.VARIANTS["broadcast"],
             programs.CUDA_ROW_SCALE,
         ):
             cand = Candidate(code, task_hash=task.hash, label="grpo")
@@ -109,11 +107,7 @@ def test_summaries_for_the_gpu_session(tmp_path):
     tg = _train_gpu()
     log = tmp_path / "a.log"
     summary = {
-        "out": "x",
-        "steps": 2,
-        "reward_mean": [-1.0, 0.5],
-        "judged": {"ok": 3},
-        "judge_device": "cuda",
+        "out": "x", "steps": 2, "reward_mean": [-1.0, 0.5], "judged": {"ok": 3}, "judge_device": "cuda",
         "judge_gpus": [0],
         "distributed": {
             "world_size": 2,
@@ -127,13 +121,8 @@ def test_summaries_for_the_gpu_session(tmp_path):
     log.write_text("Traceback (most recent call last):\nRuntimeError: boom\n")
     assert "RuntimeError: boom" in tg.summarize_log(log)
     res = {
-        "reward_first_third": -0.5,
-        "reward_last_third": 0.2,
-        "reward_rose": True,
-        "steps": 3,
-        "rollouts_per_min": 100.0,
-        "fresh_evaluations_per_min": 10.0,
-        "peak_gpu_memory_gb": 0.2,
+        "reward_first_third": -0.5, "reward_last_third": 0.2, "reward_rose": True, "steps": 3,
+        "rollouts_per_min": 100.0, "fresh_evaluations_per_min": 10.0, "peak_gpu_memory_gb": 0.2,
         "warmup_s": 40.0,
         "warmup": [{"variant": "cuda_row_scale", "kind": "cuda", "status": "ok"}],
         "rollout_kinds": {"cuda": {"rollouts": 4, "status": {"ok": 4}}},

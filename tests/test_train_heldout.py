@@ -114,21 +114,8 @@ def test_ssl_and_grpo_refuse_held_out_suites_and_grpo_an_eval_split_it_trains_on
     assert (
         cli_main(
             [
-                "train",
-                "grpo",
-                "--suite",
-                "kernelbench:level1:train",
-                "--source",
-                str(kb),
-                "--model",
-                model,
-                "--eval-every",
-                "2",
-                "--eval-split",
-                str(task_file),
-                "--device",
-                "cpu",
-                "--out",
+                "train", "grpo", "--suite", "kernelbench:level1:train", "--source", str(kb), "--model", model,
+                "--eval-every", "2", "--eval-split", str(task_file), "--device", "cpu", "--out",
                 str(tmp_path / "g"),
             ]
         )

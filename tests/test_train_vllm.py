@@ -129,13 +129,8 @@ def test_offline_engine_gets_every_setting_alone_and_in_an_engine_group(fake_vll
 
     assert use_vllm("auto") and use_vllm("vllm")  # installed (the fake): auto means vLLM
     settings = GenerationSettings(
-        backend="vllm",
-        temperature=0.6,
-        top_p=0.8,
-        max_new_tokens=777,
-        tensor_parallel_size=4,
-        gpu_memory_utilization=0.55,
-        max_model_length=5000,
+        backend="vllm", temperature=0.6, top_p=0.8, max_new_tokens=777, tensor_parallel_size=4,
+        gpu_memory_utilization=0.55, max_model_length=5000,
     )
     engine = VLLMEngine("/models/m", settings, seed=7)
     texts = engine.texts([build_prompt(smoke.smoke_task(), [], "CPU")] * 2, n=3)
@@ -143,10 +138,7 @@ def test_offline_engine_gets_every_setting_alone_and_in_an_engine_group(fake_vll
     VLLMEngine("/models/m", settings, seed=8, world=8).close()
     init, chat, destroy, group, _ = _events(fake_vllm)
     assert init["kwargs"] == {
-        "seed": 7,
-        "tensor_parallel_size": 4,
-        "gpu_memory_utilization": 0.55,
-        "max_model_len": 5000,
+        "seed": 7, "tensor_parallel_size": 4, "gpu_memory_utilization": 0.55, "max_model_len": 5000,
     }
     assert chat["prompts"] == 2 and chat["roles"] == [["system", "user"]]
     assert {k: chat["params"][k] for k in ("n", "temperature", "top_p", "max_tokens")} == \
@@ -185,30 +177,9 @@ def test_evaluate_with_policy_vllm_end_to_end(tmp_path):
     model.mkdir()
     proc, events = _run(
         [
-            "evaluate",
-            str(task),
-            "--policy",
-            "vllm",
-            "--model-path",
-            str(model),
-            "--tensor-parallel-size",
-            "2",
-            "--samples",
-            "4",
-            "--temperature",
-            "0.3",
-            "--max-tokens",
-            "900",
-            "--sample-seed",
-            "5",
-            "--device",
-            "cpu",
-            "--trials",
-            "2",
-            "--timing-trials",
-            "10",
-            "--out",
-            str(tmp_path / "eval"),
+            "evaluate", str(task), "--policy", "vllm", "--model-path", str(model), "--tensor-parallel-size",
+            "2", "--samples", "4", "--temperature", "0.3", "--max-tokens", "900", "--sample-seed", "5",
+            "--device", "cpu", "--trials", "2", "--timing-trials", "10", "--out", str(tmp_path / "eval"),
             "--json",
         ],
         tmp_path,
@@ -235,14 +206,8 @@ def test_ssl_generates_with_the_vllm_engine_end_to_end(tmp_path, seed_primed):
         "ssl",
         "smoke",
         {
-            "backend": "vllm",
-            "vllm_tensor_parallel_size": 2,
-            "vllm_gpu_memory_utilization": 0.55,
-            "vllm_max_model_length": 3072,
-            "temperature": 0.9,
-            "top_p": 0.7,
-            "rounds": 2,
-            "sft.max_steps": 2,
+            "backend": "vllm", "vllm_tensor_parallel_size": 2, "vllm_gpu_memory_utilization": 0.55,
+            "vllm_max_model_length": 3072, "temperature": 0.9, "top_p": 0.7, "rounds": 2, "sft.max_steps": 2,
         },
     )
     config = tmp_path / "ssl.yaml"
@@ -255,9 +220,7 @@ def test_ssl_generates_with_the_vllm_engine_end_to_end(tmp_path, seed_primed):
     assert first["model"].endswith("prime/primed") and second["model"] == str(out / "round1" / "model")
     for init in (first, second):  # one process: one engine over 2 GPUs, no external launcher
         assert init["kwargs"] == {
-            "seed": init["kwargs"]["seed"],
-            "tensor_parallel_size": 2,
-            "gpu_memory_utilization": 0.55,
+            "seed": init["kwargs"]["seed"], "tensor_parallel_size": 2, "gpu_memory_utilization": 0.55,
             "max_model_len": 3072,
         }
     assert {k: events[1]["params"][k] for k in ("temperature", "top_p", "max_tokens")} == \

@@ -100,9 +100,7 @@ def test_launchers_hand_other_inputs_to_pytorch(tmp_path, monkeypatch):
                  (torch.randn(0, 7), b)]:  # not fp32, broadcast batch dims, a vector, empty: torch itself
         assert torch.equal(mod._cudal1_matmul(x, y), x @ y)
     for x, y in [
-        (a, b),
-        (torch.randn(2, 5, 7), b),
-        (a, torch.randn(4, 7, 3)),
+        (a, b), (torch.randn(2, 5, 7), b), (a, torch.randn(4, 7, 3)),
         (torch.randn(4, 5, 7), torch.randn(4, 7, 3)),
     ]:
         with pytest.raises(KernelCalled):

@@ -373,16 +373,10 @@ def test_verbose_says_what_the_judge_did_and_very_verbose_each_call():
     from cudal1.types import Correctness, EvalResult, Status, Timing
 
     result = EvalResult(
-        Status.OK,
-        task_name="diag_matmul",
-        candidate_hash="ab" * 32,
-        speedup=2.0,
-        speedup_ci=(1.8, 2.2),
+        Status.OK, task_name="diag_matmul", candidate_hash="ab" * 32, speedup=2.0, speedup_ci=(1.8, 2.2),
         reference=Timing.from_samples([4.0, 4.2, 3.9], "cpu_monotonic"),
         candidate=Timing.from_samples([2.0, 2.1, 1.9], "cpu_monotonic"),
-        wall_s=9.5,
-        build_s=1.25,
-        phase_s={"import": 1.3, "correctness": 2.0, "timing": 5.0},
+        wall_s=9.5, build_s=1.25, phase_s={"import": 1.3, "correctness": 2.0, "timing": 5.0},
         flags=["cpu_timing"],
         correctness=Correctness(trials=5, passed=5, rule="exact", bound=1e-5),
     )

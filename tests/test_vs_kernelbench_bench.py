@@ -71,11 +71,8 @@ def write_records(path: Path, codes: list[str | None]) -> Path:
     lines = [
         json.dumps(
             {
-                "level_id": 1,
-                "task_id": 10 + i,
-                "ref_code": ref,
-                "custom_code": "None" if code is None else code,
-                "score_default": 1.5,
+                "level_id": 1, "task_id": 10 + i, "ref_code": ref,
+                "custom_code": "None" if code is None else code, "score_default": 1.5,
             }
         )
         for i, code in enumerate(codes)
@@ -194,10 +191,7 @@ def test_kb_rows_classify_every_outcome(vk):
     compile_err = {
         "ok": True,
         "result": {
-            "compiled": False,
-            "correctness": False,
-            "runtime": -1.0,
-            "ref_runtime": -1.0,
+            "compiled": False, "correctness": False, "runtime": -1.0, "ref_runtime": -1.0,
             "metadata": {
                 "compilation_error_name": "RuntimeError",
                 "compilation_error": "ninja failed\nError building extension 'k'",
@@ -263,13 +257,8 @@ def test_kb_one_driver_writes_a_result(vk, tmp_path, monkeypatch):
         job.write_text(
             json.dumps(
                 {
-                    "ref_code": "r",
-                    "custom_code": code,
-                    "seed": 42,
-                    "correct_trials": 5,
-                    "perf_trials": 100,
-                    "build_dir": str(tmp_path / "build"),
-                    "result": str(result),
+                    "ref_code": "r", "custom_code": code, "seed": 42, "correct_trials": 5, "perf_trials": 100,
+                    "build_dir": str(tmp_path / "build"), "result": str(result),
                 }
             )
         )
@@ -308,13 +297,8 @@ def test_cudal1_rows_totals_and_the_last_table(vk):
         "records": [
             {"task": "level1/0", "class": "verified", "status": "ok", "measured": 1.9, "claimed": 2.0, "flags": []},
             {
-                "task": "level1/1",
-                "class": "incorrect",
-                "status": "incorrect",
-                "measured": None,
-                "claimed": 1.1,
-                "flags": [],
-                "message": "max abs error 3.0",
+                "task": "level1/1", "class": "incorrect", "status": "incorrect", "measured": None,
+                "claimed": 1.1, "flags": [], "message": "max abs error 3.0",
             },
             {"task": "level1/2", "class": "missing_code", "status": None, "measured": None, "claimed": None},
         ],
@@ -329,17 +313,11 @@ def test_cudal1_rows_totals_and_the_last_table(vk):
 
     krows = [
         vk.kb_row(
-            _rec(0),
-            rc=0,
-            timed_out=False,
-            wall_s=25.0,
+            _rec(0), rc=0, timed_out=False, wall_s=25.0,
             driver={"ok": True, "result": {"compiled": True, "correctness": True, "runtime": 1.0, "ref_runtime": 2.0}},
         ),
         vk.kb_row(
-            _rec(1),
-            rc=0,
-            timed_out=False,
-            wall_s=25.0,
+            _rec(1), rc=0, timed_out=False, wall_s=25.0,
             driver={"ok": True, "result": {"compiled": False, "correctness": False}},
         ),
         vk.kb_row(_rec(2, None), rc=None, timed_out=False, wall_s=None, driver=None),

@@ -337,15 +337,8 @@ class EvalConfig(Config):
         # Hard limits are left out: they decide nothing about a run that finishes in time, and a
         # resumed run with another --timeout must find what was recorded.
         ignore = {
-            "cache_dir",
-            "build_workers",
-            "workers_per_gpu",
-            "keep_samples",
-            "input_seed",
-            "timeout_s",
-            "build_timeout_s",
-            "setup_timeout_s",
-            "confine_candidates",
+            "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
+            "build_timeout_s", "setup_timeout_s", "confine_candidates",
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}
 

@@ -86,10 +86,7 @@ def read_records(path: str | Path, tasks: list[Task] | None = None) -> list[Reco
             claimed = rec.get("claimed_speedup", rec.get("speedup"))
             records.append(
                 Record(
-                    task.task_id,
-                    task.level,
-                    task,
-                    None if missing_code(rec.get("code")) else rec["code"],
+                    task.task_id, task.level, task, None if missing_code(rec.get("code")) else rec["code"],
                     float(claimed) if isinstance(claimed, (int, float)) else None,
                 )
             )

@@ -54,12 +54,8 @@ class Tolerances:
 
 
 _STRICT = {
-    "float64": (1e-7, 1e-7),
-    "float32": (1e-4, 1e-4),
-    "float16": (1e-2, 1e-2),
-    "bfloat16": (1e-2, 1e-2),
-    "float8_e4m3fn": (1e-1, 1e-1),
-    "float8_e5m2": (1e-1, 1e-1),
+    "float64": (1e-7, 1e-7), "float32": (1e-4, 1e-4), "float16": (1e-2, 1e-2), "bfloat16": (1e-2, 1e-2),
+    "float8_e4m3fn": (1e-1, 1e-1), "float8_e5m2": (1e-1, 1e-1),
 }
 # ``exact`` (the default) judges floating outputs against the reference run in float64, with
 # ``strict``'s limits for what it cannot judge.  The fixed rules compare with the fp32 reference
@@ -69,11 +65,7 @@ TOLERANCES: dict[str, Tolerances] = {
     "exact": Tolerances("exact", _STRICT, ExactRule()),
     "strict": Tolerances("strict", _STRICT),
     "kernelbench-v0": Tolerances("kernelbench-v0", {
-        "float64": (1e-2, 1e-2),
-        "float32": (1e-2, 1e-2),
-        "float16": (1e-2, 1e-2),
-        "bfloat16": (1e-2, 1e-2),
-        "float8_e4m3fn": (1e-1, 1e-1),
-        "float8_e5m2": (1e-1, 1e-1),
+        "float64": (1e-2, 1e-2), "float32": (1e-2, 1e-2), "float16": (1e-2, 1e-2), "bfloat16": (1e-2, 1e-2),
+        "float8_e4m3fn": (1e-1, 1e-1), "float8_e5m2": (1e-1, 1e-1),
     }),
 }

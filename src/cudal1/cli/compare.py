@@ -39,11 +39,7 @@ def run(args: argparse.Namespace) -> int:
     heads = ["task", "A x", "B x", "B / A"]
     agg = [
         (
-            side,
-            doc[side]["tasks"],
-            doc[side]["ok"],
-            doc[side]["geomean"],
-            doc[side]["median"],
+            side, doc[side]["tasks"], doc[side]["ok"], doc[side]["geomean"], doc[side]["median"],
             doc[side]["fast_p"]["1.0"],
         )
         for side in ("a", "b")

@@ -93,16 +93,9 @@ def policy_config(args: argparse.Namespace):
     if name not in POLICIES:
         raise UsageError("evaluate needs a model: --base-url URL --model NAME, or --policy hf|vllm --model-path DIR")
     return base.replace(
-        name=name,
-        base_url=args.base_url or os.environ.get("CUDAL1_BASE_URL"),
-        model=args.model,
-        model_path=args.model_path,
-        api_key_env=args.api_key_env,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        max_tokens=args.max_tokens,
-        concurrency=args.concurrency,
-        seed=args.sample_seed,
+        name=name, base_url=args.base_url or os.environ.get("CUDAL1_BASE_URL"), model=args.model,
+        model_path=args.model_path, api_key_env=args.api_key_env, temperature=args.temperature,
+        top_p=args.top_p, max_tokens=args.max_tokens, concurrency=args.concurrency, seed=args.sample_seed,
         tensor_parallel_size=args.tensor_parallel_size,
     )
 
@@ -160,10 +153,7 @@ def run(args: argparse.Namespace) -> int:
     guard_model(out, policy_cfg, name)
     policy = make_policy(policy_cfg)
     record = {
-        "command": "evaluate",
-        "target": args.target,
-        "source": args.source,
-        "samples": args.samples,
+        "command": "evaluate", "target": args.target, "source": args.source, "samples": args.samples,
         "policy": name,
     }
     write_config_file(out, judge=judge, policy=policy_cfg, run=record)

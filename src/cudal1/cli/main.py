@@ -113,17 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     _log_flags(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (
-        optimize,
-        judge,
-        judge_suite,
-        baseline,
-        verify,
-        report,
-        analyze,
-        export,
-        compare,
-        collect,
-        train,
+        optimize, judge, judge_suite, baseline, verify, report, analyze, export, compare, collect, train,
         evaluate,
     ):
         module.register(sub)

@@ -67,9 +67,7 @@ def add_judge_flags(p: argparse.ArgumentParser, sections: tuple[str, ...] = ("ju
     p.set_defaults(config_sections=sections, config_flat=flat)
     g = p.add_argument_group("judge")
     g.add_argument(
-        "--device",
-        choices=["auto", "cpu", "cuda"],
-        default=None,
+        "--device", choices=["auto", "cpu", "cuda"], default=None,
         help=with_default("where to run", EvalConfig, "device"),
     )
     g.add_argument("--timeout", type=float, default=None, metavar="SECONDS",

@@ -78,10 +78,7 @@ def _common(p: argparse.ArgumentParser, stage: str) -> None:
         p.add_argument("--samples", type=int, default=None, help="programs per task per round")
     if stage == "grpo":
         p.add_argument(
-            "--exemplars-from",
-            nargs="+",
-            default=None,
-            metavar="RUN",
+            "--exemplars-from", nargs="+", default=None, metavar="RUN",
             help="seed the exemplar pool with the verified programs of earlier runs (collect DATA.jsonl, ssl/grpo/"
             "optimize/evaluate run directories or run stores), judged here first",
         )
@@ -89,10 +86,7 @@ def _common(p: argparse.ArgumentParser, stage: str) -> None:
                        help="seeded programs per task, fastest first (default: 4; 0 = all)")
         e = p.add_argument_group("evaluation during training (the figures of cudal1 evaluate, in metrics.jsonl)")
         e.add_argument(
-            "--eval-every",
-            type=int,
-            default=None,
-            metavar="N",
+            "--eval-every", type=int, default=None, metavar="N",
             help="evaluate every N steps (default: config's, 0 = never)",
         )
         e.add_argument(
@@ -223,11 +217,8 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     judge = judge_config(args) if args.stage != "sft" else None
     record = {
-        "command": f"train {args.stage}",
-        "stage": args.stage,
-        "smoke": args.smoke,
-        "processes": dist.world_size(),
-        "version": __version__,
+        "command": f"train {args.stage}", "stage": args.stage, "smoke": args.smoke,
+        "processes": dist.world_size(), "version": __version__,
         "args": {k: v for k, v in vars(args).items() if k != "func" and not k.startswith("_") and not callable(v)},
     }
     if dist.is_main():  # under several processes: rank 0 writes and prints, every rank trains

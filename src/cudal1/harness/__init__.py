@@ -17,15 +17,8 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
-    "BASELINE_MODES",
-    "DevicePlan",
-    "HarnessError",
-    "Job",
-    "evaluate",
-    "evaluate_pairs",
-    "measure_baselines",
-    "run_jobs",
-    "time_baselines",
+    "BASELINE_MODES", "DevicePlan", "HarnessError", "Job", "evaluate", "evaluate_pairs", "measure_baselines",
+    "run_jobs", "time_baselines",
 ]
 
 

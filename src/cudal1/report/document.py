@@ -203,22 +203,15 @@ def task_row(rec: TaskRecord, labels: dict[str, list[str]]) -> dict[str, Any]:
     judged = [c for c in rec.candidates if c.result is not None]
     counts = verdict_counts([c.result for c in judged])
     return {
-        "task": rec.task.task_id,
-        "level": rec.task.level,
-        "name": rec.task.name,
-        "best_speedup": best.result.speedup if best else None,
-        "best_candidate": best.hash if best else None,
+        "task": rec.task.task_id, "level": rec.task.level, "name": rec.task.name,
+        "best_speedup": best.result.speedup if best else None, "best_candidate": best.hash if best else None,
         "best_ci": list(best.result.speedup_ci) if best and best.result.speedup_ci else None,
         "faster": bool(best and speedup_faster(best.result)),
         "uncertain": bool(best and uncertain(best.result.speedup, best.result.speedup_ci)),
-        "high_variance": bool(best and noisy(best.result)),
-        "statuses": counts["statuses"],
-        "flags": counts["flags"],
-        "techniques": labels.get(best.hash, []) if best else [],
-        "candidates": len(judged),
-        "pending": len(rec.candidates) - len(judged),
-        "verified": sum(1 for c in judged if _ok(c)),
-        "degenerate": degenerate(rec),
+        "high_variance": bool(best and noisy(best.result)), "statuses": counts["statuses"],
+        "flags": counts["flags"], "techniques": labels.get(best.hash, []) if best else [],
+        "candidates": len(judged), "pending": len(rec.candidates) - len(judged),
+        "verified": sum(1 for c in judged if _ok(c)), "degenerate": degenerate(rec),
         "baselines": baseline_speedups(rec),
         "reference_ms": best.result.reference_ms if best else (rec.reference.reference_ms if rec.reference else None),
         "best_ms": best.result.candidate_ms if best else None,
@@ -292,9 +285,7 @@ def build_report(data: RunData, conv: str = "all-tasks", labels: dict[str, list[
     env, envs = environment(data)
     rejected = [
         {
-            "task": rec.task.task_id,
-            "candidate": c.hash,
-            "flags": c.result.flags,
+            "task": rec.task.task_id, "candidate": c.hash, "flags": c.result.flags,
             "message": (c.result.message.splitlines() or [""])[0][:300],
         }
         for rec in data.tasks

@@ -67,13 +67,7 @@ def evaluation_markdown(e: dict[str, Any]) -> list[str]:
     """One ``cudal1 evaluate`` run's rates, pass@k and fast_p (``doc["evaluations"]`` entry)."""
     fast = e.get("fast_p") or {}
     headers = [
-        "tasks",
-        "samples per task",
-        "samples",
-        "compiled",
-        "correct",
-        "ok",
-        *e["pass"],
+        "tasks", "samples per task", "samples", "compiled", "correct", "ok", *e["pass"],
         *[f"fast_{p}" for p in fast],
     ]
     row = [e.get("tasks"), e.get("samples_per_task"), e.get("samples"), fmt(e.get("compile_rate"), pct=True),
@@ -121,13 +115,8 @@ def render_markdown(doc: dict[str, Any]) -> str:
                 ["baseline", "tasks", "ok", "geomean", "median", "fast_1.0", "baseline geomean over eager"],
                 [
                     [
-                        baseline_label(m),
-                        fmt(b["tasks"]),
-                        fmt(b["ok"]),
-                        fmt(b["geomean"]),
-                        fmt(b["median"]),
-                        fmt(b["fast_p"]["1.0"], pct=True),
-                        fmt(b["baseline_over_eager"]["geomean"]),
+                        baseline_label(m), fmt(b["tasks"]), fmt(b["ok"]), fmt(b["geomean"]), fmt(b["median"]),
+                        fmt(b["fast_p"]["1.0"], pct=True), fmt(b["baseline_over_eager"]["geomean"]),
                     ]
                     for m, b in doc["baselines"].items()
                 ],

@@ -179,10 +179,7 @@ def audit_scatter(records: list[dict[str, Any]], slack: float) -> str:
         [lo, hi],
         [slack * lo, slack * hi],
         color="#555",
-        lw=0.9,
-        ls="--",
-        label=f"measured = {slack:g} × claimed",
-        zorder=2,
+        lw=0.9, ls="--", label=f"measured = {slack:g} × claimed", zorder=2,
     )
     ax.set_xscale("log")
     ax.set_yscale("log")

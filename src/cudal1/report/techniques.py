@@ -56,12 +56,8 @@ _CUDA_RULES: dict[str, tuple[str, ...]] = {
         r"^\s*(?:float|double|half|__half|int|scalar_t|acc_t)\s+\w+\s*\[\s*\w+\s*\]\s*(?:;|=|\{)",
     ),
     "warp_reduction": (
-        r"__shfl(?:_down|_up|_xor)?_sync",
-        r"__reduce_\w+_sync",
-        r"WarpReduce",
-        r"cg::reduce",
-        r"\bwarp_?reduce\w*",
-        r"\bwarpReduce\w*",
+        r"__shfl(?:_down|_up|_xor)?_sync", r"__reduce_\w+_sync", r"WarpReduce", r"cg::reduce",
+        r"\bwarp_?reduce\w*", r"\bwarpReduce\w*",
     ),
     "block_config": (
         r"__launch_bounds__",

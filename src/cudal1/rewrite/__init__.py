@@ -28,12 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ALGEBRAIC_REWRITES = (
-    "simplify",
-    "diag-broadcast",
-    "matmul-chain",
-    "fold-batchnorm",
-    "fold-linear",
-    "reduce-through-linear",
+    "simplify", "diag-broadcast", "matmul-chain", "fold-batchnorm", "fold-linear", "reduce-through-linear",
     "sdpa",
 )
 REWRITE_NAMES = ALGEBRAIC_REWRITES + ("triton-fusion", "gemm-3xtf32", "triton-reduce")

@@ -124,10 +124,7 @@ class Session:
             cand = types.ModuleType("candidate")
             text = self.source + "\n\n" + class_source
             linecache.cache["<candidate>"] = (
-                len(text),
-                None,
-                text.splitlines(True),
-                "<candidate>",
+                len(text), None, text.splitlines(True), "<candidate>",
             )  # @triton.jit reads it
             exec(compile(text, "<candidate>", "exec", dont_inherit=True), cand.__dict__)  # noqa: S102
             with torch.device("meta"):

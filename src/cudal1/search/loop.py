@@ -124,15 +124,8 @@ class Search:
         prompts = []
         for _ in range(k):
             prompt = contrastive_prompt(
-                task,
-                pool.ok,
-                pool.failed,
-                self.judge.hardware,
-                exemplars=self.cfg.exemplars,
-                strategy=self.cfg.strategy,
-                tau=self.cfg.tau,
-                feedback=self.cfg.feedback,
-                rng=rng,
+                task, pool.ok, pool.failed, self.judge.hardware, exemplars=self.cfg.exemplars,
+                strategy=self.cfg.strategy, tau=self.cfg.tau, feedback=self.cfg.feedback, rng=rng,
                 template=self.cfg.template,
             )
             prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries))
@@ -161,13 +154,7 @@ class Search:
                         task, f"generation failed: {got.error}" if got.error else f"no code: {got.problem}"
                     )
                 self.judge.record_response(
-                    task,
-                    round_,
-                    comp.policy,
-                    dataclasses.asdict(prompt),
-                    comp.text,
-                    got.analysis,
-                    cand,
+                    task, round_, comp.policy, dataclasses.asdict(prompt), comp.text, got.analysis, cand,
                     problem=got.problem,
                     error=got.error,
                     usage=comp.usage,

@@ -39,10 +39,7 @@ log = logging.getLogger(__name__)
 
 ADAPTER_DIR = "adapter"
 WEIGHT_FILES = (
-    "model.safetensors",
-    "model.safetensors.index.json",
-    "pytorch_model.bin",
-    "pytorch_model.bin.index.json",
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json",
 )
 
 

@@ -104,14 +104,8 @@ class Recipe:
 RECIPES: dict[str, Recipe] = {
     "7b-8gpu": Recipe("7b-8gpu", QWEN25_CODER_7B, "default", "accelerate-zero2", zero_stage=2, training_gpus=8),
     "32b-8gpu": Recipe(
-        "32b-8gpu",
-        QWEN25_CODER_32B,
-        "32b-8gpu",
-        "accelerate-zero3-6proc",
-        zero_stage=3,
-        training_gpus=6,
-        vllm_gpus=2,
-        optimizer_offload=True,
+        "32b-8gpu", QWEN25_CODER_32B, "32b-8gpu", "accelerate-zero3-6proc", zero_stage=3, training_gpus=6,
+        vllm_gpus=2, optimizer_offload=True,
     ),
 }
 

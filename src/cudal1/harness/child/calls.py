@@ -141,11 +141,7 @@ class CallHandlers:
             fresh = torch.empty_like(dst)
             if self.device.type == "cuda":
                 self.timer.kernels.mask(
-                    src.data_ptr(),
-                    fresh.data_ptr(),
-                    src.numel(),
-                    self.timer.keybuf.data_ptr(),
-                    lane,
+                    src.data_ptr(), fresh.data_ptr(), src.numel(), self.timer.keybuf.data_ptr(), lane,
                     torch.cuda.current_stream().cuda_stream,
                 )
             else:

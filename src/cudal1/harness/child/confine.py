@@ -423,10 +423,7 @@ class _Os:
         net = _NET_TCP if abi >= 4 and not policy.network else 0
         scoped = _SCOPES if abi >= 6 else 0
         writable = [
-            paths.build,
-            paths.home,
-            paths.tmp,
-            *paths.writable,
+            paths.build, paths.home, paths.tmp, *paths.writable,
             *[Path(os.devnull)] * os.path.exists(os.devnull),
         ]
         rules = [(p, fs) for p in writable] + [(p, _FS_READ) for p in paths.readable or () if p.exists()]

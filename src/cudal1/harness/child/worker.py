@@ -49,13 +49,8 @@ BUILD_NICENESS = 10  # a pre-build's niceness (it and its compilers yield to the
 
 class CandidateProcess(CallHandlers):
     def __init__(
-        self,
-        spec: CandidateSpec,
-        link: Any,
-        threads: Any = None,
-        confinement: dict[str, Any] | None = None,
-        log_fd: int | None = None,
-        page_fd: int | None = None,
+        self, spec: CandidateSpec, link: Any, threads: Any = None, confinement: dict[str, Any] | None = None,
+        log_fd: int | None = None, page_fd: int | None = None,
     ) -> None:
         self.spec = spec
         self.page_fd = page_fd  # the clean window's shared page (cudal1.harness.window)

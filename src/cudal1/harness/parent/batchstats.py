@@ -115,24 +115,9 @@ class BatchStats:
         """Totals of two batches (lanes and per-job lists are concatenated)."""
         out = BatchStats(backend=self.backend if self.backend == other.backend else f"{self.backend}+{other.backend}")
         for name in (
-            "jobs",
-            "wall_s",
-            "builds",
-            "builds_shared",
-            "builds_cached",
-            "build_queue_s",
-            "build_s",
-            "lock_wait_s",
-            "judge_s",
-            "lane_startup_s",
-            "lane_idle_s",
-            "lane_busy_s",
-            "lane_build_s",
-            "retries",
-            "batches",
-            "lease_wait_s",
-            "gpu_span_s",
-            "gpu_busy_s",
+            "jobs", "wall_s", "builds", "builds_shared", "builds_cached", "build_queue_s", "build_s",
+            "lock_wait_s", "judge_s", "lane_startup_s", "lane_idle_s", "lane_busy_s", "lane_build_s",
+            "retries", "batches", "lease_wait_s", "gpu_span_s", "gpu_busy_s",
         ):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("build_workers", "max_jobs", "max_concurrent_builds"):

@@ -97,15 +97,8 @@ class Measurement:
         est: dict[str, list[float]] = {"ref": [], "cand": []}
         layouts: set[tuple] = set()  # the reference's output layouts: one, unless they depend on the inputs
         corr = {
-            "trials": 0,
-            "passed": 0,
-            "max_abs_error": 0.0,
-            "max_rel_error": 0.0,
-            "failing_trial": None,
-            "detail": "",
-            "by_dtype": {},
-            "exact_checks": {},
-            "fixed_outputs": {},
+            "trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None,
+            "detail": "", "by_dtype": {}, "exact_checks": {}, "fixed_outputs": {},
         }
         for i in range(trials):
             corr["trials"] = i + 1

@@ -213,26 +213,8 @@ def _cudal1_conv2d(x, weight, bias=None, stride=1, padding=0, dilation=1):
         return (triton.cdiv(m, meta["BM"]) * triton.cdiv(co, meta["BN"]),)
 
     args = (
-        x,
-        weight,
-        bias.contiguous() if bias is not None else y,
-        y,
-        c,
-        h,
-        w,
-        co,
-        ho,
-        wo,
-        kh,
-        kw,
-        sh,
-        sw,
-        ph,
-        pw,
-        dh,
-        dw,
-        m,
-        k,
+        x, weight, bias.contiguous() if bias is not None else y, y, c, h, w, co, ho, wo, kh, kw, sh, sw, ph,
+        pw, dh, dw, m, k,
     )
     if _cudal1_interpreted():
         _cudal1_conv2d_kernel[grid](*args, HAS_BIAS=bias is not None, BM=32, BN=32, BK=16, GROUP_M=4)

@@ -114,9 +114,7 @@ def _norm(node: fx.Node) -> tuple[str, tuple, dict, str] | None:
             arg(node, 4, "eps", 1e-5)
         if isinstance(ns, (list, tuple)) and all(isinstance(d, int) for d in ns) and isinstance(eps, float):
             return (
-                "_cudal1_layer_norm",
-                (x, tuple(ns), w, b, eps),
-                {},
+                "_cudal1_layer_norm", (x, tuple(ns), w, b, eps), {},
                 f"layer_norm over {tuple(ns)} of {_shape_text(x)}",
             )
     if getattr(F, "rms_norm", None) is not None and node.target is F.rms_norm:

@@ -150,22 +150,16 @@ def figures(samples: dict[str, list[Sample]], k: int) -> dict[str, Any]:
         "fast_p_point": fast_point,
         "fast_p_at_1": fast_one,
         "speedup": {
-            "geomean": geomean(every),
-            "median": statistics.median(every) if every else None,
-            "tasks": tasks,
-            "unsolved": tasks - len(values),
-            "convention": CONVENTION,
-            "solved": len(values),
+            "geomean": geomean(every), "median": statistics.median(every) if every else None, "tasks": tasks,
+            "unsolved": tasks - len(values), "convention": CONVENTION, "solved": len(values),
             "solved_geomean": geomean(values),
             "solved_median": statistics.median(values) if values else None,
         },
         "degenerate": sum(1 for ss in samples.values() if any(s.degenerate for s in ss)),
         "per_task": {
             t: {
-                "samples": len(ss),
-                "compiled": sum(s.compiled for s in ss),
-                "correct": sum(s.correct for s in ss),
-                "ok": sum(s.ok for s in ss),
+                "samples": len(ss), "compiled": sum(s.compiled for s in ss),
+                "correct": sum(s.correct for s in ss), "ok": sum(s.ok for s in ss),
                 "best_speedup": best.get(t),
             }
             for t, ss in samples.items()

@@ -39,17 +39,8 @@ if TYPE_CHECKING:
     from cudal1.types import Task
 
 __all__ = [
-    "PRIME",
-    "judge_plan",
-    "smoke_judge",
-    "primed_model",
-    "smoke_eval_task",
-    "smoke_grpo",
-    "smoke_sft",
-    "smoke_ssl",
-    "smoke_task",
-    "tiny_base",
-    "verified_records",
+    "PRIME", "judge_plan", "smoke_judge", "primed_model", "smoke_eval_task", "smoke_grpo", "smoke_sft",
+    "smoke_ssl", "smoke_task", "tiny_base", "verified_records",
 ]
 
 log = logging.getLogger(__name__)

@@ -74,16 +74,8 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, fixed: Iterabl
 
 
 def build_tiny_model(
-    out: str | Path,
-    texts: Iterable[str],
-    *,
-    hidden: int = 64,
-    layers: int = 2,
-    heads: int = 4,
-    vocab_size: int = 2048,
-    max_positions: int = 8192,
-    seed: int = 0,
-    fixed: Iterable[str] = (),
+    out: str | Path, texts: Iterable[str], *, hidden: int = 64, layers: int = 2, heads: int = 4,
+    vocab_size: int = 2048, max_positions: int = 8192, seed: int = 0, fixed: Iterable[str] = (),
 ) -> Path:
     """Train a tokenizer on ``texts`` (``fixed`` strings as single tokens), build a ``layers``-layer
     Qwen2 model, save both to ``out``."""

@@ -147,15 +147,8 @@ def _summary(records: list[dict], judged: Counter, out: Path, **extra: Any) -> d
 
 
 def collect_teachers(
-    tasks: list[Task],
-    teachers: list[Teacher],
-    attempts: int,
-    per_task: int,
-    out: str | Path,
-    judge: RecordedJudge,
-    *,
-    policy_options: dict[str, Any] | None = None,
-    allow_held_out: bool = False,
+    tasks: list[Task], teachers: list[Teacher], attempts: int, per_task: int, out: str | Path,
+    judge: RecordedJudge, *, policy_options: dict[str, Any] | None = None, allow_held_out: bool = False,
     kernelbench: str | Path | None = None,
 ) -> dict[str, Any]:
     """Sample, judge and keep (see the module docstring), judging through ``judge`` (its store is

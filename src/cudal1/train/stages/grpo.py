@@ -175,41 +175,25 @@ def grpo_arguments(cfg: GRPOConfig, out: str | Path, report_to: Any = "none", pr
         raise ValueError(f"grpo: vllm_tensor_parallel_size ({cfg.vllm_tensor_parallel_size}) must divide the number of "
                          f"training processes ({processes}) in colocate mode")
     ours: dict[str, Any] = dict(
-        output_dir=str(out),
-        num_generations=cfg.group_size,
+        output_dir=str(out), num_generations=cfg.group_size,
         per_device_train_batch_size=per_device_batch(cfg, processes),
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        max_steps=cfg.max_steps,
-        learning_rate=cfg.learning_rate,
-        beta=cfg.beta,
-        epsilon=cfg.epsilon,
-        num_iterations=cfg.num_iterations,
-        loss_type=cfg.loss_type,
-        scale_rewards=cfg.scale_rewards,
-        temperature=cfg.temperature,
-        top_p=cfg.top_p,
-        max_completion_length=cfg.max_completion_length,
-        use_vllm=cfg.use_vllm,
-        logging_steps=cfg.logging_steps,
-        save_steps=cfg.save_steps,
-        save_total_limit=cfg.save_total_limit,
-        seed=cfg.seed,
-        report_to=report_to,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps, max_steps=cfg.max_steps,
+        learning_rate=cfg.learning_rate, beta=cfg.beta, epsilon=cfg.epsilon,
+        num_iterations=cfg.num_iterations, loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
+        temperature=cfg.temperature, top_p=cfg.top_p, max_completion_length=cfg.max_completion_length,
+        use_vllm=cfg.use_vllm, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
+        save_total_limit=cfg.save_total_limit, seed=cfg.seed, report_to=report_to,
         remove_unused_columns=False,
     )
     if cfg.use_vllm:
         ours.update(
-            vllm_mode=cfg.vllm_mode,
-            vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
+            vllm_mode=cfg.vllm_mode, vllm_gpu_memory_utilization=cfg.vllm_gpu_memory_utilization,
             vllm_tensor_parallel_size=cfg.vllm_tensor_parallel_size,
-            vllm_max_model_length=cfg.vllm_max_model_length,
-            vllm_server_base_url=cfg.vllm_server_base_url,
+            vllm_max_model_length=cfg.vllm_max_model_length, vllm_server_base_url=cfg.vllm_server_base_url,
         )
     if cfg.eval_every and eval_tasks:
         ours.update(
-            do_eval=True,
-            eval_strategy="steps",
-            eval_steps=cfg.eval_every,
+            do_eval=True, eval_strategy="steps", eval_steps=cfg.eval_every,
             num_generations_eval=cfg.eval_samples,
             per_device_eval_batch_size=eval_batch(cfg.eval_samples, processes),
         )
@@ -270,16 +254,8 @@ def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudg
         judge.open_store(out / "cudal1.sqlite")
     try:
         return _train(
-            model,
-            tasks,
-            cfg,
-            judge,
-            out,
-            resume=resume,
-            report_to=report_to,
-            callbacks=callbacks,
-            eval_tasks=eval_tasks or [],
-            seeds=(list(exemplars_from or []), exemplars_per_task),
+            model, tasks, cfg, judge, out, resume=resume, report_to=report_to, callbacks=callbacks,
+            eval_tasks=eval_tasks or [], seeds=(list(exemplars_from or []), exemplars_per_task),
             rollout=rollout,
         )
     finally:
@@ -294,9 +270,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge,
 
     main = dist.is_main()
     settings = {
-        "model": str(model),
-        "grpo": _asdict(cfg),
-        "judge": judge.config.to_dict(),
+        "model": str(model), "grpo": _asdict(cfg), "judge": judge.config.to_dict(),
         "processes": dist.world_size(),
     }
     with judge.run("train-grpo", settings, record=main):
@@ -332,10 +306,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge,
         for line in short if main else []:
             log.warning("grpo: memory estimate (cudal1/train/recipes.py): %s", line)
         trainer = trl.GRPOTrainer(
-            model=str(model),
-            reward_funcs=[reward],
-            args=args,
-            rollout_func=rollout,
+            model=str(model), reward_funcs=[reward], args=args, rollout_func=rollout,
             train_dataset=contrast.dataset(max(cfg.prompts_per_step, len(tasks)) * 16),
             processing_class=tokenizer,
             eval_dataset=evalset.dataset() if evalset else None,
@@ -343,8 +314,7 @@ def _train(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge,
             callbacks=[
                 metrics_callback(out, "grpo", reward.metrics),
                 *([eval_callback(evalset, out)] if evalset else []),
-                *([collapse_stop(watch)] if cfg.collapse_stop else []),
-                *callbacks,
+                *([collapse_stop(watch)] if cfg.collapse_stop else []), *callbacks,
             ],
         )
         check_engine(trainer)
@@ -377,10 +347,8 @@ def summarize(out: Path, judge: RecordedJudge, tasks: list[Task]) -> dict[str, A
         best[t.task_id] = max(speedups) if speedups else None
     evals = sorted((m for m in read_metrics(out) if m.get("stage") == "eval"), key=lambda m: m["step"])
     return {
-        "out": str(out),
-        "reward_mean": [r.get("reward_mean") for r in rows],
-        "success_rate": [r.get("success_rate") for r in rows],
-        "best_speedup": best,
+        "out": str(out), "reward_mean": [r.get("reward_mean") for r in rows],
+        "success_rate": [r.get("success_rate") for r in rows], "best_speedup": best,
         "judged": judge.status_counts(),
         "eval": [{k: v for k, v in m.items() if k not in ("time", "stage")} for m in evals],
     }

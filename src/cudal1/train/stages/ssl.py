@@ -69,10 +69,7 @@ def chat_record(prompt: Prompt, text: str, task: Task, res: EvalResult, source: 
 
     return {
         "messages": prompt.messages() + [{"role": "assistant", "content": text}],
-        "task": task.task_id,
-        "task_hash": task.hash,
-        "source": source,
-        "status": res.status.value,
+        "task": task.task_id, "task_hash": task.hash, "source": source, "status": res.status.value,
         "speedup": res.speedup,
         "speedup_ci": list(res.speedup_ci) if res.speedup_ci else None,
         "flags": list(res.flags),
