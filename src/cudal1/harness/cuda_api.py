@@ -207,6 +207,16 @@ def persisting_l2_limit() -> int:
     return int(value.value)
 
 
+def persisting_l2(on_cuda: bool) -> int:
+    """The device's persisting-L2 limit as this process sees it: 0 off CUDA or where the call fails."""
+    if not on_cuda:
+        return 0
+    try:
+        return persisting_l2_limit()
+    except CudaCallError:
+        return 0
+
+
 def reset_persisting_l2() -> None:
     """Demote every persisting L2 line to normal (``cudaCtxResetPersistingL2Cache``)."""
     _check(runtime().cudaCtxResetPersistingL2Cache(), "cudaCtxResetPersistingL2Cache")

@@ -217,11 +217,6 @@ class CallHandlers:
                 "fallback": fallback}
 
     def persisting_l2(self) -> int:
-        if self.device.type != "cuda":
-            return 0
         from cudal1.harness import cuda_api
 
-        try:
-            return cuda_api.persisting_l2_limit()
-        except cuda_api.CudaCallError:
-            return 0
+        return cuda_api.persisting_l2(self.device.type == "cuda")

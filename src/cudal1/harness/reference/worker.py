@@ -254,14 +254,9 @@ class RefWorker(Measurement):
 
     def persisting_l2(self) -> int:
         """The device's persisting-L2 limit as this process sees it (0 off CUDA)."""
-        if self.device.type != "cuda":
-            return 0
         from cudal1.harness import cuda_api
 
-        try:
-            return cuda_api.persisting_l2_limit()
-        except cuda_api.CudaCallError:
-            return 0
+        return cuda_api.persisting_l2(self.device.type == "cuda")
 
 
 def reference_entry(spec: WorkerSpec, conn: Any, key_holder: list, link_conn: Any, page_fd: int | None = None) -> None:
