@@ -294,6 +294,8 @@ class EvalConfig(Config):
     workers_per_gpu: int = 1  # judge workers sharing one GPU; timing stays exclusive (the GPU lease)
     cache_dir: str = ""  # build cache root; "" = $CUDAL1_CACHE_DIR or ~/.cache/cudal1
     keep_samples: bool = True  # keep raw timing samples in results
+    baseline_cache: bool = True  # baselines of one task share a persistent torch.compile/Triton cache (each
+    # mode compiles once per machine, later modes reuse its kernels); false: a fresh cache per baseline job
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
@@ -338,7 +340,7 @@ class EvalConfig(Config):
         # resumed run with another --timeout must find what was recorded.
         ignore = {
             "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
-            "build_timeout_s", "setup_timeout_s", "confine_candidates",
+            "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache",
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}
 

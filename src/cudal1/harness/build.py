@@ -204,6 +204,14 @@ def build_dir(cache_root: Path, candidate: Candidate, arch_list: str) -> Path:
     return cache_root / "builds" / key
 
 
+def baseline_dir(cache_root: Path, task_source: str, arch_list: str) -> Path:
+    """The torch.compile/Triton cache of one task's baselines (``EvalConfig.baseline_cache``):
+    only processes running that task's reference under a baseline mode write there, so a
+    candidate can never reach what a baseline loads."""
+    key = content_hash("baseline", task_source, toolchain_id(), arch_list)[:24]
+    return cache_root / "baselines" / key
+
+
 def has_built_library(path: Path) -> bool:
     return path.is_dir() and any(path.rglob("*.so"))
 

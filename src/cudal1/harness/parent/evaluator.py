@@ -153,11 +153,18 @@ class Evaluator:
             # compiled artifacts of torch.compile and Triton are kept per source, like builds
             cand_env["TORCHINDUCTOR_CACHE_DIR"] = str(bdir / "inductor")
             cand_env["TRITON_CACHE_DIR"] = str(bdir / "triton")
+        elif self.config.baseline_cache:
+            # A baseline compiles the task's own reference: one cache per task, kept across jobs, so
+            # each mode compiles once per machine (a re-timing finds its kernels, a later mode reuses
+            # the Triton kernels and autotuning of an earlier one).  No candidate writes there.
+            bdir = _own_dir(build.baseline_dir(self.cache_root, task.source, self.plan.arch_list))
+            cand_env["TORCHINDUCTOR_CACHE_DIR"] = str(bdir / "inductor")
+            cand_env["TRITON_CACHE_DIR"] = str(bdir / "triton")
         slot_dir = workdir / "slots"
         slot_dir.mkdir(mode=0o711, exist_ok=True)
         confine: dict[str, Any] = {}
         if self.config.confine_candidates:
-            if bdir is None:  # a baseline: the wrapped reference compiles into the job's own directory
+            if bdir is None:  # a baseline without its task's cache: it compiles into the job's own directory
                 bdir = workdir / "build"
                 bdir.mkdir(exist_ok=True)
             confine = {"build_dir": str(bdir), "home": str(workdir / "home"),

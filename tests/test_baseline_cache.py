@@ -1,0 +1,62 @@
+"""The baselines' compile cache (``EvalConfig.baseline_cache``): the baselines of one task share
+one persistent torch.compile/Triton cache, so a mode compiled once is found again (a re-timing, a
+resumed run); nothing a candidate runs writes there; switched off, each baseline job compiles
+into a directory of its own that goes with the job."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from cli_support import SMALL_DIAG
+from cudal1.config import EvalConfig
+from cudal1.harness.parent.evaluator import Evaluator
+from cudal1.harness.parent.plan import DevicePlan, Job
+from cudal1.tasks import load_tasks
+from cudal1.types import Candidate, Task
+
+
+def _cache_dirs(tmp_path: Path, job: Job, **config) -> str:
+    cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path / "cache"), **config)
+    ev = Evaluator(cfg, DevicePlan.detect("cpu"))
+    work = tmp_path / f"job{len(list(tmp_path.iterdir()))}"
+    work.mkdir()
+    _, cand = ev._specs(job, work, "cpu", None, "baseline" if job.baseline_mode else "eval")
+    return cand.env.get("TORCHINDUCTOR_CACHE_DIR", "") + "|" + cand.confine.get("build_dir", "")
+
+
+def test_a_tasks_baselines_share_one_cache_candidates_never_reach_it(tmp_path):
+    task, other = Task("t", "class Model: pass\n"), Task("u", "class Model: pass  # u\n")
+    default = _cache_dirs(tmp_path, Job(task, None, "compile-default"))
+    assert "/baselines/" in default and str(tmp_path / "cache") in default
+    assert _cache_dirs(tmp_path, Job(task, None, "compile-max-autotune")) == default  # every mode of the task
+    assert _cache_dirs(tmp_path, Job(other, None, "compile-default")) != default  # another task: its own
+    cand = _cache_dirs(tmp_path, Job(task, Candidate("class ModelNew: pass\n", task_hash=task.hash)))
+    assert "/builds/" in cand and "/baselines/" not in cand  # a candidate keeps its own build directory
+    off = _cache_dirs(tmp_path, Job(task, None, "compile-default"), baseline_cache=False)
+    assert "/baselines/" not in off and off.endswith("/build")  # inside the job's directory, removed with it
+
+
+def test_the_cache_switch_leaves_the_verdicts_key_alone():
+    assert EvalConfig(baseline_cache=False).hash() == EvalConfig().hash()
+
+
+@pytest.mark.cpu
+def test_a_second_baseline_of_the_same_mode_compiles_nothing_new(tmp_path):
+    from cudal1.harness.parent.api import time_baselines
+
+    task = load_tasks(str(SMALL_DIAG))[0]
+    cfg = EvalConfig.preset("fast").replace(device="cpu", cache_dir=str(tmp_path / "cache"))
+    root = tmp_path / "cache" / "baselines"
+
+    def files() -> set[str]:
+        return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+    first = time_baselines([(task, "compile-default")], cfg)[0]
+    assert first.status.value == "ok", first.message
+    compiled = files()
+    assert [p.parent.parent.name for p in root.rglob("fxgraph/*/*")] == ["fxgraph"]  # one compiled graph
+    second = time_baselines([(task, "compile-default")], cfg)[0]
+    assert second.status.value == "ok", second.message
+    assert files() == compiled  # found in the cache: no graph, kernel or library written again
