@@ -60,3 +60,25 @@ def test_a_second_baseline_of_the_same_mode_compiles_nothing_new(tmp_path):
     second = time_baselines([(task, "compile-default")], cfg)[0]
     assert second.status.value == "ok", second.message
     assert files() == compiled  # found in the cache: no graph, kernel or library written again
+
+
+def test_inductor_is_imported_before_the_gpu_lease_only_where_the_job_compiles(tmp_path):
+    """Inductor's import (seconds) moves from ``construct`` (GPU lease held shared) to the import
+    phase (no lease) for compile-mode baselines and candidates that call torch.compile."""
+    from cudal1.harness.child.worker import _compiles
+    from cudal1.harness.spec import CandidateSettings, CandidateSpec
+
+    def spec(mode: str, baseline: str | None = None, source: str | None = None) -> CandidateSpec:
+        path = None
+        if source is not None:
+            path = tmp_path / f"cand{len(list(tmp_path.iterdir()))}.py"
+            path.write_text(source)
+        return CandidateSpec(mode=mode, device="cpu", settings=CandidateSettings.of(EvalConfig()), reference_path="r",
+                             reference_module="r", log_path="l", candidate_path=str(path) if path else None,
+                             baseline_mode=baseline)
+
+    assert _compiles(spec("baseline", "compile-default")) and _compiles(spec("baseline", "max-autotune"))  # alias
+    assert not _compiles(spec("baseline", "cudagraph")) and not _compiles(spec("baseline", "eager"))
+    assert _compiles(spec("eval", source="self.f = torch.compile(self.f)\n"))
+    assert not _compiles(spec("eval", source="class ModelNew: pass\n"))
+    assert not _compiles(spec("build", source="torch.compile\n"))  # the CPU pre-build never compiles for the GPU
