@@ -55,7 +55,7 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
 
     def record(key: str, res: Any) -> None:
         done[key] = {"status": res.status.value, "speedup": res.speedup, "speedup_ci": res.speedup_ci,
-                     "flags": res.flags}
+                     "flags": res.flags, "wall_s": res.wall_s, "phase_s": res.phase_s}  # the last two: builtin_cost
         _save(out, done)
         if tick is not None:
             tick(res)

@@ -195,9 +195,9 @@ def _stat_row(label: str, s: dict) -> list[str]:
         [fmt(s[f"fast_{p:g}"], True) for p in FAST]
 
 
-def markdown(s: dict, modes: list[str], run: dict | None = None) -> str:
-    """The figures as Markdown; the per-task table first, the summary table last (a reader of a
-    terminal sees it without scrolling)."""
+def markdown(s: dict, modes: list[str], run: dict | None = None, extra: str = "") -> str:
+    """The figures as Markdown; the per-task table first, then ``extra`` (the losses and the cost),
+    the summary table last (a reader of a terminal sees it without scrolling)."""
     lines = []
     if s.get("rows"):
         rows = [[r["task"], ",".join(r["rules"]) or "-", str(r["rounds"]), fmt(r["best"]), r["best_passes"] or "-"]
@@ -246,6 +246,8 @@ def markdown(s: dict, modes: list[str], run: dict | None = None) -> str:
     if rt["n"]:
         ratio_rows.append(["re-timed: builtin over best compile mode", str(rt["n"]), fmt(rt["geomean"]),
                            fmt(rt["median"]), fmt(rt["win_rate"], True)])
+    if extra:
+        lines += ["", extra]
     lines += ["", table(["builtin against", "n", "geomean", "median", "win rate"], ratio_rows), "",
               table(["figure", "n", "mean", "median", "geomean", *(f"fast_{p:g}" for p in FAST)], figure_rows)]
     return "\n".join(lines)

@@ -50,8 +50,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's helper modules beside it
 
+import builtin_cost
+import builtin_losses
 from builtin_confirm import confirm
-from builtin_figures import builtin_figures, markdown
+from builtin_figures import builtin_figures, markdown, task_rows
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.config import EvalConfig
 from cudal1.tasks import load_tasks
@@ -162,16 +164,30 @@ def snapshot_rewrites(out: Path) -> None:
 
 
 class Batches:
-    """Every judged batch's BatchStats, summarized for OUT/run.json and the report."""
+    """Every judged batch's BatchStats, summarized for OUT/run.json and the report; each batch
+    carries its call's stamp, the GPUs it ran on and whether the cost levers were on, and each
+    call the tasks finished before and after it (:mod:`builtin_cost`)."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, gpus: int = 1, levers: str = "on") -> None:
         self.path = out / "run.json"
         self.run = json.loads(self.path.read_text()) if self.path.exists() else {"batches": []}
+        self.call, self.gpus, self.levers = time.strftime("%Y-%m-%dT%H:%M:%S"), gpus, levers
 
     def add(self, what: str, stats) -> None:
         self.run["batches"].append({"what": what, "jobs": stats.jobs, "wall_s": stats.wall_s,
                                     "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
-                                    "at": time.strftime("%Y-%m-%d %H:%M:%S")})
+                                    "at": time.strftime("%Y-%m-%d %H:%M:%S"), "call": self.call, "gpus": self.gpus,
+                                    "levers": self.levers})
+        self.save()
+
+    def finished(self, when: str, n: int) -> None:
+        self.run.setdefault("calls", {}).setdefault(self.call, {})[when] = n
+        self.save()
+
+    def finished_by_call(self) -> dict[str, int]:
+        return {c: v["after"] - v.get("before", 0) for c, v in self.run.get("calls", {}).items() if "after" in v}
+
+    def save(self) -> None:
         self.path.write_text(json.dumps(self.run, indent=1))
 
 
@@ -212,8 +228,6 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
             if modes:
                 rj.baselines(chunk, modes, on_result=tick, on_stats=lambda s: batches.add("baselines", s))
             if args.confirm:
-                from builtin_figures import task_rows
-
                 rows = task_rows(out, chunk, judge.hash(), {}, modes)
                 confirm(out, chunk, rows, judge.replace(workers_per_gpu=args.confirm_workers_per_gpu), plan,
                         on_stats=batches.add, tick=tick)
@@ -271,6 +285,12 @@ def main() -> int:
     ap.add_argument("--prepare", action="store_true", help="select and trace the graph rewrites only (CPU)")
     ap.add_argument("--report-only", action="store_true", help="the report of OUT, judging nothing")
     ap.add_argument("--reselect", action="store_true", help="apply the selection rules again")
+    ap.add_argument("--levers", choices=("on", "off"), default="on",
+                    help="cost levers (builtin_cost.py): a task's baselines share one compile cache (off: a fresh "
+                         "cache per baseline job); what is timed and the config hash are the same either way")
+    ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
+                    help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
+                         "and print the device seconds per task of each")
     ap.add_argument(
         "--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)"
     )
@@ -292,27 +312,54 @@ def main() -> int:
     restore_store(out)
     faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
     judge = EvalConfig.preset(args.preset).replace(device=args.device, workers_per_gpu=args.workers_per_gpu,
-                                                   keep_samples=False)
+                                                   keep_samples=False, baseline_cache=args.levers == "on")
     modes = [m for m in args.modes.split(",") if m and m != "none"]
-    batches = Batches(out)
+    batches = Batches(out, gpus=_gpus(args), levers=args.levers)
     code = 0
     try:
         if not args.report_only:
+            batches.finished("before", _finished(out, tasks, judge, rules_of, modes))
             search(args, out, tasks, judge, batches)
+        if args.cost_probe:
+            cost_probe(args, out, tasks, judge, rules_of, modes)
     except KeyboardInterrupt:
         print("\ncut short: every verdict so far is kept; run the same command again to resume", flush=True)
         code = 130
     finally:
         snapshot_store(out)
         snapshot_rewrites(out)
-    report(out, tasks, judge, rules_of, modes, batches.run)
+    if not args.report_only:
+        batches.finished("after", _finished(out, tasks, judge, rules_of, modes))
+    report(out, tasks, judge, rules_of, modes, batches)
     if args.pack:
         pack(out, Path(args.pack))
     return code
 
 
 PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
-          "report.json", "report.html")
+          "report.json", "report.html", "cost_probe.json")
+
+
+def _gpus(args) -> int:
+    if args.report_only or args.device != "cuda":
+        return 1
+    from cudal1.harness import DevicePlan
+
+    return len(DevicePlan.detect(args.device).lanes)
+
+
+def _finished(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str]) -> int:
+    rows = task_rows(out, tasks, judge.hash(), rules_of, modes)
+    return sum(1 for r in rows if r["judged"] and not r["pending"] and r["rounds"])
+
+
+def cost_probe(args, out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str]) -> None:
+    from cudal1.harness import DevicePlan
+
+    rows = task_rows(out, tasks, judge.hash(), rules_of, modes)
+    probed = builtin_cost.probe(out, tasks, rows, modes, judge, DevicePlan.detect(args.device),
+                                args.confirm_workers_per_gpu, args.cost_probe)
+    print(builtin_cost.probe_markdown(probed), flush=True)
 
 
 def pack(out: Path, archive: Path) -> None:
@@ -328,9 +375,16 @@ def pack(out: Path, archive: Path) -> None:
     print(f"packed {out} into {archive} ({archive.stat().st_size // 1024} KiB)", flush=True)
 
 
-def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str], run: dict) -> None:
+def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str], batches: Batches) -> None:
     summary = builtin_figures(out, tasks, judge.hash(), rules_of, modes)
-    text = markdown(summary, modes, run)
+    summary["losses"] = builtin_losses.loss_rows(out, tasks, judge.hash(), summary["rows"],
+                                                 builtin_losses.graph_declines(out))
+    summary["cost"] = builtin_cost.summarize(builtin_cost.task_costs(out, tasks, judge.hash()),
+                                             builtin_cost.call_costs(batches.run, batches.finished_by_call()))
+    (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
+    extra = builtin_losses.markdown(summary["losses"], summary["finished"]) + "\n\n" + \
+        builtin_cost.markdown(summary["cost"])
+    text = markdown(summary, modes, batches.run, extra)
     (out / "report.md").write_text(text + "\n")
     try:
         from cudal1.report import ReportError, render_report

@@ -69,6 +69,13 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     batches = json.loads((out / "run.json").read_text())["batches"]
     assert {"search", "confirm winners", "confirm modes"} <= {b["what"] for b in batches} <= {
         "search", "baselines", "confirm winners", "confirm modes"} and all("gpu_idle_share" in b for b in batches)
+    # the cost: every batch stamped with its call, GPUs and levers; the call's finished task counted
+    assert {(b["call"], b["gpus"], b["levers"]) for b in batches} == {(batches[0]["call"], 1, "on")}
+    assert [c["finished"] for c in report["cost"]["calls"]] == [1] and report["cost"]["tasks"] == 1
+    assert report["cost"]["per_task"]["diag_matmul"]["baselines"]["verdicts"] == 1
+    assert report["cost"]["per_task"]["diag_matmul"]["confirm"]["verdicts"] == 2  # re-timings carry their phases
+    assert report["losses"] == [] or report["losses"][0]["reason"] in ("host", "slower", "no_pass")
+    assert "cost, lease-held seconds per task" in done.stdout and "Where a compile mode beat" in done.stdout
     text = (out / "report.md").read_text()
     assert (
         "builtin over the best compile mode" in text

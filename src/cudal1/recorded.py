@@ -370,8 +370,11 @@ class RecordedJudge:
         env_key = environment_key(plan)
         out: dict[tuple[str, str], EvalResult] = {}
         todo: list[tuple[Task, str]] = []
-        for task in tasks:
-            for mode in modes:
+        # Mode by mode: workers side by side time different tasks, and a task's next mode starts
+        # once its previous one compiled (the baseline compile cache then serves the kernels and
+        # autotuning the modes share).
+        for mode in modes:
+            for task in tasks:
                 cached = (
                     self.store.get_baseline(task.hash, mode, env_key, self.config_hash)
                     if self.store is not None

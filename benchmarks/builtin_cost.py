@@ -1,0 +1,215 @@
+"""What a task of ``benchmarks/builtin_kernelbench.py`` costs in GPU time, and ``--cost-probe``: the
+same baselines timed with the cost levers off and on, in one call, on the same tasks.
+
+Two measures, both printed with the report and written under ``cost`` in ``OUT/report.json``:
+
+- **device seconds per task** (the issue's "H200 time per task"): for each call of the benchmark,
+  the wall time of its judged batches (search, baselines, re-timing) times the GPUs they ran on
+  (``OUT/run.json``), divided by the tasks that call finished.  Batches recorded before the GPU
+  count was kept are counted as one GPU (the stride-5 run's were: one H200).
+- **lease-held seconds per task**: from every verdict of the task (the store's search and
+  baseline verdicts, ``confirm.json``'s re-timings where they carry them), the seconds its worker
+  held the GPU's lease (the phases of :data:`cudal1.harness.parent.batchstats.GPU_PHASES`), and of
+  those the seconds of ``construct`` + ``correctness`` (where a torch.compile job compiles).  Two
+  workers per GPU hold the lease side by side in the shared phases, so these add up to more than
+  the device seconds; they say where each task's time goes.
+
+The cost levers (``--levers on``, the default) change where and how often things compile, never
+what is timed: the baselines of a task share one persistent torch.compile/Triton cache
+(``EvalConfig.baseline_cache``: each mode compiles once per machine, so ``--confirm``'s re-timing
+of the best mode finds its kernels, and later modes reuse an earlier one's), baselines are timed
+mode by mode (two workers time different tasks, and a task's next mode starts once its previous
+one compiled), and a job that calls torch.compile imports Inductor before it takes the GPU's lease.
+None of them is in the judge's config hash: stored verdicts stay valid either way.
+
+``--cost-probe N`` times, outside the run store, the baselines of the first N finished tasks
+(every ``--modes`` mode, then the re-timing of each task's best compile mode, as a run does)
+twice from empty caches: levers on, then levers off (the earlier batch warms nothing the later
+one uses but the machine itself, which favours *off*).  It prints the device seconds per task of
+each and every (task, mode) speedup of both with whether their 95% intervals overlap: the levers
+must leave the figures inside their confidence intervals.  The result goes to
+``OUT/cost_probe.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cudal1.harness.parent.batchstats import GPU_PHASES
+
+COMPILE_PHASES = ("construct", "correctness")
+
+
+def held_s(phase_s: dict[str, float] | None) -> float:
+    """Seconds a verdict's worker held the GPU's lease."""
+    return sum(v for k, v in (phase_s or {}).items() if k in GPU_PHASES)
+
+
+def compile_s(phase_s: dict[str, float] | None) -> float:
+    return sum(v for k, v in (phase_s or {}).items() if k in COMPILE_PHASES)
+
+
+def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, Any]]:
+    """Per task id: lease-held and compile seconds of its search verdicts (the reference anchor
+    included), its baselines and its re-timings, under the run's judge configuration."""
+    from cudal1.report.load import ReportError, load_runs
+
+    try:
+        data = load_runs([out]) if (out / "cudal1.sqlite").exists() else None
+    except ReportError:
+        data = None
+    records = {r.task.hash: r for r in data.tasks} if data else {}
+    confirmed = json.loads((out / "confirm.json").read_text()) if (out / "confirm.json").exists() else {}
+    mine = lambda r: r is not None and (not r.config_hash or r.config_hash == config_hash)  # noqa: E731
+    costs: dict[str, dict[str, Any]] = {}
+    for t in tasks:
+        rec = records.get(t.hash)
+        if rec is None:
+            continue
+        search = [r for r in [rec.reference] + [c.result for c in rec.candidates] if mine(r)]
+        base = [r for r in rec.baselines.values() if mine(r)]
+        again = [c for k, c in confirmed.items() if k.startswith(t.task_id + "|") and "phase_s" in c]
+        costs[t.task_id] = {
+            "search": {"verdicts": len(search), "held_s": sum(held_s(r.phase_s) for r in search),
+                       "compile_s": sum(compile_s(r.phase_s) for r in search)},
+            "baselines": {"verdicts": len(base), "held_s": sum(held_s(r.phase_s) for r in base),
+                          "compile_s": sum(compile_s(r.phase_s) for r in base),
+                          "construct_s": sum((r.phase_s or {}).get("construct", 0.0) for r in base)},
+            "confirm": {"verdicts": len(again), "held_s": sum(held_s(c["phase_s"]) for c in again)},
+        }
+    return costs
+
+
+def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, Any]]:
+    """Per call of the benchmark (batches grouped by their ``call`` stamp; earlier batches, which
+    carry none, as one call ``before``): device seconds by kind and per task it finished."""
+    calls: dict[str, dict[str, Any]] = {}
+    for b in run.get("batches", []):
+        c = calls.setdefault(b.get("call", "before"), {"call": b.get("call", "before"), "levers": b.get("levers"),
+                                                       "device_s": {}, "jobs": 0})
+        kind = b["what"].split()[0]  # search | baselines | confirm (winners, modes)
+        c["device_s"][kind] = c["device_s"].get(kind, 0.0) + b["wall_s"] * b.get("gpus", 1)
+        c["jobs"] += b["jobs"]
+    for c in calls.values():
+        c["finished"] = finished_by_call.get(c["call"])
+        total = sum(c["device_s"].values())
+        c["device_s_total"] = total
+        c["device_s_per_task"] = total / c["finished"] if c["finished"] else None
+    return list(calls.values())
+
+
+def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(xs: list[float]) -> float | None:
+        return statistics.median(xs) if xs else None
+
+    full = [c for c in costs.values() if c["baselines"]["verdicts"]]
+    return {
+        "tasks": len(full),
+        "held_s_per_task": {
+            "search": med([c["search"]["held_s"] for c in full]),
+            "baselines": med([c["baselines"]["held_s"] for c in full]),
+            "baselines_compile": med([c["baselines"]["compile_s"] for c in full]),
+            "baselines_construct": med([c["baselines"]["construct_s"] for c in full]),
+            "total": med([c["search"]["held_s"] + c["baselines"]["held_s"] + c["confirm"]["held_s"] for c in full]),
+        },
+        "calls": calls,
+        "per_task": costs,
+    }
+
+
+def markdown(cost: dict[str, Any]) -> str:
+    f = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
+    h = cost["held_s_per_task"]
+    lines = [f"cost, lease-held seconds per task (median of {cost['tasks']} tasks with baselines): "
+             f"search {f(h['search'])}, baselines {f(h['baselines'])} (construct + correctness "
+             f"{f(h['baselines_compile'])}, of it construct {f(h['baselines_construct'])}), all {f(h['total'])}"]
+    for c in cost["calls"]:
+        kinds = ", ".join(f"{k} {v:.0f}" for k, v in c["device_s"].items())
+        lines.append(f"cost of call {c['call']} (levers {c['levers'] or 'n/a'}): device seconds {kinds} "
+                     f"= {c['device_s_total']:.0f} for {c['finished'] if c['finished'] is not None else '?'} "
+                     f"task(s) finished: {f(c['device_s_per_task'])} s per task")
+    return "\n".join(lines)
+
+
+# ---- --cost-probe ---------------------------------------------------------------------------------------
+
+
+def probe(out: Path, tasks: list, rows: list[dict], modes: list[str], judge: Any, plan: Any,
+          confirm_workers_per_gpu: int, n: int) -> dict[str, Any]:
+    """Baselines of the first ``n`` finished tasks (and the re-timing of each one's best compile
+    mode) from empty caches, levers on then off; written to ``OUT/cost_probe.json``."""
+    from cudal1.harness.parent.api import time_baselines
+
+    by_id = {t.task_id: t for t in tasks}
+    done = [r for r in rows if r["judged"] and not r["pending"] and r["rounds"] and not r["degenerate"]][:n]
+    chosen = [by_id[r["task"]] for r in done]
+    best = {r["task"]: r["best_mode"] for r in done if r["best_mode"]}
+    passes: dict[str, Any] = {}
+    for label, on in (("on", True), ("off", False)):
+        root = Path(tempfile.mkdtemp(prefix="cudal1_cost_probe_"))
+        cfg = judge.replace(baseline_cache=on, cache_dir=str(root))
+        items = ([(t, m) for m in modes for t in chosen] if on else [(t, m) for t in chosen for m in modes])
+        walls: list[float] = []
+        add = walls.append
+        t0 = time.monotonic()
+        try:
+            first = time_baselines(items, cfg, plan=plan, on_stats=lambda s, add=add: add(s.wall_s))
+            again_items = [(by_id[t], m) for t, m in best.items()]
+            again = time_baselines(again_items, cfg.replace(workers_per_gpu=confirm_workers_per_gpu), plan=plan,
+                                   on_stats=lambda s, add=add: add(s.wall_s))
+        finally:
+            shutil.rmtree(root, ignore_errors=True)
+        passes[label] = {
+            "wall_s": time.monotonic() - t0, "device_s": sum(walls) * len(plan.lanes),
+            "device_s_per_task": sum(walls) * len(plan.lanes) / max(1, len(chosen)),
+            "held_s": sum(held_s(r.phase_s) for r in first + again),
+            "construct_s": sum((r.phase_s or {}).get("construct", 0.0) for r in first + again),
+            "results": {f"{t.task_id}|{m}": _short(r) for (t, m), r in zip(items, first)}
+            | {f"{t.task_id}|{m}|again": _short(r) for (t, m), r in zip(again_items, again)},
+        }
+    result = {"tasks": [t.task_id for t in chosen], "modes": modes, "gpus": len(plan.lanes),
+              "passes": passes, "agreement": agreement(passes["on"]["results"], passes["off"]["results"])}
+    (out / "cost_probe.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+def _short(r: Any) -> dict[str, Any]:
+    return {"status": r.status.value, "speedup": r.speedup, "speedup_ci": r.speedup_ci, "phase_s": r.phase_s}
+
+
+def agreement(on: dict[str, dict], off: dict[str, dict]) -> dict[str, Any]:
+    """Per (task, mode): both speedups, and whether their 95% intervals overlap; the statuses that
+    differ."""
+    rows, differ = [], []
+    for key in sorted(set(on) & set(off)):
+        a, b = on[key], off[key]
+        if a["status"] != b["status"]:
+            differ.append([key, b["status"], a["status"]])
+            continue
+        if a["speedup"] is None or b["speedup"] is None:
+            continue
+        ca, cb = a.get("speedup_ci") or [a["speedup"]] * 2, b.get("speedup_ci") or [b["speedup"]] * 2
+        rows.append([key, b["speedup"], a["speedup"], ca[0] <= cb[1] and cb[0] <= ca[1]])
+    return {"compared": len(rows), "overlapping": sum(1 for r in rows if r[3]), "rows": rows,
+            "status_differs": differ}
+
+
+def probe_markdown(p: dict[str, Any]) -> str:
+    on, off = p["passes"]["on"], p["passes"]["off"]
+    a = p["agreement"]
+    lines = [f"cost probe over {len(p['tasks'])} task(s) ({', '.join(p['tasks'])}), modes {', '.join(p['modes'])}, "
+             f"baselines and the best mode's re-timing, {p['gpus']} GPU(s):",
+             f"  levers off: {off['device_s_per_task']:.0f} device s per task (lease held {off['held_s']:.0f} s, "
+             f"construct {off['construct_s']:.0f} s)",
+             f"  levers on:  {on['device_s_per_task']:.0f} device s per task (lease held {on['held_s']:.0f} s, "
+             f"construct {on['construct_s']:.0f} s)",
+             f"  speedups with overlapping 95% intervals: {a['overlapping']} of {a['compared']}"
+             + (f"; status differs: {a['status_differs']}" if a["status_differs"] else "")]
+    lines += [f"    {k}: off {x:.3f}, on {y:.3f}{'' if ok else '  (intervals apart)'}" for k, x, y, ok in a["rows"]]
+    return "\n".join(lines)

@@ -1,0 +1,100 @@
+"""benchmarks/builtin_losses.py and builtin_cost.py on recorded and synthetic rows: why a compile
+mode beat every builtin chain (host time the figure leaves out, a pass that applies but is
+slower, no pass at all), the table docs/builtin.md carries, and what a task costs in GPU time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import builtin_cost
+    import builtin_losses
+
+    return builtin_losses, builtin_cost
+
+
+def fig(gpu: float, host: float | None = None) -> dict:
+    return {"gpu": {"speedup": gpu}, "host": {"speedup": gpu if host is None else host}}
+
+
+def chain(name: str, gpu: float | None, host: float | None = None, status: str = "ok") -> dict:
+    return {"chain": name, "status": status, "speedup": gpu, "figures": fig(gpu, host) if gpu else {}}
+
+
+def test_each_reason_and_their_order(bench):
+    losses, _ = bench
+    mode = fig(2.0, 1.5)
+    # a CUDA-graph chain saves host time the device-time figure leaves out: that reason comes first
+    reason, detail = losses.classify("compile-max-autotune", mode, [
+        chain("compile-default", 1.2), chain("gemm-3xtf32", 1.1), chain("gemm-3xtf32+cudagraph", 1.3, host=1.9)])
+    assert reason == "host" and detail.startswith("gemm-3xtf32+cudagraph: host-inclusive 1.90x")
+    # no chain wins on host time; a graph pass applied and is slower: its best chain is named
+    reason, detail = losses.classify("compile-max-autotune", mode, [
+        chain("compile-default", 1.2), chain("gemm-3xtf32", 1.1), chain("gemm-3xtf32+compile-default", 1.4)])
+    assert reason == "slower" and detail.startswith("gemm-3xtf32+compile-default 1.40x")
+    # a graph pass applied but failed: still "applies", with its status
+    reason, detail = losses.classify("compile-default", mode, [chain("triton-fusion", None, status="incorrect"),
+                                                               chain("cudagraph", 0.9)])
+    assert reason == "slower" and detail == "triton-fusion incorrect"
+    # only execution passes were judged: no pass applies, with the graph passes' reasons
+    reason, detail = losses.classify("compile-max-autotune-no-cudagraphs", mode,
+                                     [chain("compile-default", 1.2), chain("inductor[cd]", 1.4),
+                                      chain("compile-cudagraph", 0.8)], {"algebraic": "no rewrite applies"})
+    assert reason == "no_pass" and "algebraic: no rewrite applies" in detail and "inductor[cd]" in detail
+    assert not any(losses.is_exec_pass(p) for p in ("algebraic", "gemm-3xtf32", "channels-last"))
+    assert all(losses.is_exec_pass(p) for p in ("compile-default", "inductor[cd,gemm]", "cudagraph",
+                                                 "compile-cudagraph"))
+
+
+def test_the_doc_table_is_replaced_between_its_markers_only(bench, tmp_path):
+    losses, _ = bench
+    doc = tmp_path / "builtin.md"
+    doc.write_text(f"# Builtin\nbefore\n{losses.BEGIN}\nold table\n{losses.END}\nafter\n")
+    row = {"task": "level1/38", "mode": "compile-max-autotune-no-cudagraphs", "mode_speedup": 2.13, "builtin": 1.31,
+           "builtin_chain": "compile-default", "ratio": 0.615, "intervals_apart": True, "mode_judged_by_builtin": False,
+           "reason": "slower", "why": losses.REASONS["slower"], "detail": "triton-reduce 0.99x | x"}
+    losses.write_doc(doc, {"losses": [row], "finished": 8, "environments": ["NVIDIA H200 / torch 2.11"]}, "r.json")
+    text = doc.read_text()
+    assert text.startswith("# Builtin\nbefore\n") and text.endswith(f"{losses.END}\nafter\n")
+    assert "old table" not in text and "1 of 8 finished tasks" in text
+    assert "| level1/38 | compile-max-autotune-no-cudagraphs | 2.13× | 1.31× |" in text
+    assert "triton-reduce 0.99x / x" in text  # a pipe inside a cell would split it
+    with pytest.raises(SystemExit, match="no losses"):
+        losses.write_doc(doc, {"finished": 8}, "r.json")
+
+
+def test_device_seconds_per_task_per_call(bench):
+    _, cost = bench
+    run = {"batches": [
+        {"what": "search", "jobs": 40, "wall_s": 300.0},  # before the GPU count was kept: one GPU
+        {"what": "baselines", "jobs": 20, "wall_s": 200.0},
+        {"what": "search", "jobs": 10, "wall_s": 50.0, "call": "c2", "gpus": 2, "levers": "on"},
+        {"what": "confirm winners", "jobs": 2, "wall_s": 10.0, "call": "c2", "gpus": 2, "levers": "on"},
+    ]}
+    calls = {c["call"]: c for c in cost.call_costs(run, {"c2": 2})}
+    assert calls["before"]["device_s_total"] == 500.0 and calls["before"]["device_s_per_task"] is None
+    assert calls["c2"]["device_s"] == {"search": 100.0, "confirm": 20.0} and calls["c2"]["device_s_per_task"] == 60.0
+    assert cost.held_s({"setup": 5.0, "import": 2.0, "lane": 9.0, "construct": 1.0, "correctness": 3.0,
+                        "timing": 2.0}) == 6.0  # only the phases that hold the GPU's lease
+
+
+def test_the_probe_says_which_speedups_stay_inside_their_intervals(bench):
+    _, cost = bench
+    on = {"t|compile-default": {"status": "ok", "speedup": 1.02, "speedup_ci": [1.00, 1.04]},
+          "t|cudagraph": {"status": "ok", "speedup": 0.90, "speedup_ci": [0.89, 0.91]},
+          "u|compile-default": {"status": "runtime_error", "speedup": None}}
+    off = {"t|compile-default": {"status": "ok", "speedup": 1.03, "speedup_ci": [1.01, 1.05]},
+           "t|cudagraph": {"status": "ok", "speedup": 0.95, "speedup_ci": [0.94, 0.96]},
+           "u|compile-default": {"status": "ok", "speedup": 1.1}}
+    a = cost.agreement(on, off)
+    assert a["compared"] == 2 and a["overlapping"] == 1
+    assert [r[0] for r in a["rows"] if not r[3]] == ["t|cudagraph"]
+    assert a["status_differs"] == [["u|compile-default", "ok", "runtime_error"]]
+
