@@ -44,6 +44,8 @@ def run():
             return weakref.ref(big)
         refs = [call() for _ in range(3)]
         assert all(r() is None for r in refs), "the thread inventory kept a caller's locals alive"
+    if scenario == "library_trace":  # the judge's own code: no call of it may install a hook either
+        sys.settrace(None)
     if scenario in CANDIDATE:
         exec(compile(CANDIDATE[scenario], CAND, "exec"), {"finish": finish, "send": send, "sys": sys})
     finish("ok")
@@ -58,6 +60,8 @@ CANDIDATE = {
     "inspect_stack": "import inspect\ngetattr(inspect, 'st' + 'ack')()",
     "gc": "import gc\ngc.get_referrers(sys)",
     "current_frames": "sys._current_frames()",
+    "trace": "sys.setprofile(None)",
+    "trace_via_library": "import bdb\nbdb.Bdb().set_trace()",
     "thread_forge": "import threading\nt = threading.Thread(target=finish, args=('ok',))\nt.start()\nt.join()",
 }
 
@@ -65,7 +69,7 @@ INVENTORY = []
 
 def entry():
     INVENTORY[:] = [signing_hook.install(b"k" * 32, fd, candidate_path=CAND, bottom=sys._getframe(), send=send,
-                                         chain=[finish, env, run], register=entry, profiled=entry)]
+                                         chain=[finish, env, run], register=entry)]
     run()
 
 entry()
@@ -127,6 +131,9 @@ class TestAuditGuard:
         ("inspect_stack", "sys._getframe"),
         ("gc", "gc.get_referrers"),
         ("current_frames", "sys._current_frames"),
+        ("trace", "trace/profile hook (sys.setprofile)"),
+        ("trace_via_library", "trace/profile hook (sys.settrace)"),
+        ("library_trace", "trace/profile hook (sys.settrace)"),
     ])
     def test_candidate_reaching_for_the_judge_ends_the_worker(self, scenario, reason):
         if reason == "sys._getframe" and sys.version_info < (3, 11):

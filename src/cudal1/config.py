@@ -294,6 +294,7 @@ class EvalConfig(Config):
     workers_per_gpu: int = 1  # judge workers sharing one GPU; timing stays exclusive (the GPU lease)
     cache_dir: str = ""  # build cache root; "" = $CUDAL1_CACHE_DIR or ~/.cache/cudal1
     keep_samples: bool = True  # keep raw timing samples in results
+    profile: str = "off"  # off | cupti: profile both programs once after timing (information only; docs/harness.md)
     baseline_cache: bool = True  # baselines of one task share a persistent torch.compile/Triton cache (each
     # mode compiles once per machine, later modes reuse its kernels); false: a fresh cache per baseline job
 
@@ -301,6 +302,8 @@ class EvalConfig(Config):
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
         if self.device not in ("auto", "cpu", "cuda"):
             raise ConfigError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        if self.profile not in ("off", "cupti"):
+            raise ConfigError(f"profile must be off or cupti, not {self.profile!r} (ncu runs outside the judge)")
         if self.math_mode not in ("strict", "torch-default"):
             raise ConfigError(f"math_mode must be strict or torch-default, not {self.math_mode!r}")
         if self.tolerance not in TOLERANCES:
@@ -341,6 +344,7 @@ class EvalConfig(Config):
         ignore = {
             "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
             "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache",
+            "profile",  # information only: no verdict or figure depends on it
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}
 

@@ -13,6 +13,8 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from cudal1.profile.model import Profiles
+
 
 class Status(str, enum.Enum):
     """Outcome of evaluating one candidate.
@@ -189,6 +191,7 @@ class EvalResult:
     figures: dict[str, dict[str, Any]] = field(
         default_factory=dict
     )  # gpu/host -> reference_ms, candidate_ms, speedup (gpu: also join)
+    profile: Profiles | None = None  # measured profiles (judge --profile): information only, see cudal1.profile
 
     @property
     def correct(self) -> bool:
@@ -222,11 +225,13 @@ class EvalResult:
             "figures": self.figures,
             "correctness": dataclasses.asdict(self.correctness),
             "environment": dataclasses.asdict(self.environment),
+            "profile": self.profile.to_dict() if self.profile else None,
         }
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["status"] = self.status.value
+        d["profile"] = self.profile.to_dict() if self.profile else None
         return d
 
     @classmethod
@@ -240,6 +245,7 @@ class EvalResult:
         d["environment"] = Environment(**d.get("environment") or {})
         if d.get("speedup_ci") is not None:
             d["speedup_ci"] = tuple(d["speedup_ci"])
+        d["profile"] = Profiles.from_dict(d["profile"]) if isinstance(d.get("profile"), dict) else None
         return cls(**d)
 
 

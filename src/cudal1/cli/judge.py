@@ -6,6 +6,7 @@ import argparse
 
 from cudal1.cli.options import add_judge_flags, config_from_args, out_dir, read_text
 from cudal1.cli.output import as_user_file, fmt, print_json
+from cudal1.cli.profile import add_ncu, add_profile_flag
 from cudal1.speedup import faster, result_cell, slower
 from cudal1.types import Candidate, EvalResult
 
@@ -20,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "judged there before is not judged again); default: record nothing")
     p.add_argument("--store", default=None, help=argparse.SUPPRESS)  # older spelling: a store file
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line of stdout")
+    add_profile_flag(p, what=": printed side by side, under 'profile' with --json")
     add_judge_flags(p)
     p.set_defaults(func=run)
 
@@ -68,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
     from cudal1.tasks import load_task_file
 
     config = config_from_args(args)
+    if args.profile:
+        config = config.replace(profile="cupti")
     task = load_task_file(args.reference)
     candidate = Candidate(read_text(args.candidate, "candidate"), task_hash=task.hash, label=args.candidate)
     prestart()  # the workers' forkserver imports torch while this process imports the judge
@@ -88,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
         if store is not None:
             store.close()
     as_user_file(result, args.candidate)
+    if args.profile == "ncu":
+        add_ncu(result, args.reference, args.candidate, quiet=getattr(args, "quiet", False))
     if getattr(args, "verbose", 0) and not getattr(args, "quiet", False):
         import sys
 
@@ -98,4 +104,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(result.summary())
     else:
         print(describe(result))
+        if args.profile:
+            from cudal1.profile.text import describe_profiles
+
+            print("\n".join(describe_profiles(result.profile)) if result.profile else
+                  "profile     none: the verdict ended before timing (profiles are taken after it)")
     return 0

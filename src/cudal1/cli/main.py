@@ -31,6 +31,7 @@ from cudal1.cli import (
     judge,
     judge_suite,
     optimize,
+    profile,
     report,
     train,
     verify,
@@ -114,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in (
         optimize, judge, judge_suite, baseline, verify, report, analyze, export, compare, collect, train,
-        evaluate,
+        evaluate, profile,
     ):
         module.register(sub)
     for p in _subparsers(parser):

@@ -188,6 +188,7 @@ class WorkerVerdict:
     correctness: dict[str, Any] = field(default_factory=dict)  # the correctness block (see worker.Worker.correctness)
     timing: TimingStage | None = None  # None unless timing ran
     kernels: list[str] | None = None  # CUDA kernels of one profiled call (CUDA only)
+    profile: dict[str, Any] | None = None  # cudal1.profile.Profiles as a dict (config.profile; information only)
     traceback: str = ""
     slots: str = ""  # how inputs and outputs crossed the two processes (CUDA IPC, or host memory and why)
 
@@ -212,6 +213,7 @@ class WorkerVerdict:
             correctness=dict(data.get("correctness") or {}),
             timing=timing,
             kernels=[str(k) for k in kernels] if kernels is not None else None,
+            profile=data["profile"] if isinstance(data.get("profile"), dict) else None,
             traceback=str(data.get("traceback") or ""),
             slots=str(data.get("slots") or ""),
         )

@@ -1,7 +1,8 @@
 """The requests of the candidate's process that run the candidate (a mixin of
 :class:`~cudal1.harness.child.worker.CandidateProcess`, which owns the protocol): ``call`` (an
 untimed, checked call), ``warmup``, ``time`` (one call under the clean window), ``reuse`` (the
-address-reuse probe), ``profile`` (kernel names), ``state`` (persisting-L2 settings) and ``seal``.
+address-reuse probe), ``profile`` (kernel names), ``kernel_profile`` (the profile after timing),
+``state`` (persisting-L2 settings) and ``seal``.
 
 Contract: each handler takes the reference worker's request and returns the reply; what it
 reports is never trusted (the reference worker re-checks outputs, the parent bounds the times).
@@ -198,6 +199,12 @@ class CallHandlers:
         self.after_call("profiled call", args, views, out, busy)
         cuda = torch.autograd.DeviceType.CUDA
         return sorted({e.name for e in events if getattr(e, "device_type", None) == cuda})[:200]
+
+    def kernel_profile(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
+        """One profiled call after timing (:mod:`.profiling`; information only)."""
+        from cudal1.harness.child.profiling import profile_candidate
+
+        return profile_candidate(self, request)
 
     def state(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
         """Device settings a candidate must leave alone: a persisting-L2 set-aside or an

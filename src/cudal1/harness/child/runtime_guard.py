@@ -90,9 +90,9 @@ _JUDGE: list[tuple[str, str]] = [
     ("cudal1.harness.child.runtime_guard.RuntimeGuard", "violation"),
 ] + [
     ("cudal1.harness.child.worker.CandidateProcess", n) for n in (
-        "call", "time_one", "warmup", "reuse", "state", "profile", "kernel_names", "after_call", "settle", "check",
-        "inputs", "outputs", "run_model", "sync", "send", "finish", "reply", "serve", "seal", "_issued", "_await_key",
-        "_published", "_unmasked")
+        "call", "time_one", "warmup", "reuse", "state", "profile", "kernel_names", "kernel_profile", "after_call",
+        "settle", "check", "inputs", "outputs", "run_model", "sync", "send", "finish", "reply", "serve", "seal",
+        "_issued", "_await_key", "_published", "_unmasked")
 ]
 # Namespaces whose every callable is snapshotted (a rebinding of, say, torch.diag would change what
 # the candidate's process computes or checks without touching the names listed above).  The judge's

@@ -35,7 +35,9 @@ and so on.  So:
    handed over, then ends the process (raising instead would put the hook's own frame into the
    candidate's traceback).  Always refused, whoever asks: ``gc``'s object-graph walkers,
    ``sys._current_exceptions``, ``sys._current_frames`` (except the inventory below),
-   trace/profile/monitoring hooks (except during the profiled forward).  Library code reading
+   trace/profile/monitoring hooks (none is excepted: the judge's profiler, torch.profiler
+   without ``with_stack``, installs none, and an exception for the judge's profiled call would
+   also cover the candidate code that call runs).  Library code reading
    frames for its own purposes (Dynamo, ``warnings``, ``traceback.print_exc``, ``enum``) or adding
    its own audit hook (``filelock``) is not candidate code and is left alone.
 3. **Thread inventory** (:func:`escaped_threads`, returned by :func:`install`): the only licence
@@ -116,12 +118,11 @@ def _hmac_states(key: bytes) -> tuple[Any, Any]:
 
 
 def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, send: Any, chain: list[Any],
-            register: Any, profiled: Any) -> Callable[[], list[tuple[int, str]]]:
+            register: Any) -> Callable[[], list[tuple[int, str]]]:
     """Install the hook (once per process).  ``fd``: the channel's write end (the hook owns it from
-    now on); ``bottom``: ``candidate_entry``'s frame; ``send``, ``chain``, ``register``,
-    ``profiled``: the process's functions whose frames may (respectively) raise ``cudal1.channel``,
-    sit between it and ``bottom``, register the candidate module, or run the profiled forward
-    (trace hooks allowed there).  Returns :func:`escaped_threads`."""
+    now on); ``bottom``: ``candidate_entry``'s frame; ``send``, ``chain``, ``register``:
+    the process's functions whose frames may (respectively) raise ``cudal1.channel``, sit between
+    it and ``bottom``, or register the candidate module.  Returns :func:`escaped_threads`."""
     import _thread
     import gc
     import os
@@ -144,7 +145,7 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
     kind_json = {k: '"' + k + '"' for k in _KINDS}
     kind_json_get = kind_json.get
     helper_ids = frozenset(_helper_codes())
-    send_id, register_id, profiled_id = id(send.__code__), id(register.__code__), id(profiled.__code__)
+    send_id, register_id = id(send.__code__), id(register.__code__)
     chain_ids = frozenset(id(fn.__code__) for fn in chain)
     cand_path = str(candidate_path) if candidate_path else None
     cand_globals: list[Any] = [None]
@@ -220,11 +221,6 @@ def install(key: bytes, fd: int, *, candidate_path: str | None, bottom: Any, sen
         if rule == _CURRENT_FRAMES:
             return "" if caller is not None and _id(caller.f_code) == inventory_id else "called " + event
         if rule == _TRACE:
-            f = caller
-            while f is not None:
-                if _id(f.f_code) == profiled_id:
-                    return ""
-                f = f.f_back
             return "installed a trace/profile hook (" + event + ")"
         if tid != main_tid or caller is None:
             return "sent on the verdict channel from another thread"

@@ -107,7 +107,8 @@ class CandidateProcess(CallHandlers):
 
     def serve(self, model_new: Any) -> None:
         handlers = {"construct": self.construct, "call": self.call, "warmup": self.warmup, "time": self.time_one,
-                    "reuse": self.reuse, "profile": self.profile, "state": self.state, "seal": self.seal}
+                    "reuse": self.reuse, "profile": self.profile, "kernel_profile": self.kernel_profile,
+                    "state": self.state, "seal": self.seal}
         while True:
             faulthandler.cancel_dump_traceback_later()  # idle between requests is not a stall
             try:
@@ -402,7 +403,7 @@ def candidate_entry(spec: CandidateSpec, conn: Any, key_holder: list, link: Any,
         key_holder.pop(), fd, candidate_path=spec.candidate_path, bottom=sys._getframe(), send=CandidateProcess.send,
         chain=[CandidateProcess.finish, CandidateProcess.setup, CandidateProcess.import_candidate, CandidateProcess.run,
                CandidateProcess.serve],
-        register=CandidateProcess.import_candidate, profiled=CandidateProcess.kernel_names)
+        register=CandidateProcess.import_candidate)
     try:
         CandidateProcess(spec, link, threads, confinement, log_fd, page_fd).run()
     except BaseException as exc:  # noqa: BLE001 - the channel itself failed

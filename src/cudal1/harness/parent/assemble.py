@@ -118,6 +118,10 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
     if v.traceback:
         r.message = f"{r.message}\n{v.traceback}".strip()
     r.kernels = list(v.kernels or [])
+    if v.profile is not None:
+        from cudal1.profile.model import Profiles
+
+        r.profile = Profiles.from_dict(v.profile)
     corr = v.correctness
     if corr:
         r.correctness = Correctness(**{k: v for k, v in corr.items() if k in Correctness.__dataclass_fields__})

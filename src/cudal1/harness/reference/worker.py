@@ -111,6 +111,10 @@ class RefWorker(Measurement):
                 timed = self.timing(ref_model, link, est, self.cfg.recheck_fraction)
                 timed = self.verify_extraordinary(ref_model, link, est, timed)
                 self.check_device_state(link)
+                if self.cfg.profile != "off":  # after timing, off the verdict's path (it never raises)
+                    from cudal1.harness.reference.profiling import profile_both
+
+                    result["profile"] = profile_both(self, ref_model, link)
             result["timing"] = timed["timing"]
             result["correctness"]["rechecked"] = timed.get("rechecked", 0)
             self.finish("ok", "", self.extra_flags, phase="done", **result)

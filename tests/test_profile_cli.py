@@ -1,0 +1,138 @@
+"""CPU tier: measured profiles end to end through the real two-process judge and the CLI
+(``judge --profile``, ``profile``, the run store), with operator-level profiles on the CPU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cli_support import SMALL_DIAG, cli_env, last_json, run_cli, small_config
+from cudal1.store import RunStore
+
+pytestmark = pytest.mark.cpu
+
+REPO = Path(__file__).resolve().parent.parent
+BROADCAST = REPO / "examples" / "candidates" / "diag_matmul_broadcast.py"
+WRONG = REPO / "tests" / "fixtures" / "cpu" / "wrong.py"
+CLASSES = {"launch-bound", "memory-bound", "compute-bound", "mixed"}
+N = 512  # the small task's size: A (N,), B (N, N) float32; out = diag(A) @ B
+TASK_BYTES = 4 * (N + 2 * N * N)  # inputs and output once; the reference has no weights
+TASK_FLOPS = 2 * N**3  # the reference's matmul, as torch.utils.flop_counter counts it
+
+
+@pytest.fixture(name="env")
+def _env(tmp_path: Path) -> dict[str, str]:
+    return cli_env(tmp_path / "cache")
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "small.yaml"
+    path.write_text(small_config(timeout_s=60.0))
+    return path
+
+
+def _explain(proc: subprocess.CompletedProcess) -> str:
+    return f"rc={proc.returncode}\nstdout:\n{proc.stdout[-3000:]}\nstderr:\n{proc.stderr[-3000:]}"
+
+
+def _names(program: dict) -> list[str]:
+    return [k["name"] for k in program["kernels"]]
+
+
+def test_judge_profile_json_carries_both_programs_and_the_task_figures(tmp_path, env, config):
+    proc = run_cli(["judge", "--reference", SMALL_DIAG, "--candidate", BROADCAST, "--config", config, "--json",
+                    "--profile"], env, tmp_path)
+    assert proc.returncode == 0, _explain(proc)
+    out = last_json(proc.stdout)
+    assert out["status"] == "ok" and out["speedup"] > 0, _explain(proc)  # the verdict is as without --profile
+    prof = out["profile"]
+    assert prof["tool"] == "cupti" and prof["candidate_trusted"] is False
+    ref, cand = prof["reference"], prof["candidate"]
+    assert ref["status"] == "ok" and cand["status"] == "ok", prof
+    assert "aten::mm" in _names(ref) and "aten::mul" in _names(cand) and "aten::mm" not in _names(cand)
+    for p in (ref, cand):
+        assert p["device"] == "cpu" and p["class"] in CLASSES
+        assert p["bytes_moved"] == TASK_BYTES and p["flops"] == TASK_FLOPS  # the task's, measured on the reference
+        assert 0 < p["busy_us"] <= p["call_us"] and abs(sum(k["share"] for k in p["kernels"]) - 1) < 1e-6
+        assert p["bandwidth_share"] is None  # no peak bandwidth on the CPU
+
+
+def test_without_profile_nothing_is_profiled(tmp_path, env, config):
+    proc = run_cli(["judge", "--reference", SMALL_DIAG, "--candidate", BROADCAST, "--config", config, "--json"],
+                   env, tmp_path)
+    assert proc.returncode == 0, _explain(proc)
+    out = last_json(proc.stdout)
+    assert out["status"] == "ok" and out["profile"] is None
+
+
+def test_a_failed_verdict_has_no_profile_and_keeps_its_status(tmp_path, env, config):
+    proc = run_cli(["judge", "--reference", SMALL_DIAG, "--candidate", WRONG, "--config", config, "--json",
+                    "--profile"], env, tmp_path)
+    out = last_json(proc.stdout)
+    assert out["status"] == "incorrect" and out["profile"] is None, _explain(proc)
+
+
+def test_the_store_keeps_profiles_and_a_rerun_reuses_them(tmp_path, env, config):
+    run = tmp_path / "run"
+    args = ["judge", "--reference", SMALL_DIAG, "--candidate", BROADCAST, "--config", config, "--out", run]
+    first = run_cli([*args, "--profile", "--json"], env, tmp_path)
+    assert first.returncode == 0, _explain(first)
+    with RunStore(run / "cudal1.sqlite") as store:
+        (stored,) = store.evaluations()
+    assert stored.profile is not None and stored.profile.reference.ok
+    again = run_cli([*args, "--json"], env, tmp_path)  # recorded: not judged again, its profile comes back
+    assert again.returncode == 0, _explain(again)
+    assert last_json(again.stdout)["profile"] == last_json(first.stdout)["profile"]
+
+
+def test_profile_command_text_and_ncu_reason_on_the_cpu(tmp_path, env, config):
+    proc = run_cli(["profile", SMALL_DIAG, "--candidate", BROADCAST, "--config", config, "--tool", "ncu", "--top",
+                    "2"], env, tmp_path)
+    assert proc.returncode == 0, _explain(proc)
+    ncu_lines = [line for line in proc.stderr.splitlines() if "ncu" in line]
+    assert ncu_lines == ["cudal1: ncu: no CUDA device here (Nsight Compute profiles GPU kernels only)"], _explain(proc)
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("profile (cupti;")
+    ref = next(i for i, line in enumerate(lines) if line.startswith("reference "))
+    assert "aten::mm" in lines[ref + 1] and "more" in lines[ref + 3]  # top 2, then the rest in one line
+    assert any(line.startswith("candidate ") for line in lines) and "where time moved" in proc.stdout
+
+
+def test_profile_command_json_of_the_reference_alone(tmp_path, env, config):
+    proc = run_cli(["profile", SMALL_DIAG, "--config", config, "--json"], env, tmp_path)
+    assert proc.returncode == 0, _explain(proc)
+    out = last_json(proc.stdout)
+    assert out["status"] == "ok" and out["task"] == "diag_matmul"
+    assert out["profile"]["reference"]["status"] == "ok" and "aten::mm" in _names(out["profile"]["reference"])
+
+
+REFUSE = """import json, sys
+from cudal1.cli.main import main
+seen = []
+for args in json.loads(sys.argv[1]):
+    try:
+        rc = main(args)
+    except SystemExit as exc:  # argparse's own refusals
+        rc = exc.code
+    seen.append([rc, "torch" in sys.modules])
+print(json.dumps(seen))
+"""
+
+
+def test_bad_input_is_one_line_before_the_judge_is_imported(tmp_path, env):
+    nope = str(tmp_path / "nope.py")
+    cases = [["profile", nope], ["profile", str(SMALL_DIAG), "--top", "0"], ["profile", str(SMALL_DIAG), "--tool",
+             "perf"], ["judge", "--reference", str(SMALL_DIAG), "--candidate", str(BROADCAST), "--profile", "vtune"],
+             ["profile", str(SMALL_DIAG), "--candidate", nope]]
+    done = subprocess.run([sys.executable, "-c", REFUSE, json.dumps(cases)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=120)
+    assert done.returncode == 0, _explain(done)
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen == [[2, False]] * len(cases), seen
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == len(cases) and all(e.startswith("cudal1: error: ") for e in errors), errors
