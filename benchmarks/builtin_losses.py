@@ -166,7 +166,7 @@ def doc_table(losses: list[dict[str, Any]]) -> str:
     for x in losses:
         detail = re.sub(r"\|", "/", x["detail"])
         lines.append(f"| {x['task']} | {x['mode']} | {x['mode_speedup']:.2f}× | {x['builtin'] or 1.0:.2f}× "
-                     f"| {x['builtin_chain'] or '-'} | {x['ratio']:.2f} | {'yes' if x['intervals_apart'] else 'no'} "
+                     f"| {x['builtin_chain'] or '-'} | {x['ratio']:.3f} | {'yes' if x['intervals_apart'] else 'no'} "
                      f"| {'yes' if x['mode_judged_by_builtin'] else 'no'} | {x['why']} | {detail} |")
     return "\n".join(lines)
 
@@ -190,10 +190,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("report", help="a run's report.json (benchmarks/builtin_kernelbench.py)")
     ap.add_argument("--doc", default=None, help="write the table into this page between the markers")
+    ap.add_argument("--as", dest="label", default=None,
+                    help="the report's path as the page names it (e.g. the run it was copied from)")
     args = ap.parse_args()
     report = json.loads(Path(args.report).read_text())
     if args.doc:
-        write_doc(Path(args.doc), report, args.report)
+        write_doc(Path(args.doc), report, args.label or args.report)
     print(markdown(report.get("losses") or [], report.get("finished")))
     return 0
 
