@@ -25,6 +25,9 @@
 #            and quiet again (~2.5 min on one GPU)
 #   release: the whole CUDA-L1 H100 release through verify, fresh caches, 2 workers per GPU
 #            (benchmarks/throughput.py --release; $RELEASE_ARGS adds flags; ~4-5 min on x2)
+#   reward: benchmarks/reward_loop.py: one GRPO step of 64 rollouts with real answers (1.5B-shaped
+#           policy, random weights; CUDA-L1 kernels built and judged on the GPU); trl, datasets, dill,
+#           multiprocess from .data/wheels as for train; $REWARD_ARGS adds flags (~4-6 min)
 #   mixed : the mixed set of benchmarks/throughput.py at $MIXED_WORKERS build processes (default 1),
 #           second pass $MIXED_SECOND (default none), stopped at $MIXED_DEADLINE s (default 440);
 #           throughput.json and a tarball of the logs come back
@@ -139,6 +142,20 @@ if has mixed; then
   cp /tmp/cudal1_mixed/throughput.json "$OUT/mixed_throughput.json" 2>/dev/null
   tar czf "$OUT/mixed.tgz" -C /tmp/cudal1_mixed --exclude='*.so' --exclude='*.o' . 2>/dev/null
   tail -8 "$OUT/mixed.log"
+fi
+if has reward; then
+  rdir=/tmp/cudal1_reward && rm -rf "$rdir" && mkdir -p "$rdir"
+  if ! python3 -c "import trl, datasets" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$rdir/site" .data/wheels/*.whl \
+      >"$rdir/wheels.log" 2>&1 || { tail -5 "$rdir/wheels.log"; summary+=("reward: wheel install failed"); }
+    export PYTHONPATH=$rdir/site:$PYTHONPATH
+  fi
+  t0=$SECONDS
+  timeout -k 15 ${REWARD_TIMEOUT:-480} python3 benchmarks/reward_loop.py --out "$rdir/run" ${REWARD_ARGS:-} \
+    >"$OUT/reward_loop.log" 2>&1
+  summary+=("reward loop: rc=$? ($((SECONDS-t0)) s)")
+  cp "$rdir/run/reward_loop.json" "$OUT/" 2>/dev/null
+  tail -16 "$OUT/reward_loop.log"
 fi
 if has train; then
   # NVLink multicast stays off (it can take a shared host's GPUs out of service); set here too in case the environment lacks it.

@@ -159,6 +159,7 @@ class TimingStage:
     load: dict[str, Any] = field(
         default_factory=dict
     )  # host load per block (cudal1.harness.reference.hostload.BlockLoad)
+    cost_ms: dict[str, float] = field(default_factory=dict)  # where the phase's wall went (reference.spans.Spans)
 
 
 @dataclass

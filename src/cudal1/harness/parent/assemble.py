@@ -214,6 +214,8 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
         r.speedup_ci = speedup_ci(
             f.samples(figure, "ref"), f.samples(figure, "cand"), t.blocks, config.bootstrap_samples
         )
+    if t.cost_ms:  # where the clean worker's timing phase spent its wall time (information only)
+        r.figures["cost"] = dict(t.cost_ms)
     host = host_contention(t.load or {})
     if host:
         r.figures["contention"] = {"host": host}

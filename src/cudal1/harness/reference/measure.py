@@ -33,6 +33,7 @@ from cudal1.harness.proctree import name_of
 from cudal1.harness.reference.hostload import BlockLoad, WindowWaits
 from cudal1.harness.reference.link import CandidateLink, described
 from cudal1.harness.reference.outputs import compare_described, record_rule, stale
+from cudal1.harness.reference.spans import Spans
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.spec import TimingStage, WorkerSpec
 from cudal1.harness.timer import CallWindow, make_timer
@@ -155,30 +156,34 @@ class Measurement:
                max_trials: int | None = None) -> dict[str, Any]:
         """Both sides timed by the same timer under the clean window, in blocks whose order is
         random in every round; the candidate's process is sealed after warm-up."""
-        timer = make_timer(self.device, self.cfg.flush_l2)
-        timer.calibrate()
-        stager = link.stager = Stager(self.device, getattr(timer, "kernels", None))
-        page = timer.page if self.device.type == "cuda" else window.cpu_page()
+        spans = self.spans = Spans()
+        with spans.span("calibrate"):
+            timer = make_timer(self.device, self.cfg.flush_l2)
+            timer.calibrate()
+            stager = link.stager = Stager(self.device, getattr(timer, "kernels", None))
+            page = timer.page if self.device.type == "cuda" else window.cpu_page()
+            t_gen = self.time_input_generation()
         rng = random.Random(self.input_seed ^ 0x5EED ^ seed_offset)
-        t_gen = self.time_input_generation()
         host: list[float] = []
         cand_host: list[float] = []
         cand_join: list[float] = []
         template: Any = None
         for w in range(self.cfg.warmup_calls):
-            inputs = self.make_inputs(self.input_seed + 10_000 + w)
-            t, out = timer.time_call(ref_model, tuple(inputs), check_escape=False)
-            host.append(t.host_ms)
-            template = out if template is None else template
-            del out
-            issued, probe = link.warmup(inputs, join=w == 0)
-            cand_host.extend(issued)
-            cand_join = cand_join or probe
+            with spans.span("warmup"):
+                inputs = self.make_inputs(self.input_seed + 10_000 + w)
+                t, out = timer.time_call(ref_model, tuple(inputs), check_escape=False)
+                host.append(t.host_ms)
+                template = out if template is None else template
+                del out
+                issued, probe = link.warmup(inputs, join=w == 0)
+                cand_host.extend(issued)
+                cand_join = cand_join or probe
         timer.set_watchdog(host)
         # how long the candidate's call may take to be issued before the gate is opened without it
         # (its own warm-up, as it reported it: a longer wait gains a cheat nothing, the key is still held)
         cand_watchdog = min(1.0, max(0.005, 4e-3 * max(cand_host, default=0.0)))
-        sealed = link.seal()
+        with spans.span("seal"):
+            sealed = link.seal()
         per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 4e-4
         n = int(min(self.cfg.timing_trials, max(self.cfg.min_timing_trials, self.cfg.timing_budget_s / per_pair_s)))
         n = min(n, max_trials or n)
@@ -201,16 +206,20 @@ class Measurement:
                 if who == "ref":
                     self.ref_block(refs, ref_model, link, calls, seed0, rows["ref"], load)
                 else:
-                    load.begin(link.pid)
+                    with spans.span("load"):
+                        load.begin(link.pid)
                     self.cand_block(ref_model, link, calls, seed0, recheck, rows["cand"], template, cand_watchdog)
-                    load.end("cand", link.pid)
+                    with spans.span("load"):
+                        load.end("cand", link.pid)
                 blocks.append([who, len(calls), (_perf() - t0) * 1e3])
                 done[who] += len(calls)
-        self.no_new_processes(link)
-        self.address_reuse_probe(ref_model, link, seed0 + 2 * n + 1)
+        with spans.span("probe"):
+            self.no_new_processes(link)
+            self.address_reuse_probe(ref_model, link, seed0 + 2 * n + 1)
         return {"timing": {"clock": timer.clock, "ref": rows["ref"], "cand": rows["cand"], "blocks": blocks,
                            "overhead_ms": timer.overhead_ms, "calibration": timer.calibration, "cand_join": cand_join,
-                           "sealed": sealed, "helpers": len(link.tree.helpers()), "load": load.as_dict()},
+                           "sealed": sealed, "helpers": len(link.tree.helpers()), "load": load.as_dict(),
+                           "cost_ms": spans.as_dict()},
                 "rechecked": len(recheck)}
 
     def no_new_processes(self, link: CandidateLink) -> None:
@@ -223,39 +232,54 @@ class Measurement:
 
     def ref_block(self, refs: "_RefWindow", ref_model: Any, link: CandidateLink, calls: list[int], seed0: int,
                   rows: list[list[Any]], load: BlockLoad) -> None:
-        link.pause()
+        spans = self.spans
+        with spans.span("pause"):
+            link.pause()
         try:
-            load.begin(os.getpid())
+            with spans.span("load"):
+                load.begin(os.getpid())
             for t in calls:
-                rows.append(refs.time(ref_model, self.make_inputs(seed0 + 2 * t)))
-            load.end("ref", os.getpid())
+                with spans.span("inputs"):
+                    inputs = self.make_inputs(seed0 + 2 * t)
+                with spans.span("ref_calls"):
+                    rows.append(refs.time(ref_model, inputs))
+                del inputs
+            with spans.span("load"):
+                load.end("ref", os.getpid())
         finally:
-            link.resume()
+            with spans.span("resume"):
+                link.resume()
 
     def cand_block(self, ref_model: Any, link: CandidateLink, calls: list[int], seed0: int, recheck: set[int],
                    rows: list[list[Any]], template: Any, watchdog_s: float) -> None:
         """The candidate's calls under the window; its digest is checked against the slots on every
         call, and a secret sample of calls is re-checked against the reference afterwards."""
+        spans = self.spans
         for t in calls:
             where = f"timed call {t}"
-            inputs = self.make_inputs(seed0 + 2 * t + 1)
-            ref_out = None if self.fixed_layout else self.run_model(ref_model, cmp.clone_tree(inputs))[0]
+            with spans.span("inputs"):
+                inputs = self.make_inputs(seed0 + 2 * t + 1)
+                ref_out = None if self.fixed_layout else self.run_model(ref_model, cmp.clone_tree(inputs))[0]
             key = window.new_key()
-            timed = link.time(inputs, template if ref_out is None else ref_out, key, where, watchdog_s)
+            with spans.span("cand_calls"):
+                timed = link.time(inputs, template if ref_out is None else ref_out, key, where, watchdog_s)
             rows.append(timed.row + [timed.window_ms, timed.waited_ms])
-            if not link.outputs_held(timed):
+            with spans.span("held"):
+                held = link.outputs_held(timed)
+            if not held:
                 raise Verdict("rejected", f"{where}: the outputs it published when it ended are not the outputs in its "
                                           "slots", "timing_mismatch")
             if bool(timed.row[4]):
                 continue  # its own process saw the output change after the calling stream ended: side_stream (stats)
             if t in recheck or described(timed.desc):
-                out = link.outputs(timed.desc)
-                if not link.inputs_intact(inputs, key):
-                    raise Verdict("rejected", f"{where}: the input slots were written", "input_mutation")
-                if ref_out is None:
-                    ref_out = self.run_model(ref_model, cmp.clone_tree(inputs))[0]
-                self.recheck(where, ref_out, out)
-                del out
+                with spans.span("recheck"):
+                    out = link.outputs(timed.desc)
+                    if not link.inputs_intact(inputs, key):
+                        raise Verdict("rejected", f"{where}: the input slots were written", "input_mutation")
+                    if ref_out is None:
+                        ref_out = self.run_model(ref_model, cmp.clone_tree(inputs))[0]
+                    self.recheck(where, ref_out, out)
+                    del out
             del inputs, ref_out
 
     def recheck(self, where: str, ref_out: Any, out: Any) -> None:
