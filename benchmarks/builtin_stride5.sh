@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# The builtin policy's stride-5 run on a GPU machine, one step per call (each under 10 minutes),
+# from the repository root with the run's state in benchmarks/runs/stride5 (git-ignored: carry it
+# along, or unpack benchmarks/runs/archive/stride5.tgz there first; benchmarks/README.md, "Run state").
+#
+#   bash benchmarks/builtin_stride5.sh probe    # the cost levers off and on, on 3 finished tasks (~4-6 min)
+#   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
+#
+# probe: the baselines of the run's first 3 finished tasks (every mode, then the re-timing of each
+#        one's best compile mode), from empty caches with the levers on, then off, outside the run
+#        store: device seconds per task of each, and whether every speedup stays inside the other
+#        pass's 95% interval (benchmarks/builtin_cost.py).  Judges nothing into the run.
+# resume: the recorded command; stopped by SIGINT it keeps whole tasks, and its report ends with
+#        the call's device seconds per finished task (levers on, the default).
+# Both write $OUT/stride5_state.tgz (unpack it into benchmarks/runs/stride5 here to keep the state)
+# and their log to $OUT; a summary is printed last.
+set -u
+OUT=${OUT:-/tmp/cudal1_out}
+mkdir -p "$OUT"
+step=${1:?usage: builtin_stride5.sh probe|resume}
+ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
+      --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm --workers-per-gpu 2
+      --out benchmarks/runs/stride5 --pack "$OUT/stride5_state.tgz")
+[ -f benchmarks/runs/stride5/cudal1.sqlite.gz ] || echo "warning: no stride-5 state here: the run starts afresh"
+case "$step" in
+  probe)
+    timeout -s INT 540 python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" --report-only --cost-probe 3 \
+      >"$OUT/stride5_probe.log" 2>&1
+    echo "probe rc=$?"
+    cp benchmarks/runs/stride5/cost_probe.json "$OUT/" 2>/dev/null
+    grep -A12 '^cost probe' "$OUT/stride5_probe.log"
+    ;;
+  resume)
+    timeout -s INT 530 python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" >"$OUT/stride5_resume.log" 2>&1
+    echo "resume rc=$? (130: cut short by the timeout, whole tasks kept)"
+    grep -E '^(tasks [0-9]|cost|Where a compile)' "$OUT/stride5_resume.log"
+    tail -22 "$OUT/stride5_resume.log"
+    ;;
+  *) echo "unknown step $step (probe | resume)"; exit 2 ;;
+esac
