@@ -136,3 +136,24 @@ def test_bad_input_is_one_line_before_the_judge_is_imported(tmp_path, env):
     assert seen == [[2, False]] * len(cases), seen
     errors = done.stderr.strip().splitlines()
     assert len(errors) == len(cases) and all(e.startswith("cudal1: error: ") for e in errors), errors
+
+
+def test_optimize_profiles_the_reference_and_the_best_and_shows_them_in_prompts(tmp_path, env, config):
+    out = tmp_path / "opt"
+    proc = run_cli(["optimize", SMALL_DIAG, "--policy", "builtin", "--rounds", "2", "--samples", "1", "--config",
+                    config, "--out", out, "--profile", "-q", "--json"], env, tmp_path, timeout=400)
+    assert proc.returncode == 0, _explain(proc)
+    from cudal1.tasks import load_task_file
+    from cudal1.types import reference_candidate
+
+    anchor = reference_candidate(load_task_file(SMALL_DIAG)).hash
+    with RunStore(out / "cudal1.sqlite") as store:
+        results = {r.candidate_hash: r for r in store.evaluations()}
+        best = store.best(next(iter(results.values())).task_hash)
+        prompts = [r["prompt"]["user"] for r in store.responses()]
+    assert results[anchor].profile is not None and results[anchor].profile.reference.ok
+    assert best is not None and best.candidate_hash != anchor and best.profile is not None
+    profiled = {h for h, r in results.items() if r.profile is not None}
+    assert profiled <= {anchor} | {r.candidate_hash for r in results.values() if r.status.value == "ok"}
+    assert len(prompts) == 2 and all("## Measured profiles" in p and "### Reference:" in p for p in prompts)
+    assert "aten::mm" in prompts[0].split("## Measured profiles")[1]

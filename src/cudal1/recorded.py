@@ -19,6 +19,9 @@ rounds, GRPO, evaluate).  It is the only writer of candidates and verdicts to a 
   the batch, so a slow reviewer never stalls a GPU lane.  A reason it returns becomes the
   informational flag ``reviewer_suspects`` and a line of the message; it never changes a
   verdict, and an exception from it is ignored.
+* :meth:`~RecordedJudge.profile_recorded` adds measured profiles to verdicts already recorded
+  (the candidate judged once more with profiling on; only its profile is kept, the recorded
+  verdict stands), so a run can profile a few programs without profiling every candidate.
 * :meth:`~RecordedJudge.adopt` records a verdict judged elsewhere under the same judge config
   (another run's store) as this run's, so it is not judged again.
 * The exemplar pool (:meth:`~RecordedJudge.pool`) is what the contrastive prompts are built
@@ -253,6 +256,23 @@ class RecordedJudge:
         for i, j in copies:
             results[i] = results[j]
         return [r for r in results if r is not None]
+
+    def profile_recorded(self, pairs: list[tuple[Task, Candidate]]) -> int:
+        """Profile the ``ok`` recorded verdicts of ``pairs`` that have no profile yet: each pair
+        is judged again with ``profile: cupti`` and the new profile is attached to the recorded
+        verdict (the new verdict itself is dropped).  Returns how many were profiled."""
+        from cudal1.harness import Job, run_jobs
+
+        todo = [(t, c, r) for t, c in pairs if (r := self.verdict(t, c)) is not None
+                and r.status is Status.OK and r.profile is None]
+        if not todo:
+            return 0
+        fresh = run_jobs([Job(t, c) for t, c, _ in todo], self.config.replace(profile="cupti"), plan=self.plan)
+        for (_, _, recorded), again in zip(todo, fresh):
+            recorded.profile = again.profile
+            if self.store is not None and again.profile is not None:
+                self.store.record_evaluation(recorded)
+        return sum(1 for _, _, r in todo if r.profile is not None)
 
     def _review(self, done: list[tuple[tuple[Task, Candidate], EvalResult | None]]) -> None:
         for (task, cand), res in done:

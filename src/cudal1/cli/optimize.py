@@ -38,6 +38,7 @@ from cudal1.cli.options import (
     with_default,
 )
 from cudal1.cli.output import batch_line, batch_summary, print_json, retry_warning, table
+from cudal1.cli.profile import add_profile_flag
 from cudal1.cli.progress import progress_for
 from cudal1.prompts.select import STRATEGIES
 
@@ -113,6 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print summary.json's content as the last stdout line")
     p.add_argument("--report-to", choices=["tensorboard", "wandb", "mlflow"], default=None,
                    help="also log live metrics to this experiment tracker (off by default; needs its package)")
+    add_profile_flag(p, tools=("cupti",), what=": the reference once and each round's best candidates, shown "
+                     "to the model as a measured section of its prompt")
     add_judge_flags(p, sections=("judge", "search", "policy"))
     add_backend_flags(p)
     p.set_defaults(func=run)
@@ -141,7 +144,8 @@ def search_config(args: argparse.Namespace):
         base = base.replace(**SearchConfig.from_yaml(args.search_config).to_dict())
     return base.replace(rounds=args.rounds, samples=args.samples, exemplars=args.exemplars, strategy=args.strategy,
                         tau=args.tau, feedback=args.feedback, budget_minutes=args.budget_minutes,
-                        max_evaluations=args.max_evaluations, seed=args.search_seed)
+                        max_evaluations=args.max_evaluations, seed=args.search_seed,
+                        profile=True if getattr(args, "profile", None) else None)
 
 
 def policy_config(args: argparse.Namespace, device: str):

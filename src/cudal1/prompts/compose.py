@@ -19,8 +19,14 @@ What a prompt shows:
 * the rules and the required response sections.  With no exemplars to show, the contrastive
   section is omitted and the analysis instruction asks about the reference instead.
 
+* with ``profiles`` (candidate hash, or ``"reference"``, to a measured profile), a measured
+  section after the exemplars (:mod:`cudal1.prompts.measured`: top kernels, class, bandwidth
+  share), within its own character budget and trimmed by the rule written there; without it the
+  prompt is byte-identical to one built before profiles existed.
+
 Not covered: choosing *which* exemplars to show (see :mod:`cudal1.prompts.select`), token budgets
-(long exemplars are shown in full; the caller chooses how many), and chat-template rendering.
+for the rest of the prompt (long exemplars are shown in full; the caller chooses how many), and
+chat-template rendering.
 """
 
 from __future__ import annotations
@@ -29,10 +35,16 @@ import functools
 import math
 import re
 import string
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
+from typing import TYPE_CHECKING
 
+from cudal1.prompts.measured import BUDGET_CHARS, Shown, measured_section
 from cudal1.types import Exemplar, Prompt, Task, content_hash
+
+if TYPE_CHECKING:
+    from cudal1.profile.model import ProgramProfile
 
 DEFAULT_TEMPLATE = "contrastive_v1"
 
@@ -147,6 +159,8 @@ def build_prompt(
     feedback: bool = True,
     template: str = DEFAULT_TEMPLATE,
     max_feedback_chars: int = 1500,
+    profiles: Mapping[str, ProgramProfile] | None = None,
+    profile_budget_chars: int = BUDGET_CHARS,
 ) -> Prompt:
     """Render the contrastive prompt for ``task`` showing ``exemplars`` (see the module docstring).
 
@@ -185,6 +199,9 @@ def build_prompt(
         failure_section = tpl.render("failure_section", count=str(len(failed)), failures="\n\n".join(blocks))
         failure_section += "\n\n"
 
+    if profiles:
+        measured = measured_section(_shown(ok, profiles), profile_budget_chars)
+        exemplar_section += measured + "\n\n" if measured else ""
     analysis = tpl.render("analysis_with_exemplars" if ok or failed else "analysis_without_exemplars")
     user = tpl.render(
         "user",
@@ -203,3 +220,15 @@ def build_prompt(
         template_version=tpl.name,
         exemplar_hashes=tuple(exemplar_hash(e) for e in ok + failed),
     )
+
+
+def _shown(ok: list[Exemplar], profiles: Mapping[str, ProgramProfile]) -> list[Shown]:
+    """The profiled programs in prompt order, ranked for trimming: the reference and the best
+    implementation (shown last) stay longest, then faster before slower."""
+    shown = [Shown("Reference", profiles["reference"], math.inf)] if "reference" in profiles else []
+    for i, e in enumerate(ok, 1):
+        p = profiles.get(exemplar_hash(e))
+        if p is not None:
+            rank = 1e9 if i == len(ok) else float(i)
+            shown.append(Shown(f"Implementation {i} ({format_speedup(e.speedup)})", p, rank))
+    return shown

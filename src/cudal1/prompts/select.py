@@ -41,7 +41,8 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Callable
+from collections.abc import Mapping
+from typing import Any, Callable
 
 from cudal1.prompts.compose import DEFAULT_TEMPLATE, build_prompt
 from cudal1.types import Exemplar, Prompt, Task
@@ -192,12 +193,13 @@ def failed_feedback(
 
 def contrastive_prompt(task: Task, ok: list[Exemplar], failed: list[Exemplar], hardware: str, *, exemplars: int,
                        strategy: str, tau: float, feedback: bool, rng: random.Random,
-                       template: str = DEFAULT_TEMPLATE) -> Prompt:
+                       template: str = DEFAULT_TEMPLATE, profiles: Mapping[str, Any] | None = None) -> Prompt:
     """The contrastive prompt of ``task`` from its pool (``ok``: measured candidates, ``failed``:
     failed ones with the judge's feedback), as the optimizer and GRPO both build it: ``exemplars``
     measured programs drawn by ``strategy`` (softmax temperature ``tau`` over speedup buckets),
-    and with ``feedback`` one recent failure and why it failed (:func:`failed_feedback`)."""
+    and with ``feedback`` one recent failure and why it failed (:func:`failed_feedback`); with
+    ``profiles`` (candidate hash or ``"reference"`` -> profile), the measured section."""
     shown = select_exemplars(ok, exemplars, strategy, rng=rng, tau=tau)
     if feedback and failed:
         shown = list(failed_feedback(failed, 1, rng)) + list(shown)
-    return build_prompt(task, shown, hardware, feedback=feedback, template=template)
+    return build_prompt(task, shown, hardware, feedback=feedback, template=template, profiles=profiles)

@@ -29,6 +29,7 @@ class SearchConfig(Config):
     max_evaluations: int | None = None  # budget of judged candidates (reference included); None = no limit
     template: str = "contrastive_v1"  # prompt template (cudal1/prompts/templates)
     seed: int = 0  # seed of exemplar sampling
+    profile: bool = False  # profile the reference once and each round's best; prompts show a measured section
 
     def validate(self) -> None:
         if self.rounds < 0 or self.samples < 1 or self.exemplars < 0:
@@ -50,4 +51,5 @@ class SearchConfig(Config):
     def identity(self) -> dict[str, object]:
         """The fields that shape what is searched (all but the stopping rules): a resumed run
         whose identity differs from the recorded one searches differently."""
-        return {k: v for k, v in self.to_dict().items() if k not in STOPPING}
+        # profile off is left out, so runs recorded before the field existed keep their identity
+        return {k: v for k, v in self.to_dict().items() if k not in STOPPING and (k != "profile" or v)}

@@ -12,7 +12,10 @@ failed (the request failed after the policy's retries) is asked again by the nex
 answer (usable or not, or a policy declining) is not.  Only ``ok`` candidates of
 non-degenerate tasks become exemplars or "best"; failed ones are shown to the policy as
 feedback when ``feedback`` is on.  Stops at ``rounds``, ``max_evaluations`` or the wall-clock
-budget (checked between rounds; a round in flight finishes).
+budget (checked between rounds; a round in flight finishes).  With ``profile`` on, the reference
+is profiled once and each task's best candidate after every round (judged again with profiling,
+only the profile kept: :meth:`~cudal1.recorded.RecordedJudge.profile_recorded`), and the prompts
+show their measured section (:mod:`cudal1.prompts.measured`).
 
 Outputs (:mod:`cudal1.search.outputs`): ``best/<task>.py`` (only a candidate measured faster
 than the reference with confidence), ``candidates/<task>.py`` (a faster-looking candidate the
@@ -126,10 +129,31 @@ class Search:
             prompt = contrastive_prompt(
                 task, pool.ok, pool.failed, self.judge.hardware, exemplars=self.cfg.exemplars,
                 strategy=self.cfg.strategy, tau=self.cfg.tau, feedback=self.cfg.feedback, rng=rng,
-                template=self.cfg.template,
+                template=self.cfg.template, profiles=self.measured(task) if self.cfg.profile else None,
             )
             prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries))
         return prompts
+
+    def measured(self, task: Task) -> dict[str, Any]:
+        """Recorded profiles of ``task``'s programs: candidate hash (or ``"reference"``, from the
+        clean worker) -> ProgramProfile."""
+        anchor = reference_candidate(task).hash
+        out: dict[str, Any] = {}
+        for cand, res in self.judge.results(task):
+            if res.profile is None:
+                continue
+            if cand.hash == anchor:
+                out["reference"] = res.profile.reference
+            else:
+                out[cand.hash] = res.profile.candidate
+                out.setdefault("reference", res.profile.reference)
+        return out
+
+    def profile_best(self) -> int:
+        """Profile the reference (once: it stays recorded) and each task's best candidate so far."""
+        pairs = [(t, reference_candidate(t)) for t in self.tasks]
+        pairs += [(t, best[0]) for t in self.tasks if (best := self.judge.best(t)) is not None]
+        return self.judge.profile_recorded(pairs)
 
     def run_round(self, round_: int, wanted: dict[str, int]) -> int:
         """Sample and judge one round (``wanted``: task hash -> completions to request); returns
@@ -203,6 +227,8 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
                 len(anchors) + len(pending) + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1))
             )
             judge.judge(anchors, review=False)
+            if search.profile:
+                s.profile_best()
             if pending:  # sampled before a kill, not yet judged: judge them before new rounds
                 log.info("resuming: %d candidate(s) recorded but not judged", len(pending))
                 judge.judge(pending)
@@ -214,6 +240,8 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
                 if any(wanted.values()):
                     log.info("round %d: %d task(s)", round_, sum(1 for v in wanted.values() if v))
                     s.run_round(round_, wanted)
+                    if search.profile:
+                        s.profile_best()
         finally:
             summary = write_outputs(s, out, stop, extra)
     return summary
