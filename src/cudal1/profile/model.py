@@ -93,6 +93,8 @@ class ProgramProfile:
     achieved_flops: float | None = None  # FLOP/s: flops / call_us
     flops_share: float | None = None  # of the dtype's peak, where it is known
     intensity: float | None = None  # FLOPs per byte moved
+    peak_bandwidth: float | None = None  # bytes/s, read from the device (None on the CPU)
+    peak_flops: float | None = None  # FLOP/s of the call's main dtype, where known (cudal1.profile.rules)
     bound: BoundClass | None = None  # the class (JSON key: "class")
     ncu: NcuMetrics | None = None
 

@@ -73,6 +73,7 @@ def derive(p: ProgramProfile, bytes_moved: int | None, flops: int | None, peak_b
     if not p.ok:
         return p
     p.bytes_moved, p.flops = bytes_moved, flops
+    p.peak_bandwidth, p.peak_flops = peak_bandwidth, peak_flop_rate
     seconds = p.call_us * 1e-6
     if seconds > 0 and bytes_moved:
         p.achieved_bandwidth = bytes_moved / seconds

@@ -22,6 +22,7 @@ from cudal1.report.aggregate import FAST_P, fast_p_key
 from cudal1.report.document import ENVIRONMENT_KEYS, baseline_label, environment_rows, model_analysis
 from cudal1.report.load import RunData
 from cudal1.report.markdown import STAT_KEYS, fmt
+from cudal1.report.profiles import profile_section
 from cudal1.report.verify import CLASSES
 from cudal1.speedup import LEGEND, cell
 
@@ -152,6 +153,6 @@ def render_html(doc: dict[str, Any], data: RunData) -> str:
         pct=lambda x: fmt(x, pct=True), legend=LEGEND,
         speed=lambda t: cell(t["best_speedup"], t.get("best_ci"), t.get("high_variance", False)),
         ci=lambda c: f"{c[0]:.3g}–{c[1]:.3g}" if c else "-", env_line=_env_line(doc.get("environment")),
-        conv_note=_CONV_NOTES.get(s["conventions"], ""), version=__version__,
+        conv_note=_CONV_NOTES.get(s["conventions"], ""), version=__version__, profiles=profile_section(doc, data),
         generated=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     )
