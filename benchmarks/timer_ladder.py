@@ -14,10 +14,11 @@ For each size N it builds two tasks over fp32 ``x`` (N/1024 x 1024) and a 1024-w
 The profiler side runs first, in this process (L2 flushed before every call, 30 calls, median
 per call of the kernels' summed durations); then every pair is judged by the real judge
 (``cudal1.harness.evaluate_pairs``, default config: the ``gpu`` figure), ``--runs`` times on fresh
-secret seeds (repeatability: median |speedup2 - speedup1| / speedup1).  The table printed last
-holds, per size: profiler us, judge reference/candidate us for ``add``, the error against the
-profiler, the ``twice`` speedup by profiler and by the judge (gpu and host figures), and the
-median judge wall seconds per verdict.  ``--json PATH`` writes every number.  Needs a CUDA GPU.
+secret seeds (repeatability: the median over pairs of runs of |speedup_j - speedup_i| /
+speedup_i).  The table printed last holds, per size: profiler us, judge reference/candidate us
+for ``add``, the error against the profiler, the ``twice`` speedup by profiler and by the judge
+(gpu and host figures), and the median judge wall seconds per verdict.  ``--json PATH`` writes
+every number.  Needs a CUDA GPU.
 
     python benchmarks/timer_ladder.py [--sizes 256K,1M,4M,16M,64M] [--runs 2] [--json runs/ladder.json]
 """
@@ -65,6 +66,12 @@ def parse_size(text: str) -> int:
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
     text = text.strip().upper()
     return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def repeatability(speedups: list[float]) -> float | None:
+    """The median over every pair of runs of ``|s_j - s_i| / s_i`` (two runs: their one difference)."""
+    pairs = [abs(b - a) / a for i, a in enumerate(speedups) for b in speedups[i + 1:] if a]
+    return statistics.median(pairs) if pairs else None
 
 
 def profiler_us(expr: str, n: int, calls: int = 30, cost: dict[str, float] | None = None) -> float:
@@ -181,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
             "profiler_ratio": prof[n]["twice"] / max(prof[n]["once"], 1e-9),
             "judge_speedup": statistics.median(speedups) if speedups else None,
             "judge_host_speedup": statistics.median(h for h in host if h) if any(host) else None,
-            "repeatability": (abs(speedups[1] - speedups[0]) / speedups[0]) if len(speedups) >= 2 else None,
+            "repeatability": repeatability(speedups),
             "statuses": sorted({r["status"] for r in add + twice}),
             "flags": sorted({f for r in add + twice for f in r["flags"]}),
             "wall_s": statistics.median(r["wall_s"] for r in add + twice),

@@ -26,6 +26,7 @@ from cudal1.flags import FLAGS
 from cudal1.harness import compare as cmp
 from cudal1.harness.proctree import CandidateTree
 from cudal1.harness.reference.hostload import WindowWaits
+from cudal1.harness.reference.spans import Spans
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.slots import Slot, SlotError, SlotPool, dtype_of, view
 from cudal1.harness.window import raw_bytes
@@ -87,6 +88,7 @@ class CandidateLink:
         self.page = page  # the window page shared with the candidate's process (cudal1.harness.window)
         self.tree = tree or CandidateTree(pid)
         self.stager = stager  # masks inputs into slots and digests output slots (window.Stager)
+        self.spans = Spans()  # where a timed call's time goes (the timing phase hands in its own)
         self._seq = 0
         self.sealed = ""  # what the seal did, once done
         self.in_slots: list[Slot | None] = []
@@ -234,13 +236,17 @@ class CandidateLink:
               watchdog_s: float) -> TimedCall:
         self._seq += 1
         seq = self._seq
-        desc = self.stage(inputs, key=key)
-        targets = self.targets(ref_out)
+        span = self.spans.span
+        with span("cand_calls.stage"):
+            desc = self.stage(inputs, key=key)
+            targets = self.targets(ref_out)
         snapshot: dict[int, torch.Tensor] | None = None
-        self.send("time", inputs=desc, targets=targets, seq=seq, where=where)
-        blocked = self._await("issued", watchdog_s) is None
+        with span("cand_calls.issue"):
+            self.send("time", inputs=desc, targets=targets, seq=seq, where=where)
+            blocked = self._await("issued", watchdog_s) is None
         if self.device.type == "cuda" and not blocked:
-            self.page.await_started(seq)  # the gate runs: its launch stays out of the window
+            with span("cand_calls.started"):
+                self.page.await_started(seq)  # the gate runs: its launch stays out of the window
         waits = WindowWaits(0 if self.device.type == "cuda" else self.pid)  # on a GPU the candidate's host is done
         waits.start()
         t_open = _perf_ns()
@@ -254,7 +260,8 @@ class CandidateLink:
             t_done, early, digest = _perf_ns(), None, 0
             snapshot = {t["slot"]: self.pool.slots[t["slot"]].raw.clone() for t in targets if t}
         waited_ms = waits.stop()
-        reply = early if early is not None else self._final()
+        with span("cand_calls.reply"):
+            reply = early if early is not None else self._final()
         if t_done is None:
             if self.page.done != (seq & 0xFFFFFFFF):
                 raise Verdict("rejected", f"{where}: the call's end was never published", "timing_mismatch")

@@ -156,7 +156,7 @@ class Measurement:
                max_trials: int | None = None) -> dict[str, Any]:
         """Both sides timed by the same timer under the clean window, in blocks whose order is
         random in every round; the candidate's process is sealed after warm-up."""
-        spans = self.spans = Spans()
+        spans = self.spans = link.spans = Spans()
         with spans.span("calibrate"):
             timer = make_timer(self.device, self.cfg.flush_l2)
             timer.calibrate()
