@@ -170,3 +170,81 @@ class TestRetype:
 
         p = retype(raw)
         assert p.status is ProfileStatus.FAILED and "malformed" in p.note
+
+
+class _Event:
+    """A stand-in for torch's _KinetoEvent (what the CUDA path reads of it)."""
+
+    def __init__(self, name, device, start_us, dur_us, meta=""):
+        self._n, self._d, self._s, self._u, self._m = name, device, start_us, dur_us, meta
+
+    def name(self):
+        return self._n
+
+    def device_type(self):
+        return self._d
+
+    def start_ns(self):
+        return int(self._s * 1000)
+
+    def duration_ns(self):
+        return int(self._u * 1000)
+
+    def metadata_json(self):
+        return self._m
+
+
+class _Prof:
+    def __init__(self, events, trace=None):
+        from types import SimpleNamespace
+
+        self.profiler = SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events))
+        self.trace = trace
+
+    def export_chrome_trace(self, path):
+        import json
+
+        with open(path, "w") as f:
+            json.dump({"traceEvents": self.trace or []}, f)
+
+
+class TestCudaPathWithStandInEvents:
+    """The CUDA branch of the collection, fed kineto-shaped events (no GPU here)."""
+
+    KINETO_META = ('"queued": 0, "device": 0, "context": 1, "stream": 7, "correlation": 11, '
+                   '"registers per thread": 40, "shared memory": 4096, "grid": [128, 1, 1], "block": [256, 1, 1]')
+
+    def _events(self, meta: str):
+        from cudal1.profile.collect import CALL_LABEL
+
+        cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+        return [_Event(CALL_LABEL, cpu, 0.0, 20.0), _Event("gemm_kernel", cuda, 15.0, 100.0, meta),
+                _Event("relu_kernel", cuda, 130.0, 10.0, meta), _Event("relu_kernel", cuda, 150.0, 10.0, meta),
+                _Event("aten::mm", cpu, 2.0, 5.0)]
+
+    def test_kernels_span_busy_time_and_cupti_fields(self):
+        from cudal1.profile.collect import _cuda_profile
+
+        p = _cuda_profile(_Prof(self._events(self.KINETO_META)))
+        assert p.ok and p.device == "cuda" and p.call_us == 160.0 and p.busy_us == 120.0
+        assert [(k.name, k.launches, k.total_us) for k in p.kernels] == [("gemm_kernel", 1, 100.0),
+                                                                         ("relu_kernel", 2, 20.0)]
+        k = p.kernels[0]
+        assert k.grid == [128, 1, 1] and k.block == [256, 1, 1] and k.registers == 40 and k.shared_memory == 4096
+        assert p.kernels[1].mean_us == 10.0 and abs(k.share - 100 / 120) < 1e-9
+
+    def test_without_event_metadata_the_chrome_trace_supplies_it(self):
+        from cudal1.profile.collect import _cuda_profile
+
+        trace = [{"ph": "X", "cat": "kernel", "name": "gemm_kernel",
+                  "args": {"grid": [64, 2, 1], "block": [128, 1, 1], "registers per thread": 32}},
+                 {"ph": "X", "cat": "cpu_op", "name": "relu_kernel", "args": {"grid": [9, 9, 9]}}]
+        p = _cuda_profile(_Prof(self._events(""), trace))
+        gemm, relu = p.kernels
+        assert gemm.grid == [64, 2, 1] and gemm.registers == 32 and relu.grid is None
+
+    def test_a_lost_marker_is_a_failed_profile(self):
+        from cudal1.profile.collect import _cuda_profile
+
+        p = _cuda_profile(_Prof(self._events(self.KINETO_META)[1:]))
+        assert p.status is ProfileStatus.FAILED and "marker" in p.note

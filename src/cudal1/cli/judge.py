@@ -88,12 +88,14 @@ def run(args: argparse.Namespace) -> int:
             store = RunStore(args.store)
     try:
         (result,) = RecordedJudge(config, store).judge([(task, candidate)])
+        if args.profile == "ncu":  # ncu runs outside the judge, on the files named here
+            add_ncu(result, args.reference, args.candidate, quiet=getattr(args, "quiet", False))
+            if store is not None and result.profile is not None:
+                store.record_evaluation(result)
     finally:
         if store is not None:
             store.close()
     as_user_file(result, args.candidate)
-    if args.profile == "ncu":
-        add_ncu(result, args.reference, args.candidate, quiet=getattr(args, "quiet", False))
     if getattr(args, "verbose", 0) and not getattr(args, "quiet", False):
         import sys
 

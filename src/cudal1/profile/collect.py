@@ -111,7 +111,11 @@ def _cuda_profile(prof: Any) -> ProgramProfile:
     events = prof.profiler.kineto_results.events()
     call = [e for e in events if e.name() == CALL_LABEL]
     device_events = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA]
-    rows = [(e.name(), e.duration_ns() / 1e3, _meta(e)) for e in device_events]
+    metas = [_meta(e) for e in device_events]
+    if device_events and not any("grid" in m for m in metas):  # a torch that keeps no metadata on events
+        from_trace = _trace_meta(prof)
+        metas = [from_trace.get(e.name(), {}) for e in device_events]
+    rows = [(e.name(), e.duration_ns() / 1e3, m) for e, m in zip(device_events, metas)]
     spans = [(e.start_ns() / 1e3, (e.start_ns() + e.duration_ns()) / 1e3) for e in device_events]
     if not call:
         return ProgramProfile.not_ok(ProfileStatus.FAILED, "the profiler lost the call's marker", device="cuda")
@@ -151,6 +155,32 @@ def _meta(e: Any) -> dict[str, Any]:
         return json.loads(text if text.startswith("{") else "{" + text + "}") if text else {}
     except (ValueError, TypeError):
         return {}
+
+
+def _trace_meta(prof: Any) -> dict[str, dict[str, Any]]:
+    """Kernel name -> its first launch's ``args`` (grid, block, registers, shared memory) from the
+    profiler's Chrome trace, written to a temporary file (the fallback when events carry none)."""
+    import os
+    import tempfile
+
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f).get("traceEvents", [])
+    except (OSError, ValueError, RuntimeError):
+        return {}
+    finally:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+    out: dict[str, dict[str, Any]] = {}
+    for ev in events:
+        if isinstance(ev, dict) and ev.get("cat") == "kernel" and isinstance(ev.get("args"), dict):
+            out.setdefault(str(ev.get("name")), ev["args"])
+    return out
 
 
 def _dims(v: Any) -> list[int] | None:
