@@ -1,6 +1,6 @@
 """What each of a job's two processes (the clean reference worker and the candidate's process)
 does the same way when it starts: send its output to its log, import a source file as a module,
-and arm a stack dump for a phase that stalls.  Imports nothing of either side."""
+set the math mode, and arm a stack dump for a phase that stalls.  Imports nothing of either side."""
 
 from __future__ import annotations
 
@@ -34,6 +34,19 @@ def load_module(path: str, name: str) -> Any:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def set_math_mode(mode: str) -> None:
+    """``strict``: no TF32 in matmuls or cuDNN and the highest fp32 matmul precision (both
+    processes of a job set it before any task or candidate code runs); any other mode leaves
+    torch's defaults."""
+    if mode != "strict":
+        return
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
 
 
 def arm_stall_dump(limits: PhaseLimits, phase: str) -> None:

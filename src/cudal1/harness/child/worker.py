@@ -33,7 +33,7 @@ from cudal1.harness.child import signing_hook
 from cudal1.harness.child.calls import MAX_REQUEST_BYTES, CallHandlers
 from cudal1.harness.child.refusal import Refusal, runtime_refusal
 from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
-from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
+from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output, set_math_mode
 from cudal1.harness.proctree import become_subreaper
 from cudal1.harness.slots import SlotMap
 from cudal1.harness.spec import CandidateSpec
@@ -163,10 +163,7 @@ class CandidateProcess(CallHandlers):
                 raise Refusal("runtime_error", "CUDA requested but no GPU is visible to the candidate's process")
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
-        if self.settings.math_mode == "strict":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-            torch.set_float32_matmul_precision("highest")
+        set_math_mode(self.settings.math_mode)
         from cudal1.harness import build
 
         if self.spec.mode == "build":  # CPU child, no GPU: let candidate code take its GPU (building) path

@@ -28,7 +28,7 @@ from cudal1.harness.faults import is_out_of_memory, runtime_error_parts
 from cudal1.harness.kernels import custom_kernels
 from cudal1.harness.lease import Lease
 from cudal1.harness.numerics import ExactAnswers, ExactReference
-from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output
+from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output, set_math_mode
 from cudal1.harness.proctree import CandidateTree
 from cudal1.harness.reference.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.reference.link import CandidateGone, CandidateLink
@@ -166,10 +166,7 @@ class RefWorker(Measurement):
                 raise Verdict("runtime_error", "CUDA requested but no GPU is visible to the worker")
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
-        if self.cfg.math_mode == "strict":
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
-            torch.set_float32_matmul_precision("highest")
+        set_math_mode(self.cfg.math_mode)
         self.l2_start = self.persisting_l2()  # before the candidate exists
         release = torch.cuda.empty_cache if self.device.type == "cuda" else (lambda: None)
         self.lease = Lease(self.spec.gpu_lease, self.phase, self.sync, release)
