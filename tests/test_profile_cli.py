@@ -157,3 +157,29 @@ def test_optimize_profiles_the_reference_and_the_best_and_shows_them_in_prompts(
     assert profiled <= {anchor} | {r.candidate_hash for r in results.values() if r.status.value == "ok"}
     assert len(prompts) == 2 and all("## Measured profiles" in p and "### Reference:" in p for p in prompts)
     assert "aten::mm" in prompts[0].split("## Measured profiles")[1]
+
+
+PROFILE_SHY = '''import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    """Honest under timing; raises only while a profiler records it."""
+
+    def forward(self, A, B):
+        if torch._C._autograd._profiler_enabled():
+            raise RuntimeError("no profiling, please")
+        return A.unsqueeze(1) * B
+'''
+
+
+def test_a_candidate_failing_its_profiled_call_keeps_its_verdict(tmp_path, env, config):
+    shy = tmp_path / "shy.py"
+    shy.write_text(PROFILE_SHY)
+    proc = run_cli(["judge", "--reference", SMALL_DIAG, "--candidate", shy, "--config", config, "--json",
+                    "--profile"], env, tmp_path)
+    out = last_json(proc.stdout)
+    assert out["status"] == "ok" and out["speedup"] > 0, _explain(proc)
+    ref, cand = out["profile"]["reference"], out["profile"]["candidate"]
+    assert ref["status"] == "ok" and cand["status"] == "failed", out["profile"]
+    assert "no profiling, please" in cand["note"] and cand["kernels"] == []

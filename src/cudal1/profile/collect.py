@@ -45,22 +45,38 @@ def flush_l2(device: Any) -> None:
     del buf
 
 
+def _settings(device: Any) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return {"activities": activities, "record_shapes": False, "with_stack": False, "profile_memory": False}
+
+
+def warm_profiler(device: Any) -> None:
+    """Pay the profiler's set-up once per process (a session with one tiny op: CUPTI's start on
+    CUDA, about a millisecond of first-event cost on the CPU), so the profiled call does not.
+    Raises what the profiler raises."""
+    if _warm:
+        return
+    import torch
+    from torch.profiler import profile, record_function
+
+    with profile(**_settings(device)), record_function(CALL_LABEL):
+        torch.zeros(1, device=device).add_(1)
+    _warm.append(True)
+
+
 def profile_call(fn: Callable[..., Any], args: tuple | list, device: Any) -> tuple[ProgramProfile, Any]:
     """Profile one call; returns (the raw profile, the call's output).  Raises what the call
     raises; a profiler that cannot start gives an ``unavailable`` profile and no output."""
     import torch
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import profile, record_function
 
     cuda = device.type == "cuda"
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    flush_l2(device)
-    settings = {"activities": activities, "record_shapes": False, "with_stack": False, "profile_memory": False}
     try:
-        if not _warm:  # the first session and its first events pay the profiler's set-up (ms; CUPTI's on CUDA)
-            with profile(**settings), record_function(CALL_LABEL):
-                torch.zeros(1, device=device).add_(1)
-            _warm.append(True)
-        prof = profile(**settings)
+        warm_profiler(device)
+        flush_l2(device)
+        prof = profile(**_settings(device))
         prof.start()
     except Exception as exc:  # noqa: BLE001 - e.g. CUPTI refused: say so, the verdict does not care
         return ProgramProfile.not_ok(ProfileStatus.UNAVAILABLE, f"the profiler did not start: {exc}"[:300],

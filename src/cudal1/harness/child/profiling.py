@@ -2,7 +2,8 @@
 
 Contract: :func:`profile_candidate` runs one call of the candidate on private copies of the
 inputs it is handed under :func:`cudal1.profile.collect.profile_call`, runs the usual second-line
-checks after it, and replies ``{"profile": ProgramProfile as a dict}``.  The candidate can forge
+checks after it, and replies ``{"profile": ProgramProfile as a dict}``; with ``warm`` it only sets
+the profiler up (CUPTI's start), which the reference worker overlaps with its own.  The candidate can forge
 that reply like anything in its process; the reference worker re-types it and no verdict or
 figure depends on it.
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from cudal1.profile.collect import profile_call
+from cudal1.profile.collect import profile_call, warm_profiler
 from cudal1.profile.model import ProfileStatus, ProgramProfile
 
 
@@ -24,6 +25,9 @@ def profile_candidate(proc: Any, request: dict[str, Any]) -> dict[str, Any]:
     """One profiled call (``proc``: the CandidateProcess); see the module docstring."""
     if proc.spec.mode == "baseline":
         return {"profile": ProgramProfile.not_ok(ProfileStatus.SKIPPED, "baseline").to_dict()}
+    if request.get("warm"):  # set the profiler up while the reference worker sets up its own
+        warm_profiler(proc.device)
+        return {"warm": True}
     args, views = proc.inputs(request)
     result, out = profile_call(proc.model, args, proc.device)
     busy = proc.threads()

@@ -17,7 +17,15 @@ from typing import Any
 
 import torch
 
-from cudal1.profile.collect import MAX_KERNELS, MAX_NAME, call_bytes, count_flops, main_dtype, profile_call
+from cudal1.profile.collect import (
+    MAX_KERNELS,
+    MAX_NAME,
+    call_bytes,
+    count_flops,
+    main_dtype,
+    profile_call,
+    warm_profiler,
+)
 from cudal1.profile.model import KernelStat, Profiles, ProfileStatus, ProgramProfile
 from cudal1.profile.rules import derive, peak_flops
 
@@ -31,6 +39,17 @@ def profile_both(worker: Any, ref_model: Any, link: Any) -> dict[str, Any]:
     seed = worker.input_seed + SEED_OFFSET
     nbytes = flops = None
     dtype = "float32"
+    warming = _warm_candidate(worker, link)
+    try:
+        warm_profiler(device)  # beside the candidate's own set-up: the two processes' CUPTI starts overlap
+    except Exception:  # noqa: BLE001 - the profiled call below tries again and says why
+        pass
+    lost = ""
+    if warming:
+        try:
+            link.read()
+        except BaseException as exc:  # noqa: BLE001 - a refusal, a lost process: its profile says so
+            lost = f"the candidate's process: {_why(exc)}"
     try:
         link.pause()  # nothing of the candidate's runs beside the reference's profiled call
         try:
@@ -45,7 +64,8 @@ def profile_both(worker: Any, ref_model: Any, link: Any) -> dict[str, Any]:
             flops = count_flops(ref_model, worker.make_inputs(seed))
     except Exception as exc:  # noqa: BLE001 - off the verdict's path
         pair.reference = ProgramProfile.not_ok(ProfileStatus.FAILED, _why(exc), device=device.type)
-    pair.candidate = _candidate(worker, link, seed)
+    pair.candidate = (ProgramProfile.not_ok(ProfileStatus.FAILED, lost, device=device.type) if lost
+                      else _candidate(worker, link, seed))
     bandwidth, peak = _peaks(device, dtype)
     for p in (pair.reference, pair.candidate):
         derive(p, nbytes, flops, bandwidth, peak)
@@ -54,6 +74,18 @@ def profile_both(worker: Any, ref_model: Any, link: Any) -> dict[str, Any]:
 
 def _why(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def _warm_candidate(worker: Any, link: Any) -> bool:
+    """Ask the candidate's process to set its profiler up (its reply is read later); False when
+    there is no candidate process to ask or the request could not be sent."""
+    if worker.spec.mode == "baseline":
+        return False
+    try:
+        link.send("kernel_profile", warm=True)
+        return True
+    except BaseException:  # noqa: BLE001 - a lost process: its profile will say so
+        return False
 
 
 def _candidate(worker: Any, link: Any, seed: int) -> ProgramProfile:
