@@ -34,7 +34,7 @@ NAME_CHARS = 80
 INTRO = ("## Measured profiles\n\nOne profiled call of each program (after timing, L2 flushed): the call's time, "
          "how much of it the device was busy, kernel launches, the class (launch-bound, memory-bound, compute-bound "
          "or mixed), the share of the device's peak bandwidth, then its top kernels by time: share of kernel time, "
-         "total time, launches, name.")
+         "total time, launches, name. Your Performance Analysis may cite these numbers.")
 
 
 @dataclass(frozen=True)
