@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("profile", help="profile a task's reference (and a candidate) without judging",
                        description=__doc__)
     p.add_argument("target", metavar="TASK_OR_FILE",
-                   help="a task .py, or a selector naming one task (with --source), e.g. level1/19")
+                   help="a task .py, or a selector naming one task (with --source), e.g. kernelbench:level1/19")
     p.add_argument("--candidate", default=None, metavar="FILE", help="a file defining ModelNew, profiled beside it")
     p.add_argument("--source", default=None, metavar="PATH", help="KernelBench JSONL or directory for a selector")
     p.add_argument("--tool", choices=TOOLS, default="cupti", help="cupti (torch.profiler) or ncu (also Nsight Compute)")
