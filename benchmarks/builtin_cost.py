@@ -144,8 +144,10 @@ def probe(out: Path, tasks: list, rows: list[dict], modes: list[str], judge: Any
           confirm_workers_per_gpu: int, n: int) -> dict[str, Any]:
     """Baselines of the first ``n`` finished tasks (and the re-timing of each one's best compile
     mode) from empty caches, levers on then off; written to ``OUT/cost_probe.json``."""
+    from cudal1.harness.baselines import check_modes
     from cudal1.harness.parent.api import time_baselines
 
+    modes = check_modes(modes, plan.device)  # as the run times them (CUDA-only modes dropped on a CPU)
     by_id = {t.task_id: t for t in tasks}
     done = [r for r in rows if r["judged"] and not r["pending"] and r["rounds"] and not r["degenerate"]][:n]
     chosen = [by_id[r["task"]] for r in done]
