@@ -175,8 +175,12 @@ class TestRetype:
 class _Event:
     """A stand-in for torch's _KinetoEvent (what the CUDA path reads of it)."""
 
-    def __init__(self, name, device, start_us, dur_us, meta=""):
+    def __init__(self, name, device, start_us, dur_us, meta="", kind=None):
         self._n, self._d, self._s, self._u, self._m = name, device, start_us, dur_us, meta
+        self._k = kind or ("kernel" if device == torch.autograd.DeviceType.CUDA else "cpu_op")
+
+    def activity_type(self):
+        return self._k
 
     def name(self):
         return self._n
@@ -218,9 +222,14 @@ class TestCudaPathWithStandInEvents:
         from cudal1.profile.collect import CALL_LABEL
 
         cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
-        return [_Event(CALL_LABEL, cpu, 0.0, 20.0), _Event("gemm_kernel", cuda, 15.0, 100.0, meta),
+        return [_Event(CALL_LABEL, cpu, 0.0, 20.0, kind="user_annotation"),
+                _Event("gemm_kernel", cuda, 15.0, 100.0, meta),
                 _Event("relu_kernel", cuda, 130.0, 10.0, meta), _Event("relu_kernel", cuda, 150.0, 10.0, meta),
-                _Event("aten::mm", cpu, 2.0, 5.0)]
+                _Event("aten::mm", cpu, 2.0, 5.0),
+                # not work: the marker's range on the device's timeline, a program's own range, a sync record
+                _Event(CALL_LABEL, cuda, 15.0, 145.0, kind="gpu_user_annotation"),
+                _Event("my_range", cuda, 15.0, 100.0, kind="gpu_user_annotation"),
+                _Event("cudaDeviceSynchronize", cuda, 160.0, 1.0, kind="cuda_sync")]
 
     def test_kernels_span_busy_time_and_cupti_fields(self):
         from cudal1.profile.collect import _cuda_profile
@@ -244,7 +253,9 @@ class TestCudaPathWithStandInEvents:
         assert gemm.grid == [64, 2, 1] and gemm.registers == 32 and relu.grid is None
 
     def test_a_lost_marker_is_a_failed_profile(self):
-        from cudal1.profile.collect import _cuda_profile
+        from cudal1.profile.collect import CALL_LABEL, _cuda_profile
 
-        p = _cuda_profile(_Prof(self._events(self.KINETO_META)[1:]))
+        cpu = torch.autograd.DeviceType.CPU  # the host's marker is lost; the device timeline's copy is no marker
+        p = _cuda_profile(_Prof([e for e in self._events(self.KINETO_META)
+                                 if not (e.name() == CALL_LABEL and e.device_type() == cpu)]))
         assert p.status is ProfileStatus.FAILED and "marker" in p.note

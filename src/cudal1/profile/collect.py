@@ -29,6 +29,7 @@ from cudal1.profile.model import KernelStat, ProfileStatus, ProgramProfile
 CALL_LABEL = "cudal1::call"
 MAX_KERNELS = 200  # kernels kept per profile (longest total first)
 MAX_NAME = 300
+DEVICE_WORK = {"kernel", "gpu_memcpy", "gpu_memset"}  # kineto's activity types that are device work
 _warm: list[bool] = []  # the profiler has run once in this process
 
 
@@ -124,9 +125,10 @@ def _union_us(spans: list[tuple[float, float]]) -> float:
 def _cuda_profile(prof: Any) -> ProgramProfile:
     import torch
 
+    cuda = torch.autograd.DeviceType.CUDA
     events = prof.profiler.kineto_results.events()
-    call = [e for e in events if e.name() == CALL_LABEL]
-    device_events = [e for e in events if e.device_type() == torch.autograd.DeviceType.CUDA]
+    call = [e for e in events if e.name() == CALL_LABEL and e.device_type() != cuda]
+    device_events = [e for e in events if e.device_type() == cuda and _device_work(e)]
     metas = [_meta(e) for e in device_events]
     if device_events and not any("grid" in m for m in metas):  # a torch that keeps no metadata on events
         from_trace = _trace_meta(prof)
@@ -139,6 +141,16 @@ def _cuda_profile(prof: Any) -> ProgramProfile:
     end = max([call[0].start_ns() / 1e3 + call[0].duration_ns() / 1e3] + [b for _, b in spans])
     return ProgramProfile(status=ProfileStatus.OK, tool="cupti", device="cuda", call_us=end - start,
                           busy_us=_union_us(spans), kernels=_stats(rows))
+
+
+def _device_work(e: Any) -> bool:
+    """A device event that is work (a kernel, memcpy, memset), not an annotation on the device's
+    timeline (record_function ranges appear there too: the call's own marker, a program's) or a
+    synchronisation record."""
+    kind = e.activity_type() if callable(getattr(e, "activity_type", None)) else None
+    if isinstance(kind, str) and kind:
+        return kind in DEVICE_WORK
+    return e.name() != CALL_LABEL
 
 
 def _cpu_profile(prof: Any) -> ProgramProfile:
