@@ -141,6 +141,19 @@ class TestCollectOnTheCpu:
         assert math.isclose(sum(k.share for k in p.kernels), 1.0, rel_tol=1e-9)
         assert 0 < p.busy_us <= p.call_us
 
+    def test_a_programs_own_ranges_are_not_operators(self):
+        from torch.profiler import record_function
+
+        class Ranged(torch.nn.Module):
+            def forward(self, x):
+                with record_function("my_range"):
+                    y = x @ x
+                return torch.relu(y)
+
+        p, _ = profile_call(Ranged(), (torch.randn(64, 64),), torch.device("cpu"))
+        names = [k.name for k in p.kernels]
+        assert "aten::mm" in names and "my_range" not in names, names
+
     def test_bytes_count_each_storage_once_and_flops_count_the_matmul(self):
         model = torch.nn.Linear(64, 32)
         x = torch.randn(16, 64)

@@ -158,13 +158,22 @@ def _cpu_profile(prof: Any) -> ProgramProfile:
     call = next((e for e in events if e.name == CALL_LABEL), None)
     if call is None:
         return ProgramProfile.not_ok(ProfileStatus.FAILED, "the profiler lost the call's marker", device="cpu")
-    ops = [e for e in events if e is not call and _inside(e, call)]
+    # a program's own record_function ranges are not operators: left out, their operators kept
+    ops = [e for e in events if e is not call and _inside(e, call) and not getattr(e, "is_user_annotation", False)]
     rows = [(e.name, float(e.self_cpu_time_total), {}) for e in ops if e.self_cpu_time_total > 0]
-    top = [(e.time_range.start, e.time_range.end) for e in ops if e.cpu_parent is call]
+    top = [(e.time_range.start, e.time_range.end) for e in ops if _op_parent(e) is call]
     span = float(call.time_range.end - call.time_range.start)
     return ProgramProfile(status=ProfileStatus.OK, tool="cupti", device="cpu", call_us=span,
                           busy_us=min(_union_us(top), span), kernels=_stats(rows),
                           note="CPU: operator self times (no kernels, no CUPTI)")
+
+
+def _op_parent(e: Any) -> Any:
+    """The nearest enclosing event that is not a user annotation (the call's marker counts)."""
+    p = e.cpu_parent
+    while p is not None and getattr(p, "is_user_annotation", False) and p.name != CALL_LABEL:
+        p = p.cpu_parent
+    return p
 
 
 def _inside(e: Any, call: Any) -> bool:
