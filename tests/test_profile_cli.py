@@ -183,3 +183,28 @@ def test_a_candidate_failing_its_profiled_call_keeps_its_verdict(tmp_path, env, 
     ref, cand = out["profile"]["reference"], out["profile"]["candidate"]
     assert ref["status"] == "ok" and cand["status"] == "failed", out["profile"]
     assert "no profiling, please" in cand["note"] and cand["kernels"] == []
+
+
+FAKE_NCU = """#!/bin/sh
+# stands in for Nsight Compute: checks the command line it is given, prints a raw-page CSV
+case "$*" in *"--profile-from-start off"*"cudal1.profile.ncu_target"*) ;; *) echo "bad args: $*" >&2; exit 3;; esac
+echo '==PROF== Connected to process 1'
+echo '"ID","Kernel Name","gpu__time_duration.sum","sm__throughput.avg.pct_of_peak_sustained_elapsed"'
+echo '"","","nsecond","%"'
+echo '"0","k","100","40"'
+"""
+
+
+def test_run_ncu_builds_its_command_and_reads_the_csv(tmp_path, monkeypatch):
+    from cudal1.profile import ncu
+
+    fake = tmp_path / "ncu"
+    fake.write_text(FAKE_NCU)
+    fake.chmod(0o755)
+    monkeypatch.setenv("CUDAL1_NCU", str(fake))
+    monkeypatch.setattr(ncu, "ncu_problem", lambda: "")
+    got = ncu.run_ncu(str(SMALL_DIAG))
+    assert not isinstance(got, str), got
+    assert got.kernels == 1 and got.sm_throughput == 40.0
+    fake.write_text("#!/bin/sh\necho '==ERROR== ERR_NVGPUCTRPERM - no permission' >&2\nexit 1\n")
+    assert "ERR_NVGPUCTRPERM" in ncu.run_ncu(str(SMALL_DIAG))

@@ -29,6 +29,7 @@ METRICS = {
     "gpu__compute_memory_throughput.avg.pct_of_peak_sustained_elapsed": "dram_throughput",
     "sm__warps_active.avg.pct_of_peak_sustained_active": "achieved_occupancy",
 }
+DURATION = "gpu__time_duration.sum"  # each kernel's weight in the averages
 STALL_PREFIX = "smsp__average_warps_issue_stalled_"
 STALL_SUFFIX = "_per_issue_active.ratio"
 TOP_STALLS = 3
@@ -56,7 +57,7 @@ def run_ncu(task_path: str, candidate_path: str | None = None, timeout_s: float 
     problem = ncu_problem()
     if problem:
         return problem
-    metrics = ",".join([*METRICS, f"regex:{STALL_PREFIX}.*{STALL_SUFFIX.replace('.', '[.]')}"])
+    metrics = ",".join([DURATION, *METRICS, f"regex:{STALL_PREFIX}.*{STALL_SUFFIX.replace('.', '[.]')}"])
     cmd = [ncu_binary(), "--csv", "--page", "raw", "--profile-from-start", "off", "--target-processes", "all",
            "--metrics", metrics, sys.executable, "-m", "cudal1.profile.ncu_target", task_path]
     if candidate_path:
@@ -67,6 +68,8 @@ def run_ncu(task_path: str, candidate_path: str | None = None, timeout_s: float 
         return f"ncu: no result within {timeout_s:.0f} s"
     except OSError as exc:
         return f"ncu: could not start: {exc}"
+    if "ERR_NVGPUCTRPERM" in proc.stdout + proc.stderr:
+        return "ncu: no permission to read the GPU's performance counters here (ERR_NVGPUCTRPERM)"
     if proc.returncode != 0:
         last = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
         return f"ncu: exited with {proc.returncode}: {last[0][:200]}"
@@ -92,7 +95,7 @@ def parse_csv(text: str) -> NcuMetrics | str:
     rows = [r for r in rows if _number(r.get("ID", "") or "") is not None]  # drops the units row
     if not rows:
         return "ncu: no kernel was profiled"
-    weights = [(_number(r.get("gpu__time_duration.sum", "") or "") or 1.0) for r in rows]
+    weights = [(_number(r.get(DURATION, "") or "") or 1.0) for r in rows]
     total = sum(weights)
     out = NcuMetrics(kernels=len(rows))
     for metric, attr in METRICS.items():
