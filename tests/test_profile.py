@@ -98,7 +98,10 @@ class TestText:
                         candidate=ProgramProfile.not_ok(ProfileStatus.FAILED, "the candidate's process: gone"))
         text = "\n".join(describe_profiles(pair, top=5))
         assert "k4" in text and "k5" not in text and "3 more" in text
-        assert "failed: the candidate's process: gone" in text and "information only" in text
+        assert "candidate: the candidate's process: gone" in text and "information only" in text
+        status = next(line for line in text.splitlines() if line.split()[:1] == ["status"])
+        assert status.split() == ["status", "-", "failed"]  # the side-by-side row: reference has none
+        assert text.splitlines()[1].split() == ["reference", "candidate"]
 
 
 NCU_CSV = '''==PROF== Connected to process 1

@@ -98,9 +98,10 @@ def test_profile_command_text_and_ncu_reason_on_the_cpu(tmp_path, env, config):
     assert ncu_lines == ["cudal1: ncu: no CUDA device here (Nsight Compute profiles GPU kernels only)"], _explain(proc)
     lines = proc.stdout.splitlines()
     assert lines[0].startswith("profile (cupti;")
-    ref = next(i for i, line in enumerate(lines) if line.startswith("reference "))
+    assert lines[1].split() == ["reference", "candidate"] and lines[2].split()[0] == "call"  # side by side
+    ref = next(i for i, line in enumerate(lines) if line.startswith("reference top kernels"))
     assert "aten::mm" in lines[ref + 1] and "more" in lines[ref + 3]  # top 2, then the rest in one line
-    assert any(line.startswith("candidate ") for line in lines) and "where time moved" in proc.stdout
+    assert any(line.startswith("candidate top kernels") for line in lines) and "where time moved" in proc.stdout
 
 
 def test_profile_command_json_of_the_reference_alone(tmp_path, env, config):

@@ -101,12 +101,40 @@ def time_moved(ref: ProgramProfile, cand: ProgramProfile) -> list[str]:
     return [f"  {f:<12} {us(a.get(f, 0.0)):>9} -> {us(b.get(f, 0.0)):>9}" for f in names]
 
 
+def _figures(p: ProgramProfile) -> dict[str, str]:
+    if not p.ok:
+        return {"status": p.status.value}
+    bw = pct(p.bandwidth_share) if p.bandwidth_share is not None else (
+        f"{p.achieved_bandwidth / 1e9:.3g} GB/s" if p.achieved_bandwidth else "-")
+    fl = pct(p.flops_share) if p.flops_share is not None else (
+        f"{p.achieved_flops / 1e9:.3g} GFLOP/s" if p.achieved_flops else "-")
+    return {"call": us(p.call_us), "device busy": pct(p.busy_us / p.call_us if p.call_us else None),
+            "launches": str(p.launches), "class": p.bound.value if p.bound else "-",
+            "bandwidth" + (" (of peak)" if p.bandwidth_share is not None else ""): bw,
+            "FLOP/s" + (" (of peak)" if p.flops_share is not None else ""): fl}
+
+
+def side_by_side(ref: ProgramProfile, cand: ProgramProfile) -> list[str]:
+    """The headline figures of both programs as two columns."""
+    a, b = _figures(ref), _figures(cand)
+    keys = list(dict.fromkeys([*a, *b]))
+    lines = [f"  {'':<20} {'reference':>14} {'candidate':>14}"]
+    lines += [f"  {k:<20} {a.get(k, '-'):>14} {b.get(k, '-'):>14}" for k in keys]
+    for label, p in (("reference", ref), ("candidate", cand)):
+        if not p.ok and p.note:
+            lines.append(f"  {label}: {p.note}")
+    return lines
+
+
 def describe_profiles(pr: Profiles, top: int = TOP) -> list[str]:
-    """Both programs, then where time moved (the candidate's figures are its own report)."""
+    """Both programs side by side, their top kernels, then where time moved (the candidate's
+    figures are its own report)."""
     lines = [f"profile ({pr.tool}; the candidate's profile comes from its own process: information only)"]
+    lines += side_by_side(pr.reference, pr.candidate)
     for label, p in (("reference", pr.reference), ("candidate", pr.candidate)):
-        lines.append(f"{label:<11} {headline(p)}")
-        lines += kernel_lines(p, top) + ncu_lines(p)
+        if p.ok:
+            lines.append(f"{label} top kernels (share of kernel time, total, launches x mean, name)")
+            lines += kernel_lines(p, top) + ncu_lines(p)
     moved = time_moved(pr.reference, pr.candidate)
     if moved:
         lines.append("where time moved (kernel time per family, reference -> candidate)")
