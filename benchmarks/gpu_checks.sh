@@ -31,6 +31,9 @@
 #   mixed : the mixed set of benchmarks/throughput.py at $MIXED_WORKERS build processes (default 1),
 #           second pass $MIXED_SECOND (default none), stopped at $MIXED_DEADLINE s (default 440);
 #           throughput.json and a tarball of the logs come back
+#   profiles: measured profiles (--profile): tests/gpu/test_profiles_gpu.py, judge --profile of the
+#            bundled example, and benchmarks/profile_cost.py (median extra seconds per profiled
+#            verdict; budget 0.5 s) (~4-6 min)
 # Several stages: bash benchmarks/gpu_checks.sh "tests builtin"
 # Expects KernelBench/CUDA-L1 JSONL copies in .data/ (copied there; see docs/contributing.md, GPU checks).
 # Full logs go to $OUT; a short table is printed last.
@@ -71,6 +74,18 @@ if has trust; then
   timeout ${ANCHORS_TIMEOUT:-150} python3 benchmarks/verify_anchors.py .data/h100.jsonl --out "$OUT/anchors" >"$OUT/anchors.log" 2>&1
   summary+=("verify anchors: rc=$? $(grep verify_anchors: "$OUT/anchors.log") ($((SECONDS-t0)) s)")
   tar -czf "$OUT/anchors.tgz" -C "$OUT" anchors && rm -rf "$OUT/anchors"
+fi
+if has profiles; then
+  t0=$SECONDS
+  timeout ${PROFILE_TEST_TIMEOUT:-300} python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_profiles_gpu.py \
+    >"$OUT/profile_tests.log" 2>&1
+  summary+=("profile tests: rc=$? $(tail -1 "$OUT/profile_tests.log") ($((SECONDS-t0)) s)")
+  python3 -m cudal1.cli.main judge --device cuda --profile --reference examples/tasks/diag_matmul.py \
+    --candidate examples/candidates/diag_matmul_broadcast.py >"$OUT/profile_example.log" 2>&1
+  t0=$SECONDS
+  timeout ${PROFILE_COST_TIMEOUT:-400} python3 benchmarks/profile_cost.py --device cuda --repeats ${PROFILE_REPEATS:-5} \
+    >"$OUT/profile_cost.log" 2>&1
+  summary+=("profile cost: rc=$? $(grep 'median extra' "$OUT/profile_cost.log") ($((SECONDS-t0)) s)")
 fi
 if has timer; then
   t0=$SECONDS
