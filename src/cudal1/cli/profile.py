@@ -69,7 +69,7 @@ def add_ncu(result: Any, task_file: str | None, candidate_file: str | None, quie
     if candidate_file:
         programs.append((result.profile.candidate, candidate_file))
     for program, cand in programs:
-        got = run_ncu(task_file, cand) if task_file else "ncu: needs the task as a file"
+        got = run_ncu(task_file, cand) if task_file else "ncu: no task file to run"
         if isinstance(got, str):
             program.note = f"{program.note}; {got}".strip("; ")
             if not quiet:
@@ -94,7 +94,13 @@ def run(args: argparse.Namespace) -> int:
 
     (result,) = RecordedJudge(config, None).judge([(task, candidate)])
     if args.tool == "ncu":
-        add_ncu(result, task_file, args.candidate, quiet=getattr(args, "quiet", False))
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            if task_file is None:  # a selector's task: ncu's process loads it from a file
+                task_file = str(Path(tmp) / f"{task.name}.py")
+                Path(task_file).write_text(task.source)
+            add_ncu(result, task_file, args.candidate, quiet=getattr(args, "quiet", False))
     pair = result.profile
     failed = ""
     if result.status is not Status.OK:
