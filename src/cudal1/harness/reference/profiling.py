@@ -8,6 +8,10 @@ physics floor reads it).  It returns :class:`cudal1.profile.model.Profiles` as a
 ``result`` message, and never raises: whatever goes wrong becomes a profile's ``failed`` status
 and note, so profiling cannot change a verdict.  The candidate's reply is re-typed field by field
 and capped (it may send anything); its figures stay information only.
+
+Order: the candidate's process is asked to set its profiler up (``warm``) while this process sets
+up its own (CUPTI's start overlaps); the candidate's process tree is then stopped for the
+reference's profiled call, as while the reference is timed, and resumed for its own call.
 """
 
 from __future__ import annotations
