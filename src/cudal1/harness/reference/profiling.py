@@ -38,6 +38,14 @@ SEED_OFFSET = 90_000  # the profiled call's inputs: fresh, apart from every othe
 
 def profile_both(worker: Any, ref_model: Any, link: Any) -> dict[str, Any]:
     """Both programs' profiles (see the module docstring); ``worker`` is the RefWorker."""
+    try:
+        return _profile_both(worker, ref_model, link)
+    except Exception as exc:  # noqa: BLE001 - the guarantee: profiling never changes a verdict
+        failed = ProgramProfile.not_ok(ProfileStatus.FAILED, f"profiling failed: {_why(exc)}")
+        return Profiles(reference=failed, candidate=failed).to_dict()
+
+
+def _profile_both(worker: Any, ref_model: Any, link: Any) -> dict[str, Any]:
     device = worker.device
     pair = Profiles(tool="cupti")
     seed = worker.input_seed + SEED_OFFSET
