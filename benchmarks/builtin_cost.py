@@ -25,7 +25,8 @@ None of them is in the judge's config hash: stored verdicts stay valid either wa
 ``--cost-probe N`` times, outside the run store, the baselines of the first N finished tasks
 (every ``--modes`` mode, then the re-timing of each task's best compile mode, as a run does)
 twice from empty caches: levers on, then levers off (the earlier batch warms nothing the later
-one uses but the machine itself, which favours *off*).  It prints the device seconds per task of
+one uses but the machine itself, which favours *off*; Inductor's import before the lease has no
+switch and is in both).  It prints the device seconds per task of
 each and every (task, mode) speedup of both with whether their 95% intervals overlap: the levers
 must leave the figures inside their confidence intervals.  The result goes to
 ``OUT/cost_probe.json``.

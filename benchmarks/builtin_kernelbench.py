@@ -24,7 +24,10 @@ printed last and written to ``OUT/report.md`` / ``report.json``; ``OUT/report.ht
 GPU idle share.  ``--prepare`` only selects and traces the graph rewrites (CPU, no judge) into
 ``OUT/rewrites``; ``--report-only`` judges nothing; ``--pack FILE`` writes the run directory's state
 (selection, store snapshot, confirmations, rewrites, reports) to one tar.gz, for a machine that
-returns few files.
+returns few files.  The report also names, for every finished task a compile mode won, why the
+builtin lost (:mod:`builtin_losses`), and what a task cost in GPU time (:mod:`builtin_cost`);
+``--levers off`` turns the cost levers off (what is timed and the config hash stay the same) and
+``--cost-probe N`` times N finished tasks' baselines with them on and off, outside the store.
 
 Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` and the rewrite cache as
 ``OUT/rewrites.tgz`` (restored when the plain files are missing or older; rewritten at the end of
