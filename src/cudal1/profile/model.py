@@ -83,7 +83,7 @@ class ProgramProfile:
     tool: str = "cupti"  # cupti (torch.profiler; operator times on the CPU) | ncu
     device: str = ""  # cuda | cpu
     note: str = ""  # why it is not ok, or what to keep in mind
-    call_us: float = 0.0  # the call's span: from its start to the end of its last kernel
+    call_us: float = 0.0  # the call's span: CUDA, first kernel's start to last kernel's end; CPU, the call
     busy_us: float = 0.0  # time at least one kernel ran (union of kernel intervals)
     kernels: list[KernelStat] = field(default_factory=list)  # every kernel, longest total first
     bytes_moved: int | None = None  # inputs, outputs and weights once (the task's, computed on the reference)
