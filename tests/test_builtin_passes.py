@@ -153,3 +153,40 @@ def test_policy_names_and_cpu_passes():
     assert not BuiltinPolicy(device="cuda", passes=["algebraic", "cudagraph", "channels-last"]).compiles()
     with pytest.raises(ValueError, match="inductor\\[SETTING"):
         BuiltinPolicy(passes=["inductor[warp]"])
+
+
+def test_the_pass_order_follows_the_reference_class():
+    from cudal1.policy.builtin import CLASS_FIRST, default_passes, ordered_for
+
+    names = default_passes()
+    assert ordered_for(names, "") == names and ordered_for(names, "mixed") == names  # unmeasured: registry order
+    for cls, first in CLASS_FIRST.items():
+        got = ordered_for(names, cls)
+        assert sorted(got) == sorted(names) and got[0] == "algebraic", cls
+        assert got[1:1 + len(first)] == [n for n in first if n in names], cls
+        rest = got[1 + len(first):]
+        assert rest == [n for n in names if n in rest], cls  # the others keep their order
+    assert ordered_for(["compile-default", "gemm-3xtf32"], "compute-bound") == ["gemm-3xtf32", "compile-default"]
+
+
+def test_a_measured_class_changes_which_pass_the_policy_proposes_first():
+    anchor = PoolEntry(WEIGHTS + "\n\nModelNew = Model\n", 1.0, reference=True)
+    passes = ["compile-default", "compile-max-autotune-no-cudagraphs", "cudagraph"]
+
+    def first(cls: str) -> list[str]:
+        prompt = PoolPrompt("t", "h" * 64, "s", "u", "v", task_source=WEIGHTS, pool=(anchor,), reference_class=cls)
+        return BuiltinPolicy(device="cuda", passes=passes).generate([prompt], n=1)[0][0].meta["passes"]
+
+    assert first("") == ["compile-default"]
+    assert first("launch-bound") == ["cudagraph"]
+    assert first("compute-bound") == ["compile-max-autotune-no-cudagraphs"]
+
+
+def test_the_search_hands_the_reference_class_from_its_profile():
+    from cudal1.profile.model import BoundClass, ProfileStatus, ProgramProfile
+    from cudal1.search.loop import reference_class
+
+    measured = ProgramProfile(status=ProfileStatus.OK, device="cuda", bound=BoundClass.MEMORY)
+    assert reference_class({"reference": measured}) == "memory-bound"
+    assert reference_class(None) == "" and reference_class({}) == ""
+    assert reference_class({"reference": ProgramProfile(status=ProfileStatus.FAILED, bound=BoundClass.MEMORY)}) == ""

@@ -61,6 +61,7 @@ class PoolPrompt(Prompt):
     """A :class:`~cudal1.types.Prompt` with what a code-writing policy builds on."""
 
     pool: tuple[PoolEntry, ...] = ()  # the task's verified candidates, slowest first (best last)
+    reference_class: str = ""  # the reference's measured class (cudal1.profile: launch-bound, ...); "" unmeasured
 
     @classmethod
     def of(cls, prompt: Prompt, **fields: Any) -> "PoolPrompt":

@@ -11,7 +11,8 @@ e.g. ``algebraic`` then ``compile-default`` on top), else the reference.  A pass
 task (pattern absent, not a CUDA device, not a convolution model); once every applicable (base,
 pass) pair was proposed the completion is an error ``"builtin: no pass left"``.  What was
 proposed is read back from the pool candidates' header comments, so a resumed run does not
-repeat itself.
+repeat itself.  With the reference's measured class (``PoolPrompt.reference_class``, from
+``optimize --profile``) the passes are tried in the order that class asks for (:func:`ordered_for`).
 
 Generated modules are plain Python a person could keep: the reference source unchanged, then one
 ``ModelNew`` class per pass (each subclassing the previous stage), with a header comment naming the
@@ -47,8 +48,8 @@ from cudal1.policy.builtin_passes import (
 )
 from cudal1.types import Completion, Prompt
 
-__all__ = ["PASSES", "BuiltinPolicy", "Pass", "compose", "passes_in", "prepare_rewrites", "render_candidate",
-           "set_rewrite_cache"]
+__all__ = ["CLASS_FIRST", "PASSES", "BuiltinPolicy", "Pass", "compose", "ordered_for", "passes_in",
+           "prepare_rewrites", "render_candidate", "set_rewrite_cache"]
 
 _MARK = "# cudal1-builtin pass: "
 INDUCTOR_SEARCH = "inductor-search"  # the --passes entry that grows Inductor setting sets (see _neighbours)
@@ -125,6 +126,29 @@ def _neighbours(pool: PoolPrompt, chain: tuple[str, ...]) -> list[str]:
     return [inductor_name(set(best) | {s}) for s in INDUCTOR_SETTINGS if s not in best]
 
 
+# The pass order a measured reference class asks for (docs/builtin.md, "The order follows the
+# profile"): these passes come right after ``algebraic`` (fewer FLOPs help whatever bounds the
+# call), the rest keep the registry's order.  A class not listed (``mixed``) or an unmeasured
+# reference keeps the registry's order.
+CLASS_FIRST: dict[str, tuple[str, ...]] = {
+    "launch-bound": ("cudagraph", "compile-cudagraph", "compile-reduce-overhead", "triton-fusion", "compile-default"),
+    "memory-bound": ("triton-fusion", "triton-reduce", "compile-default", "inductor[cd]", "channels-last"),
+    "compute-bound": ("gemm-3xtf32", "inductor[gemm]", "compile-max-autotune-no-cudagraphs", "compile-max-autotune",
+                      "cudnn-autotune"),
+}
+
+
+def ordered_for(passes: list[str], reference_class: str) -> list[str]:
+    """``passes`` in the order the reference's measured class asks for (:data:`CLASS_FIRST`):
+    ``algebraic`` first, then the class's passes that are in ``passes``, then the rest in their
+    given order.  The same list, in the same order, for an unlisted or empty class."""
+    first = CLASS_FIRST.get(reference_class)
+    if not first:
+        return list(passes)
+    head = [n for n in ("algebraic",) + first if n in passes]
+    return head + [n for n in passes if n not in head]
+
+
 def check_passes(names: list[str]) -> None:
     """``ValueError`` naming the known passes when a name in ``names`` is not one."""
     unknown = [n for n in names if n != INDUCTOR_SEARCH and _known(n) is None]
@@ -178,7 +202,7 @@ class BuiltinPolicy:
 
     def _names(self, prompt: PoolPrompt, chain: tuple[str, ...]) -> list[str]:
         out: list[str] = []
-        for name in self.passes:
+        for name in ordered_for(self.passes, prompt.reference_class):
             out += _neighbours(prompt, chain) if name == INDUCTOR_SEARCH else [name]
         return out
 

@@ -47,6 +47,13 @@ log = logging.getLogger(__name__)
 STORE = "cudal1.sqlite"  # the run store in OUT
 
 
+def reference_class(profiles: dict[str, Any] | None) -> str:
+    """The reference's measured class from a task's recorded profiles ("" when it has none or
+    its profile is not ``ok``): what the builtin policy orders its passes by."""
+    ref = (profiles or {}).get("reference")
+    return ref.bound.value if ref is not None and ref.ok and ref.bound is not None else ""
+
+
 @dataclass(frozen=True)
 class Reading:
     """What the loop takes from one completion."""
@@ -125,13 +132,15 @@ class Search:
                         for e in sorted(pool.ok, key=lambda e: e.speedup or 0.0))
         rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
         prompts = []
+        profiles = self.measured(task) if self.cfg.profile else None
         for _ in range(k):
             prompt = contrastive_prompt(
                 task, pool.ok, pool.failed, self.judge.hardware, exemplars=self.cfg.exemplars,
                 strategy=self.cfg.strategy, tau=self.cfg.tau, feedback=self.cfg.feedback, rng=rng,
-                template=self.cfg.template, profiles=self.measured(task) if self.cfg.profile else None,
+                template=self.cfg.template, profiles=profiles,
             )
-            prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries))
+            prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries,
+                                         reference_class=reference_class(profiles)))
         return prompts
 
     def measured(self, task: Task) -> dict[str, Any]:
