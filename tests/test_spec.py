@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -29,13 +30,11 @@ def test_spec_is_frozen_and_validates_its_mode():
 def test_fingerprint_sees_any_change_even_inside_the_config():
     a, b = _spec(), _spec(config=EvalConfig(correctness_trials=6))
     assert a.fingerprint() == _spec().fingerprint() and a.fingerprint() != b.fingerprint()
-    spec = _spec()
+    spec = _spec(tolerances=copy.deepcopy(TOLERANCES["exact"]))  # a copy: the shared rules stay as they are
     before = spec.fingerprint()
     spec.tolerances.limits["float32"] = (1.0, 1.0)  # the dict inside is what a tamperer would reach for
-    try:
-        assert spec.fingerprint() != before
-    finally:
-        spec.tolerances.limits["float32"] = TOLERANCES["strict"].limit("float32")
+    assert spec.fingerprint() != before
+    assert TOLERANCES["exact"].limit("float32") == TOLERANCES["strict"].limit("float32") == (1e-4, 1e-4)
 
 
 def test_verdict_from_message_by_stage():
