@@ -1,4 +1,4 @@
-"""Device-memory hygiene inside the worker: L2 flushing and poisoning of freed allocator blocks.
+"""Device-memory hygiene inside the worker: poisoning of freed allocator blocks.
 
 ``poison_free_blocks()`` fills every inactive block of PyTorch's CUDA caching allocator with 0xFF
 bytes (NaN in every float format) so that a candidate allocating an uninitialised tensor cannot
@@ -40,17 +40,3 @@ def poison_free_blocks(device: torch.device) -> int:
         total += size
     del held
     return total
-
-
-class L2Flusher:
-    """Writes a buffer twice the L2 size so no timed call starts with its data in L2."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.buffer = None
-        if device.type == "cuda":
-            l2 = getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0) or 64 * 2**20
-            self.buffer = torch.empty(2 * l2 // 4, dtype=torch.int32, device=device)
-
-    def __call__(self) -> None:
-        if self.buffer is not None:
-            self.buffer.zero_()
