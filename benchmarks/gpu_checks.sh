@@ -44,6 +44,14 @@ export PYTHONUNBUFFERED=1 CUDAL1_KERNELBENCH=$PWD/.data/kernelbench.jsonl CUDAL1
 export CUDAL1_CACHE_DIR=/tmp/cudal1_cache PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH}
 stages=" ${1:-smoke} "
 has() { [[ "$stages" == *" $1 "* ]]; }
+# trl, datasets, dill and multiprocess from .data/wheels into DIR/site where this Python lacks them
+# (the GPU image has no network); the stages that train call it with their run directory and a label
+training_wheels() {
+  python3 -c "import trl, datasets" 2>/dev/null && return
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$1/site" \
+    .data/wheels/*.whl >"$1/wheels.log" 2>&1 || { tail -5 "$1/wheels.log"; summary+=("$2: wheel install failed"); }
+  export PYTHONPATH=$1/site:$PYTHONPATH
+}
 summary=()
 if has smoke || has tests; then
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())"; git rev-parse HEAD; } >"$OUT/env.txt" 2>&1
@@ -160,11 +168,7 @@ if has mixed; then
 fi
 if has reward; then
   rdir=/tmp/cudal1_reward && rm -rf "$rdir" && mkdir -p "$rdir"
-  if ! python3 -c "import trl, datasets" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$rdir/site" .data/wheels/*.whl \
-      >"$rdir/wheels.log" 2>&1 || { tail -5 "$rdir/wheels.log"; summary+=("reward: wheel install failed"); }
-    export PYTHONPATH=$rdir/site:$PYTHONPATH
-  fi
+  training_wheels "$rdir" reward
   t0=$SECONDS
   timeout -k 15 ${REWARD_TIMEOUT:-480} python3 benchmarks/reward_loop.py --out "$rdir/run" ${REWARD_ARGS:-} \
     >"$OUT/reward_loop.log" 2>&1
@@ -177,11 +181,7 @@ if has train; then
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 TOKENIZERS_PARALLELISM=false
   tdir=${TRAIN_DIR:-/tmp/cudal1_train}
   rm -rf "$tdir" && mkdir -p "$tdir" "$CUDAL1_CACHE_DIR"
-  if ! python3 -c "import trl, datasets" 2>/dev/null; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$tdir/site" \
-      .data/wheels/*.whl >"$tdir/wheels.log" 2>&1 || { tail -5 "$tdir/wheels.log"; summary+=("train: wheel install failed"); }
-    export PYTHONPATH=$tdir/site:$PYTHONPATH
-  fi
+  training_wheels "$tdir" train
   python3 -c "import torch, trl, transformers, accelerate, peft; print('train env:', torch.__version__, 'trl', trl.__version__, 'transformers', transformers.__version__, 'accelerate', accelerate.__version__, 'peft', peft.__version__, 'gpus', torch.cuda.device_count())" 2>&1 | tail -1
   parts=" ${TRAIN_PARTS:-a b c} "  # e.g. TRAIN_PARTS=c on one GPU while the GPU tier runs on the other
   # (a) GRPO smoke under torchrun: both ranks train (NCCL), each judges its own rollouts
