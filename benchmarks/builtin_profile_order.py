@@ -45,6 +45,8 @@ def read_run(out: Path) -> dict[str, dict[str, Any]]:
     from cudal1.types import Status, reference_candidate
 
     rows: dict[str, dict[str, Any]] = {}
+    if not (out / "cudal1.sqlite").exists():  # the run never started (cut before it)
+        return rows
     with RunStore(out / "cudal1.sqlite") as store:
         by_task: dict[str, list] = {}
         for result in store.evaluations():
@@ -72,9 +74,23 @@ def read_run(out: Path) -> dict[str, dict[str, Any]]:
 
 
 def optimize(selectors: list[str], out: Path, rounds: int, samples: int, device: str, profile: bool) -> int:
-    cmd = [sys.executable, "-m", "cudal1.cli.main", "optimize", *selectors, "--policy", "builtin", "--rounds",
-           str(rounds), "--samples", str(samples), "--device", device, "--out", str(out), "--json"]
-    return subprocess.run(cmd + (["--profile"] if profile else []), stdout=subprocess.DEVNULL).returncode
+    """``cudal1 optimize`` once per selector (it takes one), each into its own folder under ``out``;
+    the worst exit code."""
+    worst = 0
+    for selector in selectors:
+        cmd = [sys.executable, "-m", "cudal1.cli.main", "optimize", selector, "--policy", "builtin", "--rounds",
+               str(rounds), "--samples", str(samples), "--device", device, "--out", str(run_dir(out, selector)),
+               "--json"]
+        rc = subprocess.run(cmd + (["--profile"] if profile else []), stdout=subprocess.DEVNULL).returncode
+        if rc not in (0, 1):  # 1: ran, nothing measured faster
+            return rc
+        worst = max(worst, rc)
+    return worst
+
+
+def run_dir(out: Path, selector: str) -> Path:
+    """The run folder of one selector under ``out``."""
+    return out / "".join(c if c.isalnum() or c in "-_." else "_" for c in selector)
 
 
 def _geomean(values: list[float]) -> float | None:
@@ -129,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         if rc not in (0, 1):  # 1: ran, nothing measured faster
             print(f"builtin_profile_order: optimize ({mode}) exited {rc}", file=sys.stderr)
             return rc
-        runs[mode] = read_run(args.out / mode)
+        runs[mode] = {name: row for selector in args.tasks
+                      for name, row in read_run(run_dir(args.out / mode, selector)).items()}
     report = compare(runs["fixed"], runs["profile"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -103,10 +103,15 @@ def figures(stage: TimingStage) -> Figures:
         # carries each process's host wake-up from the synchronize, which differs between the
         # two processes by microseconds, and work an output depends on is inside the clean window
         # (window_check) whatever stream it runs on.
+        # A call whose own process saw an output change after the calling stream ended (escaped)
+        # certainly left work running: it is charged at least its own device-wide excess, however
+        # small the median excess is (the verdict is side_stream either way; the figure shows
+        # what the call took).
         extra = median(excess[who]) - out.base_ms
         charge = extra if extra > slack else 0.0
         out.charged_ms[who] = charge
-        out.gpu[who] = [g + charge for g in raw[who]]
+        out.gpu[who] = [g + (max(charge, e - out.base_ms) if bool(r[4]) else charge)
+                        for g, e, r in zip(raw[who], excess[who], rs)]
         out.host[who] = [g if bool(r[3]) else max(g, float(r[2])) for g, r in zip(out.gpu[who], rs)]
     probe = [float(x) for x in stage.cand_join or []]
     out.join_probe_ms = {"ref": median(calibration) if calibration else None, "cand": median(probe) if probe else None}
