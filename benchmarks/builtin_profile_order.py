@@ -7,11 +7,13 @@ its passes?  The fixed pass order against the order the measured class asks for,
 ``TASKS`` are ``cudal1 optimize`` selectors (files, folders, ``kernelbench:level1/19``; choose
 tasks outside benchmarks/builtin_design_tasks.txt).  Runs ``cudal1 optimize --policy builtin``
 twice into ``--out``: ``fixed/`` (the registry's pass order) and ``profile/`` (``--profile``: the
-reference is profiled once and its class orders the passes, docs/builtin.md).  Each run resumes
-when its folder exists.  Per task it reads the run store and prints: the reference's class, and
-per run the best speedup, the candidates judged, and the candidates judged until the first one
-within 2% of that run's best (``to best``: the anchor and repeats not counted).  The table is
-last; totals compare the runs' geomean best and their summed ``to best``.  The profiled run also
+reference is profiled once and its class orders the passes, docs/builtin.md), once per selector
+(``optimize`` takes one), each selector in its own folder.  Each run resumes when its folder
+exists; cut short (SIGINT), a later call continues it.  Per task it reads the run store and
+prints: the reference's class, and per run the best speedup, the candidates judged, and the
+candidates judged until the first one within 2% of that run's best (``to best``: the anchor and
+repeats not counted).  The table is last; totals compare the runs' geomean best and their summed
+``to best``.  The profiled run also
 pays for its profiles (one profiled re-judge of the reference and of each round's best); the
 table counts candidates, not seconds.
 """

@@ -248,7 +248,7 @@ class TestPairedInterval:
 
 
 def test_a_cpu_verdict_claims_only_beyond_its_margin():
-    from cudal1.speedup import CPU_MARGIN, faster, slower
+    from cudal1.speedup import CPU_MARGIN, CPU_SLOWER_MARGIN, faster, slower
     from cudal1.types import EvalResult, Status
 
     near = EvalResult(status=Status.OK, speedup=0.94, speedup_ci=(0.92, 0.96), flags=["cpu_timing"])
@@ -257,3 +257,10 @@ def test_a_cpu_verdict_claims_only_beyond_its_margin():
     assert slower(near)  # on the GPU clock the same interval is slower
     far = EvalResult(status=Status.OK, speedup=1.5, speedup_ci=(1 + CPU_MARGIN + 0.05, 1.7), flags=["cpu_timing"])
     assert faster(far)
+    # the bias runs against the candidate: an identical program's verdict read a CI whose top was
+    # 0.845 on a quiet 2-core VM; "slower" on the CPU needs the CI below 1 - CPU_SLOWER_MARGIN
+    biased = EvalResult(status=Status.OK, speedup=0.78, speedup_ci=(0.70, 0.845), flags=["cpu_timing"])
+    assert not slower(biased) and 1 - CPU_SLOWER_MARGIN < 0.845 < 1 - CPU_MARGIN
+    clearly = EvalResult(status=Status.OK, speedup=0.6, speedup_ci=(0.5, 1 - CPU_SLOWER_MARGIN - 0.05),
+                         flags=["cpu_timing"])
+    assert slower(clearly)
