@@ -110,6 +110,45 @@ def test_a_sealed_process_can_start_threads_but_no_process(how):
         assert done.returncode == -signal.SIGSYS and "survived" not in lines, (done.returncode, done.stdout)
 
 
+# torch.compile's compile-worker pool, as Inductor starts it: a sidecar that starts its workers when
+# it gets to them (on a 16-core H200 they appeared after the seal: new_process for honest code).
+POOL = textwrap.dedent("""
+    import os, sys, time
+    import torch._inductor.config as config
+    from torch._inductor.async_compile import AsyncCompile
+    from cudal1.harness.child.seal import seal, stop_compile_workers
+    from cudal1.harness.proctree import descendants
+    config.compile_threads = 2
+    AsyncCompile.process_pool()
+    AsyncCompile.warm_pool()
+    deadline = time.monotonic() + 60
+    while not descendants(os.getpid()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    print("pool", len(descendants(os.getpid())), flush=True)
+    print("stopped", stop_compile_workers(), flush=True)
+    time.sleep(1.0)  # a worker the sidecar was about to start would be here by now
+    print("left", len(descendants(os.getpid())), flush=True)
+    print(seal(), flush=True)
+""")
+
+
+@pytest.mark.cpu
+def test_the_compile_worker_pool_is_shut_down_before_the_seal():
+    done = subprocess.run([sys.executable, "-c", POOL], capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert lines[0] != "pool 0" and lines[1] == "stopped True" and lines[2] == "left 0", lines
+    assert lines[3].startswith("applied"), lines
+
+
+def test_no_compile_workers_to_stop_without_inductor(monkeypatch):
+    from cudal1.harness.child.seal import stop_compile_workers
+
+    monkeypatch.delitem(sys.modules, "torch._inductor.async_compile", raising=False)
+    assert stop_compile_workers() is False
+
+
 @pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
 def test_seal_program_jumps_stay_inside(machine):
     program = seal_program(machine)

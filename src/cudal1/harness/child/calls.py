@@ -153,10 +153,12 @@ class CallHandlers:
                                   lambda view: next(it).view(view.dtype).reshape(view.shape)))
 
     def seal(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
-        """Warm-up is over: from now on this process can start no process (:mod:`.seal`)."""
-        from cudal1.harness.child.seal import seal
+        """Warm-up is over: torch.compile's worker pool is shut down, and from now on this process
+        can start no process (:mod:`.seal`)."""
+        from cudal1.harness.child.seal import seal, stop_compile_workers
 
-        return {"sealed": seal()}
+        stopped = stop_compile_workers()
+        return {"sealed": seal() + ("; compile workers shut down first" if stopped else "")}
 
     def reuse(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
         """The address-reuse probe: two calls on the *same* input tensors, new values written into

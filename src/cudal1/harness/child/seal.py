@@ -10,6 +10,12 @@ start their compile workers during warm-up, before the seal; those processes are
 (a filter only reaches later children), so the clean side lists them
 (:class:`cudal1.harness.proctree.CandidateTree`): stopped while the reference is timed, killed
 with the job, and any process that appears after the seal is ``new_process`` too.
+
+:func:`stop_compile_workers` runs first: Inductor's compile-worker pool (a sidecar process that
+starts its workers when it gets to them) may start them after warm-up, after the seal, on its own
+schedule; an honest ``torch.compile`` candidate then read ``new_process`` (16 workers on a
+16-core H200, 5 of 21 builtin candidates of one run, 2026-12-02).  Shut down before the seal, the
+pool starts nothing later; a compile during timing would start a new one, which is rejected.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import platform
+import sys
 
 from cudal1.harness.child.seccomp import bpf
 
@@ -43,6 +50,19 @@ def seal_program(machine: str) -> list[tuple[int, int, int, int]]:
              (ret, 0, 0, _ALLOW)]
     code.append((ret, 0, 0, _ALLOW))
     return code
+
+
+def stop_compile_workers() -> bool:
+    """Shut down torch.compile's compile-worker pools in this process, if Inductor was loaded
+    (its sidecar process and the workers it started or would start); True when it was."""
+    compile_module = sys.modules.get("torch._inductor.async_compile")
+    if compile_module is None:
+        return False
+    try:
+        compile_module.shutdown_compile_workers()
+    except Exception:  # noqa: BLE001 - a pool that cannot be stopped: anything it starts later is new_process
+        return False
+    return True
 
 
 def seal() -> str:
