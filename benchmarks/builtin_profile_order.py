@@ -13,9 +13,8 @@ exists; cut short (SIGINT), a later call continues it.  Per task it reads the ru
 prints: the reference's class, and per run the best speedup, the candidates judged, and the
 candidates judged until the first one within 2% of that run's best (``to best``: the anchor and
 repeats not counted).  The table is last; totals compare the runs' geomean best and their summed
-``to best``.  The profiled run also
-pays for its profiles (one profiled re-judge of the reference and of each round's best); the
-table counts candidates, not seconds.
+``to best``.  The profiled run also pays for its profiles (one profiled re-judge of the reference
+and of each round's best); the table counts candidates, not seconds.
 """
 
 from __future__ import annotations

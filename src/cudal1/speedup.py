@@ -6,8 +6,8 @@ Contract (one rule for the optimizer's summary, ``best/``, the CLI tables and th
   (not ``contended``) and its speedup's 95% confidence interval lies above ``p`` (lower bound >
   ``p``; on the CPU clock above ``p`` × (1 + :data:`CPU_MARGIN`)); **slower** only when its
   interval lies below ``p`` (on the CPU clock below ``p`` × (1 − :data:`CPU_SLOWER_MARGIN`)).  A
-  speedup without an interval
-  (published release files, records from before intervals were kept) is read as its point value.
+  speedup without an interval (published release files, records from before intervals were
+  kept) is read as its point value.
 * A result is **uncertain** when its interval includes 1.0 (not measurably faster or slower than
   the reference), and **noisy** when the judge flagged ``high_variance`` (timing IQR above 10% of
   the median).  Tables mark both (:func:`cell`, :data:`LEGEND`); neither changes a verdict.
