@@ -14,7 +14,7 @@ with the job, and any process that appears after the seal is ``new_process`` too
 :func:`stop_compile_workers` runs first: Inductor's compile-worker pool (a sidecar process that
 starts its workers when it gets to them) may start them after warm-up, after the seal, on its own
 schedule; an honest ``torch.compile`` candidate then read ``new_process`` (16 workers on a
-16-core H200, 5 of 21 builtin candidates of one run, 2026-12-02).  Shut down before the seal, the
+16-core H200, 5 of the 14 builtin candidates of two tasks, 2026-12-02).  Shut down before the seal, the
 pool starts nothing later; a compile during timing would start a new one, which is rejected.
 """
 
