@@ -413,6 +413,17 @@ def test_large_answer_sets_are_computed_per_candidate(tmp_path, monkeypatch):
     answers.prepare(ExactReference(torch.nn.Linear(16, 4), torch.device("cpu")), [1, 2],
                     lambda s: [torch.randn(8, 16)], str(tmp_path / "a.pt"), None)
     assert answers.source == "per-candidate" and set(answers.answers) == {1} and not (tmp_path / "a.pt").exists()
+    assert answers.take(1) is not None and answers.take(1) is None  # handed out once, then off the device
+    assert answers.take(2) is None  # the others are computed per trial
+
+
+def test_kept_answer_sets_are_handed_out_every_time(tmp_path):
+    from cudal1.harness import numerics
+
+    answers = numerics.ExactAnswers()
+    answers.prepare(ExactReference(torch.nn.Linear(16, 4), torch.device("cpu")), [1, 2],
+                    lambda s: [torch.randn(8, 16)], str(tmp_path / "a.pt"), None)
+    assert answers.source == "computed" and answers.take(1) is not None and answers.take(1) is not None
 
 
 def test_a_nan_error_never_passes_the_bound():

@@ -54,12 +54,9 @@ CPU_MARGIN = 0.15
 CPU_SLOWER_MARGIN = 0.20
 
 
-def _cpu(result: Any) -> bool:
-    return "cpu_timing" in (getattr(result, "flags", None) or [])
-
-
-def _margin(result: Any) -> float:
-    return CPU_MARGIN if _cpu(result) else 0.0
+def _margin(result: Any, cpu_margin: float) -> float:
+    """``cpu_margin`` for a verdict timed on the CPU clock, else 0."""
+    return cpu_margin if "cpu_timing" in (getattr(result, "flags", None) or []) else 0.0
 
 
 def faster(result: Any, threshold: float = 1.0) -> bool:
@@ -67,15 +64,14 @@ def faster(result: Any, threshold: float = 1.0) -> bool:
     confidence (beyond :data:`CPU_MARGIN` on the CPU clock); never one whose timing the judge did
     not trust (``contended``: the GPU or the host was shared)."""
     return (_ok(result) and "contended" not in (result.flags or [])
-            and clears(result.speedup, result.speedup_ci, threshold * (1 + _margin(result))))
+            and clears(result.speedup, result.speedup_ci, threshold * (1 + _margin(result, CPU_MARGIN))))
 
 
 def slower(result: Any, threshold: float = 1.0) -> bool:
     """An ``ok`` verdict slower than ``threshold`` with confidence (the CI's upper bound is below
     it; beyond :data:`CPU_SLOWER_MARGIN` on the CPU clock); never a ``contended`` one."""
-    margin = CPU_SLOWER_MARGIN if _cpu(result) else 0.0
     return (_ok(result) and "contended" not in (result.flags or []) and bool(result.speedup_ci)
-            and result.speedup_ci[1] < threshold * (1 - margin))
+            and result.speedup_ci[1] < threshold * (1 - _margin(result, CPU_SLOWER_MARGIN)))
 
 
 def uncertain(speedup: float | None, ci: Sequence[float] | None) -> bool:

@@ -133,6 +133,7 @@ class Search:
         rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
         prompts = []
         profiles = self.measured(task) if self.cfg.profile else None
+        measured_class = reference_class(profiles)
         for _ in range(k):
             prompt = contrastive_prompt(
                 task, pool.ok, pool.failed, self.judge.hardware, exemplars=self.cfg.exemplars,
@@ -140,7 +141,7 @@ class Search:
                 template=self.cfg.template, profiles=profiles,
             )
             prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries,
-                                         reference_class=reference_class(profiles)))
+                                         reference_class=measured_class))
         return prompts
 
     def measured(self, task: Task) -> dict[str, Any]:

@@ -104,10 +104,7 @@ class Measurement:
         for i in range(trials):
             corr["trials"] = i + 1
             inputs = self.make_inputs(seed0 + i)
-            # a per-candidate answer (too large to keep) lives on the device for its one trial only:
-            # held through timing it cost a task with 8 GiB outputs 16 GiB and an OOM on an H200
-            take = self.answers.answers.pop if self.answers.source == "per-candidate" else self.answers.answers.get
-            exact = take(seed0 + i, None)
+            exact = self.answers.take(seed0 + i)
             if exact is None and self.exact is not None:
                 exact = self.exact(cmp.clone_tree(inputs))
             ref_out, ms = self.run_model(ref_model, cmp.clone_tree(inputs))
