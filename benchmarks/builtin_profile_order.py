@@ -6,10 +6,10 @@ its passes?  The fixed pass order against the order the measured class asks for,
 
 ``TASKS`` are ``cudal1 optimize`` selectors (files, folders, ``kernelbench:level1/19``; choose
 tasks outside benchmarks/builtin_design_tasks.txt).  Runs ``cudal1 optimize --policy builtin``
-twice into ``--out``: ``fixed/`` (the registry's pass order) and ``profile/`` (``--profile``: the
-reference is profiled once and its class orders the passes, docs/builtin.md), once per selector
-(``optimize`` takes one), each selector in its own folder.  Each run resumes when its folder
-exists; cut short (SIGINT), a later call continues it.  Per task it reads the run store and
+twice per selector into ``--out``: ``fixed/`` (the registry's pass order) and ``profile/``
+(``--profile``: the reference is profiled once and its class orders the passes, docs/builtin.md),
+task by task (``optimize`` takes one selector), each selector in its own folder.  Each run
+resumes when its folder exists; cut short (SIGINT), a later call continues it.  Per task it reads the run store and
 prints: the reference's class, and per run the best speedup, the candidates judged, and the
 candidates judged until the first one within 2% of that run's best (``to best``: the anchor and
 repeats not counted).  The table is last; totals compare the runs' geomean best and their summed
@@ -140,14 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path("runs/profile_order"))
     ap.add_argument("--json", type=Path, default=None, help="write the comparison here")
     args = ap.parse_args(argv)
-    runs = {}
-    for mode in ("fixed", "profile"):
-        rc = optimize(args.tasks, args.out / mode, args.rounds, args.samples, args.device, mode == "profile")
-        if rc not in (0, 1):  # 1: ran, nothing measured faster
-            print(f"builtin_profile_order: optimize ({mode}) exited {rc}", file=sys.stderr)
-            return rc
-        runs[mode] = {name: row for selector in args.tasks
-                      for name, row in read_run(run_dir(args.out / mode, selector)).items()}
+    for selector in args.tasks:  # task by task, both orders: a run cut short leaves whole pairs
+        for mode in ("fixed", "profile"):
+            rc = optimize([selector], args.out / mode, args.rounds, args.samples, args.device, mode == "profile")
+            if rc not in (0, 1):  # 1: ran, nothing measured faster
+                print(f"builtin_profile_order: optimize ({mode}, {selector}) exited {rc}", file=sys.stderr)
+                return rc
+    runs = {mode: {name: row for selector in args.tasks
+                   for name, row in read_run(run_dir(args.out / mode, selector)).items()}
+            for mode in ("fixed", "profile")}
     report = compare(runs["fixed"], runs["profile"])
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

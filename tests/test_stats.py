@@ -143,6 +143,22 @@ class TestFigures:
         assert np.median(f.gpu["cand"]) > 0.1  # ...but each escaped call shows what it took
         assert "returned before their output was written" in f.side_stream
 
+    def test_an_escaped_call_is_charged_the_work_its_output_snapshot_hid_in(self):
+        """The H200 case: the reference's join holds a 150 us output snapshot, and the candidate's
+        snapshot ran beside its escaped 220 us side-stream work.  The escaped calls are charged
+        their excess over the bare join (the calibration), not over the reference's join: about
+        the side work's time, not its difference from the snapshot."""
+        from cudal1.harness.figures import figures
+
+        ref = self._rows(gpu=0.22, base=0.17)  # wake-up 20 us + snapshot 150 us
+        cand = self._rows(gpu=0.001, wall=1.0, base=0.24)  # the side work (220 us) hid the snapshot
+        for r in cand:
+            r[4] = True
+        f = figures(self._stage(ref, cand))
+        assert "returned before their output was written" in f.side_stream
+        assert np.median(f.gpu["cand"]) >= 0.5 * np.median(f.gpu["ref"])
+        assert 0.2 < np.median(f.gpu["cand"]) < 0.25
+
     def test_reported_times_must_fit_the_clean_clock(self):
         from cudal1.harness.figures import figures
 

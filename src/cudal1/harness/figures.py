@@ -94,6 +94,7 @@ def figures(stage: TimingStage) -> Figures:
     # The join cost: the host's wake-up after the device-wide synchronize plus the output snapshot,
     # as the reference (trusted, one stream, same outputs) pays it.
     out.base_ms = max(median(calibration), median(ref_excess))
+    bare_join = median(calibration) if calibration else out.base_ms  # the wake-up alone
     raw = {who: [max(float(r[0]) - overhead, MIN_CALL_MS) for r in rs] for who, rs in rows.items()}
     slack = max(SIDE_STREAM_MIN_MS, 3 * iqr(ref_excess), 3 * iqr(calibration), 0.05 * median(raw["cand"]))
     for who, rs in rows.items():
@@ -104,13 +105,14 @@ def figures(stage: TimingStage) -> Figures:
         # two processes by microseconds, and work an output depends on is inside the clean window
         # (window_check) whatever stream it runs on.
         # A call whose own process saw an output change after the calling stream ended (escaped)
-        # certainly left work running: it is charged at least its own device-wide excess, however
-        # small the median excess is (the verdict is side_stream either way; the figure shows
-        # what the call took).
+        # certainly left work running: it is charged at least its own device-wide excess over the
+        # bare join (the calibration: no output snapshot, which ran beside the escaped work and
+        # so hid inside it), however small the median excess is (the verdict is side_stream
+        # either way; the figure shows what the call took).
         extra = median(excess[who]) - out.base_ms
         charge = extra if extra > slack else 0.0
         out.charged_ms[who] = charge
-        out.gpu[who] = [g + (max(charge, e - out.base_ms) if bool(r[4]) else charge)
+        out.gpu[who] = [g + (max(charge, e - bare_join) if bool(r[4]) else charge)
                         for g, e, r in zip(raw[who], excess[who], rs)]
         out.host[who] = [g if bool(r[3]) else max(g, float(r[2])) for g, r in zip(out.gpu[who], rs)]
     probe = [float(x) for x in stage.cand_join or []]
