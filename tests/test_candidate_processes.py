@@ -207,6 +207,45 @@ def test_helpers_never_run_while_the_reference_is_timed(tmp_path, cpu_judge_conf
     assert "2 helper process(es)" in r.environment.isolation["new_processes"]
 
 
+def _processes_with(marker: bytes) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if marker in Path(f"/proc/{entry}/cmdline").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue
+    return [p for p in found if state_of(p) not in ("", "Z")]
+
+
+@pytest.mark.cpu
+@pytest.mark.parametrize("confine", [True, False], ids=["confined", "unconfined"])
+def test_a_helper_whose_candidate_died_first_dies_with_the_job(tmp_path, cpu_judge_config, confine):
+    """The candidate's process starts a helper in a session of its own, then exits: the helper,
+    re-parented to the judge's forkserver (a subreaper), is killed with the job, not left running
+    under init.  Confined or not (the forkserver's part does not depend on the confinement)."""
+    from cudal1.harness import evaluate_pairs
+    from cudal1.tasks import load_task_file
+    from cudal1.types import Candidate, Status
+
+    marker = b"cudal1-fixture-orphan"
+    for pid in _processes_with(marker):  # from an earlier run of the corpus
+        os.kill(pid, signal.SIGKILL)
+    source = (REPO / "tests/fixtures/cpu/helper_outlives_its_process.py").read_text()
+    task = load_task_file(REPO / "tests/fixtures/cpu_tasks/linear_relu.py")
+    r = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))],
+                       cpu_judge_config(tmp_path / "cache", confine_candidates=confine))[0]
+    assert r.status is Status.RUNTIME_ERROR, r.message
+    deadline = time.monotonic() + 5  # a killed process takes a moment to be gone
+    while time.monotonic() < deadline and _processes_with(marker):
+        time.sleep(0.05)
+    left = _processes_with(marker)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"helper(s) {left} outlived the job"
+
+
 @pytest.mark.cpu
 def test_identical_code_beside_busy_processes_claims_nothing(tmp_path, cpu_judge_config):
     """An A/A verdict (the reference against itself) with two processes spinning beside the judge

@@ -64,6 +64,13 @@ def descendants(pid: int) -> set[int]:
     return seen
 
 
+def orphans(server: int, jobs: set[int]) -> set[int]:
+    """Children of the workers' forkserver ``server`` that are none of ``jobs`` (the worker
+    processes the judge runs): what a dead candidate's process left behind, re-parented to the
+    server (a subreaper, :mod:`cudal1.harness.parent.server_reaper`)."""
+    return set(children(server)) - jobs - {os.getpid()}
+
+
 def uid_of(pid: int) -> int | None:
     """The real uid of ``pid`` (None when it is gone)."""
     try:

@@ -17,7 +17,8 @@ from typing import Any, Iterator
 
 # numpy.ma is what numpy's median loads on first use.  Not torch.utils.cpp_extension: importing it
 # initialises CUDA, and a CUDA process cannot fork (the candidate's process wraps it lazily instead).
-PRELOAD = ["torch", "torch._dynamo", "numpy.ma", "cudal1.harness.reference.worker", "cudal1.harness.child.worker"]
+PRELOAD = ["torch", "torch._dynamo", "numpy.ma", "cudal1.harness.reference.worker", "cudal1.harness.child.worker",
+           "cudal1.harness.parent.server_reaper"]  # the last: makes the server a subreaper (see that module)
 
 _context: Any = None
 _context_lock = threading.Lock()

@@ -35,7 +35,7 @@ from cudal1.harness.channel import MAX_MESSAGE_BYTES, ChannelError, Receiver
 from cudal1.harness.numerics import LeafCheck
 from cudal1.harness.parent.gpu_share import GpuWatch, Sharing
 from cudal1.harness.parent.launcher import ensure_server, get_context, launching
-from cudal1.harness.proctree import CandidateTree, parent_of
+from cudal1.harness.proctree import CandidateTree, orphans, parent_of
 from cudal1.harness.spec import BuildStage, CandidateSpec, TaskFindings, WorkerSpec, WorkerVerdict
 from cudal1.harness.window import shared_page
 
@@ -90,6 +90,20 @@ def stop_all() -> None:
         procs = list(_live)
     for proc in procs:
         _kill_group(proc)
+
+
+def kill_orphans(server: int | None) -> int:
+    """Kill what dead candidates left behind: every child of the workers' forkserver ``server``
+    that is no worker this process runs (a helper whose candidate's process died first, re-parented
+    to the server: :mod:`cudal1.harness.parent.server_reaper`), with what it started.  Returns how
+    many were found.  ``server`` None (workers started by ``spawn``): nothing to do."""
+    if not server:
+        return 0
+    with _live_lock:
+        found = orphans(server, {p.pid for p in _live if p.pid})
+        for pid in found:
+            CandidateTree(pid).kill()
+    return len(found)
 
 
 def _kill_group(proc: Any) -> None:
@@ -212,9 +226,8 @@ def _start(ctx: Any, target: Any, spec: WorkerSpec | CandidateSpec, extra: Any,
     ensure_server()
     recv_conn, send_conn = ctx.Pipe(duplex=False)
     proc = ctx.Process(target=target, args=(spec, send_conn, [key], extra, page), daemon=False)
-    with launching():
+    with _live_lock, launching():  # started and registered at once: kill_orphans never mistakes it
         proc.start()
-    with _live_lock:
         _live.add(proc)
     send_conn.close()
     return proc, recv_conn, key
@@ -235,6 +248,7 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
     messages: queue.Queue[tuple[str, bytes | None]] = queue.Queue()
     page: _Fd | None = None
     tree: CandidateTree | None = None
+    server: int | None = None  # the workers' forkserver
     watch: GpuWatch | None = None
     try:
         link_ref = link_cand = None
@@ -243,6 +257,7 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
             page = _Fd(shared_page())  # the clean window's page (cudal1.harness.window)
         cand_proc, cand_recv, cand_key = _start(ctx, _candidate_target, candidate, link_cand, page)
         tree = CandidateTree(cand_proc.pid or 0, sibling_root=parent_of(cand_proc.pid or 0))
+        server = tree.sibling_root if ctx.get_start_method() == "forkserver" else None
         procs.append(cand_proc)
         conns.append(cand_recv)
         threading.Thread(target=_reader, args=("cand", cand_recv, messages), daemon=True).start()
@@ -269,6 +284,7 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
             os.close(page.fd)
         if tree is not None and tree.pid:
             tree.kill()  # the candidate's process and everything it started, in any session
+            kill_orphans(server)  # and what it started and left behind when it died first
         for proc in procs:
             _kill_group(proc)
         if spec is not None and outcome.result is not None and not outcome.candidate_gone:
