@@ -41,7 +41,8 @@ def to_best(speedups: list[float | None]) -> tuple[float | None, int]:
 
 
 def read_run(out: Path) -> dict[str, dict[str, Any]]:
-    """Per task name: best, judged, to_best and the reference's class, from a run's store."""
+    """Per task name: best, judged, to_best, the reference's class and how many verdicts say
+    ``contended`` (timed while another process shared the GPU or the host), from a run's store."""
     from cudal1.store import RunStore
     from cudal1.types import Status, reference_candidate
 
@@ -60,6 +61,7 @@ def read_run(out: Path) -> dict[str, dict[str, Any]]:
             seen: set[str] = set()
             speedups: list[float | None] = []
             ref_class = ""
+            contended = sum(1 for r in results if "contended" in r.flags)  # the GPU or host was shared
             for r in results:
                 if r.candidate_hash == anchor:
                     if r.profile is not None and r.profile.reference.bound is not None:
@@ -70,7 +72,8 @@ def read_run(out: Path) -> dict[str, dict[str, Any]]:
                 seen.add(r.candidate_hash)
                 speedups.append(r.speedup if r.status is Status.OK else None)
             best, reached = to_best(speedups)
-            rows[task.name] = {"best": best, "judged": len(speedups), "to_best": reached, "class": ref_class}
+            rows[task.name] = {"best": best, "judged": len(speedups), "to_best": reached, "class": ref_class,
+                               "contended": contended}
     return rows
 
 
@@ -99,12 +102,16 @@ def _geomean(values: list[float]) -> float | None:
 
 
 def compare(fixed: dict[str, dict[str, Any]], profiled: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Per-task rows of both runs and the totals over tasks with a best in both."""
+    """Per-task rows of both runs and the totals over tasks with a best in both and no
+    ``contended`` verdict in either (``contended``: the tasks left out for that)."""
     names = sorted(set(fixed) | set(profiled))
-    both = [n for n in names if (fixed.get(n) or {}).get("best") and (profiled.get(n) or {}).get("best")]
+    with_best = [n for n in names if (fixed.get(n) or {}).get("best") and (profiled.get(n) or {}).get("best")]
+    shared = [n for n in with_best if fixed[n].get("contended") or profiled[n].get("contended")]
+    both = [n for n in with_best if n not in shared]
     return {
         "tasks": {n: {"fixed": fixed.get(n), "profile": profiled.get(n)} for n in names},
         "n": len(both),
+        "contended": shared,
         "geomean_best": {"fixed": _geomean([fixed[n]["best"] for n in both]),
                          "profile": _geomean([profiled[n]["best"] for n in both])},
         **{key: {"fixed": sum(fixed[n][key] for n in both), "profile": sum(profiled[n][key] for n in both)}
@@ -124,6 +131,9 @@ def table(report: dict[str, Any]) -> str:
         cls = ((runs["profile"] or {}).get("class") or "-")
         lines.append(f"{name[:32]:32} {cls:13} | {cell(runs['fixed'])} | {cell(runs['profile'])}")
     g, t, j = report["geomean_best"], report["to_best"], report["judged"]
+    if report.get("contended"):
+        lines.append(f"left out, timed while the GPU or host was shared (verdicts flagged contended): "
+                     f"{', '.join(report['contended'])}")
     if report["n"]:
         lines.append(f"over {report['n']} task(s) with a best in both: geomean best {g['fixed']:.3f}x vs "
                      f"{g['profile']:.3f}x; judged until the best {t['fixed']} vs {t['profile']}; judged {j['fixed']} "

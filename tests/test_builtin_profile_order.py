@@ -36,7 +36,15 @@ def test_a_run_store_reads_as_best_judged_to_best_and_the_reference_class(tmp_pa
             store.record_evaluation(EvalResult(status=status, task_name="t", task_hash=task.hash, candidate_hash=cand,
                                                speedup=speedup, profile=profile))
     rows = bench.read_run(tmp_path)
-    assert rows == {"t": {"best": 1.6, "judged": 3, "to_best": 3, "class": "compute-bound"}}
-    report = bench.compare(rows, {"t": {"best": 1.6, "judged": 2, "to_best": 1, "class": "compute-bound"}})
+    assert rows == {"t": {"best": 1.6, "judged": 3, "to_best": 3, "class": "compute-bound", "contended": 0}}
+    report = bench.compare(rows, {"t": {"best": 1.6, "judged": 2, "to_best": 1, "class": "compute-bound",
+                                        "contended": 0}})
     assert report["n"] == 1 and report["to_best"] == {"fixed": 3, "profile": 1}
     assert "judged until the best 3 vs 1" in bench.table(report)
+
+
+def test_a_task_timed_while_the_gpu_was_shared_is_left_out_of_the_totals():
+    row = {"best": 1.5, "judged": 6, "to_best": 1, "class": "memory-bound", "contended": 0}
+    report = bench.compare({"a": row, "b": {**row, "contended": 7}}, {"a": row, "b": row})
+    assert report["n"] == 1 and report["contended"] == ["b"] and report["judged"] == {"fixed": 6, "profile": 6}
+    assert "left out, timed while the GPU or host was shared" in bench.table(report)
