@@ -247,6 +247,28 @@ def test_a_helper_whose_candidate_died_first_dies_with_the_job(tmp_path, cpu_jud
 
 
 @pytest.mark.cpu
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="binding needs two CPUs")
+def test_cpu_timed_jobs_bind_their_threads_one_job_at_a_time(tmp_path, cpu_judge_config):
+    """On the CPU clock both processes put their main thread on one CPU and their OpenMP workers
+    on the others (the candidate's report says so in ``environment.isolation``), and in-call wait
+    shares are read; with two jobs timed side by side (``workers_per_gpu=2``) nothing is bound."""
+    from cudal1.harness import evaluate_pairs
+    from cudal1.tasks import load_task_file
+    from cudal1.types import Candidate, Status
+
+    task = load_task_file(REPO / "tests/fixtures/cpu_tasks/linear_relu.py")
+    source = task.source.replace("class Model(", "class ModelNew(")
+    (r,) = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))], cpu_judge_config(tmp_path / "cache"))
+    assert r.status is Status.OK, r.message
+    assert r.environment.isolation["cpu_binding"].startswith("applied: main thread on CPU"), r.environment.isolation
+    shares = r.figures["contention"]["host"]["wait_share"]
+    assert 0.0 <= shares["candidate"] <= 1.0 and 0.0 <= shares["reference"] <= 1.0
+    (side_by_side,) = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))],
+                                     cpu_judge_config(tmp_path / "cache2", workers_per_gpu=2))
+    assert "cpu_binding" not in side_by_side.environment.isolation
+
+
+@pytest.mark.cpu
 def test_identical_code_beside_busy_processes_claims_nothing(tmp_path, cpu_judge_config):
     """An A/A verdict (the reference against itself) with two processes spinning beside the judge
     on this host: either its CI includes 1.0 or it says ``contended`` (with the evidence); it never

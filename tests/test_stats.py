@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import time
 
 import numpy as np
 import pytest
@@ -250,6 +252,27 @@ class TestPairedInterval:
 
         ref, cand, blocks = self._rounds(3, drift=0.3)
         assert speedup_ci(ref, cand, blocks) == bootstrap_speedup_ci(ref, cand)
+
+    def test_a_block_load_read_per_call_counts_only_the_calls(self):
+        """Per call (the CPU clock), a block's wait share is the calls' own: what the two
+        processes wait for each other between calls is left out."""
+        from cudal1.harness.reference.hostload import BlockLoad
+
+        load = BlockLoad(per_call=True)
+        load.begin(os.getpid())
+        load.add((900, 100))
+        load.add((1000, 0))
+        load.add(None)  # a call whose counters could not be read
+        load.end("cand", os.getpid())
+        assert load.wait_share["cand"] == [0.05]
+        whole = BlockLoad()
+        whole.begin(os.getpid())
+        whole.add((900, 100))  # ignored: not per call
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.01:  # this thread runs: the block's counters move
+            pass
+        whole.end("ref", os.getpid())
+        assert len(whole.wait_share["ref"]) == 1 and whole.wait_share["ref"][0] != 0.1
 
     def test_host_contention_from_wait_shares(self):
         from cudal1.harness.parent.stats import host_contention

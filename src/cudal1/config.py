@@ -283,6 +283,8 @@ class EvalConfig(Config):
     )
     timing_block: int = 5  # timed calls per block; reference and candidate blocks alternate in random order
     confine_candidates: bool = True  # run each candidate's process unprivileged and confined where the OS allows
+    cpu_binding: bool = True  # CPU clock, one job at a time: both processes' main threads on one CPU, their
+    # OpenMP workers on the others, as OpenMP's proc_bind (docs/harness.md: three times narrower CIs on 2 cores)
     poison_freed_memory: bool = True  # fill the allocator's free blocks with NaN between runs
     strict_speedup: float = 10.0  # speedups above this get a second, stricter verification pass
     static_guards: str = "all"  # "all", "none" or comma-separated names of static_guard.CHECKS
@@ -343,7 +345,7 @@ class EvalConfig(Config):
         # resumed run with another --timeout must find what was recorded.
         ignore = {
             "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
-            "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache",
+            "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache", "cpu_binding",
             "profile",  # information only: no verdict or figure depends on it
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}

@@ -53,3 +53,34 @@ def arm_stall_dump(limits: PhaseLimits, phase: str) -> None:
     """A phase that stalls leaves every thread's stack in the log shortly before the parent's
     deadline for that phase kills the process."""
     faulthandler.dump_traceback_later(max(1.0, 0.8 * limits.of_phase(phase)), repeat=True)
+
+
+
+def bind_threads_for_cpu_timing() -> str:
+    """CPU-timed jobs, in both processes alike, before their code runs: this (main) thread on the
+    first allowed CPU, torch's OpenMP workers off it, as OpenMP's ``proc_bind`` puts a team.
+    The workers are started now, by a parallel operation run while this thread's affinity is
+    every other CPU (a new thread inherits its creator's), then this thread moves to its own CPU;
+    threads started later inherit that.  Only this thread's own affinity is ever set, which a
+    confined process may still do.  Why: unbound, the scheduler moves the two processes' threads
+    between a small host's cores from call to call, and an identical program's timed calls spread
+    three times as wide (docs/harness.md, known limits).  Returns what was done."""
+    import torch
+
+    try:
+        cpus = sorted(os.sched_getaffinity(0))
+    except (OSError, AttributeError):
+        return "not applied: sched_getaffinity is unavailable"
+    if len(cpus) < 2:
+        return "not applied: one CPU"
+    try:
+        os.sched_setaffinity(0, set(cpus[1:]))
+        torch.ones(1 << 20).add_(1)  # above the intra-op grain: OpenMP starts its workers here
+        os.sched_setaffinity(0, {cpus[0]})
+    except OSError as exc:
+        try:
+            os.sched_setaffinity(0, set(cpus))
+        except OSError:
+            pass
+        return f"not applied: {exc.strerror or exc}"
+    return f"applied: main thread on CPU {cpus[0]}, its OpenMP workers on CPUs {cpus[1]}-{cpus[-1]}"

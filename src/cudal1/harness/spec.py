@@ -54,10 +54,19 @@ class CandidateSettings:
     flush_l2: bool  # its timer flushes L2 before each timed call, as the reference worker's does
     poison_freed_memory: bool  # fill the allocator's free blocks with NaN after each checked call
     limits: PhaseLimits
+    bind_cpu_threads: bool = False  # on the CPU clock, bind its threads as the reference worker binds its own
 
     @classmethod
     def of(cls, config: EvalConfig) -> "CandidateSettings":
-        return cls(config.math_mode, config.flush_l2, config.poison_freed_memory, PhaseLimits.of(config))
+        return cls(config.math_mode, config.flush_l2, config.poison_freed_memory, PhaseLimits.of(config),
+                   binds_cpu_threads(config))
+
+
+def binds_cpu_threads(config: EvalConfig) -> bool:
+    """Whether a CPU-timed job's two processes bind their threads
+    (:func:`cudal1.harness.process_start.bind_threads_for_cpu_timing`): asked for, and one job at a
+    time (jobs timed side by side would all put their main threads on the same CPU)."""
+    return config.cpu_binding and config.workers_per_gpu == 1
 
 
 @dataclass(frozen=True)

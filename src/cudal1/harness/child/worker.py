@@ -164,6 +164,10 @@ class CandidateProcess(CallHandlers):
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
         set_math_mode(self.settings.math_mode)
+        if self.spec.device == "cpu" and self.spec.mode != "build" and self.settings.bind_cpu_threads:
+            from cudal1.harness.process_start import bind_threads_for_cpu_timing
+
+            self.confinement["cpu_binding"] = bind_threads_for_cpu_timing()
         from cudal1.harness import build
 
         if self.spec.mode == "build":  # CPU child, no GPU: let candidate code take its GPU (building) path

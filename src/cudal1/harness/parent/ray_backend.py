@@ -110,6 +110,8 @@ class TimingActor:
 
     def evaluate(self, config: EvalConfig, seed: int, arch_list: str, max_jobs: int, job: Job,
                  prebuilt: Any) -> tuple[EvalResult, float]:
+        if self.plan.device == "cpu":  # other actors may time on this node's CPUs: bound threads would collide
+            config = config.replace(cpu_binding=False)
         key = (config.hash() + repr(config), seed, arch_list)
         ev = self.evaluators.get(key)
         if ev is None:

@@ -78,9 +78,10 @@ def speedup_ci(ref_ms: list[float], cand_ms: list[float], blocks: list[list[Any]
     return min(pooled[0], float(np.exp(mid - half))), max(pooled[1], float(np.exp(mid + half)))
 
 
-# A timed process's threads waited this share of their runnable time for a CPU: contended.  Honest
-# runs on a quiet 2-core host wait up to about a fifth (the two processes' wake-ups between calls);
-# beside two busy processes, half and more.
+# A timed process's threads waited this share of their runnable time for a CPU: contended.  On the
+# CPU clock the share is read inside the calls (hostload.BlockLoad per_call): an identical program
+# on a quiet 2-core host waits a median 7% of it (bound threads), beside two busy processes 25-38%.
+# On a GPU it is the whole block's: quiet hosts up to about a fifth (the processes' wake-ups).
 HOST_WAIT_SHARE = 0.25
 
 

@@ -78,22 +78,52 @@ def runnable() -> int | None:
 
 
 class BlockLoad:
-    """Per-block wait shares of the timed processes, and the machine's runnable tasks."""
+    """Per-block wait shares of the timed processes, and the machine's runnable tasks.
+    ``per_call``: count only the time inside the block's calls (:meth:`call_begin` /
+    :meth:`call_end` around each), not the staging between them; for the CPU clock, where both
+    processes' threads are bound to the same CPUs and wait for each other between calls
+    (:func:`cudal1.harness.process_start.bind_threads_for_cpu_timing`), which says nothing of
+    the calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, per_call: bool = False) -> None:
         self.wait_share: dict[str, list[float]] = {"ref": [], "cand": []}
         self.runnable: list[int] = []
+        self.per_call = per_call
         self._start: tuple[int, int] | None = None
+        self._call: tuple[int, int] | None = None
+        self._inside = [0, 0]  # ns running, ns waiting inside this block's calls
 
     def begin(self, pid: int) -> None:
         self._start = thread_times(pid)
+        self._inside = [0, 0]
+
+    def call_begin(self, pid: int) -> None:
+        if self.per_call:
+            self._call = thread_times(pid)
+
+    def call_end(self, pid: int) -> None:
+        if self.per_call and self._call is not None:
+            after = thread_times(pid)
+            if after is not None:
+                self.add((after[0] - self._call[0], after[1] - self._call[1]))
+            self._call = None
+
+    def add(self, inside: tuple[int, int] | None) -> None:
+        """One call's (ns running, ns waiting), read around it by whoever drove it."""
+        if self.per_call and inside is not None:
+            self._inside[0] += inside[0]
+            self._inside[1] += inside[1]
 
     def end(self, who: str, pid: int) -> None:
         after, before = thread_times(pid), self._start
-        if after is not None and before is not None:
+        if self.per_call:
+            run, wait = self._inside
+        elif after is not None and before is not None:
             run, wait = after[0] - before[0], after[1] - before[1]
-            if run + wait > 0:
-                self.wait_share[who].append(wait / (run + wait))
+        else:
+            run = wait = 0
+        if run + wait > 0:
+            self.wait_share[who].append(wait / (run + wait))
         count = runnable()
         if count is not None:
             self.runnable.append(count)

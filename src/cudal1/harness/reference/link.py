@@ -25,7 +25,7 @@ import torch
 from cudal1.flags import FLAGS
 from cudal1.harness import compare as cmp
 from cudal1.harness.proctree import CandidateTree
-from cudal1.harness.reference.hostload import WindowWaits
+from cudal1.harness.reference.hostload import WindowWaits, thread_times
 from cudal1.harness.reference.spans import Spans
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.slots import Slot, SlotError, SlotPool, dtype_of, view
@@ -74,6 +74,7 @@ class TimedCall:
     desc: Any
     snapshot: dict[int, torch.Tensor] | None = None  # CPU: the output slots' bytes when "done" arrived
     waited_ms: float = 0.0  # run-queue waits of the threads the window depends on (hostload.WindowWaits)
+    threads_ns: tuple[int, int] | None = None  # CPU: the candidate's threads' (running, waiting) ns, key → done
 
 
 class CandidateLink:
@@ -241,6 +242,7 @@ class CandidateLink:
             desc = self.stage(inputs, key=key)
             targets = self.targets(ref_out)
         snapshot: dict[int, torch.Tensor] | None = None
+        threads_ns: tuple[int, int] | None = None
         with span("cand_calls.issue"):
             self.send("time", inputs=desc, targets=targets, seq=seq, where=where)
             blocked = self._await("issued", watchdog_s) is None
@@ -255,9 +257,13 @@ class CandidateLink:
             t_done, early = self._await_page(seq)
             digest = self.page.digest
         else:  # a host has no gate: the key travels in a message; host slots are read here at once
+            before = thread_times(self.pid)
             self.conn.send_bytes(json.dumps({"op": "go", "key": list(key)}).encode())
             self._await("done", None)
             t_done, early, digest = _perf_ns(), None, 0
+            after = thread_times(self.pid)
+            if before is not None and after is not None:
+                threads_ns = (after[0] - before[0], after[1] - before[1])
             snapshot = {t["slot"]: self.pool.slots[t["slot"]].raw.clone() for t in targets if t}
         waited_ms = waits.stop()
         with span("cand_calls.reply"):
@@ -272,7 +278,7 @@ class CandidateLink:
         row = [float(row[0]), float(row[1]), float(row[2]), bool(row[3]) or blocked, bool(row[4])]
         if "out" not in reply:
             raise Verdict("rejected", f"{where}: the candidate's process described no output", "tampering")
-        return TimedCall(row, (t_done - t_open) / 1e6, blocked, digest, reply["out"], snapshot, waited_ms)
+        return TimedCall(row, (t_done - t_open) / 1e6, blocked, digest, reply["out"], snapshot, waited_ms, threads_ns)
 
     def send(self, op: str, **payload: Any) -> None:
         fresh = [s.describe() for sid, s in self.pool.slots.items() if sid not in self._told]

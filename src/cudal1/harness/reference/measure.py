@@ -196,7 +196,7 @@ class Measurement:
         size = max(1, min(self.cfg.timing_block, n // 6))
         done = {"ref": 0, "cand": 0}
         refs = _RefWindow(self, timer, stager, page, template)
-        load = BlockLoad()
+        load = BlockLoad(per_call=self.device.type == "cpu")
         while done["ref"] < n or done["cand"] < n:
             for who in rng.sample(["ref", "cand"], 2):
                 calls = list(range(done[who], min(n, done[who] + size)))
@@ -208,7 +208,7 @@ class Measurement:
                 else:
                     with spans.span("load"):
                         load.begin(link.pid)
-                    self.cand_block(ref_model, link, calls, seed0, recheck, rows["cand"], template, cand_watchdog)
+                    self.cand_block(ref_model, link, calls, seed0, recheck, rows["cand"], template, cand_watchdog, load)
                     with spans.span("load"):
                         load.end("cand", link.pid)
                 blocks.append([who, len(calls), (_perf() - t0) * 1e3])
@@ -241,8 +241,10 @@ class Measurement:
             for t in calls:
                 with spans.span("inputs"):
                     inputs = self.make_inputs(seed0 + 2 * t)
+                load.call_begin(os.getpid())
                 with spans.span("ref_calls"):
                     rows.append(refs.time(ref_model, inputs))
+                load.call_end(os.getpid())
                 del inputs
             with spans.span("load"):
                 load.end("ref", os.getpid())
@@ -251,7 +253,7 @@ class Measurement:
                 link.resume()
 
     def cand_block(self, ref_model: Any, link: CandidateLink, calls: list[int], seed0: int, recheck: set[int],
-                   rows: list[list[Any]], template: Any, watchdog_s: float) -> None:
+                   rows: list[list[Any]], template: Any, watchdog_s: float, load: BlockLoad) -> None:
         """The candidate's calls under the window; its digest is checked against the slots on every
         call, and a secret sample of calls is re-checked against the reference afterwards."""
         spans = self.spans
@@ -263,6 +265,7 @@ class Measurement:
             key = window.new_key()
             with spans.span("cand_calls"):
                 timed = link.time(inputs, template if ref_out is None else ref_out, key, where, watchdog_s)
+            load.add(timed.threads_ns)
             rows.append(timed.row + [timed.window_ms, timed.waited_ms])
             with spans.span("held"):
                 held = link.outputs_held(timed)

@@ -36,7 +36,7 @@ from cudal1.harness.reference.measure import Measurement
 from cudal1.harness.reference.outputs import scrub
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.slots import SlotPool
-from cudal1.harness.spec import PhaseLimits, WorkerSpec
+from cudal1.harness.spec import PhaseLimits, WorkerSpec, binds_cpu_threads
 
 
 def _oom_flag(exc: BaseException) -> list[str]:
@@ -167,6 +167,10 @@ class RefWorker(Measurement):
             torch.cuda.set_device(0)
             self.device = torch.device("cuda", 0)
         set_math_mode(self.cfg.math_mode)
+        if self.spec.device == "cpu" and binds_cpu_threads(self.cfg):
+            from cudal1.harness.process_start import bind_threads_for_cpu_timing
+
+            bind_threads_for_cpu_timing()
         self.l2_start = self.persisting_l2()  # before the candidate exists
         release = torch.cuda.empty_cache if self.device.type == "cuda" else (lambda: None)
         self.lease = Lease(self.spec.gpu_lease, self.phase, self.sync, release)
