@@ -105,5 +105,6 @@ def test_isolation_report_names_every_measure(tmp_path, cpu_judge_config):
         assert measures[name].split(":")[0] in ("applied", "refused", "not applicable"), measures[name]
     for name in ("subreaper", "new_processes"):  # what contains the candidate's processes: applies either way
         assert measures[name].startswith("applied"), measures[name]
-    assert sorted(unconfined.environment.isolation) == ["new_processes", "subreaper"]
+    # what contains the candidate's processes, and (CPU clock) how its threads were bound: either way
+    assert sorted(unconfined.environment.isolation) == ["cpu_binding", "new_processes", "subreaper"]
     assert confined.environment.slots == unconfined.environment.slots == "host_files"  # CPU: shared host files
