@@ -284,7 +284,7 @@ class EvalConfig(Config):
     timing_block: int = 5  # timed calls per block; reference and candidate blocks alternate in random order
     confine_candidates: bool = True  # run each candidate's process unprivileged and confined where the OS allows
     cpu_binding: bool = True  # CPU clock, one job at a time: both processes' main threads on one CPU, their
-    # OpenMP workers on the others, as OpenMP's proc_bind (docs/harness.md: three times narrower CIs on 2 cores)
+    # OpenMP workers on the others, as OpenMP's proc_bind (docs/harness.md: CIs half as wide on 2 cores)
     poison_freed_memory: bool = True  # fill the allocator's free blocks with NaN between runs
     strict_speedup: float = 10.0  # speedups above this get a second, stricter verification pass
     static_guards: str = "all"  # "all", "none" or comma-separated names of static_guard.CHECKS

@@ -55,7 +55,6 @@ def arm_stall_dump(limits: PhaseLimits, phase: str) -> None:
     faulthandler.dump_traceback_later(max(1.0, 0.8 * limits.of_phase(phase)), repeat=True)
 
 
-
 def bind_threads_for_cpu_timing() -> str:
     """CPU-timed jobs, in both processes alike, before their code runs: this (main) thread on the
     first allowed CPU, torch's OpenMP workers off it, as OpenMP's ``proc_bind`` puts a team.
@@ -63,8 +62,8 @@ def bind_threads_for_cpu_timing() -> str:
     every other CPU (a new thread inherits its creator's), then this thread moves to its own CPU;
     threads started later inherit that.  Only this thread's own affinity is ever set, which a
     confined process may still do.  Why: unbound, the scheduler moves the two processes' threads
-    between a small host's cores from call to call, and an identical program's timed calls spread
-    three times as wide (docs/harness.md, known limits).  Returns what was done."""
+    between a small host's cores from call to call, and an identical program's speedup interval is
+    twice as wide (docs/harness.md, "Bound threads on the CPU clock").  Returns what was done."""
     import torch
 
     try:

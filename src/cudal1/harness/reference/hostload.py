@@ -94,7 +94,7 @@ class BlockLoad:
         self._inside = [0, 0]  # ns running, ns waiting inside this block's calls
 
     def begin(self, pid: int) -> None:
-        self._start = thread_times(pid)
+        self._start = None if self.per_call else thread_times(pid)
         self._inside = [0, 0]
 
     def call_begin(self, pid: int) -> None:
@@ -115,13 +115,13 @@ class BlockLoad:
             self._inside[1] += inside[1]
 
     def end(self, who: str, pid: int) -> None:
-        after, before = thread_times(pid), self._start
+        run = wait = 0
         if self.per_call:
             run, wait = self._inside
-        elif after is not None and before is not None:
-            run, wait = after[0] - before[0], after[1] - before[1]
-        else:
-            run = wait = 0
+        elif self._start is not None:
+            after = thread_times(pid)
+            if after is not None:
+                run, wait = after[0] - self._start[0], after[1] - self._start[1]
         if run + wait > 0:
             self.wait_share[who].append(wait / (run + wait))
         count = runnable()
