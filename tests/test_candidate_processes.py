@@ -220,6 +220,32 @@ def _processes_with(marker: bytes) -> list[int]:
 
 
 @pytest.mark.cpu
+def test_orphans_are_the_servers_children_outside_its_session_and_its_jobs():
+    """A stand-in server with three children: a job (a session of its own, registered), a
+    process in the server's session (another user of a shared forkserver: never ours to kill)
+    and a helper in a session of its own (what a dead candidate left behind): only the last."""
+    from cudal1.harness.proctree import orphans
+
+    server = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import subprocess, sys
+        sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+        kids = [subprocess.Popen(sleep, start_new_session=True), subprocess.Popen(sleep),
+                subprocess.Popen(sleep, start_new_session=True)]
+        print(" ".join(str(k.pid) for k in kids), flush=True)
+        sys.stdin.read()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    job, neighbour, helper = (int(x) for x in server.stdout.readline().split())
+    try:
+        assert orphans(server.pid, {job}) == {helper}
+        assert orphans(server.pid, {job, helper}) == set()
+    finally:
+        for pid in (job, neighbour, helper):
+            os.kill(pid, signal.SIGKILL)
+        server.kill()
+        server.wait(timeout=10)
+
+
+@pytest.mark.cpu
 @pytest.mark.parametrize("confine", [True, False], ids=["confined", "unconfined"])
 def test_a_helper_whose_candidate_died_first_dies_with_the_job(tmp_path, cpu_judge_config, confine):
     """The candidate's process starts a helper in a session of its own, then exits: the helper,

@@ -66,9 +66,22 @@ def descendants(pid: int) -> set[int]:
 
 def orphans(server: int, jobs: set[int]) -> set[int]:
     """Children of the workers' forkserver ``server`` that are none of ``jobs`` (the worker
-    processes the judge runs): what a dead candidate's process left behind, re-parented to the
-    server (a subreaper, :mod:`cudal1.harness.parent.server_reaper`)."""
-    return set(children(server)) - jobs - {os.getpid()}
+    processes the judge runs) and left the server's session: what a dead candidate's process left
+    behind, re-parented to the server (a subreaper, :mod:`cudal1.harness.parent.server_reaper`).
+    Every job process starts a session of its own, and so did or inherited all it started, while
+    a process that another user of the same forkserver started (multiprocessing shares one per
+    interpreter) stays in the server's session and is never counted."""
+    own = session_of(server)
+    return {p for p in set(children(server)) - jobs - {os.getpid()} if own is None or session_of(p) not in (own, None)}
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of ``pid`` (None when it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        return int(text[text.rindex(")") + 2:].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def uid_of(pid: int) -> int | None:
