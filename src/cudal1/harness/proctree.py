@@ -75,13 +75,20 @@ def orphans(server: int, jobs: set[int]) -> set[int]:
     return {p for p in set(children(server)) - jobs - {os.getpid()} if own is None or session_of(p) not in (own, None)}
 
 
-def session_of(pid: int) -> int | None:
-    """The session id of ``pid`` (None when it is gone)."""
+def _stat_field(pid: int, index: int) -> str | None:
+    """Field ``index`` of ``/proc/<pid>/stat`` after the command name (0: state, 1: parent,
+    3: session); None when the process is gone."""
     try:
         text = Path(f"/proc/{pid}/stat").read_text()
-        return int(text[text.rindex(")") + 2:].split()[3])
+        return text[text.rindex(")") + 2:].split()[index]
     except (OSError, ValueError, IndexError):
         return None
+
+
+def session_of(pid: int) -> int | None:
+    """The session id of ``pid`` (None when it is gone)."""
+    field = _stat_field(pid, 3)
+    return int(field) if field is not None else None
 
 
 def uid_of(pid: int) -> int | None:
@@ -96,11 +103,8 @@ def uid_of(pid: int) -> int | None:
 
 
 def parent_of(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-        return int(text[text.rindex(")") + 2:].split()[1])
-    except (OSError, ValueError, IndexError):
-        return None
+    field = _stat_field(pid, 1)
+    return int(field) if field is not None else None
 
 
 def name_of(pid: int) -> str:
@@ -132,11 +136,7 @@ def ancestry(pid: int, limit: int = 64) -> list[int]:
 
 def state_of(pid: int) -> str:
     """The process's state letter from ``/proc`` (``""`` when it is gone)."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-        return text[text.rindex(")") + 2:].split()[0]
-    except (OSError, ValueError, IndexError):
-        return ""
+    return _stat_field(pid, 0) or ""
 
 
 def _wait_stopped(pids: list[int], timeout_s: float) -> None:
