@@ -17,6 +17,7 @@ import pytest
 
 from cudal1.harness.child.seal import seal_program
 from cudal1.harness.proctree import CandidateTree, state_of
+from proc_support import left_running
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -207,18 +208,6 @@ def test_helpers_never_run_while_the_reference_is_timed(tmp_path, cpu_judge_conf
     assert "2 helper process(es)" in r.environment.isolation["new_processes"]
 
 
-def _processes_with(marker: bytes) -> list[int]:
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                if marker in Path(f"/proc/{entry}/cmdline").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue
-    return [p for p in found if state_of(p) not in ("", "Z")]
-
-
 @pytest.mark.cpu
 def test_orphans_are_the_servers_children_outside_its_session_and_its_jobs():
     """A stand-in server with three children: a job (a session of its own, registered), a
@@ -256,19 +245,13 @@ def test_a_helper_whose_candidate_died_first_dies_with_the_job(tmp_path, cpu_jud
     from cudal1.types import Candidate, Status
 
     marker = b"cudal1-fixture-orphan"
-    for pid in _processes_with(marker):  # from an earlier run of the corpus
-        os.kill(pid, signal.SIGKILL)
+    left_running(marker, wait_s=0)  # from an earlier run of the corpus
     source = (REPO / "tests/fixtures/cpu/helper_outlives_its_process.py").read_text()
     task = load_task_file(REPO / "tests/fixtures/cpu_tasks/linear_relu.py")
     r = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))],
                        cpu_judge_config(tmp_path / "cache", confine_candidates=confine))[0]
     assert r.status is Status.RUNTIME_ERROR, r.message
-    deadline = time.monotonic() + 5  # a killed process takes a moment to be gone
-    while time.monotonic() < deadline and _processes_with(marker):
-        time.sleep(0.05)
-    left = _processes_with(marker)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    left = left_running(marker)
     assert not left, f"helper(s) {left} outlived the job"
 
 

@@ -30,8 +30,6 @@ import importlib.util
 import json
 import os
 import re
-import signal
-import time
 from pathlib import Path
 
 import pytest
@@ -39,6 +37,7 @@ import pytest
 from cudal1.config import EvalConfig
 from cudal1.tasks import load_task_file, load_tasks
 from cudal1.types import Candidate, EvalResult, Status
+from proc_support import left_running
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "gpu"
@@ -294,27 +293,5 @@ def test_a_helper_with_its_own_gpu_context_is_foreign_work(tmp_path):
     for name, r in zip(names, confined):
         caught = r.status is Status.REJECTED and "foreign_gpu_work" in r.flags
         assert caught or r.status is Status.RUNTIME_ERROR, f"{name}: {describe(r)}"
-    deadline = time.monotonic() + 5  # no helper outlives its job (a killed process takes a moment to go)
-    while time.monotonic() < deadline and _helpers_alive():
-        time.sleep(0.05)
-    left = _helpers_alive()
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    left = left_running(b"x @ x", b'print("ready", flush=True)')  # a _gpu_helper_*'s helper: its code is its argv
     assert not left, f"GPU helper(s) {left} outlived their jobs"
-
-
-def _helpers_alive() -> list[int]:
-    """Processes running a ``_gpu_helper_*`` fixture's helper (its code is on the command line)."""
-    from cudal1.harness.proctree import state_of
-
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes()
-            except OSError:
-                continue
-            helper = b"x @ x" in cmdline and b'print("ready", flush=True)' in cmdline
-            if helper and state_of(int(entry)) not in ("", "Z"):
-                found.append(int(entry))
-    return found
