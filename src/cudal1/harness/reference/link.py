@@ -249,6 +249,9 @@ class CandidateLink:
         if self.device.type == "cuda" and not blocked:
             with span("cand_calls.started"):
                 self.page.await_started(seq)  # the gate runs: its launch stays out of the window
+        # CPU: the candidate's threads' counters, read before the window opens (not inside it: the
+        # read would add to the candidate's slack and not to the reference's, see figures.window_check)
+        before = thread_times(self.pid) if self.device.type != "cuda" else None
         waits = WindowWaits(0 if self.device.type == "cuda" else self.pid)  # on a GPU the candidate's host is done
         waits.start()
         t_open = _perf_ns()
@@ -257,7 +260,6 @@ class CandidateLink:
             t_done, early = self._await_page(seq)
             digest = self.page.digest
         else:  # a host has no gate: the key travels in a message; host slots are read here at once
-            before = thread_times(self.pid)
             self.conn.send_bytes(json.dumps({"op": "go", "key": list(key)}).encode())
             self._await("done", None)
             t_done, early, digest = _perf_ns(), None, 0
