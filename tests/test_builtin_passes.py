@@ -182,6 +182,54 @@ def test_a_measured_class_changes_which_pass_the_policy_proposes_first():
     assert first("compute-bound") == ["compile-max-autotune-no-cudagraphs"]
 
 
+@pytest.mark.cpu
+def test_a_compute_bound_convolution_gets_the_convolution_passes_first():
+    from cudal1.policy.builtin import CLASS_FIRST, default_passes, ordered_for
+
+    names = default_passes()
+    got = ordered_for(names, "compute-bound", "conv")
+    assert got[:4] == ["algebraic", "cudnn-autotune", "compile-default", "channels-last"]
+    assert ordered_for(names, "compute-bound", "gemm") == ordered_for(names, "compute-bound")  # no gemm entry
+    assert ordered_for(names, "memory-bound", "conv") == ordered_for(names, "memory-bound")  # only compute-bound
+    assert ordered_for(names, "", "conv") == names
+    conv = ("import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.conv = torch.nn.Conv2d(3, 8, 3)\n    def forward(self, x):\n        return self.conv(x)\n")
+    anchor = PoolEntry(conv + "\n\nModelNew = Model\n", 1.0, reference=True)
+    prompt = PoolPrompt("t", "h" * 64, "s", "u", "v", task_source=conv, pool=(anchor,), reference_class="compute-bound",
+                        reference_work="conv")
+    policy = BuiltinPolicy(device="cuda", passes=["compile-default", "gemm-3xtf32", "cudnn-autotune"])
+    assert policy.generate([prompt], n=1)[0][0].meta["passes"] == ["cudnn-autotune"]
+    assert "compute-bound/conv" in CLASS_FIRST
+
+
+def test_channels_last_declines_a_reference_that_views_its_activations():
+    from cudal1.policy.builtin import render_candidate
+
+    conv = ("import torch\nclass Model(torch.nn.Module):\n    def __init__(self):\n        super().__init__()\n"
+            "        self.conv = torch.nn.Conv2d(3, 8, 3)\n    def forward(self, x):\n        return self.conv(x){}\n")
+    assert render_candidate(conv.format(""), "channels-last") is not None
+    assert render_candidate(conv.format(".flatten(1)"), "channels-last") is not None
+    assert render_candidate(conv.format(".view(x.size(0), -1)"), "channels-last") is None  # would raise
+
+
+def test_main_work_tells_convolutions_from_matrix_products_by_kernel_name():
+    from cudal1.profile.model import KernelStat
+    from cudal1.profile.rules import main_work
+
+    def k(name: str, share: float) -> KernelStat:
+        return KernelStat(name=name, launches=1, total_us=share, mean_us=share, share=share)
+
+    lenet = [k("void implicit_convolve_sgemm<float, float, 1024, 5, 5>", 0.48),
+             k("sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw", 0.20),
+             k("void at::native::max_pool_forward_nchw<float, int>", 0.29),
+             k("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize64x64x8", 0.03)]
+    assert main_work(lenet) == "conv"  # an implicit GEMM named as a convolution counts as one
+    assert main_work([k("sm80_xmma_gemm_f32f32_f32f32_f32_tn_n", 0.98), k("elementwise_kernel", 0.02)]) == "gemm"
+    assert main_work([k("cunn_SoftMaxForward<4, float>", 1.0)]) == ""
+    assert main_work([k("ampere_sgemm_128x64_tn", 0.4), k("dgrad_engine", 0.4), k("reduce_kernel", 0.2)]) == ""
+    assert main_work([]) == ""
+
+
 def test_the_search_hands_the_reference_class_from_its_profile():
     from cudal1.profile.model import BoundClass, ProfileStatus, ProgramProfile
     from cudal1.search.loop import reference_class
@@ -190,3 +238,10 @@ def test_the_search_hands_the_reference_class_from_its_profile():
     assert reference_class({"reference": measured}) == "memory-bound"
     assert reference_class(None) == "" and reference_class({}) == ""
     assert reference_class({"reference": ProgramProfile(status=ProfileStatus.FAILED, bound=BoundClass.MEMORY)}) == ""
+    from cudal1.profile.model import KernelStat
+    from cudal1.search.loop import reference_work
+
+    convs = ProgramProfile(status=ProfileStatus.OK, device="cuda", bound=BoundClass.COMPUTE,
+                           kernels=[KernelStat(name="cudnn_convolve", launches=1, total_us=1, mean_us=1, share=1.0)])
+    assert reference_work({"reference": convs}) == "conv"
+    assert reference_work(None) == "" and reference_work({"reference": measured}) == ""

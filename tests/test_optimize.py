@@ -262,6 +262,26 @@ def test_pool_prompts_mark_the_reference_anchor_by_field(tmp_path):
     assert [e.kind for e in settled] == ["recorded", "recorded"]  # the anchor, and round 3's copy of FAST
 
 
+class _CutInRoundTwo(_Proposer):
+    """Proposes FAST's code in round 1; Ctrl-C arrives while round 2 is sampled."""
+
+    def generate(self, prompts, n=1):
+        if self.prompts:
+            raise KeyboardInterrupt
+        return super().generate(prompts, n)
+
+
+@pytest.mark.cpu
+def test_an_interrupted_run_writes_its_outputs_and_says_it_was_cut(tmp_path):
+    task = load_task_file(TASK)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        optimize([task], _CutInRoundTwo(), SearchConfig(rounds=3, samples=1), recorded(tmp_path), out)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["stopped_by"] == "interrupted"  # not "rounds": the run did not finish them
+    assert summary["tasks"][0]["judged"] == 1  # round 1's candidate, kept and reported
+
+
 class _NoMoreSampling:
     name = "none"
 

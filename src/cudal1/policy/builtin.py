@@ -12,7 +12,9 @@ task (pattern absent, not a CUDA device, not a convolution model); once every ap
 pass) pair was proposed the completion is an error ``"builtin: no pass left"``.  What was
 proposed is read back from the pool candidates' header comments, so a resumed run does not
 repeat itself.  With the reference's measured class (``PoolPrompt.reference_class``, from
-``optimize --profile``) the passes are tried in the order that class asks for (:func:`ordered_for`).
+``optimize --profile``) the passes are tried in the order that class asks for (:func:`ordered_for`;
+a compute-bound reference whose kernel time is mostly convolutions, ``PoolPrompt.reference_work``,
+gets the convolution passes first).
 
 Generated modules are plain Python a person could keep: the reference source unchanged, then one
 ``ModelNew`` class per pass (each subclassing the previous stage), with a header comment naming the
@@ -129,20 +131,25 @@ def _neighbours(pool: PoolPrompt, chain: tuple[str, ...]) -> list[str]:
 # The pass order a measured reference class asks for (docs/builtin.md, "The order follows the
 # profile"): these passes come right after ``algebraic`` (fewer FLOPs help whatever bounds the
 # call), the rest keep the registry's order.  A class not listed (``mixed``) or an unmeasured
-# reference keeps the registry's order.
+# reference keeps the registry's order.  ``CLASS/WORK`` keys refine a class by what the kernel
+# time goes to (cudal1.profile.rules.main_work): a compute-bound convolution is not a matmul.
 CLASS_FIRST: dict[str, tuple[str, ...]] = {
     "launch-bound": ("cudagraph", "compile-cudagraph", "compile-reduce-overhead", "triton-fusion", "compile-default"),
     "memory-bound": ("triton-fusion", "triton-reduce", "compile-default", "inductor[cd]", "channels-last"),
     "compute-bound": ("gemm-3xtf32", "inductor[gemm]", "compile-max-autotune-no-cudagraphs", "compile-max-autotune",
                       "cudnn-autotune"),
+    # cuDNN's algorithm choice, then fusing the convolution's elementwise tail, then the layout
+    "compute-bound/conv": ("cudnn-autotune", "compile-default", "channels-last", "compile-max-autotune-no-cudagraphs",
+                           "compile-max-autotune", "gemm-3xtf32", "inductor[gemm]"),
 }
 
 
-def ordered_for(passes: list[str], reference_class: str) -> list[str]:
-    """``passes`` in the order the reference's measured class asks for (:data:`CLASS_FIRST`):
-    ``algebraic`` first, then the class's passes that are in ``passes``, then the rest in their
-    given order.  The same list, in the same order, for an unlisted or empty class."""
-    first = CLASS_FIRST.get(reference_class)
+def ordered_for(passes: list[str], reference_class: str, work: str = "") -> list[str]:
+    """``passes`` in the order the reference's measured class asks for (:data:`CLASS_FIRST`, the
+    ``class/work`` entry where there is one, else the class's): ``algebraic`` first, then the
+    entry's passes that are in ``passes``, then the rest in their given order.  The same list, in
+    the same order, for an unlisted or empty class."""
+    first = CLASS_FIRST.get(f"{reference_class}/{work}") or CLASS_FIRST.get(reference_class)
     if not first:
         return list(passes)
     head = [n for n in ("algebraic",) + first if n in passes]
@@ -202,7 +209,7 @@ class BuiltinPolicy:
 
     def _names(self, prompt: PoolPrompt, chain: tuple[str, ...]) -> list[str]:
         out: list[str] = []
-        for name in ordered_for(self.passes, prompt.reference_class):
+        for name in ordered_for(self.passes, prompt.reference_class, prompt.reference_work):
             out += _neighbours(prompt, chain) if name == INDUCTOR_SEARCH else [name]
         return out
 

@@ -178,10 +178,15 @@ def _conv_dims(source: str) -> set[str]:
     return set(_CONV_RE.findall(source))
 
 
+_VIEW_RE = re.compile(r"\.view\(")
+
+
 def _channels_last_class(source: str, base: str) -> str | None:
     dims = _conv_dims(source)
     if not dims or not dims <= {"2", "3"} or len(dims) != 1:
         return None  # no convolution, 1-D ones, or a mix of 2-D and 3-D
+    if _VIEW_RE.search(source):  # .view() of a channels-last activation (LeNet's flatten) raises
+        return None
     fmt, rank = ("channels_last", 4) if dims == {"2"} else ("channels_last_3d", 5)
     return textwrap.dedent(f'''
         class ModelNew({base}):

@@ -13,6 +13,12 @@ FLOP figures and its class from the task's bytes and FLOPs and the device's peak
    of it (compute).  A call with no FLOPs is ``memory-bound``.
 3. ``mixed`` when a peak the rule needs is unknown (the CPU, a GPU not in :data:`PEAK_FLOPS`).
 
+:func:`main_work` says what the kernel time goes to, by kernel name: ``conv`` when kernels named
+as convolutions (``conv``, ``fprop``, ``dgrad``, ``wgrad``, ``winograd``: cuDNN's and
+cuBLAS-backed ones, implicit GEMMs included) hold at least ``WORK_SHARE`` (50%) of it, ``gemm``
+when matrix products (``gemm``, ``gemv``, ``matmul``, ``cutlass``, not also a convolution) do,
+``""`` otherwise.  It tells a compute-bound convolution from a compute-bound matmul.
+
 Peak bandwidth is read from the device by the judge (memory clock x bus width, as its physics
 floor does: :func:`cudal1.harness.cuda_api.peak_bandwidth`); peak FLOP/s per dtype is a table of
 dense datasheet figures for known GPUs (:func:`peak_flops`), matched on the device name.  Under
@@ -23,10 +29,13 @@ reference), so the candidate's shares say how close its time is to what the task
 
 from __future__ import annotations
 
-from cudal1.profile.model import BoundClass, ProgramProfile
+from cudal1.profile.model import BoundClass, KernelStat, ProgramProfile
 
 LAUNCH_BUSY = 0.5  # below this share of the call with a kernel running: launch-bound
 RIDGE_FACTOR = 2.0  # within this factor of the ridge: mixed
+WORK_SHARE = 0.5  # of the kernel time, for main_work's answer
+CONV_NAMES = ("conv", "fprop", "dgrad", "wgrad", "winograd")
+GEMM_NAMES = ("gemm", "gemv", "matmul", "cutlass")
 
 # Dense peak FLOP/s by device-name fragment and dtype (datasheets; SXM parts; no sparsity).
 # float32 is the CUDA-core figure (TF32 off under strict math mode).
@@ -64,6 +73,19 @@ def classify(busy_share: float | None, intensity: float | None, ridge: float | N
     if intensity > ridge * RIDGE_FACTOR:
         return BoundClass.COMPUTE
     return BoundClass.MIXED
+
+
+def main_work(kernels: list[KernelStat]) -> str:
+    """``conv``, ``gemm`` or ``""``: what holds at least :data:`WORK_SHARE` of the kernel time
+    (the rule in the module docstring; ``kernels``' shares sum to 1)."""
+    conv = gemm = 0.0
+    for k in kernels:
+        name = k.name.lower()
+        if any(n in name for n in CONV_NAMES):
+            conv += k.share
+        elif any(n in name for n in GEMM_NAMES):
+            gemm += k.share
+    return "conv" if conv >= WORK_SHARE else "gemm" if gemm >= WORK_SHARE else ""
 
 
 def derive(p: ProgramProfile, bytes_moved: int | None, flops: int | None, peak_bandwidth: float | None,

@@ -54,6 +54,15 @@ def reference_class(profiles: dict[str, Any] | None) -> str:
     return ref.bound.value if ref is not None and ref.ok and ref.bound is not None else ""
 
 
+def reference_work(profiles: dict[str, Any] | None) -> str:
+    """What the reference's kernel time goes to (``conv``, ``gemm``; :func:`cudal1.profile.rules.main_work`)
+    from its recorded profile, ``""`` when it has none or its profile is not ``ok``."""
+    from cudal1.profile.rules import main_work
+
+    ref = (profiles or {}).get("reference")
+    return main_work(ref.kernels) if ref is not None and ref.ok else ""
+
+
 @dataclass(frozen=True)
 class Reading:
     """What the loop takes from one completion."""
@@ -133,7 +142,7 @@ class Search:
         rng = random.Random(f"{self.cfg.seed}:{task.hash}:{round_}")
         prompts = []
         profiles = self.measured(task) if self.cfg.profile else None
-        measured_class = reference_class(profiles)
+        measured_class, measured_work = reference_class(profiles), reference_work(profiles)
         for _ in range(k):
             prompt = contrastive_prompt(
                 task, pool.ok, pool.failed, self.judge.hardware, exemplars=self.cfg.exemplars,
@@ -141,7 +150,7 @@ class Search:
                 template=self.cfg.template, profiles=profiles,
             )
             prompts.append(PoolPrompt.of(prompt, task_source=task.source, pool=entries,
-                                         reference_class=measured_class))
+                                         reference_class=measured_class, reference_work=measured_work))
         return prompts
 
     def measured(self, task: Task) -> dict[str, Any]:
@@ -252,6 +261,9 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
                     s.run_round(round_, wanted)
                     if search.profile:
                         s.profile_best()
+        except KeyboardInterrupt:  # the outputs still say what was judged, and that the run was cut
+            stop = "interrupted"
+            raise
         finally:
             summary = write_outputs(s, out, stop, extra)
     return summary
