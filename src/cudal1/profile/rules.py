@@ -14,8 +14,8 @@ FLOP figures and its class from the task's bytes and FLOPs and the device's peak
 3. ``mixed`` when a peak the rule needs is unknown (the CPU, a GPU not in :data:`PEAK_FLOPS`).
 
 :func:`main_work` says what the kernel time goes to, by kernel name: ``conv`` when kernels named
-as convolutions (``conv``, ``fprop``, ``dgrad``, ``wgrad``, ``winograd``: cuDNN's and
-cuBLAS-backed ones, implicit GEMMs included) hold at least ``WORK_SHARE`` (50%) of it, ``gemm``
+as convolutions (``conv``, ``fprop``, ``dgrad``, ``wgrad``, ``winograd``: cuDNN's, its implicit
+GEMMs included) hold at least ``WORK_SHARE`` (50%) of it, ``gemm``
 when matrix products (``gemm``, ``gemv``, ``matmul``, ``cutlass``, not also a convolution) do,
 ``""`` otherwise.  It tells a compute-bound convolution from a compute-bound matmul.
 

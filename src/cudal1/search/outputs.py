@@ -16,8 +16,8 @@ reference itself (round 0's 1.00x anchor) is not counted, and a program proposed
 counted once (``cudal1 report`` counts the same; ``statuses`` are over the same candidates).
 The summary says why the run ended (``stopped_by``: ``rounds``, a budget, or ``interrupted`` when
 SIGINT cut it and the summary holds what was judged so far), counts tasks faster with confidence
-(``faster``) and by point value alone (``faster_point``), and records the run's generation requests, failures and retries
-(``generation``).
+(``faster``) and by point value alone (``faster_point``), and records the run's generation
+requests, failures and retries (``generation``).
 """
 
 from __future__ import annotations
