@@ -133,11 +133,10 @@ def compare(fixed: dict[str, dict[str, Any]], profiled: dict[str, dict[str, Any]
     for n in names:
         runs = {"fixed": fixed.get(n), "profile": profiled.get(n)}
         bests = [r["best"] for r in runs.values() if r and r["best"]]
-        for row in runs.values():
-            if row and row["best"]:
-                row["best_at"] = reached(row["trace"], WITHIN * row["best"])
-                row["same_at"] = reached(row["trace"], WITHIN * min(bests)) if len(bests) == 2 else None
-        tasks[n] = runs
+        tasks[n] = {mode: row if not (row and row["best"]) else
+                    {**row, "best_at": reached(row["trace"], WITHIN * row["best"]),
+                     "same_at": reached(row["trace"], WITHIN * min(bests)) if len(bests) == 2 else None}
+                    for mode, row in runs.items()}
     with_best = [n for n, runs in tasks.items() if all(r and r["best"] for r in runs.values())]
     unfinished = [n for n in with_best if not all(r["finished"] for r in tasks[n].values())]
     shared = [n for n in with_best if n not in unfinished and any(r["contended"] for r in tasks[n].values())]

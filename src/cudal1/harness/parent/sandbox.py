@@ -99,10 +99,10 @@ def kill_orphans(server: int | None) -> int:
     many were found.  ``server`` None (workers started by ``spawn``): nothing to do."""
     if not server:
         return 0
-    with _live_lock:
+    with _live_lock:  # listed while no worker can start unregistered; killed after, without the lock
         found = orphans(server, {p.pid for p in _live if p.pid})
-        for pid in found:
-            CandidateTree(pid).kill()
+    for pid in found:
+        CandidateTree(pid).kill()
     return len(found)
 
 
