@@ -42,6 +42,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import builtin_baseline_plan
+from builtin_baseline_plan import GRAPHED_SIBLING
 from cudal1.harness.parent.batchstats import GPU_PHASES
 
 COMPILE_PHASES = ("construct", "correctness")
@@ -157,12 +159,24 @@ def probe(out: Path, tasks: list, rows: list[dict], modes: list[str], judge: Any
     for label, on in (("on", True), ("off", False)):
         root = Path(tempfile.mkdtemp(prefix="cudal1_cost_probe_"))
         cfg = judge.replace(baseline_cache=on, cache_dir=str(root))
-        items = ([(t, m) for m in modes for t in chosen] if on else [(t, m) for t in chosen for m in modes])
         walls: list[float] = []
         add = walls.append
         t0 = time.monotonic()
+        skipped: dict[str, dict[str, str]] = {}
         try:
-            first = time_baselines(items, cfg, plan=plan, on_stats=lambda s, add=add: add(s.wall_s))
+            if on:  # as the run does: the baseline plan's phases, the graph rule on this pass's own cudagraph
+                items, first = [], []
+                for phase in builtin_baseline_plan.phases(modes):
+                    todo, skips = builtin_baseline_plan.plan([_as_measured(r, items, first) for r in done], phase)
+                    for task, why in skips.items():
+                        skipped.setdefault(task, {}).update(why)
+                    now = [(by_id[t], m) for t, m in todo]
+                    if now:
+                        first += time_baselines(now, cfg, plan=plan, on_stats=lambda s, add=add: add(s.wall_s))
+                    items += now
+            else:
+                items = [(t, m) for t in chosen for m in modes]
+                first = time_baselines(items, cfg, plan=plan, on_stats=lambda s, add=add: add(s.wall_s))
             again_items = [(by_id[t], m) for t, m in best.items()]
             again = time_baselines(again_items, cfg.replace(workers_per_gpu=confirm_workers_per_gpu), plan=plan,
                                    on_stats=lambda s, add=add: add(s.wall_s))
@@ -175,11 +189,29 @@ def probe(out: Path, tasks: list, rows: list[dict], modes: list[str], judge: Any
             "construct_s": sum((r.phase_s or {}).get("construct", 0.0) for r in first + again),
             "results": {f"{t.task_id}|{m}": _short(r) for (t, m), r in zip(items, first)}
             | {f"{t.task_id}|{m}|again": _short(r) for (t, m), r in zip(again_items, again)},
+            "skipped": skipped,
         }
     result = {"tasks": [t.task_id for t in chosen], "modes": modes, "gpus": len(plan.lanes),
               "passes": passes, "agreement": agreement(passes["on"]["results"], passes["off"]["results"])}
     (out / "cost_probe.json").write_text(json.dumps(result, indent=1))
     return result
+
+
+def _as_measured(row: dict[str, Any], items: list, results: list) -> dict[str, Any]:
+    """``row`` with its modes as this probe pass measured them so far; a mode the search judged
+    keeps the search's verdict (it stands in for that mode, as in the run)."""
+    kept = [m for m in row["modes"] if builtin_baseline_plan.searched(row, m)]
+    value = {m: row["modes"][m] for m in kept}
+    status = {m: row["mode_status"][m] for m in kept}
+    ci = {m: row["mode_ci"][m] for m in kept if m in (row.get("mode_ci") or {})}
+    for (t, m), r in zip(items, results):
+        if t.task_id == row["task"]:
+            status[m] = r.status.value
+            if r.status.value == "ok" and r.speedup is not None:
+                value[m] = r.speedup
+                if r.speedup_ci:
+                    ci[m] = list(r.speedup_ci)
+    return row | {"modes": value, "mode_status": status, "mode_ci": ci}
 
 
 def _short(r: Any) -> dict[str, Any]:
@@ -215,4 +247,19 @@ def probe_markdown(p: dict[str, Any]) -> str:
              f"  speedups with overlapping 95% intervals: {a['overlapping']} of {a['compared']}"
              + (f"; status differs: {a['status_differs']}" if a["status_differs"] else "")]
     lines += [f"    {k}: off {x:.3f}, on {y:.3f}{'' if ok else '  (intervals apart)'}" for k, x, y, ok in a["rows"]]
+    skipped = on.get("skipped") or {}
+    if skipped:
+        lines.append("  not timed with the levers on (builtin_baseline_plan.py), and what the levers-off pass read:")
+        for task, why in sorted(skipped.items()):
+            for mode, reason in sorted(why.items()):
+                lines.append(f"    {task}|{mode}: off {_value(off, task, mode)}"
+                             + (f", its sibling {GRAPHED_SIBLING[mode]} {_value(off, task, GRAPHED_SIBLING[mode])}"
+                                if mode in GRAPHED_SIBLING else "") + f"; {reason}")
     return "\n".join(lines)
+
+
+def _value(probe_pass: dict[str, Any], task: str, mode: str) -> str:
+    r = probe_pass["results"].get(f"{task}|{mode}")
+    if r is None:
+        return "-"
+    return f"{r['speedup']:.3f}" if r["status"] == "ok" and r["speedup"] is not None else r["status"]

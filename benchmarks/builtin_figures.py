@@ -36,6 +36,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from builtin_baseline_plan import load_skips
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.policy.builtin import passes_in
 from cudal1.report.load import ReportError, load_runs
@@ -93,6 +94,7 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
         data = None  # a store with no verdict yet
     records = {r.task.hash: r for r in data.tasks} if data else {}
     confirmed = json.loads((out / "confirm.json").read_text()) if (out / "confirm.json").exists() else {}
+    skips = load_skips(out)
     compile_modes = [m for m in modes if m in COMPILE_MODES]
     rows = []
     for t in tasks:
@@ -107,9 +109,13 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
         best = max(ok, key=lambda prh: prh[1].speedup) if ok else None
         base = {m: rec.baselines.get(m) for m in modes} if rec else {}
         base = {m: (r if mine(r) else None) for m, r in base.items()}
+        source = {m: "baseline" for m, r in base.items() if r is not None}
         for m in modes:  # no baseline (e.g. --modes none): the policy's own candidate of that mode, if judged
             if base.get(m) is None:
                 base[m] = next((r for p, r, _, _ in cands if p == [m]), None)
+                if base[m] is not None:
+                    source[m] = "search"
+        skipped = {m: why for m, why in skips.get(t.task_id, {}).items() if m in modes and base.get(m) is None}
         mode_value = {m: (r.speedup if _ok(r) else (1.0 if r is not None else None)) for m, r in base.items()}
         judged_modes = [m for m in compile_modes if base.get(m) is not None]
         best_mode = max(judged_modes, key=lambda m: mode_value[m], default=None)
@@ -119,7 +125,10 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
             "rounds": max([c[3] or 0 for c in cands], default=0), "candidates": len(cands), "verified": len(ok),
             "best": best[1].speedup if best else None, "best_passes": "+".join(best[0]) if best else None,
             "best_hash": best[2] if best else None,
-            "modes": mode_value, "mode_status": {m: (r.status.value if r else None) for m, r in base.items()},
+            "modes": mode_value, "mode_status": {m: (r.status.value if r else ("skipped" if m in skipped else None))
+                                                 for m, r in base.items()},
+            "mode_ci": {m: list(r.speedup_ci) for m, r in base.items() if _ok(r) and r.speedup_ci},
+            "mode_source": source, "mode_skipped": skipped,
             "best_mode": best_mode, "best_mode_value": mode_value.get(best_mode) if best_mode else None,
             "best_confirmed": confirmed.get(f"{t.task_id}|{best[2]}") if best else None,
             "mode_confirmed": confirmed.get(f"{t.task_id}|mode:{best_mode}") if best_mode else None,
@@ -228,6 +237,11 @@ def markdown(s: dict, modes: list[str], run: dict | None = None, extra: str = ""
         "lost to the best compile mode: " + (", ".join(f"{t} {fmt(r)}" for t, r in losses) or "none"),
         "environments: " + ("; ".join(s["environments"]) or "-"),
     ]
+    if s.get("rows"):
+        stood_in = sum(1 for r in s["rows"] for src in (r.get("mode_source") or {}).values() if src == "search")
+        graphs = sum(len(r.get("mode_skipped") or {}) for r in s["rows"])
+        lines.append(f"modes taken from the search's own verdict: {stood_in}; modes not timed because CUDA-graph "
+                     f"replay did not pay on the task: {graphs} (benchmarks/builtin_baseline_plan.py)")
     if run:
         lines.append("batches: " + "; ".join(f"{b['what']}: {b['jobs']} jobs in {b['wall_s']:.0f} s, device idle "
                                               f"{fmt(b['gpu_idle_share'], True)}" for b in run.get("batches", [])))

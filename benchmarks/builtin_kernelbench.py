@@ -26,7 +26,9 @@ GPU idle share.  ``--prepare`` only selects and traces the graph rewrites (CPU, 
 (selection, store snapshot, confirmations, rewrites, reports) to one tar.gz, for a machine that
 returns few files.  The report also names, for every finished task a compile mode won, why the
 builtin lost (:mod:`builtin_losses`), and what a task cost in GPU time (:mod:`builtin_cost`);
-``--levers off`` turns the cost levers off (what is timed and the config hash stay the same) and
+``--levers off`` turns the cost levers off (the config hash stays the same; every baseline mode is
+timed for every task, where with them on :mod:`builtin_baseline_plan` skips the ones a task's own
+verdicts make redundant) and
 ``--cost-probe N`` times N finished tasks' baselines with them on and off, outside the store.
 
 Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` and the rewrite cache as
@@ -50,9 +52,11 @@ import sqlite3
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's helper modules beside it
 
+import builtin_baseline_plan
 import builtin_cost
 import builtin_losses
 from builtin_confirm import confirm
@@ -229,7 +233,8 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
             chunk = tasks[start:start + size]
             optimize(chunk, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
             if modes:
-                rj.baselines(chunk, modes, on_result=tick, on_stats=lambda s: batches.add("baselines", s))
+                time_baselines(out, rj, chunk, modes, judge.hash(), args.levers == "on",
+                               on_result=tick, on_stats=lambda s: batches.add("baselines", s))
             if args.confirm:
                 rows = task_rows(out, chunk, judge.hash(), {}, modes)
                 confirm(out, chunk, rows, judge.replace(workers_per_gpu=args.confirm_workers_per_gpu), plan,
@@ -237,6 +242,22 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
         optimize(tasks, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
     finally:
         store.close()
+
+
+def time_baselines(out: Path, rj: Any, chunk: list, modes: list[str], config_hash: str, levers: bool,
+                   **callbacks: Any) -> None:
+    """The chunk's baselines: every mode of every task with the levers off; with them on, the
+    graphed compile modes after the others, and only what :mod:`builtin_baseline_plan` says a
+    task needs (its skips go to ``OUT/baseline_skips.json``)."""
+    if not levers:
+        rj.baselines(chunk, modes, **callbacks)
+        return
+    by_id = {t.task_id: t for t in chunk}
+    for phase in builtin_baseline_plan.phases(modes):
+        todo, skipped = builtin_baseline_plan.plan(task_rows(out, chunk, config_hash, {}, modes), phase)
+        builtin_baseline_plan.record_skips(out, skipped)
+        if todo:
+            rj.baselines_for([(by_id[t], m) for t, m in todo], **callbacks)
 
 
 def prepare(out: Path, tasks: list) -> None:
@@ -289,8 +310,10 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true", help="the report of OUT, judging nothing")
     ap.add_argument("--reselect", action="store_true", help="apply the selection rules again")
     ap.add_argument("--levers", choices=("on", "off"), default="on",
-                    help="cost levers (builtin_cost.py): a task's baselines share one compile cache (off: a fresh "
-                         "cache per baseline job); what is timed and the config hash are the same either way")
+                    help="cost levers (builtin_cost.py, builtin_baseline_plan.py): a task's baselines share one "
+                         "compile cache, a mode the search already judged is not timed again, the graphed compile "
+                         "modes are not timed where CUDA-graph replay did not pay (off: a fresh cache per baseline "
+                         "job, every mode timed); the config hash is the same either way")
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
                     help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
                          "and print the device seconds per task of each")
@@ -340,7 +363,7 @@ def main() -> int:
 
 
 PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
-          "report.json", "report.html", "cost_probe.json")
+          "report.json", "report.html", "cost_probe.json", builtin_baseline_plan.SKIPS)
 
 
 def _gpus(args) -> int:

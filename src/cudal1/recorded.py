@@ -383,27 +383,35 @@ class RecordedJudge:
         per (task, mode, environment, config): a baseline is measured once per machine.
         ``on_stats`` gets the timed batch's ``BatchStats`` (not called when every one was cached)."""
         from cudal1.harness.baselines import check_modes
-        from cudal1.harness.parent.api import environment_key, time_baselines
 
-        plan = self.device_plan()
-        modes = check_modes(modes, plan.device)
-        env_key = environment_key(plan)
-        out: dict[tuple[str, str], EvalResult] = {}
-        todo: list[tuple[Task, str]] = []
         # Mode by mode: workers side by side time different tasks, and a task's next mode starts
         # once its previous one compiled (the baseline compile cache then serves the kernels and
         # autotuning the modes share).
-        for mode in modes:
-            for task in tasks:
-                cached = (
-                    self.store.get_baseline(task.hash, mode, env_key, self.config_hash)
-                    if self.store is not None
-                    else None
-                )
-                if cached is not None:
-                    out[(task.hash, mode)] = cached
-                else:
-                    todo.append((task, mode))
+        modes = check_modes(modes, self.device_plan().device)
+        return self.baselines_for([(task, mode) for mode in modes for task in tasks], on_result, on_stats)
+
+    def baselines_for(self, pairs: list[tuple[Task, str]], on_result: Callable[[EvalResult], None] | None = None,
+                      on_stats: Callable[[Any], None] | None = None) -> dict[tuple[str, str], EvalResult]:
+        """:meth:`baselines` of these (task, mode) pairs, timed in their order; modes that need CUDA
+        are dropped on a CPU, an unknown mode raises ``ValueError``."""
+        from cudal1.harness.baselines import check_modes
+        from cudal1.harness.parent.api import environment_key, time_baselines
+
+        plan = self.device_plan()
+        resolved = {m: check_modes([m], plan.device) for m in {m for _, m in pairs}}  # [] where CUDA-only on a CPU
+        env_key = environment_key(plan)
+        out: dict[tuple[str, str], EvalResult] = {}
+        todo: list[tuple[Task, str]] = []
+        for task, name in pairs:
+            if not resolved[name]:
+                continue
+            mode = resolved[name][0]
+            cached = (self.store.get_baseline(task.hash, mode, env_key, self.config_hash)
+                      if self.store is not None else None)
+            if cached is not None:
+                out[(task.hash, mode)] = cached
+            else:
+                todo.append((task, mode))
         wanted = {(t.hash, m) for t, m in todo}
 
         def record(res: EvalResult) -> None:
