@@ -280,8 +280,10 @@ def test_cpu_timed_jobs_bind_their_threads_one_job_at_a_time(tmp_path, cpu_judge
 @pytest.mark.cpu
 def test_identical_code_beside_busy_processes_claims_nothing(tmp_path, cpu_judge_config):
     """An A/A verdict (the reference against itself) with two processes spinning beside the judge
-    on this host: either its CI includes 1.0 or it says ``contended`` (with the evidence); it never
-    says faster or slower.  benchmarks/aa_load.py measures this over 20 verdicts."""
+    on this host never says faster or slower, and its CI includes 1.0 or it says ``contended``
+    (with the evidence).  The acceptance allows 1 verdict in 20 to miss the second part
+    (benchmarks/aa_load.py measures it over 20): a miss is judged once more, and two misses in a
+    row (under 1 in 400 at that rate) fail."""
     from cudal1.harness import evaluate_pairs
     from cudal1.speedup import faster, slower
     from cudal1.tasks import load_task_file
@@ -289,19 +291,26 @@ def test_identical_code_beside_busy_processes_claims_nothing(tmp_path, cpu_judge
 
     task = load_task_file(REPO / "tests/fixtures/cpu_tasks/linear_relu.py")
     source = task.source.replace("class Model(", "class ModelNew(")
-    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
-    try:
-        (r,) = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))], cpu_judge_config(tmp_path / "cache"))
-    finally:
-        for p in spinners:
-            p.kill()
-    assert r.status is Status.OK, r.message
-    host = r.figures["contention"]["host"]
-    assert host["cpus"] >= 1 and 0.0 <= host["wait_share"]["reference"] <= 1.0
-    assert not faster(r) and not slower(r), (r.speedup, r.speedup_ci, r.flags, host)
-    assert "contended" in r.flags or r.speedup_ci[0] <= 1.0 <= r.speedup_ci[1], (r.speedup_ci, host)
-    if "contended" in r.flags:
-        assert "waited" in r.message
+    misses = []
+    for attempt in range(2):
+        spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+        try:
+            (r,) = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))],
+                                  cpu_judge_config(tmp_path / f"cache{attempt}"))
+        finally:
+            for p in spinners:
+                p.kill()
+        assert r.status is Status.OK, r.message
+        host = r.figures["contention"]["host"]
+        assert host["cpus"] >= 1 and 0.0 <= host["wait_share"]["reference"] <= 1.0
+        assert not faster(r) and not slower(r), (r.speedup, r.speedup_ci, r.flags, host)
+        if "contended" in r.flags:
+            assert "waited" in r.message
+            return
+        if r.speedup_ci[0] <= 1.0 <= r.speedup_ci[1]:
+            return
+        misses.append((r.speedup_ci, host["wait_share"]))
+    pytest.fail(f"two A/A verdicts in a row exclude 1.0 without saying contended: {misses}")
 
 
 @pytest.mark.cpu
