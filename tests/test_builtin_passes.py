@@ -156,17 +156,49 @@ def test_policy_names_and_cpu_passes():
 
 
 def test_the_pass_order_follows_the_reference_class():
-    from cudal1.policy.builtin import CLASS_FIRST, default_passes, ordered_for
+    from cudal1.policy.builtin import CLASS_FIRST, GRAPH_PASSES, default_passes, ordered_for
 
     names = default_passes()
     assert ordered_for(names, "") == names and ordered_for(names, "mixed") == names  # unmeasured: registry order
-    for cls, first in CLASS_FIRST.items():
-        got = ordered_for(names, cls)
-        assert sorted(got) == sorted(names) and got[0] == "algebraic", cls
-        assert got[1:1 + len(first)] == [n for n in first if n in names], cls
+    for key, first in CLASS_FIRST.items():
+        cls, _, work = key.partition("/")
+        got = ordered_for(names, cls, work)
+        assert sorted(got) == sorted(names) and got[0] == "algebraic", key
+        assert got[1:1 + len(first)] == [n for n in first if n in names], key
         rest = got[1 + len(first):]
-        assert rest == [n for n in names if n in rest], cls  # the others keep their order
+        if cls == "launch-bound":
+            assert rest == [n for n in names if n in rest], key  # the others keep their order
+        else:  # graphs last: the others keep their order, then the graph passes keep theirs
+            assert not set(first) & set(GRAPH_PASSES), key
+            split = len(rest) - len([n for n in rest if n in GRAPH_PASSES])
+            assert rest[:split] == [n for n in names if n in rest and n not in GRAPH_PASSES], key
+            assert rest[split:] == [n for n in names if n in GRAPH_PASSES], key
     assert ordered_for(["compile-default", "gemm-3xtf32"], "compute-bound") == ["gemm-3xtf32", "compile-default"]
+    launch = ordered_for(names, "launch-bound")
+    assert launch[1:4] == ["cudagraph", "compile-cudagraph", "compile-reduce-overhead"]  # graphs first there
+
+
+def test_graph_passes_come_last_on_a_reference_that_keeps_the_device_busy():
+    """The policy proposes in :func:`ordered_for`'s order (round 2 stacks on a winner in the same
+    order): on a memory-bound reference the exec passes that are not CUDA-graph replay come before
+    the ones that are; on a launch-bound one the graphs come first."""
+    anchor = PoolEntry(WEIGHTS + "\n\nModelNew = Model\n", 1.0, reference=True)
+    passes = ["compile-default", "cudagraph", "compile-cudagraph", "inductor[cd]", "compile-max-autotune-no-cudagraphs"]
+
+    def proposals(cls: str, k: int) -> list[str]:
+        policy = BuiltinPolicy(device="cuda", passes=passes)
+        got, pool = [], (anchor,)
+        for _ in range(k):
+            prompt = PoolPrompt("t", "h" * 64, "s", "u", "v", task_source=WEIGHTS, pool=pool, reference_class=cls)
+            c = policy.generate([prompt], n=1)[0][0]
+            got += c.meta["passes"]
+            pool = pool + (PoolEntry(c.code, 0.9),)  # none beats the reference: every proposal starts from it
+        return got
+
+    assert proposals("memory-bound", 5) == ["compile-default", "inductor[cd]", "compile-max-autotune-no-cudagraphs",
+                                            "cudagraph", "compile-cudagraph"]
+    assert proposals("", 5) == passes  # no class: the given order
+    assert proposals("launch-bound", 2) == ["cudagraph", "compile-cudagraph"]
 
 
 def test_a_measured_class_changes_which_pass_the_policy_proposes_first():
