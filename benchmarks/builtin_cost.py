@@ -14,8 +14,9 @@ Two measures, both printed with the report and written under ``cost`` in ``OUT/r
   workers per GPU hold the lease side by side in the shared phases, so these add up to more than
   the device seconds; they say where each task's time goes.
 
-The cost levers (``--levers on``, the default) change where and how often things compile, never
-what is timed: the baselines of a task share one persistent torch.compile/Triton cache
+The cost levers (``--levers on``, the default) leave out the baselines a task's own verdicts make
+redundant (:mod:`builtin_baseline_plan`), and change where and how often the rest compile, never
+how they are timed: the baselines of a task share one persistent torch.compile/Triton cache
 (``EvalConfig.baseline_cache``: each mode compiles once per machine, so ``--confirm``'s re-timing
 of the best mode finds its kernels, and later modes reuse an earlier one's), baselines are timed
 mode by mode (two workers time different tasks, and a task's next mode starts once its previous
@@ -23,8 +24,9 @@ one compiled), and a job that calls torch.compile imports Inductor before it tak
 None of them is in the judge's config hash: stored verdicts stay valid either way.
 
 ``--cost-probe N`` times, outside the run store, the baselines of the first N finished tasks
-(every ``--modes`` mode, then the re-timing of each task's best compile mode, as a run does)
-twice from empty caches: levers on, then levers off (the earlier batch warms nothing the later
+(the modes the baseline plan keeps with the levers on, every ``--modes`` mode with them off, then
+the re-timing of each task's best compile mode, as a run does) twice from empty caches: levers
+on, then levers off (the earlier batch warms nothing the later
 one uses but the machine itself, which favours *off*; Inductor's import before the lease has no
 switch and is in both).  It prints the device seconds per task of
 each and every (task, mode) speedup of both with whether their 95% intervals overlap: the levers
