@@ -314,6 +314,28 @@ def test_identical_code_beside_busy_processes_claims_nothing(tmp_path, cpu_judge
 
 
 @pytest.mark.cpu
+def test_an_identical_tiny_program_claims_nothing_on_the_cpu_clock(tmp_path, cpu_judge_config):
+    """A 20 us program against itself: its calls run a fixed ~0.01 ms longer in the candidate's
+    process (read 0.66-0.90x, some CIs under 0.80, before speedup.CPU_CALL_FLOOR_MS), which the
+    floor covers; the verdict says neither faster nor slower."""
+    from cudal1.harness import evaluate_pairs
+    from cudal1.speedup import CPU_CALL_FLOOR_MS, faster, slower
+    from cudal1.tasks import load_task_file
+    from cudal1.types import Candidate, Status
+
+    task = load_task_file(REPO / "tests/fixtures/cpu_tasks/tiny_add.py")
+    source = task.source.replace("class Model(", "class ModelNew(")
+    config = cpu_judge_config(tmp_path / "cache", timing_trials=100, min_timing_trials=10, timing_budget_s=4.0,
+                              bootstrap_samples=1000)  # the default judge's timing: a CI narrow enough to claim
+    (r,) = evaluate_pairs([(task, Candidate(source, task_hash=task.hash))], config)
+    assert r.status is Status.OK, r.message
+    assert r.reference.median_ms < 1.0 and "cpu_timing" in r.flags
+    # the floor covers the handoff's cost per call here (unit test: test_stats.py, the floor itself)
+    assert abs(r.candidate.median_ms - r.reference.median_ms) < CPU_CALL_FLOOR_MS, (r.reference, r.candidate)
+    assert not faster(r) and not slower(r), (r.speedup, r.speedup_ci, r.reference.median_ms, r.candidate.median_ms)
+
+
+@pytest.mark.cpu
 def test_the_judges_processes_keep_idle_openmp_threads_asleep(tmp_path, cpu_judge_config):
     """Both processes of a job come from a forkserver started with OMP_WAIT_POLICY=PASSIVE (unless
     the caller set it): a spinning OpenMP pool in the reference worker took a core from the

@@ -303,3 +303,26 @@ def test_a_cpu_verdict_claims_only_beyond_its_margin():
     clearly = EvalResult(status=Status.OK, speedup=0.6, speedup_ci=(0.5, 1 - CPU_SLOWER_MARGIN - 0.05),
                          flags=["cpu_timing"])
     assert slower(clearly)
+
+
+def test_a_cpu_verdict_claims_nothing_on_calls_closer_than_the_per_call_floor():
+    """An identical 20 us program read 0.66-0.69x on the CPU clock, CI well under 0.80: its calls
+    were about 0.011 ms longer in the candidate's process.  Medians closer than the floor claim
+    neither way; the GPU clock has no such floor."""
+    from cudal1.speedup import CPU_CALL_FLOOR_MS, faster, slower
+    from cudal1.types import EvalResult, Status, Timing
+
+    def timing(ms: float) -> Timing:
+        return Timing(median_ms=ms, iqr_ms=0.0, mean_ms=ms, min_ms=ms, trials=20, clock="cpu_monotonic")
+
+    def verdict(ref_ms: float, cand_ms: float, ci: tuple[float, float], flags: list[str]) -> EvalResult:
+        return EvalResult(status=Status.OK, speedup=ref_ms / cand_ms, speedup_ci=ci, flags=flags,
+                          reference=timing(ref_ms), candidate=timing(cand_ms))
+
+    tiny = verdict(0.022, 0.033, (0.59, 0.72), ["cpu_timing"])
+    assert not slower(tiny) and not faster(verdict(0.033, 0.011, (2.5, 3.5), ["cpu_timing"]))
+    assert slower(verdict(0.022, 0.033, (0.59, 0.72), []))  # the GPU clock: slower
+    apart = 0.022 + CPU_CALL_FLOOR_MS + 0.05
+    assert slower(verdict(0.022, apart, (0.10, 0.20), ["cpu_timing"]))
+    assert faster(verdict(apart, 0.022, (5.0, 9.0), ["cpu_timing"]))
+    assert slower(EvalResult(status=Status.OK, speedup=0.5, speedup_ci=(0.4, 0.6), flags=["cpu_timing"]))  # no timings

@@ -5,7 +5,9 @@ Contract (one rule for the optimizer's summary, ``best/``, the CLI tables and th
 * A verdict is **faster** than a threshold ``p`` only when it is ``ok``, its timing is trusted
   (not ``contended``) and its speedup's 95% confidence interval lies above ``p`` (lower bound >
   ``p``; on the CPU clock above ``p`` × (1 + :data:`CPU_MARGIN`)); **slower** only when its
-  interval lies below ``p`` (on the CPU clock below ``p`` × (1 − :data:`CPU_SLOWER_MARGIN`)).  A
+  interval lies below ``p`` (on the CPU clock below ``p`` × (1 − :data:`CPU_SLOWER_MARGIN`)).  On
+  the CPU clock either claim also needs the two sides' median calls :data:`CPU_CALL_FLOOR_MS`
+  apart.  A
   speedup without an interval (published release files, records from before intervals were
   kept) is read as its point value.
 * A result is **uncertain** when its interval includes 1.0 (not measurably faster or slower than
@@ -52,25 +54,47 @@ def _ok(result: Any) -> bool:
 # below it.
 CPU_MARGIN = 0.15
 CPU_SLOWER_MARGIN = 0.20
+# The bias also holds a fixed cost per call, which no relative margin covers on a short call: an
+# identical 20 us program read 0.66-0.69x (its calls 0.011-0.019 ms longer in the candidate's
+# process, the same with 100 operations per call), a 1 ms one 0.94x (0.076 ms), a 70 ms one 1.00x
+# (2026-12-03, 2-core VM, quiet).  A CPU verdict claims neither faster nor slower unless the two
+# sides' median calls also differ by more than this.
+CPU_CALL_FLOOR_MS = 0.1
+
+
+def _cpu(result: Any) -> bool:
+    return "cpu_timing" in (getattr(result, "flags", None) or [])
 
 
 def _margin(result: Any, cpu_margin: float) -> float:
     """``cpu_margin`` for a verdict timed on the CPU clock, else 0."""
-    return cpu_margin if "cpu_timing" in (getattr(result, "flags", None) or []) else 0.0
+    return cpu_margin if _cpu(result) else 0.0
+
+
+def _apart(result: Any) -> bool:
+    """Off the CPU clock, True; on it, whether the median calls differ by more than
+    :data:`CPU_CALL_FLOOR_MS` (True when a side's timing is not on the verdict)."""
+    if not _cpu(result):
+        return True
+    ref, cand = getattr(result, "reference", None), getattr(result, "candidate", None)
+    ref_ms, cand_ms = getattr(ref, "median_ms", None), getattr(cand, "median_ms", None)
+    if ref_ms is None or cand_ms is None:
+        return True
+    return abs(ref_ms - cand_ms) > CPU_CALL_FLOOR_MS
 
 
 def faster(result: Any, threshold: float = 1.0) -> bool:
     """An ``ok`` verdict (an :class:`~cudal1.types.EvalResult`) faster than ``threshold`` with
     confidence (beyond :data:`CPU_MARGIN` on the CPU clock); never one whose timing the judge did
     not trust (``contended``: the GPU or the host was shared)."""
-    return (_ok(result) and "contended" not in (result.flags or [])
+    return (_ok(result) and "contended" not in (result.flags or []) and _apart(result)
             and clears(result.speedup, result.speedup_ci, threshold * (1 + _margin(result, CPU_MARGIN))))
 
 
 def slower(result: Any, threshold: float = 1.0) -> bool:
     """An ``ok`` verdict slower than ``threshold`` with confidence (the CI's upper bound is below
     it; beyond :data:`CPU_SLOWER_MARGIN` on the CPU clock); never a ``contended`` one."""
-    return (_ok(result) and "contended" not in (result.flags or []) and bool(result.speedup_ci)
+    return (_ok(result) and "contended" not in (result.flags or []) and bool(result.speedup_ci) and _apart(result)
             and result.speedup_ci[1] < threshold * (1 - _margin(result, CPU_SLOWER_MARGIN)))
 
 
