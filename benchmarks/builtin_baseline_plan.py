@@ -100,11 +100,16 @@ def load_skips(out: Path) -> dict[str, dict[str, str]]:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
+def merge_skips(into: dict[str, dict[str, str]], skipped: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """``skipped``'s reasons added to ``into`` (changed in place and returned)."""
+    for task, why in skipped.items():
+        into.setdefault(task, {}).update(why)
+    return into
+
+
 def record_skips(out: Path, skipped: dict[str, dict[str, str]]) -> None:
     """Merge ``skipped`` into ``OUT/baseline_skips.json`` (written whole, then renamed)."""
-    merged = load_skips(out)
-    for task, why in skipped.items():
-        merged.setdefault(task, {}).update(why)
+    merged = merge_skips(load_skips(out), skipped)
     tmp = out / (SKIPS + ".tmp")
     tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
     tmp.replace(out / SKIPS)

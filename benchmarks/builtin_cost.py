@@ -170,8 +170,7 @@ def probe(out: Path, tasks: list, rows: list[dict], modes: list[str], judge: Any
                 items, first = [], []
                 for phase in builtin_baseline_plan.phases(modes):
                     todo, skips = builtin_baseline_plan.plan([_as_measured(r, items, first) for r in done], phase)
-                    for task, why in skips.items():
-                        skipped.setdefault(task, {}).update(why)
+                    builtin_baseline_plan.merge_skips(skipped, skips)
                     now = [(by_id[t], m) for t, m in todo]
                     if now:
                         first += time_baselines(now, cfg, plan=plan, on_stats=lambda s, add=add: add(s.wall_s))
