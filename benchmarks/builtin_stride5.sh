@@ -5,6 +5,7 @@
 #
 #   bash benchmarks/builtin_stride5.sh probe    # the cost levers off and on, on 3 finished tasks (~4-6 min)
 #   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
+#   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
 #
 # probe: the baselines of the run's first 3 finished tasks (every mode, then the re-timing of each
 #        one's best compile mode), from empty caches with the levers on, then off, outside the run
@@ -31,7 +32,8 @@ case "$step" in
     grep -A12 '^cost probe' "$OUT/stride5_probe.log"
     ;;
   resume)
-    timeout -s INT 530 python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" >"$OUT/stride5_resume.log" 2>&1
+    timeout -s INT "${STRIDE5_SECONDS:-530}" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" \
+      >"$OUT/stride5_resume.log" 2>&1
     echo "resume rc=$? (130: cut short by the timeout, whole tasks kept)"
     grep -E '^(tasks [0-9]|cost|Where a compile)' "$OUT/stride5_resume.log"
     tail -22 "$OUT/stride5_resume.log"
