@@ -316,8 +316,9 @@ def test_identical_code_beside_busy_processes_claims_nothing(tmp_path, cpu_judge
 @pytest.mark.cpu
 def test_an_identical_tiny_program_claims_nothing_on_the_cpu_clock(tmp_path, cpu_judge_config):
     """A 20 us program against itself: its calls run a fixed ~0.01 ms longer in the candidate's
-    process (read 0.66-0.90x, some CIs under 0.80, before speedup.CPU_CALL_FLOOR_MS), which the
-    floor covers; the verdict says neither faster nor slower."""
+    process (read 0.66-0.90x, some CIs under 0.80, before speedup.CPU_CALL_FLOOR_MS and
+    stats.cpu_protocol_ci), which the floor and the interval cover: the verdict says neither faster
+    nor slower, and its interval includes 1.0."""
     from cudal1.harness import evaluate_pairs
     from cudal1.speedup import CPU_CALL_FLOOR_MS, faster, slower
     from cudal1.tasks import load_task_file
@@ -333,6 +334,10 @@ def test_an_identical_tiny_program_claims_nothing_on_the_cpu_clock(tmp_path, cpu
     # the floor covers the handoff's cost per call here (unit test: test_stats.py, the floor itself)
     assert abs(r.candidate.median_ms - r.reference.median_ms) < CPU_CALL_FLOOR_MS, (r.reference, r.candidate)
     assert not faster(r) and not slower(r), (r.speedup, r.speedup_ci, r.reference.median_ms, r.candidate.median_ms)
+    # and its interval covers the handoff's cost per call (stats.cpu_protocol_ci): it includes 1.0,
+    # contended or not (the cost runs against the candidate either way)
+    lo, hi = r.speedup_ci
+    assert lo <= 1.0 <= hi, (r.speedup, r.speedup_ci, r.flags)
 
 
 @pytest.mark.cpu

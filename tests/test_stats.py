@@ -326,3 +326,19 @@ def test_a_cpu_verdict_claims_nothing_on_calls_closer_than_the_per_call_floor():
     assert slower(verdict(0.022, apart, (0.10, 0.20), ["cpu_timing"]))
     assert faster(verdict(apart, 0.022, (5.0, 9.0), ["cpu_timing"]))
     assert slower(EvalResult(status=Status.OK, speedup=0.5, speedup_ci=(0.4, 0.6), flags=["cpu_timing"]))  # no timings
+
+
+def test_a_cpu_interval_reaches_up_by_the_protocols_cost_per_call():
+    """On the CPU clock the candidate's calls may hold the handoff's fixed cost (stats.CPU_PROTOCOL_MS,
+    at most half the call): the upper bound rises by what the speedup would be without it, the
+    lower bound stays, and long calls barely move."""
+    from cudal1.harness.parent.stats import CPU_PROTOCOL_MS, cpu_protocol_ci
+
+    # an identical 20 us program as read on a quiet 2-core VM: 0.70x (0.66-0.75), calls 0.029 ms
+    lo, hi = cpu_protocol_ci((0.66, 0.75), 0.029)
+    assert lo == 0.66 and hi == pytest.approx(1.5) and lo <= 1.0 <= hi
+    # 1 ms calls (0.076 ms measured): up by 1/(1 - 0.1)
+    assert cpu_protocol_ci((0.90, 0.99), 1.0) == (0.90, pytest.approx(0.99 / (1 - CPU_PROTOCOL_MS)))
+    # 70 ms calls: within 0.15%
+    assert cpu_protocol_ci((0.98, 1.02), 70.0)[1] == pytest.approx(1.02, rel=2e-3)
+    assert cpu_protocol_ci(None, 1.0) is None
