@@ -277,3 +277,44 @@ def test_the_search_hands_the_reference_class_from_its_profile():
                            kernels=[KernelStat(name="cudnn_convolve", launches=1, total_us=1, mean_us=1, share=1.0)])
     assert reference_work({"reference": convs}) == "conv"
     assert reference_work(None) == "" and reference_work({"reference": measured}) == ""
+
+
+def test_an_elementwise_tail_a_fifth_of_the_kernel_time_puts_fusion_first():
+    """level2/54 (a convolution, then multiply, LeakyReLU and GELU) as profiled on the H200: the
+    convolution held 73%, four elementwise kernels 27%.  ``work_of`` says ``conv+tail`` and the
+    order tries ``triton-fusion`` first (it read 1.19x there; the convolution entry's passes
+    1.00-1.03x); one elementwise kernel, or a small share, is no tail; a launch-bound reference
+    keeps its graphs first."""
+    from cudal1.policy.builtin import CLASS_FIRST, default_passes, ordered_for
+    from cudal1.profile.model import BoundClass, KernelStat, ProfileStatus, ProgramProfile
+    from cudal1.profile.rules import fusible_tail, work_of
+    from cudal1.search.loop import reference_work
+
+    def k(name: str, share: float, launches: int = 1) -> KernelStat:
+        return KernelStat(name=name, launches=launches, total_us=share * 100, mean_us=share * 100, share=share)
+
+    conv_tail = [k("sm80_xmma_fprop_implicit_gemm_f32f32_f32f32_f32_nchwkcrs_nchw", 0.732),
+                 k("void at::native::elementwise_kernel<128, 2, mul>", 0.084),
+                 k("void at::native::elementwise_kernel<128, 2, add>", 0.083),
+                 k("void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>", 0.05),
+                 k("void at::native::vectorized_elementwise_kernel<4, leaky_relu>", 0.05)]
+    assert fusible_tail(conv_tail) and work_of(conv_tail) == "conv+tail"
+    assert work_of([k("sm80_xmma_gemm_f32f32_tn_n", 0.7), k("vectorized_elementwise_kernel<4, relu>", 0.3)]) == "gemm"
+    assert work_of([k("sm80_xmma_gemm_f32f32_tn_n", 0.7), k("vectorized_elementwise_kernel<4, relu>", 0.3, 2)]) \
+        == "gemm+tail"  # the same kernel launched twice is a chain too
+    assert work_of([k("sm80_xmma_gemm_f32f32_tn_n", 0.9), k("elementwise_kernel<a>", 0.05),
+                    k("triton_poi_fused_add_0", 0.05)]) == "gemm"  # a tenth: no tail
+    assert work_of([k("elementwise_kernel<a>", 0.5), k("elementwise_kernel<b>", 0.5)]) == "+tail"
+    measured = ProgramProfile(status=ProfileStatus.OK, device="cuda", bound=BoundClass.COMPUTE, kernels=conv_tail)
+    assert reference_work({"reference": measured}) == "conv+tail"
+
+    names = default_passes()
+    got = ordered_for(names, "compute-bound", "conv+tail")
+    assert got[:3] == ["algebraic", "triton-fusion", "cudnn-autotune"]
+    assert got[3:3 + len(CLASS_FIRST["compute-bound/conv"]) - 1] == list(CLASS_FIRST["compute-bound/conv"][1:])
+    assert ordered_for(names, "mixed", "+tail")[:2] == ["algebraic", "triton-fusion"]  # no entry, a tail: fusion
+    assert ordered_for(names, "mixed", "+tail")[2:] == [n for n in names if n not in ("algebraic", "triton-fusion")]
+    assert ordered_for(names, "memory-bound", "+tail") == ordered_for(names, "memory-bound")  # fusion first already
+    assert ordered_for(names, "launch-bound", "+tail") == ordered_for(names, "launch-bound")
+    assert ordered_for(names, "", "+tail") == names  # unmeasured: the registry's order
+    assert ordered_for(names, "compute-bound", "conv")[1:3] == ["cudnn-autotune", "compile-default"]  # no tail

@@ -149,15 +149,24 @@ CLASS_FIRST: dict[str, tuple[str, ...]] = {
 # its kernels keep the device busy: there these passes come last (after the registry's others).
 GRAPH_PASSES = ("cudagraph", "compile-cudagraph", "compile-reduce-overhead", "compile-max-autotune")
 GRAPHS_LAST = ("memory-bound", "compute-bound")
+# The pass that fuses an elementwise chain into one kernel: first where the reference's profile
+# shows one holding a fifth of the kernel time (ordered_for's "+tail").
+FUSION_PASS = "triton-fusion"
 
 
 def ordered_for(passes: list[str], reference_class: str, work: str = "") -> list[str]:
     """``passes`` in the order the reference's measured class asks for (:data:`CLASS_FIRST`, the
     ``class/work`` entry where there is one, else the class's): ``algebraic`` first, then the
     entry's passes that are in ``passes``, then the rest in their given order, the
-    :data:`GRAPH_PASSES` among them last for a class in :data:`GRAPHS_LAST`.  The same list, in
-    the same order, for an unlisted or empty class."""
-    first = CLASS_FIRST.get(f"{reference_class}/{work}") or CLASS_FIRST.get(reference_class)
+    :data:`GRAPH_PASSES` among them last for a class in :data:`GRAPHS_LAST`.  A ``+tail`` in
+    ``work`` (a fusible elementwise chain, :func:`cudal1.profile.rules.work_of`) puts
+    ``triton-fusion`` right after ``algebraic`` for every measured class but ``launch-bound``
+    (whose time is in the gaps, not the kernels).  The same list, in the same order, for an
+    unlisted or empty class without a tail."""
+    main, _, tail = work.partition("+")
+    first = CLASS_FIRST.get(f"{reference_class}/{main}") or CLASS_FIRST.get(reference_class) or ()
+    if tail == "tail" and reference_class and reference_class != "launch-bound":
+        first = (FUSION_PASS,) + tuple(n for n in first if n != FUSION_PASS)
     if not first:
         return list(passes)
     head = [n for n in ("algebraic",) + first if n in passes]

@@ -55,12 +55,13 @@ def reference_class(profiles: dict[str, Any] | None) -> str:
 
 
 def reference_work(profiles: dict[str, Any] | None) -> str:
-    """What the reference's kernel time goes to (``conv``, ``gemm``; :func:`cudal1.profile.rules.main_work`)
-    from its recorded profile, ``""`` when it has none or its profile is not ``ok``."""
-    from cudal1.profile.rules import main_work
+    """What the reference's kernel time goes to (``conv``, ``gemm``, with ``+tail`` for a fusible
+    elementwise chain; :func:`cudal1.profile.rules.work_of`) from its recorded profile, ``""``
+    when it has none or its profile is not ``ok``."""
+    from cudal1.profile.rules import work_of
 
     ref = (profiles or {}).get("reference")
-    return main_work(ref.kernels) if ref is not None and ref.ok else ""
+    return work_of(ref.kernels) if ref is not None and ref.ok else ""
 
 
 @dataclass(frozen=True)
