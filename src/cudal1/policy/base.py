@@ -62,7 +62,7 @@ class PoolPrompt(Prompt):
 
     pool: tuple[PoolEntry, ...] = ()  # the task's verified candidates, slowest first (best last)
     reference_class: str = ""  # the reference's measured class (cudal1.profile: launch-bound, ...); "" unmeasured
-    reference_work: str = ""  # what its kernel time goes to (cudal1.profile.rules.work_of: conv, gemm, +tail); "" unmeasured
+    reference_work: str = ""  # what its kernel time goes to (profile.rules.work_of: conv, gemm, +tail); "" unmeasured
 
     @classmethod
     def of(cls, prompt: Prompt, **fields: Any) -> "PoolPrompt":
