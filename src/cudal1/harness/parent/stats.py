@@ -80,9 +80,9 @@ def speedup_ci(ref_ms: list[float], cand_ms: list[float], blocks: list[list[Any]
 
 
 # On the CPU clock an identical program's calls run longer in the candidate's process than in the
-# reference worker, by a cost per call that no number of samples removes: the process wakes from
-# the handoff's message with its caches and predictors cold, where the worker's own calls follow
-# each other hot.  Measured on a quiet 2-core VM (2026-12-03): 0.011-0.019 ms on 20 us calls (an
+# reference worker, by a cost per call that no number of samples removes (its cause is not pinned
+# down: the candidate's process has just woken from the handoff's message, the worker's own calls
+# follow each other).  Measured on a quiet 2-core VM (2026-12-03): 0.011-0.019 ms on 20 us calls (an
 # identical program read 0.66-0.70x, every CI below 0.80), 0.076 ms on 1 ms calls, none seen on
 # 70 ms calls.  The candidate's median may therefore hold up to this much (never more than half
 # of itself) that the reference's does not.
