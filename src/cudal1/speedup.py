@@ -59,7 +59,7 @@ CPU_SLOWER_MARGIN = 0.20
 # process, the same with 100 operations per call), a 1 ms one 0.94x (0.076 ms), a 70 ms one 1.00x
 # (2026-12-03, 2-core VM, quiet).  A CPU verdict claims neither faster nor slower unless the two
 # sides' median calls also differ by more than this.  The judge's interval covers the same cost on
-# its upper side (cudal1.harness.parent.stats.CPU_PROTOCOL_MS, the same 0.1 ms).
+# its upper side (cudal1.harness.parent.stats.CPU_PROTOCOL_MS is this constant).
 CPU_CALL_FLOOR_MS = 0.1
 
 

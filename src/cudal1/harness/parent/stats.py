@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from cudal1.harness.figures import median
+from cudal1.speedup import CPU_CALL_FLOOR_MS
 
 
 def bootstrap_speedup_ci(
@@ -82,11 +83,10 @@ def speedup_ci(ref_ms: list[float], cand_ms: list[float], blocks: list[list[Any]
 # On the CPU clock an identical program's calls run longer in the candidate's process than in the
 # reference worker, by a cost per call that no number of samples removes (its cause is not pinned
 # down: the candidate's process has just woken from the handoff's message, the worker's own calls
-# follow each other).  Measured on a quiet 2-core VM (2026-12-03): 0.011-0.019 ms on 20 us calls (an
-# identical program read 0.66-0.70x, every CI below 0.80), 0.076 ms on 1 ms calls, none seen on
-# 70 ms calls.  The candidate's median may therefore hold up to this much (never more than half
-# of itself) that the reference's does not.
-CPU_PROTOCOL_MS = 0.1
+# follow each other; the measurements are at cudal1.speedup.CPU_CALL_FLOOR_MS, the bound of the
+# same cost that the verdict's claims use).  The candidate's median may hold up to this much
+# (never more than half of itself) that the reference's does not.
+CPU_PROTOCOL_MS = CPU_CALL_FLOOR_MS
 
 
 def cpu_protocol_ci(ci: tuple[float, float] | None, cand_median_ms: float) -> tuple[float, float] | None:
