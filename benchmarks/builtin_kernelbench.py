@@ -62,7 +62,7 @@ import builtin_losses
 from builtin_confirm import confirm
 from builtin_figures import builtin_figures, markdown, task_rows
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
-from cudal1.config import EvalConfig
+from cudal1.config import CONFIG_FILE, ConfigError, EvalConfig, config_changes, keep_previous_config, saved_config
 from cudal1.tasks import load_tasks
 from cudal1.types import Task
 
@@ -298,6 +298,12 @@ def main() -> int:
     ap.add_argument(
         "--preset", default="default", help="judge preset: default (exact-answer rule) | kernelbench-v0 | ..."
     )
+    ap.add_argument("--timing-budget", type=float, default=None, metavar="S",
+                    help="the judge's timing_budget_s (target seconds of a verdict's timing phase; default: the "
+                         "preset's): part of the config hash, so a run resumed with another value judges afresh")
+    ap.add_argument("--timing-trials", type=int, default=None, metavar="N",
+                    help="the judge's timing_trials (most timed calls per model; default: the preset's): in the "
+                         "config hash like --timing-budget")
     ap.add_argument("--workers-per-gpu", type=int, default=2,
                     help="judge workers sharing each GPU in the search and baselines (timing stays exclusive)")
     ap.add_argument("--confirm-workers-per-gpu", type=int, default=1,
@@ -337,8 +343,13 @@ def main() -> int:
         return 0
     restore_store(out)
     faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
-    judge = EvalConfig.preset(args.preset).replace(device=args.device, workers_per_gpu=args.workers_per_gpu,
-                                                   keep_samples=False, baseline_cache=args.levers == "on")
+    try:
+        judge = EvalConfig.preset(args.preset).replace(
+            device=args.device, workers_per_gpu=args.workers_per_gpu, keep_samples=False,
+            baseline_cache=args.levers == "on", timing_budget_s=args.timing_budget, timing_trials=args.timing_trials)
+    except ConfigError as exc:
+        ap.error(str(exc))
+    keep_earlier_config(out, judge, args.report_only)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     batches = Batches(out, gpus=_gpus(args), levers=args.levers)
     code = 0
@@ -363,7 +374,21 @@ def main() -> int:
 
 
 PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
-          "report.json", "report.html", "cost_probe.json", builtin_baseline_plan.SKIPS)
+          "report.json", "report.html", "cost_probe.json", builtin_baseline_plan.SKIPS,
+          *(f"config.{n}.yaml" for n in range(1, 10)))
+
+
+def keep_earlier_config(out: Path, judge: EvalConfig, report_only: bool) -> None:
+    """A run resumed with another judge identity (``--timing-budget``, a preset) judges afresh under
+    the new config hash; its earlier verdicts stay in the store under the old one.  The earlier
+    ``config.yaml`` is kept as ``config.N.yaml`` so that both configurations' figures can be read
+    (``builtin_cost.py --compare``)."""
+    saved = saved_config(out)
+    if report_only or not saved or not config_changes(saved.get("judge"), judge):
+        return
+    kept = keep_previous_config(out)
+    print(f"the judge's config changed ({'; '.join(config_changes(saved.get('judge'), judge))}): judging afresh "
+          f"under {judge.hash()}; the earlier {CONFIG_FILE} is kept as {kept}", flush=True)
 
 
 def _gpus(args) -> int:
