@@ -373,20 +373,29 @@ def main() -> int:
     return code
 
 
+PER_CONFIG = ("confirm.json", builtin_baseline_plan.SKIPS, "report.json", "report.md")  # kept as NAME.N.EXT
 PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
           "report.json", "report.html", "cost_probe.json", builtin_baseline_plan.SKIPS,
-          *(f"config.{n}.yaml" for n in range(1, 10)))
+          *(f"{name.rsplit('.', 1)[0]}.{n}.{name.rsplit('.', 1)[1]}" for n in range(1, 10)
+            for name in ("config.yaml", *PER_CONFIG)))
 
 
 def keep_earlier_config(out: Path, judge: EvalConfig, report_only: bool) -> None:
     """A run resumed with another judge identity (``--timing-budget``, a preset) judges afresh under
     the new config hash; its earlier verdicts stay in the store under the old one.  The earlier
-    ``config.yaml`` is kept as ``config.N.yaml`` so that both configurations' figures can be read
-    (``builtin_cost.py --compare``)."""
+    ``config.yaml`` is kept as ``config.N.yaml``, and with it the files that belong to that
+    configuration (its re-timings ``confirm.json``, its baseline skips and its report) as
+    ``NAME.N.EXT``: the new configuration re-times afresh, and both configurations' figures can
+    still be read side by side."""
     saved = saved_config(out)
     if report_only or not saved or not config_changes(saved.get("judge"), judge):
         return
     kept = keep_previous_config(out)
+    n = kept.name.split(".")[1]
+    for name in PER_CONFIG:
+        if (out / name).exists():
+            stem, ext = name.rsplit(".", 1)
+            (out / name).replace(out / f"{stem}.{n}.{ext}")
     print(f"the judge's config changed ({'; '.join(config_changes(saved.get('judge'), judge))}): judging afresh "
           f"under {judge.hash()}; the earlier {CONFIG_FILE} is kept as {kept}", flush=True)
 
