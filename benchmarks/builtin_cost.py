@@ -264,3 +264,109 @@ def _value(probe_pass: dict[str, Any], task: str, mode: str) -> str:
     if r is None:
         return "-"
     return f"{r['speedup']:.3f}" if r["status"] == "ok" and r["speedup"] is not None else r["status"]
+
+
+# ---- two judge configurations of one run ------------------------------------------------------------
+
+
+def _finished_rows(report: dict[str, Any]) -> dict[str, dict]:
+    unfinished = set(report.get("unfinished", [])) | set(report.get("degenerate", []))
+    return {r["task"]: r for r in report["rows"] if r["task"] not in unfinished and r["judged"]}
+
+
+def _measures(row: dict[str, Any]) -> dict[str, dict]:
+    """A finished task's measurements with their status and 95% interval, keyed alike in any
+    configuration: each compile mode, the search's best, and the two re-timings."""
+    got: dict[str, dict] = {}
+    for m, status in row["mode_status"].items():
+        if status in ("ok", "incorrect", "failed", "timeout", "rejected"):
+            got[f"{row['task']}|mode:{m}"] = {"status": status, "speedup": row["modes"].get(m),
+                                               "speedup_ci": (row.get("mode_ci") or {}).get(m)}
+    if row.get("best") is not None:
+        got[f"{row['task']}|best builtin"] = {"status": "ok", "speedup": row["best"], "speedup_ci": row.get("best_ci")}
+    for key, label in (("best_confirmed", "best builtin, re-timed"), ("mode_confirmed", "best mode, re-timed")):
+        c = row.get(key)
+        if c:
+            got[f"{row['task']}|{label}"] = {"status": c["status"], "speedup": c["speedup"],
+                                             "speedup_ci": c.get("speedup_ci")}
+    return got
+
+
+def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """The same run under two judge configurations (``report.N.json`` kept when the judge changed,
+    and ``report.json``): on the tasks finished under both, every measurement of the one against
+    the other's (:func:`agreement`; a measurement without an interval counts as a point), the
+    winning chains, the headline figures, and the device seconds per task of each configuration's
+    calls (the calls of ``now`` that ``before`` does not list are the new configuration's; their
+    seconds include work on tasks not finished yet, so the new figure is an upper bound)."""
+    a, b = _finished_rows(before), _finished_rows(now)
+    both = sorted(set(a) & set(b), key=lambda t: [r["task"] for r in now["rows"]].index(t))
+    m_before = {k: v for t in both for k, v in _measures(a[t]).items()}
+    m_now = {k: v for t in both for k, v in _measures(b[t]).items()}
+    earlier_calls = {c["call"] for c in before["cost"]["calls"]}
+    old_s = sum(c["device_s_total"] for c in before["cost"]["calls"])
+    new_calls = [c for c in now["cost"]["calls"] if c["call"] not in earlier_calls]
+    new_s = sum(c["device_s_total"] for c in new_calls)
+    held = lambda rep, t: sum(rep["cost"]["per_task"].get(t, {}).get(k, {}).get("held_s", 0.0)  # noqa: E731
+                              for k in ("search", "baselines", "confirm"))
+    return {
+        "tasks": both,
+        "agreement": agreement(m_now, m_before),  # argument order: rows read [key, before, now, overlap]
+        "chains": [[t, a[t]["best_passes"], b[t]["best_passes"]] for t in both],
+        "figures": {"before": {k: before.get("retimed", {}).get(k) for k in ("best", "over_best_compile_mode")},
+                    "now": {k: now.get("retimed", {}).get(k) for k in ("best", "over_best_compile_mode")}},
+        "device_s_per_task": {"before": old_s / len(a) if a else None,
+                              "now": new_s / len(b) if b and new_calls else None,
+                              "before_tasks": len(a), "now_tasks": len(b), "now_calls": len(new_calls)},
+        "held_s_per_task": {"before": statistics.median([held(before, t) for t in both]) if both else None,
+                            "now": statistics.median([held(now, t) for t in both]) if both else None},
+    }
+
+
+def compare_markdown(c: dict[str, Any]) -> str:
+    f = lambda x, d=0: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
+    d, h, g = c["device_s_per_task"], c["held_s_per_task"], c["figures"]
+    ag = c["agreement"]
+    def fig(s: dict[str, Any]) -> str:
+        best, over = s["best"] or {}, s["over_best_compile_mode"] or {}
+        return (f"best builtin re-timed geomean {f(best.get('geomean'), 3)}x (n {best.get('n')}), over the best "
+                f"compile mode {f(over.get('geomean'), 3)}x ({over.get('wins')} of {over.get('n')} won)")
+
+    lines = [f"the judge's two configurations on the {len(c['tasks'])} task(s) finished under both:",
+             f"  device s per task: before {f(d['before'])} ({d['before_tasks']} tasks), now {f(d['now'])} "
+             f"({d['now_calls']} call(s), {d['now_tasks']} tasks finished; work on unfinished tasks included)",
+             f"  lease-held s per task (median): before {f(h['before'])}, now {f(h['now'])}",
+             f"  before: {fig(g['before'])}", f"  now:    {fig(g['now'])}",
+             f"  measurements with overlapping 95% intervals: {ag['overlapping']} of {ag['compared']}"
+             + (f"; status differs: {ag['status_differs']}" if ag["status_differs"] else "")]
+    lines += [f"    {k}: before {x:.3f}, now {y:.3f}{'' if ok else '  (intervals apart)'}"
+              for k, x, y, ok in ag["rows"]]
+    lines += [f"    {t}: winning chain before {x}, now {y}" for t, x, y in c["chains"] if x != y]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="A builtin_kernelbench.py run under two judge configurations: "
+                                             "OUT/report.N.json (kept when the judge changed) against OUT/report.json.")
+    ap.add_argument("out", help="the run directory")
+    ap.add_argument("--earlier", type=int, default=1, metavar="N",
+                    help="the earlier configuration's number (default 1)")
+    ap.add_argument("--json", default=None, help="also write the comparison here")
+    args = ap.parse_args()
+    out = Path(args.out)
+    paths = [out / f"report.{args.earlier}.json", out / "report.json"]
+    for path in paths:
+        if not path.is_file():
+            ap.error(f"{path} does not exist (a run resumed with another judge keeps report.N.json)")
+    before, now = (json.loads(path.read_text()) for path in paths)
+    result = compare(before, now)
+    print(compare_markdown(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

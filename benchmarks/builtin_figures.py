@@ -125,6 +125,7 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
             "rounds": max([c[3] or 0 for c in cands], default=0), "candidates": len(cands), "verified": len(ok),
             "best": best[1].speedup if best else None, "best_passes": "+".join(best[0]) if best else None,
             "best_hash": best[2] if best else None,
+            "best_ci": list(best[1].speedup_ci) if best and best[1].speedup_ci else None,
             "modes": mode_value, "mode_status": {m: (r.status.value if r else ("skipped" if m in skipped else None))
                                                  for m, r in base.items()},
             "mode_ci": {m: list(r.speedup_ci) for m, r in base.items() if _ok(r) and r.speedup_ci},

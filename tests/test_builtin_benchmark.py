@@ -96,3 +96,26 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["rows"] == report["rows"]
+    # resumed with another timing budget: the judge's config hash changes, so the same run judges
+    # afresh, and the earlier configuration's files are kept beside the new ones, not mixed in
+    cheaper = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", "compile-default",
+                   "--workers-per-gpu", "1", "--preset", "fast", "--out", str(out), "--confirm",
+                   "--timing-budget", "0.5", "--timing-trials", "20"], tmp_path)
+    assert cheaper.returncode == 0, cheaper.stderr[-3000:]
+    assert "judge.timing_budget_s: 1.5 -> 0.5" in cheaper.stdout
+    assert json.loads((out / "report.1.json").read_text())["rows"] == report["rows"]
+    assert json.loads((out / "confirm.1.json").read_text()).keys() == json.loads((out / "confirm.json").read_text()).keys()
+    assert "timing_budget_s: 1.5" in (out / "config.1.yaml").read_text()
+    assert "timing_budget_s: 0.5" in (out / "config.yaml").read_text()
+    now = json.loads((out / "report.json").read_text())
+    assert now["finished"] == 1 and now["rows"][0]["best_confirmed"]["status"] == "ok"
+    assert now["rows"][0]["mode_status"] == {"compile-default": "ok"}
+    import sqlite3
+
+    db = sqlite3.connect(out / "cudal1.sqlite")
+    try:  # every verdict of the first configuration judged again under the second
+        per_hash = dict(db.execute("SELECT config_hash, COUNT(*) FROM evaluations GROUP BY config_hash").fetchall())
+        per_hash_modes = dict(db.execute("SELECT config_hash, COUNT(*) FROM baselines GROUP BY config_hash").fetchall())
+    finally:
+        db.close()
+    assert len(per_hash) == 2 and len(set(per_hash.values())) == 1 and len(per_hash_modes) == 2

@@ -98,3 +98,43 @@ def test_the_probe_says_which_speedups_stay_inside_their_intervals(bench):
     assert [r[0] for r in a["rows"] if not r[3]] == ["t|cudagraph"]
     assert a["status_differs"] == [["u|compile-default", "ok", "runtime_error"]]
 
+
+
+def _report(calls: list[dict], rows: list[dict], held: dict[str, float], unfinished=()) -> dict:
+    return {"rows": rows, "unfinished": list(unfinished), "degenerate": [],
+            "retimed": {"best": {"n": len(rows), "geomean": 1.2}, "over_best_compile_mode": None},
+            "cost": {"calls": calls, "per_task": {t: {"search": {"held_s": s}} for t, s in held.items()}}}
+
+
+def _row(task: str, chain: str, best: float, ci: list[float] | None, mode: float, mode_ci: list[float]) -> dict:
+    return {"task": task, "judged": True, "best": best, "best_ci": ci, "best_passes": chain,
+            "modes": {"compile-default": mode}, "mode_status": {"compile-default": "ok", "cudagraph": "skipped"},
+            "mode_ci": {"compile-default": mode_ci},
+            "best_confirmed": {"status": "ok", "speedup": best, "speedup_ci": ci}, "mode_confirmed": None}
+
+
+def test_two_judge_configurations_compared_on_the_tasks_finished_under_both(bench):
+    _, cost = bench
+    old_calls = [{"call": "before", "device_s_total": 900.0}, {"call": "c1", "device_s_total": 100.0}]
+    before = _report(old_calls, [_row("a", "algebraic", 2.0, None, 1.0, [0.99, 1.01]),
+                                 _row("b", "compile-default", 1.1, [1.05, 1.15], 1.1, [1.08, 1.12])],
+                     {"a": 100.0, "b": 80.0})
+    now = _report(old_calls + [{"call": "c2", "device_s_total": 150.0}],
+                  [_row("a", "algebraic", 2.05, [2.0, 2.1], 1.0, [0.98, 1.02]),
+                   _row("b", "triton-fusion", 1.3, [1.25, 1.35], 1.1, [1.09, 1.11]),
+                   _row("c", "algebraic", 1.5, [1.4, 1.6], 1.0, [0.9, 1.1])],
+                  {"a": 50.0, "b": 40.0, "c": 45.0}, unfinished=["c"])
+    c = cost.compare(before, now)
+    assert c["tasks"] == ["a", "b"]  # c is not finished under the new configuration
+    # only the new configuration's calls count for it (an upper bound: unfinished work is in them)
+    assert c["device_s_per_task"] == {"before": 500.0, "now": 75.0, "before_tasks": 2, "now_tasks": 2,
+                                     "now_calls": 1}
+    assert c["held_s_per_task"] == {"before": 90.0, "now": 45.0}
+    apart = {r[0] for r in c["agreement"]["rows"] if not r[3]}
+    # a's best had no interval before: it counts as a point, here on the edge of the new interval
+    assert apart == {"b|best builtin", "b|best builtin, re-timed"}
+    assert c["agreement"]["compared"] == 6 and "b|mode:cudagraph" not in {r[0] for r in c["agreement"]["rows"]}
+    assert c["chains"] == [["a", "algebraic", "algebraic"], ["b", "compile-default", "triton-fusion"]]
+    text = cost.compare_markdown(c)
+    assert "before 500 (2 tasks), now 75" in text and "winning chain before compile-default, now triton-fusion" in text
+    assert "4 of 6" in text
