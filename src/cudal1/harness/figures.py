@@ -146,11 +146,11 @@ def figures(stage: TimingStage) -> Figures:
 # device's poll and launch gaps on a GPU; on a host, two pipe wake-ups and the unmasking beside
 # whatever else runs: honest CPU candidates read 2.4-4.1 ms over the reference while compilers ran
 # beside the judge on 2 cores, 2026-12-02), three times the spread of the reference's slack, and a
-# share of the candidate's reported time, and on a GPU a share of the reference's own slack: the
-# steps around the call move the call's inputs and outputs, and the candidate's side runs them in
-# its own process on memory the worker shares with it.  Honest programs of level1/38 (8.6 GB in,
-# 8.6 GB out) read a slack 2.6-2.7% above the reference's (0.28 ms of 10.8 ms, 8 verdicts on an
-# H200, 2026-12-03), where 3 x the IQR allowed 0.12-0.25 ms.
+# share of the candidate's reported time, and on a GPU a share of the reference's own slack (the
+# steps around the call move the call's inputs and outputs): honest programs of level1/38 (8.6 GB
+# in, 8.6 GB out) read a slack 2.6-2.7% above the reference's (0.28 ms of 10.8 ms, 8 verdicts on
+# an H200, 2026-12-03), where 3 x the IQR allowed 0.12-0.25 ms.  Why the candidate's side pays
+# more there is not pinned down.
 WINDOW_FLOOR_MS = {"cuda_event": 0.020, "cpu_monotonic": 5.0}
 WINDOW_SHARE = {"cuda_event": 0.01, "cpu_monotonic": 0.15}
 WINDOW_SLACK_SHARE = {"cuda_event": 0.05, "cpu_monotonic": 0.0}
