@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from builtin_figures import finished
 from cudal1.config import EvalConfig
 from cudal1.recorded import RecordedJudge
 from cudal1.store import RunStore
@@ -41,7 +42,7 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
         pairs, keys = [], []
         modes = []
         for r in rows:
-            if r["degenerate"] or not r["judged"] or r["pending"] or not r["rounds"]:
+            if r["degenerate"] or not finished(r):
                 continue
             task = by_id[r["task"]]
             if r["best_hash"] and f"{task.task_id}|{r['best_hash']}" not in done:

@@ -12,7 +12,8 @@ list.  Only verdicts under the run's judge configuration count.  Definitions:
   mode alone, when it was judged).  **best compile mode**: the highest of the torch.compile
   modes (CUDA-graph replay is reported on its own).
 - Aggregates over tasks that finished (reference judged, nothing sampled but unjudged, at least
-  one policy round) and are not degenerate: mean, median, geomean and fast_p (share of tasks whose
+  one policy round, the baselines timed: each mode a verdict or a recorded skip) and are not
+  degenerate: mean, median, geomean and fast_p (share of tasks whose
   value is above p, point values) for p = 1, 1.5, 2; per level and overall.
 - **over compile-default** / **over the best compile mode**: per task, best / mode, on the tasks
   where that mode verified; geomean, median and the win rate (ratio above 1).  The tasks where the
@@ -118,10 +119,12 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
         skipped = {m: why for m, why in skips.get(t.task_id, {}).items() if m in modes and base.get(m) is None}
         mode_value = {m: (r.speedup if _ok(r) else (1.0 if r is not None else None)) for m, r in base.items()}
         judged_modes = [m for m in compile_modes if base.get(m) is not None]
+        pending_modes = baselines_pending(modes, source, skipped)
         best_mode = max(judged_modes, key=lambda m: mode_value[m], default=None)
         rows.append({
             "task": t.task_id, "level": t.level, "rules": rules_of.get(t.task_id, []),
             "judged": ref is not None, "degenerate": degenerate, "pending": pending,
+            "baselines_pending": pending_modes,
             "rounds": max([c[3] or 0 for c in cands], default=0), "candidates": len(cands), "verified": len(ok),
             "best": best[1].speedup if best else None, "best_passes": "+".join(best[0]) if best else None,
             "best_hash": best[2] if best else None,
@@ -140,8 +143,23 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
     return rows
 
 
+def baselines_pending(modes: list[str], source: dict[str, str], skipped: dict[str, str]) -> bool:
+    """Whether a task's baselines are still to run: none was timed yet (``cudagraph`` always is,
+    so until then the modes the search's own candidates stand in for are not the task's row), or a
+    mode has neither a verdict (``source``: baseline or search) nor a recorded skip."""
+    if not modes:
+        return False
+    return "baseline" not in source.values() or any(m not in source and m not in skipped for m in modes)
+
+
+def finished(row: dict) -> bool:
+    """The task's search is judged (reference, every sampled candidate, at least one round) and its
+    baselines have run (or none were asked for)."""
+    return row["judged"] and not row["pending"] and bool(row["rounds"]) and not row.get("baselines_pending")
+
+
 def summarize(rows: list[dict], modes: list[str]) -> dict[str, Any]:
-    unfinished = [r for r in rows if not r["judged"] or r["pending"] or not r["rounds"]]
+    unfinished = [r for r in rows if not finished(r)]
     live = [r for r in rows if r not in unfinished and not r["degenerate"]]
     value = lambda r: r["best"] or 1.0  # noqa: E731
 
@@ -214,7 +232,8 @@ def markdown(s: dict, modes: list[str], run: dict | None = None, extra: str = ""
                 + [fmt(r["modes"].get(m)) if r["mode_status"].get(m) in ("ok", None) else r["mode_status"][m]
                    for m in modes]
                 + [f"{fmt(_confirmed(r['best_confirmed']))} / {fmt(_confirmed(r['mode_confirmed']))}",
-                   ("degenerate " if r["degenerate"] else "") + (f"{r['pending']} pending" if r["pending"] else "")]
+                   ("degenerate " if r["degenerate"] else "") + (f"{r['pending']} pending" if r["pending"] else "")
+                   + ("baselines pending" if r.get("baselines_pending") and not r["pending"] else "")]
                 for r in s["rows"]]
         lines += [
             table(

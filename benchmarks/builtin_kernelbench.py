@@ -60,7 +60,7 @@ import builtin_baseline_plan
 import builtin_cost
 import builtin_losses
 from builtin_confirm import confirm
-from builtin_figures import builtin_figures, markdown, task_rows
+from builtin_figures import builtin_figures, finished, markdown, task_rows
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.config import CONFIG_FILE, ConfigError, EvalConfig, config_changes, keep_previous_config, saved_config
 from cudal1.tasks import load_tasks
@@ -410,7 +410,7 @@ def _gpus(args) -> int:
 
 def _finished(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str]) -> int:
     rows = task_rows(out, tasks, judge.hash(), rules_of, modes)
-    return sum(1 for r in rows if r["judged"] and not r["pending"] and r["rounds"])
+    return sum(1 for r in rows if finished(r))
 
 
 def cost_probe(args, out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str]) -> None:

@@ -164,3 +164,25 @@ def test_the_probe_decides_the_graph_rule_on_its_own_measurement(monkeypatch):
     measured = builtin_cost._as_measured(run_row, [(t, "cudagraph")], [verdict(0.9, 0.85, 0.95)])
     assert measured["modes"] == {"compile-default": 1.2, "cudagraph": 0.9}  # the searched mode kept, the rest its own
     assert measured["mode_ci"]["cudagraph"] == [0.85, 0.95] and measured["chains"] == run_row["chains"]
+
+
+def test_a_task_whose_baselines_have_not_run_is_unfinished(monkeypatch):
+    """A search's own compile-mode candidates stand in for those modes, but until the task's
+    baselines ran they are not its row: the stride-5 run once counted 8 searched tasks against
+    compile default alone, as if no other mode had been timed."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    from builtin_figures import baselines_pending, finished, summarize
+
+    modes = ["compile-default", "compile-max-autotune", "cudagraph"]
+    assert baselines_pending(modes, {"compile-default": "search"}, {})  # searched, no baseline yet
+    assert baselines_pending(modes, {"compile-default": "search", "cudagraph": "baseline"}, {})  # a mode to go
+    assert not baselines_pending(modes, {"compile-default": "search", "cudagraph": "baseline"},
+                                 {"compile-max-autotune": "graphs do not pay"})
+    assert not baselines_pending([], {}, {})  # --modes none
+    row = {"task": "a", "level": 1, "judged": True, "pending": 0, "rounds": 2, "degenerate": False,
+           "baselines_pending": True}
+    assert not finished(row) and finished(row | {"baselines_pending": False})
+    assert finished({k: v for k, v in row.items() if k != "baselines_pending"})  # rows of older reports
+    assert summarize([row | {"verified": 1, "best": 2.0, "best_passes": "x", "modes": {}, "mode_status": {},
+                             "best_mode": None, "best_mode_value": None, "best_confirmed": None,
+                             "mode_confirmed": None, "chains": [], "environments": []}], modes)["unfinished"] == ["a"]
