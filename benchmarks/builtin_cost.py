@@ -310,9 +310,14 @@ def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     new_s = sum(c["device_s_total"] for c in new_calls)
     held = lambda rep, t: sum(rep["cost"]["per_task"].get(t, {}).get(k, {}).get("held_s", 0.0)  # noqa: E731
                               for k in ("search", "baselines", "confirm"))
+    agreed = agreement(m_now, m_before)  # argument order: rows read [key, before, now, overlap]
+    # one run's interval describes the spread inside that run, not between two runs: how many also
+    # lie within 1% of each other, and the largest difference
+    agreed["within_1pct"] = sum(1 for _, x, y, _ in agreed["rows"] if abs(y / x - 1) <= 0.01)
+    agreed["largest"] = max(agreed["rows"], key=lambda r: abs(r[2] / r[1] - 1), default=None)
     return {
         "tasks": both,
-        "agreement": agreement(m_now, m_before),  # argument order: rows read [key, before, now, overlap]
+        "agreement": agreed,
         "chains": [[t, a[t]["best_passes"], b[t]["best_passes"]] for t in both],
         "figures": {"before": {k: before.get("retimed", {}).get(k) for k in ("best", "over_best_compile_mode")},
                     "now": {k: now.get("retimed", {}).get(k) for k in ("best", "over_best_compile_mode")}},
@@ -338,7 +343,8 @@ def compare_markdown(c: dict[str, Any]) -> str:
              f"({d['now_calls']} call(s), {d['now_tasks']} tasks finished; work on unfinished tasks included)",
              f"  lease-held s per task (median): before {f(h['before'])}, now {f(h['now'])}",
              f"  before: {fig(g['before'])}", f"  now:    {fig(g['now'])}",
-             f"  measurements with overlapping 95% intervals: {ag['overlapping']} of {ag['compared']}"
+             f"  measurements with overlapping 95% intervals: {ag['overlapping']} of {ag['compared']}, within 1% "
+             f"of each other: {ag.get('within_1pct', '-')} of {ag['compared']}"
              + (f"; status differs: {ag['status_differs']}" if ag["status_differs"] else "")]
     lines += [f"    {k}: before {x:.3f}, now {y:.3f}{'' if ok else '  (intervals apart)'}"
               for k, x, y, ok in ag["rows"]]

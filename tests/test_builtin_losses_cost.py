@@ -137,4 +137,5 @@ def test_two_judge_configurations_compared_on_the_tasks_finished_under_both(benc
     assert c["chains"] == [["a", "algebraic", "algebraic"], ["b", "compile-default", "triton-fusion"]]
     text = cost.compare_markdown(c)
     assert "before 500 (2 tasks), now 75" in text and "winning chain before compile-default, now triton-fusion" in text
-    assert "4 of 6" in text
+    assert "4 of 6" in text and "within 1% of each other: 2 of 6" in text
+    assert c["agreement"]["largest"][0] == "b|best builtin"  # 1.1 -> 1.3
