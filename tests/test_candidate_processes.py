@@ -334,10 +334,11 @@ def test_an_identical_tiny_program_claims_nothing_on_the_cpu_clock(tmp_path, cpu
     # the floor covers the handoff's cost per call here (unit test: test_stats.py, the floor itself)
     assert abs(r.candidate.median_ms - r.reference.median_ms) < CPU_CALL_FLOOR_MS, (r.reference, r.candidate)
     assert not faster(r) and not slower(r), (r.speedup, r.speedup_ci, r.reference.median_ms, r.candidate.median_ms)
-    # and its interval covers the handoff's cost per call (stats.cpu_protocol_ci): its top reaches
-    # 1.0 whatever the load (without it: 0.84 at most), its bottom stays under 1.0 unless contended
+    # and its interval covers the handoff's cost per call (stats.cpu_protocol_ci): it includes 1.0
+    # (without that: a top of 0.84 at most), or the verdict says the host was contended (issue 36's
+    # rule; beside two other test processes on two cores one read 0.30-0.85, contended)
     lo, hi = r.speedup_ci
-    assert hi >= 1.0 and (lo <= 1.0 or "contended" in r.flags), (r.speedup, r.speedup_ci, r.flags)
+    assert "contended" in r.flags or lo <= 1.0 <= hi, (r.speedup, r.speedup_ci, r.flags)
 
 
 @pytest.mark.cpu
