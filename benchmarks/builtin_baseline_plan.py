@@ -42,6 +42,7 @@ from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 GRAPHED_SIBLING = {"compile-reduce-overhead": "compile-default",
                    "compile-max-autotune": "compile-max-autotune-no-cudagraphs"}
 SKIPS = "baseline_skips.json"
+DONE = "baselines_done.json"  # the tasks whose baselines have all run (a sorted list of task ids)
 
 
 def phases(modes: list[str]) -> list[list[str]]:
@@ -113,3 +114,16 @@ def record_skips(out: Path, skipped: dict[str, dict[str, str]]) -> None:
     tmp = out / (SKIPS + ".tmp")
     tmp.write_text(json.dumps(merged, indent=1, sort_keys=True))
     tmp.replace(out / SKIPS)
+
+
+def load_done(out: Path) -> set[str]:
+    path = out / DONE
+    return set(json.loads(path.read_text())) if path.exists() else set()
+
+
+def record_done(out: Path, task_ids: list[str]) -> None:
+    """Add ``task_ids`` to ``OUT/baselines_done.json``: their baselines have all run (written
+    whole, then renamed)."""
+    tmp = out / (DONE + ".tmp")
+    tmp.write_text(json.dumps(sorted(load_done(out) | set(task_ids)), indent=0))
+    tmp.replace(out / DONE)

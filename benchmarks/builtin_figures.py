@@ -37,7 +37,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from builtin_baseline_plan import load_skips
+from builtin_baseline_plan import load_done, load_skips
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.policy.builtin import passes_in
 from cudal1.report.load import ReportError, load_runs
@@ -95,7 +95,7 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
         data = None  # a store with no verdict yet
     records = {r.task.hash: r for r in data.tasks} if data else {}
     confirmed = json.loads((out / "confirm.json").read_text()) if (out / "confirm.json").exists() else {}
-    skips = load_skips(out)
+    skips, done = load_skips(out), load_done(out)
     compile_modes = [m for m in modes if m in COMPILE_MODES]
     rows = []
     for t in tasks:
@@ -119,7 +119,7 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
         skipped = {m: why for m, why in skips.get(t.task_id, {}).items() if m in modes and base.get(m) is None}
         mode_value = {m: (r.speedup if _ok(r) else (1.0 if r is not None else None)) for m, r in base.items()}
         judged_modes = [m for m in compile_modes if base.get(m) is not None]
-        pending_modes = baselines_pending(modes, source, skipped)
+        pending_modes = baselines_pending(modes, source, t.task_id in done)
         best_mode = max(judged_modes, key=lambda m: mode_value[m], default=None)
         rows.append({
             "task": t.task_id, "level": t.level, "rules": rules_of.get(t.task_id, []),
@@ -143,13 +143,12 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
     return rows
 
 
-def baselines_pending(modes: list[str], source: dict[str, str], skipped: dict[str, str]) -> bool:
-    """Whether a task's baselines are still to run: none was timed yet (``cudagraph`` always is,
-    so until then the modes the search's own candidates stand in for are not the task's row), or a
-    mode has neither a verdict (``source``: baseline or search) nor a recorded skip."""
-    if not modes:
-        return False
-    return "baseline" not in source.values() or any(m not in source and m not in skipped for m in modes)
+def baselines_pending(modes: list[str], source: dict[str, str], done: bool) -> bool:
+    """Whether a task's baselines are still to run: the benchmark has not listed it in
+    ``OUT/baselines_done.json`` and not every mode has a baseline verdict of its own (``source``;
+    runs from before that file).  Until then the modes the search's own candidates stand in for
+    are not the task's row."""
+    return bool(modes) and not done and any(source.get(m) != "baseline" for m in modes)
 
 
 def finished(row: dict) -> bool:

@@ -248,16 +248,18 @@ def time_baselines(out: Path, rj: Any, chunk: list, modes: list[str], config_has
                    **callbacks: Any) -> None:
     """The chunk's baselines: every mode of every task with the levers off; with them on, the
     graphed compile modes after the others, and only what :mod:`builtin_baseline_plan` says a
-    task needs (its skips go to ``OUT/baseline_skips.json``)."""
+    task needs (its skips go to ``OUT/baseline_skips.json``).  Once all have run, the chunk's tasks
+    are added to ``OUT/baselines_done.json``: their rows are finished (``builtin_figures``)."""
     if not levers:
         rj.baselines(chunk, modes, **callbacks)
-        return
-    by_id = {t.task_id: t for t in chunk}
-    for phase in builtin_baseline_plan.phases(modes):
-        todo, skipped = builtin_baseline_plan.plan(task_rows(out, chunk, config_hash, {}, modes), phase)
-        builtin_baseline_plan.record_skips(out, skipped)
-        if todo:
-            rj.baselines_for([(by_id[t], m) for t, m in todo], **callbacks)
+    else:
+        by_id = {t.task_id: t for t in chunk}
+        for phase in builtin_baseline_plan.phases(modes):
+            todo, skipped = builtin_baseline_plan.plan(task_rows(out, chunk, config_hash, {}, modes), phase)
+            builtin_baseline_plan.record_skips(out, skipped)
+            if todo:
+                rj.baselines_for([(by_id[t], m) for t, m in todo], **callbacks)
+    builtin_baseline_plan.record_done(out, [t.task_id for t in chunk])
 
 
 def prepare(out: Path, tasks: list) -> None:
@@ -373,9 +375,10 @@ def main() -> int:
     return code
 
 
-PER_CONFIG = ("confirm.json", builtin_baseline_plan.SKIPS, "report.json", "report.md")  # kept as NAME.N.EXT
+PER_CONFIG = ("confirm.json", builtin_baseline_plan.SKIPS, builtin_baseline_plan.DONE, "report.json",
+              "report.md")  # kept as NAME.N.EXT
 PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
-          "report.json", "report.html", "cost_probe.json", builtin_baseline_plan.SKIPS,
+          "report.json", "report.html", "cost_probe.json", builtin_baseline_plan.SKIPS, builtin_baseline_plan.DONE,
           *(f"{name.rsplit('.', 1)[0]}.{n}.{name.rsplit('.', 1)[1]}" for n in range(1, 10)
             for name in ("config.yaml", *PER_CONFIG)))
 

@@ -118,6 +118,7 @@ def test_the_benchmark_times_the_plan_in_two_phases_and_writes_the_skips(plan, t
     assert set(skips) == {"flat", "searched"} and set(skips["flat"]) == {"compile-reduce-overhead",
                                                                          "compile-max-autotune"}
     assert list(skips["searched"]) == ["compile-default"]
+    assert plan.load_done(tmp_path) == {"flat", "launchy", "searched"}  # listed once all their baselines ran
     # levers off: every mode of every task, in one batch
     off = FakeJudge({})
     builtin_kernelbench.time_baselines(tmp_path, off, chunk, MODES, "h", levers=False)
@@ -174,11 +175,11 @@ def test_a_task_whose_baselines_have_not_run_is_unfinished(monkeypatch):
     from builtin_figures import baselines_pending, finished, summarize
 
     modes = ["compile-default", "compile-max-autotune", "cudagraph"]
-    assert baselines_pending(modes, {"compile-default": "search"}, {})  # searched, no baseline yet
-    assert baselines_pending(modes, {"compile-default": "search", "cudagraph": "baseline"}, {})  # a mode to go
-    assert not baselines_pending(modes, {"compile-default": "search", "cudagraph": "baseline"},
-                                 {"compile-max-autotune": "graphs do not pay"})
-    assert not baselines_pending([], {}, {})  # --modes none
+    assert baselines_pending(modes, {"compile-default": "search"}, False)  # searched, no baseline yet
+    assert baselines_pending(modes, {"compile-default": "search", "cudagraph": "baseline"}, False)  # cut short
+    assert not baselines_pending(modes, {"compile-default": "search", "cudagraph": "baseline"}, True)  # marked done
+    assert not baselines_pending(modes, dict.fromkeys(modes, "baseline"), False)  # runs from before the mark
+    assert not baselines_pending([], {}, False)  # --modes none
     row = {"task": "a", "level": 1, "judged": True, "pending": 0, "rounds": 2, "degenerate": False,
            "baselines_pending": True}
     assert not finished(row) and finished(row | {"baselines_pending": False})
