@@ -271,8 +271,7 @@ def _value(probe_pass: dict[str, Any], task: str, mode: str) -> str:
 
 
 def _finished_rows(report: dict[str, Any]) -> dict[str, dict]:
-    unfinished = set(report.get("unfinished", [])) | set(report.get("degenerate", []))
-    return {r["task"]: r for r in report["rows"] if r["task"] not in unfinished and r["judged"]}
+    return {r["task"]: r for r in report["rows"] if finished(r) and not r["degenerate"]}
 
 
 def _measures(row: dict[str, Any]) -> dict[str, dict]:
@@ -301,7 +300,8 @@ def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     calls (the calls of ``now`` that ``before`` does not list are the new configuration's; their
     seconds include work on tasks not finished yet, so the new figure is an upper bound)."""
     a, b = _finished_rows(before), _finished_rows(now)
-    both = sorted(set(a) & set(b), key=lambda t: [r["task"] for r in now["rows"]].index(t))
+    order = {r["task"]: i for i, r in enumerate(now["rows"])}
+    both = sorted(set(a) & set(b), key=order.__getitem__)
     m_before = {k: v for t in both for k, v in _measures(a[t]).items()}
     m_now = {k: v for t in both for k, v in _measures(b[t]).items()}
     earlier_calls = {c["call"] for c in before["cost"]["calls"]}
@@ -344,7 +344,7 @@ def compare_markdown(c: dict[str, Any]) -> str:
              f"  lease-held s per task (median): before {f(h['before'])}, now {f(h['now'])}",
              f"  before: {fig(g['before'])}", f"  now:    {fig(g['now'])}",
              f"  measurements with overlapping 95% intervals: {ag['overlapping']} of {ag['compared']}, within 1% "
-             f"of each other: {ag.get('within_1pct', '-')} of {ag['compared']}"
+             f"of each other: {ag['within_1pct']} of {ag['compared']}"
              + (f"; status differs: {ag['status_differs']}" if ag["status_differs"] else "")]
     lines += [f"    {k}: before {x:.3f}, now {y:.3f}{'' if ok else '  (intervals apart)'}"
               for k, x, y, ok in ag["rows"]]

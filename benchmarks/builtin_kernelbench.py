@@ -375,12 +375,17 @@ def main() -> int:
     return code
 
 
+def _numbered(name: str, n: int | str) -> str:
+    """``NAME.EXT`` as an earlier configuration's ``NAME.N.EXT``."""
+    stem, ext = name.rsplit(".", 1)
+    return f"{stem}.{n}.{ext}"
+
+
 PER_CONFIG = ("confirm.json", builtin_baseline_plan.SKIPS, builtin_baseline_plan.DONE, "report.json",
               "report.md")  # kept as NAME.N.EXT
 PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
           "report.json", "report.html", "cost_probe.json", builtin_baseline_plan.SKIPS, builtin_baseline_plan.DONE,
-          *(f"{name.rsplit('.', 1)[0]}.{n}.{name.rsplit('.', 1)[1]}" for n in range(1, 10)
-            for name in ("config.yaml", *PER_CONFIG)))
+          *(_numbered(name, n) for n in range(1, 10) for name in (CONFIG_FILE, *PER_CONFIG)))
 
 
 def keep_earlier_config(out: Path, judge: EvalConfig, report_only: bool) -> None:
@@ -391,16 +396,16 @@ def keep_earlier_config(out: Path, judge: EvalConfig, report_only: bool) -> None
     ``NAME.N.EXT``: the new configuration re-times afresh, and both configurations' figures can
     still be read side by side."""
     saved = saved_config(out)
-    if report_only or not saved or not config_changes(saved.get("judge"), judge):
+    changes = config_changes(saved.get("judge"), judge) if saved and not report_only else []
+    if not changes:
         return
     kept = keep_previous_config(out)
     n = kept.name.split(".")[1]
     for name in PER_CONFIG:
         if (out / name).exists():
-            stem, ext = name.rsplit(".", 1)
-            (out / name).replace(out / f"{stem}.{n}.{ext}")
-    print(f"the judge's config changed ({'; '.join(config_changes(saved.get('judge'), judge))}): judging afresh "
-          f"under {judge.hash()}; the earlier {CONFIG_FILE} is kept as {kept}", flush=True)
+            (out / name).replace(out / _numbered(name, n))
+    print(f"the judge's config changed ({'; '.join(changes)}): judging afresh under {judge.hash()}; the earlier "
+          f"{CONFIG_FILE} is kept as {kept}", flush=True)
 
 
 def _gpus(args) -> int:

@@ -107,7 +107,8 @@ def _report(calls: list[dict], rows: list[dict], held: dict[str, float], unfinis
 
 
 def _row(task: str, chain: str, best: float, ci: list[float] | None, mode: float, mode_ci: list[float]) -> dict:
-    return {"task": task, "judged": True, "best": best, "best_ci": ci, "best_passes": chain,
+    return {"task": task, "judged": True, "pending": 0, "rounds": 2, "degenerate": False,
+            "best": best, "best_ci": ci, "best_passes": chain,
             "modes": {"compile-default": mode}, "mode_status": {"compile-default": "ok", "cudagraph": "skipped"},
             "mode_ci": {"compile-default": mode_ci},
             "best_confirmed": {"status": "ok", "speedup": best, "speedup_ci": ci}, "mode_confirmed": None}
@@ -124,6 +125,7 @@ def test_two_judge_configurations_compared_on_the_tasks_finished_under_both(benc
                    _row("b", "triton-fusion", 1.3, [1.25, 1.35], 1.1, [1.09, 1.11]),
                    _row("c", "algebraic", 1.5, [1.4, 1.6], 1.0, [0.9, 1.1])],
                   {"a": 50.0, "b": 40.0, "c": 45.0}, unfinished=["c"])
+    now["rows"][2]["baselines_pending"] = True  # what made c unfinished
     c = cost.compare(before, now)
     assert c["tasks"] == ["a", "b"]  # c is not finished under the new configuration
     # only the new configuration's calls count for it (an upper bound: unfinished work is in them)

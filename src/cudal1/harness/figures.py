@@ -174,17 +174,18 @@ def window_check(rows: dict[str, list[list[Any]]], clock: str) -> dict[str, Any]
     cand_slack, cand_span = slack(rows["cand"])
     if len(ref_slack) < 3 or len(cand_slack) < 3:
         return {"checked": False, "calls": len(cand_slack)}
-    excess = median(cand_slack) - median(ref_slack)
+    ref_ms, cand_ms = median(ref_slack), median(cand_slack)
+    excess = cand_ms - ref_ms
     reported = median(cand_span)
     bound = (WINDOW_FLOOR_MS.get(clock, 0.01) + 3 * iqr(ref_slack) + WINDOW_SHARE.get(clock, 0.01) * reported
-             + WINDOW_SLACK_SHARE.get(clock, 0.0) * max(0.0, median(ref_slack)))
-    out: dict[str, Any] = {"checked": True, "calls": len(cand_slack), "reference_slack_ms": median(ref_slack),
-                           "candidate_slack_ms": median(cand_slack), "excess_ms": excess, "bound_ms": bound,
+             + WINDOW_SLACK_SHARE.get(clock, 0.0) * max(0.0, ref_ms))
+    out: dict[str, Any] = {"checked": True, "calls": len(cand_slack), "reference_slack_ms": ref_ms,
+                           "candidate_slack_ms": cand_ms, "excess_ms": excess, "bound_ms": bound,
                            "bound_share": bound / max(reported, 1e-9)}
     if excess > bound:
         out["mismatch"] = (f"the clean side's window holds {excess:.4g} ms per call that the candidate's own report "
-                           f"leaves out (its slack {median(cand_slack):.4g} ms against the reference's "
-                           f"{median(ref_slack):.4g} ms; noise bound {bound:.4g} ms)")
+                           f"leaves out (its slack {cand_ms:.4g} ms against the reference's "
+                           f"{ref_ms:.4g} ms; noise bound {bound:.4g} ms)")
     return out
 
 
