@@ -279,7 +279,7 @@ def _measures(row: dict[str, Any]) -> dict[str, dict]:
     configuration: each compile mode, the search's best, and the two re-timings."""
     got: dict[str, dict] = {}
     for m, status in row["mode_status"].items():
-        if status in ("ok", "incorrect", "failed", "timeout", "rejected"):
+        if status not in (None, "skipped"):  # a verdict of any status
             got[f"{row['task']}|mode:{m}"] = {"status": status, "speedup": row["modes"].get(m),
                                                "speedup_ci": (row.get("mode_ci") or {}).get(m)}
     if row.get("best") is not None:

@@ -141,3 +141,7 @@ def test_two_judge_configurations_compared_on_the_tasks_finished_under_both(benc
     assert "before 500 (2 tasks), now 75" in text and "winning chain before compile-default, now triton-fusion" in text
     assert "4 of 6" in text and "within 1% of each other: 2 of 6" in text
     assert c["agreement"]["largest"][0] == "b|best builtin"  # 1.1 -> 1.3
+    # a mode that failed under one configuration is named, whatever its status
+    now["rows"][0]["mode_status"]["compile-default"] = "runtime_error"
+    assert cost.compare(before, now)["agreement"]["status_differs"] == [["a|mode:compile-default", "ok",
+                                                                         "runtime_error"]]
