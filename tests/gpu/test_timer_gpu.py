@@ -116,11 +116,13 @@ def test_the_digest_kernel_is_the_host_digest(timer):
     assert stager.digest(parts) == want  # the accumulator was read and zeroed
 
 
-def test_a_windowed_call_unmasks_snapshots_digests_and_is_seen_on_the_host(timer):
-    """One call under the window in one process, as the reference worker times its own calls:
-    the private input holds the original after the gate, the output lands in its target, the
-    page holds the target's digest, and the host's window holds the event span plus a small
-    slack."""
+@pytest.mark.parametrize("own_targets", [True, False], ids=["own_targets", "staged_targets"])
+def test_a_windowed_call_unmasks_snapshots_digests_and_is_seen_on_the_host(timer, own_targets):
+    """One call under the window in one process, as the reference worker times its own calls
+    (``own_targets``) and as the candidate's process does (the snapshot staged in its own memory,
+    the target filled after the clocks stopped): the private input holds the original after the
+    gate, the output lands in its target, the page holds the target's digest, and the host's
+    window holds the event span plus a small slack."""
     import torch
 
     from cudal1.harness import window
@@ -146,7 +148,8 @@ def test_a_windowed_call_unmasks_snapshots_digests_and_is_seen_on_the_host(timer
             pass
         marks["done"] = time.perf_counter_ns()
 
-    win = CallWindow(page, seq, [(masked, window.raw_bytes(mine))], [target], issued=issued, gate_timeout_s=1.0)
+    win = CallWindow(page, seq, [(masked, window.raw_bytes(mine))], [target], issued=issued, gate_timeout_s=1.0,
+                     own_targets=own_targets)
     t, out = timer.time_call(lambda a: a * 2 + 1, (mine,), window=win)
     assert torch.equal(mine, x) and torch.equal(target, out) and torch.equal(out, x * 2 + 1)
     assert page.digest == window.cpu_digest(window.raw_bytes(target).cpu().numpy())

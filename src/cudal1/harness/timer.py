@@ -7,6 +7,11 @@ CUDA protocol for one call (docs/harness.md, "Timing"):
   twice the L2 with zeros → ``start`` event → call → ``end`` event → snapshot of the outputs into
   their slots (on the calling stream) → digest of the slots and "done" written to the page →
   *issued* (the clean side opens the gate) → device-wide synchronize → ``end_device`` event.
+  Slots that are not this process's own memory (the candidate's: the reference worker's blocks
+  opened by IPC handle, or host files) get the snapshot in this process's memory instead, digested
+  there, and are filled from it after ``end_device``: writing and reading IPC-opened memory ran
+  37-55% slower than local memory on an H200 (``benchmarks/slot_copy.py``), which the
+  candidate's window would hold and the reference's, whose targets are its own, would not.
 While the gate holds the GPU, the host issues the whole call, so the ``start → end`` span is the
 call's GPU time without host wake-up or launch latency.  Because the gate occupies every thread
 slot of every multiprocessor, work the call puts on *other* streams cannot start early either.
@@ -87,7 +92,9 @@ class CallWindow:
     clean side opens the gate now); ``key()``, CPU only: blocks until the key is handed out;
     ``published(digest)``, CPU only: the outputs are in their slots (the digest is 0 there: the
     clean side snapshots the shared slots itself).  ``gate_timeout_s``: when
-    the gate opens by itself."""
+    the gate opens by itself.  ``own_targets``: the targets are this process's own device memory
+    (the reference's calls); otherwise each snapshot is staged here and copied into its target
+    after the call's clocks stopped."""
 
     page: Any
     seq: int
@@ -97,6 +104,7 @@ class CallWindow:
     key: Callable[[], tuple[int, int, int, int]] | None = None
     published: Callable[[int], None] = lambda digest: None
     gate_timeout_s: float = _SELF_OPEN_TIMEOUT_S
+    own_targets: bool = False
 
 
 def _fits(target: torch.Tensor | None, leaf: torch.Tensor, device_type: str) -> bool:
@@ -194,6 +202,10 @@ class CudaTimer:
         page = window.page
         start, end, end_device = self._events
         stream = _current_stream().cuda_stream
+        # Where the snapshots of slots that are not this process's own go: allocated now, before the
+        # gate holds the device (an allocation under it could wait for the device).
+        staging = [None if t is None or (window.own_targets and t.is_cuda)
+                   else torch.empty(tuple(t.shape), dtype=t.dtype, device=self.device) for t in window.targets]
         try:
             self._reset_l2()
         except Exception:  # noqa: BLE001 - drivers without persisting L2 support
@@ -219,20 +231,21 @@ class CudaTimer:
         stream = _current_stream().cuda_stream  # the snapshot and its digest follow the call's end on its stream
         leaves = _output_leaves(out)
         snapshot: list[torch.Tensor | None] = []
-        to_host: list[tuple[torch.Tensor, torch.Tensor]] = []  # slots in host memory: filled after the synchronize
+        staged: list[tuple[torch.Tensor, torch.Tensor]] = []  # (slot, snapshot): filled after the clocks stop
         for i, leaf in enumerate(leaves):
             target = window.targets[i] if i < len(window.targets) else None
             if not _fits(target, leaf, "cuda"):
                 snapshot.append(leaf.clone() if isinstance(leaf, torch.Tensor) and leaf.is_cuda else None)
                 continue
             assert target is not None
-            if target.is_cuda:
+            stage = staging[i]
+            if stage is None:
                 _snapshot(target, leaf)
                 snap = target
-            else:  # a host copy now would wait for the GPU, which the gate holds
-                snap = torch.empty_like(target)
-                _snapshot(snap, leaf)
-                to_host.append((target, snap))
+            else:  # another process's memory (or the host's: a copy now would wait for the gate)
+                _snapshot(stage, leaf)
+                snap = stage
+                staged.append((target, snap))
             if snap.numel():
                 self.kernels.digest(snap.data_ptr(), snap.numel() * snap.element_size(), stream)
             snapshot.append(snap)
@@ -240,11 +253,13 @@ class CudaTimer:
             self.kernels.publish(page.at(128), window.seq, stream)
         window.issued(host_ms)
         _synchronize(self.device)
-        for target, snap in to_host:
-            target.copy_(snap)
         end_device.record()
         end_device.synchronize()
         blocked = page.status == (window.seq & 0xFFFFFFFF)
+        for target, snap in staged:
+            target.copy_(snap)
+        if staged:
+            _synchronize(self.device)  # the clean side reads the slots once this process replies
         escaped = check_escape and any(s is not None and not _same_bits(s, _as_snapshot(leaf, s))
                                        for s, leaf in zip(snapshot, leaves))
         return CallTiming(start.elapsed_time(end), start.elapsed_time(end_device), host_ms, blocked, escaped), out

