@@ -64,9 +64,13 @@ def test_a_second_baseline_of_the_same_mode_compiles_nothing_new(tmp_path):
 
 def test_inductor_is_imported_before_the_gpu_lease_only_where_the_job_compiles(tmp_path):
     """Inductor's import (seconds) moves from ``construct`` (GPU lease held shared) to the import
-    phase (no lease) for compile-mode baselines and candidates that call torch.compile."""
-    from cudal1.harness.child.worker import _compiles
+    phase (no lease) for compile-mode baselines and candidates that call torch.compile; on a GPU
+    those jobs construct and check correctness (where they compile) under the exclusive lease."""
+    from types import SimpleNamespace
+
+    from cudal1.harness.reference.worker import RefWorker
     from cudal1.harness.spec import CandidateSettings, CandidateSpec
+    from cudal1.harness.spec import calls_torch_compile as _compiles
 
     def spec(mode: str, baseline: str | None = None, source: str | None = None) -> CandidateSpec:
         path = None
@@ -82,3 +86,14 @@ def test_inductor_is_imported_before_the_gpu_lease_only_where_the_job_compiles(t
     assert _compiles(spec("eval", source="self.f = torch.compile(self.f)\n"))
     assert not _compiles(spec("eval", source="class ModelNew: pass\n"))
     assert not _compiles(spec("build", source="torch.compile\n"))  # the CPU pre-build never compiles for the GPU
+
+    def lease(device: str, job: CandidateSpec) -> str:
+        on = SimpleNamespace(**{**{k: getattr(job, k) for k in ("mode", "baseline_mode", "candidate_path")},
+                                "device": device})
+        return RefWorker.construct_lease(SimpleNamespace(spec=on))  # type: ignore[arg-type]
+
+    assert lease("cuda", spec("baseline", "compile-max-autotune-no-cudagraphs")) == "exclusive"
+    assert lease("cuda", spec("eval", source="m = torch.compile(m)\n")) == "exclusive"
+    assert lease("cuda", spec("baseline", "cudagraph")) == "shared"
+    assert lease("cuda", spec("eval", source="class ModelNew: pass\n")) == "shared"
+    assert lease("cpu", spec("baseline", "compile-default")) == "shared"  # no GPU kernels timed while compiling

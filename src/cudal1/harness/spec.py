@@ -227,3 +227,25 @@ class WorkerVerdict:
             traceback=str(data.get("traceback") or ""),
             slots=str(data.get("slots") or ""),
         )
+
+
+def calls_torch_compile(spec: WorkerSpec | CandidateSpec) -> bool:
+    """The job calls ``torch.compile``: a compile-mode baseline, or a candidate whose source names
+    it (a text search; a candidate that hides the call only loses what follows).  Both processes
+    act on it.  The candidate's imports Inductor in its import phase, which holds no GPU lease,
+    instead of on its first ``torch.compile``.  The reference worker holds the GPU's lease
+    exclusive from ``construct`` on (on a GPU), so the choices torch.compile makes by timing
+    kernels while it compiles (max-autotune's kernel choice, matmul padding) are made with nothing
+    else of the judge on the GPU: beside other workers' GPU phases they moved figures by 6-21%."""
+    if spec.mode == "baseline":
+        from cudal1.compile_modes import COMPILE_MODES
+        from cudal1.harness.baselines import canonical_mode
+
+        return canonical_mode(spec.baseline_mode or "") in COMPILE_MODES
+    if spec.mode == "eval" and spec.candidate_path:
+        try:
+            with open(spec.candidate_path) as f:
+                return "torch.compile" in f.read()
+        except OSError:
+            return False
+    return False

@@ -36,7 +36,7 @@ from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output, set_math_mode
 from cudal1.harness.proctree import become_subreaper
 from cudal1.harness.slots import SlotMap
-from cudal1.harness.spec import CandidateSpec
+from cudal1.harness.spec import CandidateSpec, calls_torch_compile
 from cudal1.harness.timer import make_timer
 from cudal1.harness.wire import decode_inputs, encode_outputs
 
@@ -45,25 +45,6 @@ _audit = sys.audit  # captured before candidate code runs
 _dumps = json.dumps
 _THREAD_GRACE_S = 0.1  # a thread seen right after a call gets this long to finish (its writes are watched)
 BUILD_NICENESS = 10  # a pre-build's niceness (it and its compilers yield to the processes being timed)
-
-
-def _compiles(spec: CandidateSpec) -> bool:
-    """The job calls ``torch.compile`` (a compile-mode baseline, or a candidate whose source names
-    it): Inductor's import is then done in the import phase, which holds no GPU lease, instead of
-    on the first ``torch.compile`` in ``construct``, which holds it shared and so keeps the other
-    workers on the GPU from timing.  What is timed does not change."""
-    if spec.mode == "baseline":
-        from cudal1.compile_modes import COMPILE_MODES
-        from cudal1.harness.baselines import canonical_mode
-
-        return canonical_mode(spec.baseline_mode or "") in COMPILE_MODES
-    if spec.mode == "eval" and spec.candidate_path:
-        try:
-            with open(spec.candidate_path) as f:
-                return "torch.compile" in f.read()
-        except OSError:
-            return False
-    return False
 
 
 class CandidateProcess(CallHandlers):
@@ -202,7 +183,7 @@ class CandidateProcess(CallHandlers):
             model_new = None
             if self.spec.mode in ("baseline", "build"):  # the wrapped reference; the pre-build tail constructs with it
                 load_module(self.spec.reference_path, self.spec.reference_module)
-            if _compiles(self.spec):
+            if calls_torch_compile(self.spec):
                 import torch._inductor.compile_fx  # noqa: F401 - seconds: here no GPU lease is held, in construct one is
             if self.spec.mode != "baseline":
                 path, name = self.spec.candidate_path, self.spec.candidate_module

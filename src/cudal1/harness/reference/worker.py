@@ -36,7 +36,7 @@ from cudal1.harness.reference.measure import Measurement
 from cudal1.harness.reference.outputs import scrub
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.slots import SlotPool
-from cudal1.harness.spec import PhaseLimits, WorkerSpec, binds_cpu_threads
+from cudal1.harness.spec import PhaseLimits, WorkerSpec, binds_cpu_threads, calls_torch_compile
 
 
 def _oom_flag(exc: BaseException) -> list[str]:
@@ -93,7 +93,7 @@ class RefWorker(Measurement):
             imported = link.read()
             result.update(build_s=imported.get("build_s"), compile_log=str(imported.get("compile_log") or "")[-20000:])
             phase = "construct"
-            self.enter(phase, "shared")
+            self.enter(phase, self.construct_lease())
             with torch.no_grad():
                 link.construct(self.init_inputs(ref_mod), self.cfg.seed)
             phase = "correctness"
@@ -129,6 +129,12 @@ class RefWorker(Measurement):
             if self.link is not None:
                 self.link.resume()
                 self.link.close()
+
+    def construct_lease(self) -> str:
+        """The lease ``construct`` and ``correctness`` hold: *exclusive* on a GPU for a job that
+        calls torch.compile (its first call compiles, and may time kernels to choose among them:
+        :func:`~cudal1.harness.spec.calls_torch_compile`), else *shared*."""
+        return "exclusive" if self.spec.device == "cuda" and calls_torch_compile(self.spec) else "shared"
 
     def phase(self, name: str) -> None:
         self.current_phase = name
