@@ -6,7 +6,7 @@ every cudal1 process on the machine; on the CPU only when several workers share 
 root).  The job's clean reference worker holds it for the whole job (the candidate's process acts
 only when that worker asks it to): *shared* in phases that use the GPU (``reference``,
 ``construct``, ``correctness``), *exclusive* from ``timing`` to the verdict (from ``construct`` for
-a job that calls torch.compile, which times kernels while it compiles), *none* during start-up, the
+a compile-mode baseline, whose torch.compile times kernels while it compiles), *none* during start-up, the
 candidate's import and any build.  A phase that uses the GPU starts only once its
 lease is held; waiting is its own phase, ``lane``.  Linux drops a held ``flock`` when converting
 it, even when a non-blocking attempt then fails, so an upgrade announces ``lane`` before the lock

@@ -231,12 +231,10 @@ class WorkerVerdict:
 
 def calls_torch_compile(spec: WorkerSpec | CandidateSpec) -> bool:
     """The job calls ``torch.compile``: a compile-mode baseline, or a candidate whose source names
-    it (a text search; a candidate that hides the call only loses what follows).  Both processes
-    act on it.  The candidate's imports Inductor in its import phase, which holds no GPU lease,
-    instead of on its first ``torch.compile``.  The reference worker holds the GPU's lease
-    exclusive from ``construct`` on (on a GPU), so the choices torch.compile makes by timing
-    kernels while it compiles (max-autotune's kernel choice, matmul padding) are made with nothing
-    else of the judge on the GPU: beside other workers' GPU phases they moved figures by 6-21%."""
+    it (a text search).  The candidate's process imports Inductor in its import phase, which holds
+    no GPU lease, instead of on its first ``torch.compile``; for a compile-mode baseline the
+    reference worker also holds the lease exclusive from ``construct`` on (on a GPU: see
+    :meth:`cudal1.harness.reference.worker.RefWorker.construct_lease`)."""
     if spec.mode == "baseline":
         from cudal1.compile_modes import COMPILE_MODES
         from cudal1.harness.baselines import canonical_mode
