@@ -61,7 +61,7 @@ def stop_compile_workers() -> bool:
     Each pool's sidecar is stopped (SIGSTOP: it starts nothing more), then it and every process
     below it are killed, before Inductor's own shutdown runs: that one asks the sidecar to finish
     and waits while its pool finishes starting the workers it has not started yet, which took up to
-    8 s per job on an H200 (25 of 83 verdicts of one benchmark call, 2026-12-03), all of it inside
+    8 s per job on an H200 (25 of 83 verdicts of two benchmark calls, 2026-12-03), all of it inside
     the timing phase's exclusive lease."""
     compile_module = sys.modules.get("torch._inductor.async_compile")
     if compile_module is None:
