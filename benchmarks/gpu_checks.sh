@@ -34,6 +34,9 @@
 #   profiles: measured profiles (--profile): tests/gpu/test_profiles_gpu.py, judge --profile of the
 #            bundled example, and benchmarks/profile_cost.py (median extra seconds per profiled
 #            verdict; budget 0.5 s) (~4-6 min)
+#   bigio : the judge on gigabyte inputs and outputs: benchmarks/slot_copy.py (the window's steps in
+#           own memory against a slot opened by IPC handle), then the compile-default baselines of
+#           level1/38 (8.6 GB in and out) and level1/63 (8.5 GB out) with their window figures (~2 min)
 # Several stages: bash benchmarks/gpu_checks.sh "tests builtin"
 # Expects KernelBench/CUDA-L1 JSONL copies in .data/ (copied there; see docs/contributing.md, GPU checks).
 # Full logs go to $OUT; a short table is printed last.
@@ -139,6 +142,28 @@ if has chain; then
   timeout 200 python3 -m cudal1.cli.main optimize examples/tasks/matmul_chain.py --policy builtin --device cuda --rounds 2 \
     --out "$OUT/chain" --json >"$OUT/chain.log" 2>&1
   summary+=("matmul chain optimize: rc=$? ($((SECONDS-t0)) s) $(tail -1 "$OUT/chain.log" | head -c 400)")
+fi
+if has bigio; then
+  t0=$SECONDS
+  timeout 120 python3 benchmarks/slot_copy.py --sizes 1,4,8.5 --reps 8 --json "$OUT/slot_copy.json" >"$OUT/slot_copy.log" 2>&1
+  summary+=("slot copy: rc=$? ($((SECONDS-t0)) s)")
+  tail -16 "$OUT/slot_copy.log"
+  for t in 38 63; do
+    t0=$SECONDS
+    timeout 240 python3 -m cudal1.cli.main baseline --suite "kernelbench:level1/$t" --modes compile-default \
+      --device cuda --out "/tmp/bigio_$t" --json >"$OUT/bigio_level1_$t.log" 2>&1
+    line=$(python3 -c '
+import json, sys
+try:
+    m = json.loads([x for x in open(sys.argv[1]) if x.startswith("{")][-1])["tasks"][0]["modes"]["compile-default"]
+except Exception as exc:
+    print(f"no verdict ({type(exc).__name__})"); sys.exit()
+w = (m.get("figures") or {}).get("gpu", {}).get("window") or {}
+print(m["status"], ",".join(m.get("flags") or []) or "-", m.get("speedup"),
+      "excess", round(w.get("excess_ms", 0), 3), "bound", round(w.get("bound_ms", 0), 3), "ms")
+' "$OUT/bigio_level1_$t.log")
+    summary+=("level1/$t compile-default: $line ($((SECONDS-t0)) s)")
+  done
 fi
 if has host_load; then
   t0=$SECONDS
