@@ -67,6 +67,7 @@ from cudal1.tasks import load_tasks
 from cudal1.types import Task
 
 STORE, SNAPSHOT, REWRITES_TGZ = "cudal1.sqlite", "cudal1.sqlite.gz", "rewrites.tgz"
+STALL_S = 240  # every thread's stack is printed once no verdict has come for this long (and again)
 
 
 def select(selectors: list[str], subset: list[str], exclude: set[str], source: str | None) -> tuple[list, dict]:
@@ -212,6 +213,7 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
 
     def tick(r) -> None:
         count[0] += 1
+        faulthandler.dump_traceback_later(STALL_S, repeat=True)  # progress: the stall clock starts again
         print(f"[{time.monotonic() - t0:6.0f}s] {count[0]:4d} {r.task_name[:44]:44s} {r.status.value:14s} "
               f"{'-' if r.speedup is None else round(r.speedup, 3)} {','.join(r.flags)}", flush=True)
 
@@ -344,7 +346,7 @@ def main() -> int:
         snapshot_rewrites(out)
         return 0
     restore_store(out)
-    faulthandler.dump_traceback_later(240, repeat=True)  # a stalled run shows where it stands
+    faulthandler.dump_traceback_later(STALL_S, repeat=True)  # a stalled run shows where it stands
     try:
         judge = EvalConfig.preset(args.preset).replace(
             device=args.device, workers_per_gpu=args.workers_per_gpu, keep_samples=False,

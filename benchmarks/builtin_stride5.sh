@@ -6,6 +6,7 @@
 #   bash benchmarks/builtin_stride5.sh probe    # the cost levers off and on, on 3 finished tasks (~4-6 min)
 #   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
+#   STRIDE5_WORKERS=3 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 2; not in the config hash)
 #
 # probe: the baselines of the run's first 3 finished tasks (every mode, then the re-timing of each
 #        one's best compile mode), from empty caches with the levers on, then off, outside the run
@@ -24,7 +25,7 @@ step=${1:?usage: builtin_stride5.sh probe|resume}
 # and two max-autotune figures moved by 13-21% (docs/builtin.md, "What a task costs").
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
-      --timing-budget 2 --timing-trials 50 --workers-per-gpu 2
+      --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-2}"
       --out benchmarks/runs/stride5 --pack "$OUT/stride5_state.tgz")
 [ -f benchmarks/runs/stride5/cudal1.sqlite.gz ] || echo "warning: no stride-5 state here: the run starts afresh"
 case "$step" in
