@@ -180,12 +180,33 @@ class Batches:
         self.path = out / "run.json"
         self.run = json.loads(self.path.read_text()) if self.path.exists() else {"batches": []}
         self.call, self.gpus, self.levers = time.strftime("%Y-%m-%dT%H:%M:%S"), gpus, levers
+        self.stage, self.since, self.verdicts = "search", None, 0  # what a cut call was doing, since when
+
+    def begin(self, stage: str) -> None:
+        """The stage (search | baselines | confirm) the next batches belong to."""
+        self.stage = stage
+        if self.since is None:
+            self.since = time.monotonic()
+
+    def verdict(self) -> None:
+        self.verdicts += 1
 
     def add(self, what: str, stats) -> None:
-        self.run["batches"].append({"what": what, "jobs": stats.jobs, "wall_s": stats.wall_s,
-                                    "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
-                                    "at": time.strftime("%Y-%m-%d %H:%M:%S"), "call": self.call, "gpus": self.gpus,
-                                    "levers": self.levers})
+        self._append({"what": what, "jobs": stats.jobs, "wall_s": stats.wall_s,
+                      "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s})
+
+    def cut(self) -> None:
+        """The call was stopped inside a batch: the time since the last whole batch, as a batch of
+        the current stage marked ``cut`` (its verdicts are kept; its device idle share and lease
+        waits are not known), so the call's device seconds hold all the work it did."""
+        if self.since is not None:
+            self._append({"what": f"{self.stage} (cut)", "jobs": self.verdicts, "wall_s": time.monotonic() - self.since,
+                          "gpu_idle_share": None, "lease_wait_s": None, "cut": True})
+
+    def _append(self, batch: dict[str, Any]) -> None:
+        self.run["batches"].append({**batch, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "call": self.call,
+                                    "gpus": self.gpus, "levers": self.levers})
+        self.since, self.verdicts = time.monotonic(), 0
         self.save()
 
     def finished(self, when: str, n: int) -> None:
@@ -213,6 +234,7 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
 
     def tick(r) -> None:
         count[0] += 1
+        batches.verdict()
         faulthandler.dump_traceback_later(STALL_S, repeat=True)  # progress: the stall clock starts again
         print(f"[{time.monotonic() - t0:6.0f}s] {count[0]:4d} {r.task_name[:44]:44s} {r.status.value:14s} "
               f"{'-' if r.speedup is None else round(r.speedup, 3)} {','.join(r.flags)}", flush=True)
@@ -233,14 +255,18 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
                    hardware="GPU")
         for start in range(0, len(tasks), size):
             chunk = tasks[start:start + size]
+            batches.begin("search")
             optimize(chunk, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
             if modes:
+                batches.begin("baselines")
                 time_baselines(out, rj, chunk, modes, judge.hash(), args.levers == "on",
                                on_result=tick, on_stats=lambda s: batches.add("baselines", s))
             if args.confirm:
+                batches.begin("confirm")
                 rows = task_rows(out, chunk, judge.hash(), {}, modes)
                 confirm(out, chunk, rows, judge.replace(workers_per_gpu=args.confirm_workers_per_gpu), plan,
                         on_stats=batches.add, tick=tick)
+        batches.begin("search")
         optimize(tasks, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
     finally:
         store.close()
@@ -365,6 +391,7 @@ def main() -> int:
             cost_probe(args, out, tasks, judge, rules_of, modes)
     except KeyboardInterrupt:
         print("\ncut short: every verdict so far is kept; run the same command again to resume", flush=True)
+        batches.cut()
         code = 130
     finally:
         snapshot_store(out)

@@ -145,3 +145,29 @@ def test_two_judge_configurations_compared_on_the_tasks_finished_under_both(benc
     now["rows"][0]["mode_status"]["compile-default"] = "runtime_error"
     assert cost.compare(before, now)["agreement"]["status_differs"] == [["a|mode:compile-default", "ok",
                                                                          "runtime_error"]]
+
+
+def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(bench, tmp_path, monkeypatch):
+    """A call stopped by its time limit inside a batch (whose stats never arrive) still counts the
+    time since its last whole batch, as a ``cut`` batch of the stage it was in."""
+    from types import SimpleNamespace
+
+    _, cost = bench
+    import builtin_kernelbench
+
+    now = [100.0]
+    monkeypatch.setattr(builtin_kernelbench.time, "monotonic", lambda: now[0])
+    batches = builtin_kernelbench.Batches(tmp_path, gpus=1)
+    batches.begin("search")
+    now[0] = 160.0
+    batches.add("search", SimpleNamespace(jobs=4, wall_s=58.0, gpu_idle_share=0.1, lease_wait_s=2.0))
+    batches.begin("baselines")
+    batches.verdict()
+    batches.verdict()
+    now[0] = 250.0
+    batches.cut()  # stopped inside the baselines
+    cut = batches.run["batches"][-1]
+    assert cut["what"] == "baselines (cut)" and cut["cut"] and cut["jobs"] == 2 and cut["wall_s"] == 90.0
+    calls = cost.call_costs(batches.run, {batches.call: 1})
+    assert calls[0]["device_s"] == {"search": 58.0, "baselines": 90.0} and calls[0]["jobs"] == 6
+    assert (tmp_path / "run.json").exists()
