@@ -26,6 +26,7 @@ import os
 import platform
 import signal
 import sys
+import time
 
 from cudal1.harness.child.seccomp import bpf
 
@@ -36,6 +37,7 @@ _NUMBERS = {
 }
 _CLONE_THREAD = 0x00010000
 _KILL_PROCESS, _ALLOW, _ENOSYS = 0x80000000, 0x7FFF0000, 0x00050000 | errno.ENOSYS
+_REAP_S = 2.0  # how long a killed compile-worker process is waited for (one stuck in the kernel is left)
 
 
 def seal_program(machine: str) -> list[tuple[int, int, int, int]]:
@@ -93,11 +95,16 @@ def _kill_sidecar(process: object) -> None:
             os.kill(p, signal.SIGKILL)
         except OSError:
             pass
-    for p in doomed:
-        try:
-            os.waitpid(p, 0)
-        except (ChildProcessError, OSError):  # not this process's child: its own parent reaps it
-            pass
+    pending, deadline = set(doomed), time.monotonic() + _REAP_S
+    while pending and time.monotonic() < deadline:
+        for p in list(pending):
+            try:
+                if os.waitpid(p, os.WNOHANG)[0]:
+                    pending.discard(p)
+            except OSError:  # not this process's child: its own parent reaps it
+                pending.discard(p)
+        if pending:
+            time.sleep(0.005)
 
 
 def seal() -> str:
