@@ -85,11 +85,13 @@ class CallHandlers:
 
     def time_one(self, request: dict[str, Any], _: Any) -> dict[str, Any]:
         """One timed call under the clean window (``inputs`` masked in their slots, ``targets``,
-        ``seq``, ``where``; docs/harness.md, "Timing"): private buffers are allocated, the gate,
-        the unmasking and the call are queued, the outputs go into their slots and their digest to
-        the page, then ``issued`` tells the reference worker to open the gate (on the CPU it answers
-        with the key).  Every few calls (and never told which in advance) the second-line checks
-        run in full: the runtime guard's walk and the input-mutation check."""
+        ``seq``, ``where``; docs/harness.md, "Timing"): the masked inputs are copied out of their
+        slots and private buffers are allocated, the gate, the unmasking and the call are queued,
+        the outputs' snapshot (in this process's memory on a GPU) and its digest to the page, then
+        ``issued`` tells the reference worker to open the gate (on the CPU it answers with the
+        key); on a GPU the slots are filled from the snapshot once the clocks stopped.  Every few
+        calls (and never told which in advance) the second-line checks run in full: the runtime
+        guard's walk and the input-mutation check."""
         from cudal1.harness.timer import CallWindow
 
         where = str(request.get("where") or "timed call")
