@@ -110,10 +110,10 @@ def merge_skips(into: dict[str, dict[str, str]], skipped: dict[str, dict[str, st
 
 def record_skips(out: Path, skipped: dict[str, dict[str, str]]) -> None:
     """Merge ``skipped`` into ``OUT/baseline_skips.json`` (written whole, then renamed)."""
-    _write(out / SKIPS, json.dumps(merge_skips(load_skips(out), skipped), indent=1, sort_keys=True))
+    write_whole(out / SKIPS, json.dumps(merge_skips(load_skips(out), skipped), indent=1, sort_keys=True))
 
 
-def _write(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
     """``text`` into ``path``, written whole beside it, then renamed over it."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
@@ -128,4 +128,4 @@ def load_done(out: Path) -> set[str]:
 def record_done(out: Path, task_ids: list[str]) -> None:
     """Add ``task_ids`` to ``OUT/baselines_done.json``: their baselines have all run (written
     whole, then renamed)."""
-    _write(out / DONE, json.dumps(sorted(load_done(out) | set(task_ids)), indent=0))
+    write_whole(out / DONE, json.dumps(sorted(load_done(out) | set(task_ids)), indent=0))

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 from typing import Any, Callable
 
+from builtin_baseline_plan import write_whole
 from builtin_figures import finished
 from cudal1.config import EvalConfig
 from cudal1.recorded import RecordedJudge
@@ -23,9 +24,7 @@ from cudal1.store import RunStore
 
 
 def _save(out: Path, done: dict[str, Any]) -> None:
-    tmp = out / "confirm.json.tmp"
-    tmp.write_text(json.dumps(done, indent=1))
-    tmp.replace(out / "confirm.json")
+    write_whole(out / "confirm.json", json.dumps(done, indent=1))
 
 
 def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: Any,
