@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builtin_baseline_plan import write_whole
-from builtin_figures import finished
+from builtin_figures import counted
 from cudal1.config import EvalConfig
 from cudal1.recorded import RecordedJudge
 from cudal1.store import RunStore
@@ -41,7 +41,7 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
         pairs, keys = [], []
         modes = []
         for r in rows:
-            if r["degenerate"] or not finished(r):
+            if not counted(r):
                 continue
             task = by_id[r["task"]]
             if r["best_hash"] and f"{task.task_id}|{r['best_hash']}" not in done:

@@ -46,7 +46,7 @@ from typing import Any
 
 import builtin_baseline_plan
 from builtin_baseline_plan import GRAPHED_SIBLING
-from builtin_figures import finished
+from builtin_figures import counted
 from cudal1.harness.parent.batchstats import GPU_PHASES
 
 COMPILE_PHASES = ("construct", "correctness")
@@ -155,7 +155,7 @@ def probe(out: Path, tasks: list, rows: list[dict], modes: list[str], judge: Any
 
     modes = check_modes(modes, plan.device)  # as the run times them (CUDA-only modes dropped on a CPU)
     by_id = {t.task_id: t for t in tasks}
-    done = [r for r in rows if finished(r) and not r["degenerate"]][:n]
+    done = [r for r in rows if counted(r)][:n]
     chosen = [by_id[r["task"]] for r in done]
     best = {r["task"]: r["best_mode"] for r in done if r["best_mode"]}
     passes: dict[str, Any] = {}
@@ -271,7 +271,7 @@ def _value(probe_pass: dict[str, Any], task: str, mode: str) -> str:
 
 
 def _finished_rows(report: dict[str, Any]) -> dict[str, dict]:
-    return {r["task"]: r for r in report["rows"] if finished(r) and not r["degenerate"]}
+    return {r["task"]: r for r in report["rows"] if counted(r)}
 
 
 def _measures(row: dict[str, Any]) -> dict[str, dict]:

@@ -157,9 +157,14 @@ def finished(row: dict) -> bool:
     return row["judged"] and not row["pending"] and bool(row["rounds"]) and not row.get("baselines_pending")
 
 
+def counted(row: dict) -> bool:
+    """The task enters the figures: finished and not degenerate."""
+    return finished(row) and not row["degenerate"]
+
+
 def summarize(rows: list[dict], modes: list[str]) -> dict[str, Any]:
     unfinished = [r for r in rows if not finished(r)]
-    live = [r for r in rows if r not in unfinished and not r["degenerate"]]
+    live = [r for r in rows if counted(r)]
     value = lambda r: r["best"] or 1.0  # noqa: E731
 
     def figures(sub: list[dict]) -> dict[str, Any]:

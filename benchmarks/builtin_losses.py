@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from builtin_figures import finished
+from builtin_figures import counted
 from cudal1.compile_modes import COMPILE_CUDAGRAPH, COMPILE_MODES, CUDA_GRAPH
 
 REASONS = {
@@ -101,7 +101,7 @@ def loss_rows(out: Path, tasks: list, config_hash: str, rows: list[dict],
     found = []
     for r in rows:
         mode = r["best_mode"]
-        if not finished(r) or r["degenerate"] or not mode:
+        if not counted(r) or not mode:
             continue
         if r["mode_status"].get(mode) != "ok" or (r["best_mode_value"] or 0) <= (r["best"] or 1.0):
             continue
