@@ -25,6 +25,7 @@ from cudal1.policy.builtin import PASSES, BuiltinPolicy, passes_in, render_candi
 from cudal1.recorded import RecordedJudge
 from cudal1.search import SearchConfig, optimize
 from cudal1.search.loop import reference_candidate
+from cudal1.speedup import faster
 from cudal1.store import RunStore
 from cudal1.tasks import load_task_file
 from cudal1.train.smoke.server import Reply, ScriptedLLMServer
@@ -248,7 +249,12 @@ def test_pool_prompts_mark_the_reference_anchor_by_field(tmp_path):
     with RunStore(tmp_path / "out" / "cudal1.sqlite") as store:
         (response, *_) = store.responses()
     assert response["analysis"] == "scale rows" and response["candidate_hash"]
-    assert "A.unsqueeze(1) * B" in Path(summary["tasks"][0]["best_path"]).read_text()
+    # best/ holds it when its verdict says faster; a verdict timed on a contended host (CI's two
+    # cores under the suite's load) never does, and the run keeps it in candidates/ instead
+    row, verdict = summary["tasks"][0], fast_candidate_verdict(tmp_path / "out")
+    kept = row["best_path"] if faster(verdict) else row["uncertain_candidate"]["path"]
+    assert faster(verdict) or "contended" in verdict.flags, (verdict.speedup, verdict.speedup_ci, verdict.flags)
+    assert "A.unsqueeze(1) * B" in Path(kept).read_text()
     # resumed with one more round: the slots announced (expect) are exactly the slots settled, those
     # read back from the store included, so a progress display never passes its total
     from cudal1.recorded import RecordedJudge
