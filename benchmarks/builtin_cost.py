@@ -94,14 +94,17 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
 
 def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, Any]]:
     """Per call of the benchmark (batches grouped by their ``call`` stamp; earlier batches, which
-    carry none, as one call ``before``): device seconds by kind and per task it finished."""
+    carry none, as one call ``before``): device seconds by kind and per task it finished, and the
+    judge workers per GPU of its search and baselines (None where the batches did not record it)."""
     calls: dict[str, dict[str, Any]] = {}
     for b in run.get("batches", []):
         c = calls.setdefault(b.get("call", "before"), {"call": b.get("call", "before"), "levers": b.get("levers"),
-                                                       "device_s": {}, "jobs": 0})
+                                                       "device_s": {}, "jobs": 0, "workers_per_gpu": None})
         kind = b["what"].split()[0]  # search | baselines | confirm (winners, modes)
         c["device_s"][kind] = c["device_s"].get(kind, 0.0) + b["wall_s"] * b.get("gpus", 1)
         c["jobs"] += b["jobs"]
+        if kind != "confirm" and b.get("workers_per_gpu") is not None:
+            c["workers_per_gpu"] = b["workers_per_gpu"]
     for c in calls.values():
         c["finished"] = finished_by_call.get(c["call"])
         total = sum(c["device_s"].values())
@@ -137,7 +140,8 @@ def markdown(cost: dict[str, Any]) -> str:
              f"{f(h['baselines_compile'])}, of it construct {f(h['baselines_construct'])}), all {f(h['total'])}"]
     for c in cost["calls"]:
         kinds = ", ".join(f"{k} {v:.0f}" for k, v in c["device_s"].items())
-        lines.append(f"cost of call {c['call']} (levers {c['levers'] or 'n/a'}): device seconds {kinds} "
+        workers = f", {c['workers_per_gpu']} worker(s) per GPU" if c.get("workers_per_gpu") else ""
+        lines.append(f"cost of call {c['call']} (levers {c['levers'] or 'n/a'}{workers}): device seconds {kinds} "
                      f"= {c['device_s_total']:.0f} for {c['finished'] if c['finished'] is not None else '?'} "
                      f"task(s) finished: {f(c['device_s_per_task'])} s per task")
     return "\n".join(lines)

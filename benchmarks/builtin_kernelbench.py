@@ -173,13 +173,16 @@ def snapshot_rewrites(out: Path) -> None:
 
 class Batches:
     """Every judged batch's BatchStats, summarized for OUT/run.json and the report; each batch
-    carries its call's stamp, the GPUs it ran on and whether the cost levers were on, and each
-    call the tasks finished before and after it (:mod:`builtin_cost`)."""
+    carries its call's stamp, the GPUs it ran on, the judge workers sharing each GPU (the re-timing's
+    own count for a ``confirm`` batch) and whether the cost levers were on, and each call the tasks
+    finished before and after it (:mod:`builtin_cost`)."""
 
-    def __init__(self, out: Path, gpus: int = 1, levers: str = "on") -> None:
+    def __init__(self, out: Path, gpus: int = 1, levers: str = "on", workers: int = 2,
+                 confirm_workers: int = 1) -> None:
         self.path = out / "run.json"
         self.run = json.loads(self.path.read_text()) if self.path.exists() else {"batches": []}
         self.call, self.gpus, self.levers = time.strftime("%Y-%m-%dT%H:%M:%S"), gpus, levers
+        self.workers, self.confirm_workers = workers, confirm_workers
         self.stage, self.since, self.verdicts = "search", None, 0  # what a cut call was doing, since when
 
     def begin(self, stage: str) -> None:
@@ -204,8 +207,9 @@ class Batches:
                           "gpu_idle_share": None, "lease_wait_s": None, "cut": True})
 
     def _append(self, batch: dict[str, Any]) -> None:
+        workers = self.confirm_workers if batch["what"].startswith("confirm") else self.workers
         self.run["batches"].append({**batch, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "call": self.call,
-                                    "gpus": self.gpus, "levers": self.levers})
+                                    "gpus": self.gpus, "workers_per_gpu": workers, "levers": self.levers})
         self.since, self.verdicts = time.monotonic(), 0
         self.save()
 
@@ -381,7 +385,8 @@ def main() -> int:
         ap.error(str(exc))
     keep_earlier_config(out, judge, args.report_only)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
-    batches = Batches(out, gpus=_gpus(args), levers=args.levers)
+    batches = Batches(out, gpus=_gpus(args), levers=args.levers, workers=args.workers_per_gpu,
+                      confirm_workers=args.confirm_workers_per_gpu)
     code = 0
     try:
         if not args.report_only:

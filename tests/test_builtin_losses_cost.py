@@ -75,12 +75,20 @@ def test_device_seconds_per_task_per_call(bench):
     run = {"batches": [
         {"what": "search", "jobs": 40, "wall_s": 300.0},  # before the GPU count was kept: one GPU
         {"what": "baselines", "jobs": 20, "wall_s": 200.0},
-        {"what": "search", "jobs": 10, "wall_s": 50.0, "call": "c2", "gpus": 2, "levers": "on"},
-        {"what": "confirm winners", "jobs": 2, "wall_s": 10.0, "call": "c2", "gpus": 2, "levers": "on"},
+        {"what": "search", "jobs": 10, "wall_s": 50.0, "call": "c2", "gpus": 2, "levers": "on", "workers_per_gpu": 3},
+        {"what": "confirm winners", "jobs": 2, "wall_s": 10.0, "call": "c2", "gpus": 2, "levers": "on",
+         "workers_per_gpu": 1},
     ]}
     calls = {c["call"]: c for c in cost.call_costs(run, {"c2": 2})}
     assert calls["before"]["device_s_total"] == 500.0 and calls["before"]["device_s_per_task"] is None
     assert calls["c2"]["device_s"] == {"search": 100.0, "confirm": 20.0} and calls["c2"]["device_s_per_task"] == 60.0
+    # the call's workers are its search's and baselines', not the re-timing's own count
+    assert calls["before"]["workers_per_gpu"] is None and calls["c2"]["workers_per_gpu"] == 3
+    text = cost.markdown({"held_s_per_task": dict.fromkeys(("search", "baselines", "baselines_compile",
+                                                            "baselines_construct", "total")),
+                          "tasks": 0, "calls": list(calls.values())})
+    assert "cost of call c2 (levers on, 3 worker(s) per GPU): device seconds search 100, confirm 20" in text
+    assert "cost of call before (levers n/a): device seconds search 300, baselines 200" in text
     assert cost.held_s({"setup": 5.0, "import": 2.0, "lane": 9.0, "construct": 1.0, "correctness": 3.0,
                         "timing": 2.0}) == 6.0  # only the phases that hold the GPU's lease
 
@@ -157,7 +165,7 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
 
     now = [100.0]
     monkeypatch.setattr(builtin_kernelbench.time, "monotonic", lambda: now[0])
-    batches = builtin_kernelbench.Batches(tmp_path, gpus=1)
+    batches = builtin_kernelbench.Batches(tmp_path, gpus=1, workers=3, confirm_workers=1)
     batches.begin("search")
     now[0] = 160.0
     batches.add("search", SimpleNamespace(jobs=4, wall_s=58.0, gpu_idle_share=0.1, lease_wait_s=2.0))
@@ -170,4 +178,8 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
     assert cut["what"] == "baselines (cut)" and cut["cut"] and cut["jobs"] == 2 and cut["wall_s"] == 90.0
     calls = cost.call_costs(batches.run, {batches.call: 1})
     assert calls[0]["device_s"] == {"search": 58.0, "baselines": 90.0} and calls[0]["jobs"] == 6
+    assert [b["workers_per_gpu"] for b in batches.run["batches"]] == [3, 3] and calls[0]["workers_per_gpu"] == 3
+    batches.begin("confirm")
+    batches.add("confirm winners", SimpleNamespace(jobs=1, wall_s=5.0, gpu_idle_share=0.2, lease_wait_s=0.0))
+    assert batches.run["batches"][-1]["workers_per_gpu"] == 1  # the re-timing's own count
     assert (tmp_path / "run.json").exists()
