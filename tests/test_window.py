@@ -62,6 +62,9 @@ def test_cpu_mask_is_its_own_inverse_and_needs_the_key():
     window.cpu_mask(masked, back, key, 3)
     assert np.array_equal(back, data)
     assert np.mean(masked == data) < 0.02  # about 1/256 of the bytes agree by chance
+    inplace = masked.copy()
+    window.cpu_mask(inplace, inplace, key, 3)  # in place, as both sides unmask their inputs
+    assert np.array_equal(inplace, data)
     other, lane = np.empty_like(data), np.empty_like(data)
     window.cpu_mask(masked, other, window.new_key(), 3)
     window.cpu_mask(masked, lane, key, 4)

@@ -121,8 +121,8 @@ def test_a_windowed_call_unmasks_snapshots_digests_and_is_seen_on_the_host(timer
     """One call under the window in one process, as the reference worker times its own calls
     (``own_targets``) and as the candidate's process does (the snapshot staged in its own memory,
     the target filled after the clocks stopped): the private input holds the original after the
-    gate, the output lands in its target, the page holds the target's digest, and the host's
-    window holds the event span plus a small slack."""
+    gate (unmasked in place, as both sides do), the output lands in its target, the page holds the
+    target's digest, and the host's window holds the event span plus a small slack."""
     import torch
 
     from cudal1.harness import window
@@ -132,9 +132,9 @@ def test_a_windowed_call_unmasks_snapshots_digests_and_is_seen_on_the_host(timer
     key = window.new_key()
     stager = window.Stager(torch.device("cuda", 0), timer.kernels)
     stager.set_key(key)
-    masked = torch.empty(x.numel() * 4, dtype=torch.uint8, device="cuda")
-    stager.mask_into(masked, x, 0, key)
-    mine = torch.empty_like(x)
+    mine = torch.empty_like(x)  # the masked input in the process's own memory, unmasked in place (both sides)
+    stager.mask_into(mine, x, 0, key)
+    assert not torch.equal(mine, x)
     target = torch.empty_like(x)
     page, seq, marks = timer.page, timer.next_seq(), {}
     page.set_key(key)
@@ -148,8 +148,8 @@ def test_a_windowed_call_unmasks_snapshots_digests_and_is_seen_on_the_host(timer
             pass
         marks["done"] = time.perf_counter_ns()
 
-    win = CallWindow(page, seq, [(masked, window.raw_bytes(mine))], [target], issued=issued, gate_timeout_s=1.0,
-                     own_targets=own_targets)
+    win = CallWindow(page, seq, [(window.raw_bytes(mine), window.raw_bytes(mine))], [target], issued=issued,
+                     gate_timeout_s=1.0, own_targets=own_targets)
     t, out = timer.time_call(lambda a: a * 2 + 1, (mine,), window=win)
     assert torch.equal(mine, x) and torch.equal(target, out) and torch.equal(out, x * 2 + 1)
     assert page.digest == window.cpu_digest(window.raw_bytes(target).cpu().numpy())

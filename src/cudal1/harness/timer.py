@@ -86,7 +86,8 @@ class CallWindow:
 
     ``page``: the page the gate polls and the digest goes to; ``seq``: the call's number on it;
     ``unmask``: (masked source, private destination) pairs of uint8 tensors, unmasked in this
-    order (lane = position) with the key the page holds once open; ``targets``: per output tensor
+    order (lane = position) with the key the page holds once open (both sides pass one tensor
+    twice: unmasked in place, one buffer per input); ``targets``: per output tensor
     leaf, in order, the slot view its snapshot goes into (None, or a leaf that does not fit: a
     private clone, not digested); ``issued(host_ms)``: called once the whole call is enqueued (the
     clean side opens the gate now); ``key()``, CPU only: blocks until the key is handed out;

@@ -97,14 +97,17 @@ class CallHandlers:
         where = str(request.get("where") or "timed call")
         seq = int(request["seq"])
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        slots: list[torch.Tensor] = []  # the masked inputs where they lie, for the input check after the call
 
         def private(view: torch.Tensor) -> torch.Tensor:
-            mine = torch.empty(tuple(view.shape), dtype=view.dtype, device=self.device)
-            # Still masked, so no secret moves: a copy in this process's memory, made before the gate
-            # (outside the window), which the unmasking reads as the reference's unmasking reads its own
-            # buffers (an IPC-opened slot reads more slowly; see cudal1.harness.timer).
-            src = view.clone() if view.device == self.device else view.to(self.device)
-            pairs.append((raw_bytes(src), raw_bytes(mine)))
+            # Still masked, so no secret moves: the masked bytes copied into this process's memory
+            # before the gate (outside the window), and unmasked in place inside it, as the reference
+            # worker's are in its own buffers (an IPC-opened slot reads more slowly; one buffer per
+            # input, not two, on both sides; see cudal1.harness.timer).
+            mine = view.clone(memory_format=torch.contiguous_format) if view.device == self.device \
+                else view.to(self.device, memory_format=torch.contiguous_format)
+            pairs.append((raw_bytes(mine), raw_bytes(mine)))
+            slots.append(view)
             return mine
 
         args = list(decode_inputs(request["inputs"], self.slots, private))  # type: ignore[arg-type]
@@ -117,7 +120,7 @@ class CallHandlers:
         busy = self.threads()
         self.timed_calls += 1
         full = self.timed_calls % 8 == 1
-        views = self._unmasked(request["inputs"], pairs) if full else args
+        views = self._unmasked(request["inputs"], slots) if full else args
         self.after_call(where, args, views, out, busy, guard=full)  # after the clocks stopped
         desc = encode_outputs(out, request.get("targets") or [], self.slots, self.device.type, copy=False)  # type: ignore[arg-type]
         return {"timing": [t.gpu_ms, t.device_ms, t.host_ms, t.blocked, t.escaped], "out": desc}
@@ -137,14 +140,15 @@ class CallHandlers:
     def _published(self, digest: int) -> None:
         self.reply({"event": "done", "digest": digest})
 
-    def _unmasked(self, desc: dict[str, Any], pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
-        """The inputs as handed out (unmasked again from the slots, after the call), as a tree
+    def _unmasked(self, desc: dict[str, Any], slots: list[torch.Tensor]) -> Any:
+        """The inputs as handed out (unmasked again from their slots, after the call), as a tree
         shaped like the call's arguments: what the candidate's private copies must still hold."""
         from cudal1.harness import window as win
 
         again: list[torch.Tensor] = []
-        for lane, (src, dst) in enumerate(pairs):
-            fresh = torch.empty_like(dst)
+        for lane, view in enumerate(slots):
+            src = raw_bytes(view if view.device == self.device else view.to(self.device))
+            fresh = torch.empty_like(src)
             if self.device.type == "cuda":
                 self.timer.kernels.mask(
                     src.data_ptr(), fresh.data_ptr(), src.numel(), self.timer.keybuf.data_ptr(), lane,

@@ -37,7 +37,7 @@ from cudal1.harness.reference.spans import Spans
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.spec import TimingStage, WorkerSpec
 from cudal1.harness.timer import CallWindow, make_timer
-from cudal1.harness.window import Stager, raw_bytes
+from cudal1.harness.window import Stager
 from cudal1.harness.wire import output_leaves, tensor_leaves
 
 _perf = time.perf_counter
@@ -378,7 +378,8 @@ class Measurement:
 
 class _RefWindow:
     """The reference's timed calls under the same window as the candidate's, in this process: its
-    inputs masked into this process's own buffers and unmasked after the gate, its outputs
+    inputs masked into this process's own buffers (one per input lane, kept across calls) and
+    unmasked in place after the gate, its outputs
     snapshotted into buffers shaped like the slots and digested, the gate opened by this process
     once the call is issued, and the window read on the same clock (so both sides' slack, window
     minus event span, holds the same work)."""
@@ -407,9 +408,8 @@ class _RefWindow:
             nbytes = x.numel() * x.element_size()
             masked = self._buffer(lane, nbytes)[:nbytes]
             self.stager.mask_into(masked, x, lane, key)
-            mine = torch.empty(tuple(x.shape), dtype=x.dtype, device=self.device)
-            pairs.append((masked, raw_bytes(mine)))
-            privates.append(mine)
+            pairs.append((masked, masked))  # unmasked in place, as the candidate's process does its copy
+            privates.append(masked.view(x.dtype).reshape(tuple(x.shape)))
         args = _replace_tensors(inputs, iter(privates))
         seq = self.timer.next_seq()
         marks: dict[str, float] = {}
