@@ -1,6 +1,7 @@
-"""The clean window's pieces that run without a GPU (harness.window, harness.timer_ptx, and the
-parent's check in harness.figures.window_check); the GPU kernels are checked against the reference
-implementation below in tests/gpu/test_timer_gpu.py."""
+"""The clean window's pieces that run without a GPU (harness.window, harness.timer_ptx, the
+gate's wait in harness.timer.GateWait, and the parent's check in harness.figures.window_check);
+the GPU kernels are checked against the reference implementation below in
+tests/gpu/test_timer_gpu.py."""
 
 from __future__ import annotations
 
@@ -221,3 +222,23 @@ def test_waits_of_a_busy_host_are_not_hidden_time():
     assert "mismatch" not in window_check({"ref": ref, "cand": late}, "cpu_monotonic")
     lying = [r + [0.0] for r in _rows(30, 20.0, 1.0, jitter=0.2, seed=1, lie=0.5)]
     assert "mismatch" in window_check({"ref": ref, "cand": lying}, "cpu_monotonic")
+
+
+def test_a_side_that_blocks_every_call_waits_less_after_two_and_figures_nothing_from_it():
+    from cudal1.harness.timer import GateWait, gate_wait_s
+
+    assert gate_wait_s([10.0, 47.0]) == pytest.approx(0.188) and gate_wait_s([47.0], 1.0) == pytest.approx(0.047)
+    assert gate_wait_s([]) == 0.005 and gate_wait_s([900.0]) == 1.0  # 5 ms to 1 s
+    wait = GateWait([10.0, 47.0])
+    seen = []
+    for blocked in (True, True, True, True, False, True, False):
+        seen.append(wait.wait_s())
+        wait.saw(blocked)
+    # two blocked calls in a row shorten the wait to the longest warm-up issue time; a call issued in
+    # time restores the full wait, and a single blocked call (a one-off allocation, say) keeps it
+    assert seen == pytest.approx([0.188, 0.188, 0.047, 0.047, 0.047, 0.188, 0.188])
+    assert wait.shortened == 3
+    cpu = GateWait([10.0, 47.0], shortens=False)  # the CPU protocol has no gate to wait on
+    for _ in range(4):
+        cpu.saw(True)
+    assert cpu.wait_s() == pytest.approx(0.188) and cpu.shortened == 0

@@ -178,6 +178,18 @@ def test_kernel_inventory_tells_custom_kernels_from_pytorch(fixture_results):
 
 
 @pytest.mark.gpu
+def test_calls_that_wait_for_the_device_inside_are_timed_with_shorter_gate_waits(fixture_results):
+    """Both sides of ``honest_syncs_inside`` block in every timed call (an ``.item()``): after two
+    in a row, each side's gate waits the warm-up's longest issue time instead of four times it,
+    and the verdict stands (the events start once the gate opens, whatever it waited)."""
+    r = fixture_results["honest_syncs_inside"]
+    assert r.status is Status.OK, describe(r)
+    calls = r.figures["gpu"]["window"]["calls"] if "window" in r.figures.get("gpu", {}) else 0
+    assert calls == 0, r.figures  # every call blocked: no window to check
+    assert r.figures["cost"].get("short_waits", 0) >= 10, r.figures["cost"]
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("name", ["side_stream", "side_stream_partial", "stream_event_no_wait"])
 def test_side_stream_work_is_charged(fixture_results, name):
     """These candidates run (some of) the reference's work on an unjoined stream: the device-wide

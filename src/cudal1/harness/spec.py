@@ -169,6 +169,7 @@ class TimingStage:
         default_factory=dict
     )  # host load per block (cudal1.harness.reference.hostload.BlockLoad)
     cost_ms: dict[str, float] = field(default_factory=dict)  # where the phase's wall went (reference.spans.Spans)
+    short_waits: int = 0  # timed calls (both sides) whose gate waited the short time (timer.GateWait)
 
 
 @dataclass

@@ -80,6 +80,43 @@ class CallTiming:
     escaped: bool = False
 
 
+def gate_wait_s(host_ms: list[float], factor: float = 4.0) -> float:
+    """How long a gate waits for its call to be issued: ``factor`` times the longest issue time
+    seen in warm-up (5 ms to 1 s)."""
+    return min(1.0, max(0.005, factor * 1e-3 * max(host_ms, default=0.0)))
+
+
+class GateWait:
+    """One side's gate wait over its timed calls (the reference's in its worker, the candidate's as
+    the worker waits for its ``issued``).
+
+    A call is normally issued well within four times its longest warm-up issue time
+    (:func:`gate_wait_s`).  A call that waits for the device inside (a synchronize, a blocking
+    copy, an ``.item()``) is never issued while the gate holds the GPU: each such call costs the
+    whole wait, and none of the wait is timed (the events run once the gate opens).  After two
+    blocked calls in a row the wait drops to the longest warm-up issue time itself, which the part
+    of a call issued before it blocks does not exceed (a warm-up call's time held that part, its
+    wait for the device and the rest); the next call that is issued in time restores it.  The
+    figures do not depend on it: it only spends less wall time on calls that block every time.
+    ``shortens=False`` (the CPU protocol, which has no gate) keeps the full wait throughout."""
+
+    def __init__(self, host_ms: list[float], shortens: bool = True) -> None:
+        self.full_s = gate_wait_s(host_ms)
+        self.short_s = gate_wait_s(host_ms, 1.0) if shortens else self.full_s
+        self.blocked_in_a_row = 0
+        self.shortened = 0  # calls that waited the short time
+
+    def wait_s(self) -> float:
+        if self.blocked_in_a_row >= 2 and self.short_s < self.full_s:
+            self.shortened += 1
+            return self.short_s
+        return self.full_s
+
+    def saw(self, blocked: bool) -> None:
+        """The last call's gate opened without it (``blocked``) or after it was issued."""
+        self.blocked_in_a_row = self.blocked_in_a_row + 1 if blocked else 0
+
+
 @dataclass
 class CallWindow:
     """What a windowed call runs under (see the module doc and :mod:`cudal1.harness.window`).
@@ -185,7 +222,7 @@ class CudaTimer:
 
     def set_watchdog(self, host_ms: list[float]) -> None:
         """Size the gate's wait for the host from the host's issue times seen so far (warm-up)."""
-        self.watchdog_s = min(1.0, max(0.005, 4e-3 * max(host_ms, default=0.0)))
+        self.watchdog_s = gate_wait_s(host_ms)
 
     def next_seq(self) -> int:
         self._seq += 1

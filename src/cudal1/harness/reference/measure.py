@@ -36,7 +36,7 @@ from cudal1.harness.reference.outputs import compare_described, record_rule, sta
 from cudal1.harness.reference.spans import Spans
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.spec import TimingStage, WorkerSpec
-from cudal1.harness.timer import CallWindow, make_timer
+from cudal1.harness.timer import CallWindow, GateWait, make_timer
 from cudal1.harness.window import Stager
 from cudal1.harness.wire import output_leaves, tensor_leaves
 
@@ -179,9 +179,12 @@ class Measurement:
                 cand_host.extend(issued)
                 cand_join = cand_join or probe
         timer.set_watchdog(host)
+        gated = self.device.type == "cuda"
+        refs_wait = GateWait(host, shortens=gated)
         # how long the candidate's call may take to be issued before the gate is opened without it
-        # (its own warm-up, as it reported it: a longer wait gains a cheat nothing, the key is still held)
-        cand_watchdog = min(1.0, max(0.005, 4e-3 * max(cand_host, default=0.0)))
+        # (its own warm-up, as it reported it: a longer or shorter wait gains a cheat nothing, the key
+        # is handed out only as the gate opens and the events start after it)
+        cand_wait = GateWait(cand_host, shortens=gated)
         with spans.span("seal"):
             sealed = link.seal()
         per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 4e-4
@@ -195,7 +198,7 @@ class Measurement:
         # per-round ratios (stats.speedup_ci), which needs several rounds to see drift between them
         size = max(1, min(self.cfg.timing_block, n // 6))
         done = {"ref": 0, "cand": 0}
-        refs = _RefWindow(self, timer, stager, page, template)
+        refs = _RefWindow(self, timer, stager, page, template, refs_wait)
         load = BlockLoad(per_call=self.device.type == "cpu")
         while done["ref"] < n or done["cand"] < n:
             for who in rng.sample(["ref", "cand"], 2):
@@ -208,7 +211,7 @@ class Measurement:
                 else:
                     with spans.span("load"):
                         load.begin(link.pid)
-                    self.cand_block(ref_model, link, calls, seed0, recheck, rows["cand"], template, cand_watchdog, load)
+                    self.cand_block(ref_model, link, calls, seed0, recheck, rows["cand"], template, cand_wait, load)
                     with spans.span("load"):
                         load.end("cand", link.pid)
                 blocks.append([who, len(calls), (_perf() - t0) * 1e3])
@@ -219,7 +222,7 @@ class Measurement:
         return {"timing": {"clock": timer.clock, "ref": rows["ref"], "cand": rows["cand"], "blocks": blocks,
                            "overhead_ms": timer.overhead_ms, "calibration": timer.calibration, "cand_join": cand_join,
                            "sealed": sealed, "helpers": len(link.tree.helpers()), "load": load.as_dict(),
-                           "cost_ms": spans.as_dict()},
+                           "cost_ms": spans.as_dict(), "short_waits": refs_wait.shortened + cand_wait.shortened},
                 "rechecked": len(recheck)}
 
     def no_new_processes(self, link: CandidateLink) -> None:
@@ -253,9 +256,10 @@ class Measurement:
                 link.resume()
 
     def cand_block(self, ref_model: Any, link: CandidateLink, calls: list[int], seed0: int, recheck: set[int],
-                   rows: list[list[Any]], template: Any, watchdog_s: float, load: BlockLoad) -> None:
+                   rows: list[list[Any]], template: Any, wait: GateWait, load: BlockLoad) -> None:
         """The candidate's calls under the window; its digest is checked against the slots on every
-        call, and a secret sample of calls is re-checked against the reference afterwards."""
+        call, and a secret sample of calls is re-checked against the reference afterwards.  ``wait``:
+        how long each call may take to be issued before its gate is opened without it."""
         spans = self.spans
         for t in calls:
             where = f"timed call {t}"
@@ -264,7 +268,8 @@ class Measurement:
                 ref_out = None if self.fixed_layout else self.run_model(ref_model, cmp.clone_tree(inputs))[0]
             key = window.new_key()
             with spans.span("cand_calls"):
-                timed = link.time(inputs, template if ref_out is None else ref_out, key, where, watchdog_s)
+                timed = link.time(inputs, template if ref_out is None else ref_out, key, where, wait.wait_s())
+            wait.saw(timed.blocked)
             load.add(timed.threads_ns)
             rows.append(timed.row + [timed.window_ms, timed.waited_ms])
             with spans.span("held"):
@@ -384,8 +389,9 @@ class _RefWindow:
     once the call is issued, and the window read on the same clock (so both sides' slack, window
     minus event span, holds the same work)."""
 
-    def __init__(self, owner: Measurement, timer: Any, stager: Stager, page: Any, template: Any) -> None:
-        self.owner, self.timer, self.stager, self.page = owner, timer, stager, page
+    def __init__(self, owner: Measurement, timer: Any, stager: Stager, page: Any, template: Any,
+                 wait: GateWait) -> None:
+        self.owner, self.timer, self.stager, self.page, self.wait = owner, timer, stager, page, wait
         self.device = owner.device
         self.targets = [torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)  # contiguous, like a slot view
                         for x in output_leaves(template) if isinstance(x, torch.Tensor)]
@@ -427,11 +433,12 @@ class _RefWindow:
             self.page.set_key(key)
             self.owner.sync()  # the masking above is done before the gate's clock matters
             win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: self._open(seq, opened, closed),
-                             gate_timeout_s=self.timer.watchdog_s, own_targets=True)
+                             gate_timeout_s=self.wait.wait_s(), own_targets=True)
         else:
             win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: opened(), key=lambda: key,
                              published=lambda _d: closed())
         ct, out = self.timer.time_call(ref_model, tuple(args), check_escape=False, window=win)
+        self.wait.saw(ct.blocked)
         del out, args, privates
         return [ct.gpu_ms, ct.device_ms, ct.host_ms, ct.blocked, ct.escaped, (marks["done"] - marks["open"]) / 1e6,
                 marks["waited"]]
