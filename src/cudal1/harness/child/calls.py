@@ -97,7 +97,7 @@ class CallHandlers:
         where = str(request.get("where") or "timed call")
         seq = int(request["seq"])
         pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-        slots: list[torch.Tensor] = []  # the masked inputs where they lie, for the input check after the call
+        masked_views: list[torch.Tensor] = []  # the masked inputs in their slots, for the input check after the call
 
         def private(view: torch.Tensor) -> torch.Tensor:
             # Still masked, so no secret moves: the masked bytes copied into this process's memory
@@ -107,7 +107,7 @@ class CallHandlers:
             mine = view.clone(memory_format=torch.contiguous_format) if view.device == self.device \
                 else view.to(self.device, memory_format=torch.contiguous_format)
             pairs.append((raw_bytes(mine), raw_bytes(mine)))
-            slots.append(view)
+            masked_views.append(view)
             return mine
 
         args = list(decode_inputs(request["inputs"], self.slots, private))  # type: ignore[arg-type]
@@ -120,7 +120,7 @@ class CallHandlers:
         busy = self.threads()
         self.timed_calls += 1
         full = self.timed_calls % 8 == 1
-        views = self._unmasked(request["inputs"], slots) if full else args
+        views = self._unmasked(request["inputs"], masked_views) if full else args
         self.after_call(where, args, views, out, busy, guard=full)  # after the clocks stopped
         desc = encode_outputs(out, request.get("targets") or [], self.slots, self.device.type, copy=False)  # type: ignore[arg-type]
         return {"timing": [t.gpu_ms, t.device_ms, t.host_ms, t.blocked, t.escaped], "out": desc}
@@ -140,13 +140,13 @@ class CallHandlers:
     def _published(self, digest: int) -> None:
         self.reply({"event": "done", "digest": digest})
 
-    def _unmasked(self, desc: dict[str, Any], slots: list[torch.Tensor]) -> Any:
+    def _unmasked(self, desc: dict[str, Any], masked_views: list[torch.Tensor]) -> Any:
         """The inputs as handed out (unmasked again from their slots, after the call), as a tree
         shaped like the call's arguments: what the candidate's private copies must still hold."""
         from cudal1.harness import window as win
 
         again: list[torch.Tensor] = []
-        for lane, view in enumerate(slots):
+        for lane, view in enumerate(masked_views):
             src = raw_bytes(view if view.device == self.device else view.to(self.device))
             fresh = torch.empty_like(src)
             if self.device.type == "cuda":
