@@ -10,6 +10,8 @@
 #            by the pass's own count; the old fixed 1e-4 rule rejected it)
 #   trust : the timer's and the clean window's GPU tests, the GPU corpus (the cheats included), the
 #           timer ladder (with the window's figures) and verify over the 18 anchor records (~7 min)
+#   corpus: the first part of trust alone: the timer's and window's GPU tests and the GPU corpus,
+#           every verdict in $OUT/results.tgz (~4 min)
 #   timer : benchmarks/timer_ladder.py: the judge's GPU figure against the profiler's kernel time
 #           from 256 K to 64 M elements, and a 2x faster kernel's reading (~2 min)
 #   builtin: the builtin policy over KernelBench against every torch.compile mode
@@ -67,9 +69,9 @@ if has smoke || has tests; then
   python3 -m cudal1.cli.main judge --device cuda --json --reference examples/tasks/diag_matmul.py --candidate examples/candidates/diag_matmul_broadcast.py >"$OUT/eval_example.log" 2>&1
   summary+=("eval example: $(tail -1 "$OUT/eval_example.log" | head -c 300) ($((SECONDS-t0)) s)")
 fi
-if has trust; then
+if has trust || has corpus; then
   # the judge's trust checks: the timer's and the clean window's kernels, the GPU corpus (cheats
-  # included), the ladder with the window's figures, and verify over the 18 anchor records
+  # included), then (trust) the ladder with the window's figures, and verify over the 18 anchor records
   { nvidia-smi; python3 -c "import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.get_device_name())"; python3 -c "import pynvml; print('nvidia-ml-py', pynvml.__version__ if hasattr(pynvml, '__version__') else 'present')"; git rev-parse HEAD; } >"$OUT/env.txt" 2>&1
   t0=$SECONDS
   mkdir -p "$OUT/results"
@@ -77,6 +79,8 @@ if has trust; then
     tests/gpu/test_timer_gpu.py tests/gpu/test_gpu_harness.py >"$OUT/trust_tests.log" 2>&1
   summary+=("trust tests: rc=$? $(tail -1 "$OUT/trust_tests.log") ($((SECONDS-t0)) s)")
   tar -czf "$OUT/results.tgz" -C "$OUT" results && rm -rf "$OUT/results"
+fi
+if has trust; then
   t0=$SECONDS
   timeout ${TIMER_TIMEOUT:-200} python3 benchmarks/timer_ladder.py --runs 2 --json "$OUT/timer_ladder.json" >"$OUT/timer_ladder.log" 2>&1
   summary+=("timer ladder: rc=$? ($((SECONDS-t0)) s)")
