@@ -148,7 +148,7 @@ def test_a_windowed_call_unmasks_snapshots_digests_and_is_seen_on_the_host(timer
             pass
         marks["done"] = time.perf_counter_ns()
 
-    win = CallWindow(page, seq, [(window.raw_bytes(mine), window.raw_bytes(mine))], [target], issued=issued,
+    win = CallWindow(page, seq, [window.raw_bytes(mine)], [target], issued=issued,
                      gate_timeout_s=1.0, own_targets=own_targets)
     t, out = timer.time_call(lambda a: a * 2 + 1, (mine,), window=win)
     assert torch.equal(mine, x) and torch.equal(target, out) and torch.equal(out, x * 2 + 1)

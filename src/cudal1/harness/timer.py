@@ -122,9 +122,8 @@ class CallWindow:
     """What a windowed call runs under (see the module doc and :mod:`cudal1.harness.window`).
 
     ``page``: the page the gate polls and the digest goes to; ``seq``: the call's number on it;
-    ``unmask``: (masked source, private destination) pairs of uint8 tensors, unmasked in this
-    order (lane = position) with the key the page holds once open (both sides pass one tensor
-    twice: unmasked in place, one buffer per input); ``targets``: per output tensor
+    ``unmask``: uint8 buffers holding the call's masked inputs, unmasked in place in this order
+    (lane = position) with the key the page holds once open; ``targets``: per output tensor
     leaf, in order, the slot view its snapshot goes into (None, or a leaf that does not fit: a
     private clone, not digested); ``issued(host_ms)``: called once the whole call is enqueued (the
     clean side opens the gate now); ``key()``, CPU only: blocks until the key is handed out;
@@ -136,7 +135,7 @@ class CallWindow:
 
     page: Any
     seq: int
-    unmask: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    unmask: list[torch.Tensor] = field(default_factory=list)
     targets: list[torch.Tensor | None] = field(default_factory=list)
     issued: Callable[[float], None] = lambda host_ms: None
     key: Callable[[], tuple[int, int, int, int]] | None = None
@@ -254,8 +253,8 @@ class CudaTimer:
         self._launches += 1
         g[7].value = self._launches & 0xFFFFFFFF  # never 0: the release word starts at 0
         self._gate(stream)
-        for lane, (src, dst) in enumerate(window.unmask):
-            self.kernels.mask(src.data_ptr(), dst.data_ptr(), src.numel(), self.keybuf.data_ptr(), lane, stream)
+        for lane, buf in enumerate(window.unmask):
+            self.kernels.mask(buf.data_ptr(), buf.data_ptr(), buf.numel(), self.keybuf.data_ptr(), lane, stream)
         self._flush(stream)
         start.record()
         t0 = _perf_counter_ns()
@@ -336,8 +335,8 @@ class CpuTimer:
         if window is not None:
             window.issued(0.0)
             key = window.key() if window.key is not None else window.page.key()
-            for lane, (src, dst) in enumerate(window.unmask):
-                cpu_mask(src.numpy(), dst.numpy(), key, lane)
+            for lane, buf in enumerate(window.unmask):
+                cpu_mask(buf.numpy(), buf.numpy(), key, lane)
         t0 = _perf_counter_ns()
         out = fn(*args)
         ms = (_perf_counter_ns() - t0) / 1e6

@@ -96,7 +96,7 @@ class CallHandlers:
 
         where = str(request.get("where") or "timed call")
         seq = int(request["seq"])
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        masked: list[torch.Tensor] = []  # this process's copies of the masked inputs, unmasked in place
         masked_views: list[torch.Tensor] = []  # the masked inputs in their slots, for the input check after the call
 
         def private(view: torch.Tensor) -> torch.Tensor:
@@ -106,13 +106,13 @@ class CallHandlers:
             # input, not two, on both sides; see cudal1.harness.timer).
             mine = view.clone(memory_format=torch.contiguous_format) if view.device == self.device \
                 else view.to(self.device, memory_format=torch.contiguous_format)
-            pairs.append((raw_bytes(mine), raw_bytes(mine)))
+            masked.append(raw_bytes(mine))
             masked_views.append(view)
             return mine
 
         args = list(decode_inputs(request["inputs"], self.slots, private))  # type: ignore[arg-type]
         targets = [self.slots.tensor(t) if t else None for t in request.get("targets") or []]  # type: ignore[union-attr]
-        window = CallWindow(self.page, seq, unmask=pairs, targets=targets, issued=self._issued)
+        window = CallWindow(self.page, seq, unmask=masked, targets=targets, issued=self._issued)
         if self.device.type != "cuda":
             window.key, window.published = self._await_key, self._published
         with torch.no_grad():

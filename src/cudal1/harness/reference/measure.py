@@ -408,13 +408,13 @@ class _RefWindow:
         """One call; its row ``[gpu, device, host, blocked, escaped, window]`` (ms)."""
         key = window.new_key()
         self.stager.set_key(key)
-        pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+        masked_inputs: list[torch.Tensor] = []
         privates: list[torch.Tensor] = []
         for lane, x in enumerate(tensor_leaves(inputs)):
             nbytes = x.numel() * x.element_size()
             masked = self._buffer(lane, nbytes)[:nbytes]
             self.stager.mask_into(masked, x, lane, key)
-            pairs.append((masked, masked))  # unmasked in place, as the candidate's process does its copy
+            masked_inputs.append(masked)  # unmasked in place, as the candidate's process does its copy
             privates.append(masked.view(x.dtype).reshape(tuple(x.shape)))
         args = _replace_tensors(inputs, iter(privates))
         seq = self.timer.next_seq()
@@ -432,10 +432,11 @@ class _RefWindow:
         if self.device.type == "cuda":
             self.page.set_key(key)
             self.owner.sync()  # the masking above is done before the gate's clock matters
-            win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: self._open(seq, opened, closed),
-                             gate_timeout_s=self.wait.wait_s(), own_targets=True)
+            win = CallWindow(self.page, seq, masked_inputs, self.targets,
+                             issued=lambda _ms: self._open(seq, opened, closed), gate_timeout_s=self.wait.wait_s(),
+                             own_targets=True)
         else:
-            win = CallWindow(self.page, seq, pairs, self.targets, issued=lambda _ms: opened(), key=lambda: key,
+            win = CallWindow(self.page, seq, masked_inputs, self.targets, issued=lambda _ms: opened(), key=lambda: key,
                              published=lambda _d: closed())
         ct, out = self.timer.time_call(ref_model, tuple(args), check_escape=False, window=win)
         self.wait.saw(ct.blocked)
