@@ -221,7 +221,8 @@ class Batches:
         return {c: v["after"] - v.get("before", 0) for c, v in self.run.get("calls", {}).items() if "after" in v}
 
     def save(self) -> None:
-        self.path.write_text(json.dumps(self.run, indent=1))
+        """OUT/run.json, written whole, then renamed (a call killed while writing keeps the last one)."""
+        builtin_baseline_plan.write_whole(self.path, json.dumps(self.run, indent=1))
 
 
 def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) -> None:
