@@ -30,6 +30,9 @@ builtin lost (:mod:`builtin_losses`), and what a task cost in GPU time (:mod:`bu
 timed for every task, where with them on :mod:`builtin_baseline_plan` skips the ones a task's own
 verdicts make redundant) and
 ``--cost-probe N`` times N finished tasks' baselines with them on and off, outside the store.
+``--rejudge TASK`` (repeatable) takes a task's verdicts, baselines and re-timings under the current
+judge config out of the run into ``OUT/rejudged.jsonl``, so this call judges its recorded programs
+again (:mod:`builtin_rejudge`: for verdicts a since-fixed judge problem decided).
 
 Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` and the rewrite cache as
 ``OUT/rewrites.tgz`` (restored when the plain files are missing or older; rewritten at the end of
@@ -59,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # the benchmark's help
 import builtin_baseline_plan
 import builtin_cost
 import builtin_losses
+import builtin_rejudge
 from builtin_confirm import confirm
 from builtin_figures import builtin_figures, finished, markdown, task_rows
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
@@ -349,6 +353,10 @@ def main() -> int:
     )
     ap.add_argument("--prepare", action="store_true", help="select and trace the graph rewrites only (CPU)")
     ap.add_argument("--report-only", action="store_true", help="the report of OUT, judging nothing")
+    ap.add_argument("--rejudge", action="append", default=[], metavar="TASK",
+                    help="judge this task's recorded programs again with the current judge (repeatable; its "
+                         "earlier verdicts go to OUT/rejudged.jsonl)")
+    ap.add_argument("--rejudge-reason", default="", help="why, recorded with each --rejudge entry")
     ap.add_argument("--reselect", action="store_true", help="apply the selection rules again")
     ap.add_argument("--levers", choices=("on", "off"), default="on",
                     help="cost levers (builtin_cost.py, builtin_baseline_plan.py): a task's baselines share one "
@@ -385,6 +393,15 @@ def main() -> int:
     except ConfigError as exc:
         ap.error(str(exc))
     keep_earlier_config(out, judge, args.report_only)
+    if args.rejudge:
+        if args.report_only:
+            ap.error("--rejudge judges again: it cannot go with --report-only")
+        try:
+            for entry in builtin_rejudge.rejudge(out, tasks, args.rejudge, judge.hash(), args.rejudge_reason):
+                print(builtin_rejudge.summary(entry), flush=True)
+        except ValueError as exc:
+            ap.error(str(exc))
+        snapshot_store(out)  # the snapshot, too, no longer holds them (a packed run moves it alone)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     batches = Batches(out, gpus=_gpus(args), levers=args.levers, workers=args.workers_per_gpu,
                       confirm_workers=args.confirm_workers_per_gpu)
@@ -420,6 +437,7 @@ PER_CONFIG = ("confirm.json", builtin_baseline_plan.SKIPS, builtin_baseline_plan
               "report.md")  # kept as NAME.N.EXT
 PACKED = ("tasks.jsonl", SNAPSHOT, REWRITES_TGZ, "confirm.json", "run.json", "config.yaml", "summary.json", "report.md",
           "report.json", "report.html", "cost_probe.json", builtin_baseline_plan.SKIPS, builtin_baseline_plan.DONE,
+          builtin_rejudge.LOG,
           *(_numbered(name, n) for n in range(1, 10) for name in (CONFIG_FILE, *PER_CONFIG)))
 
 

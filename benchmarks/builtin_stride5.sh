@@ -7,6 +7,8 @@
 #   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
 #   STRIDE5_WORKERS=3 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 2; not in the config hash)
+#   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
+#                                                                   # (--rejudge; their old verdicts: rejudged.jsonl)
 #
 # probe: the baselines of the run's first 3 finished tasks (every mode, then the re-timing of each
 #        one's best compile mode), from empty caches with the levers on, then off, outside the run
@@ -37,10 +39,13 @@ case "$step" in
     grep -A12 '^cost probe' "$OUT/stride5_probe.log"
     ;;
   resume)
-    timeout -s INT "${STRIDE5_SECONDS:-530}" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" \
+    REJUDGE=()
+    for t in ${STRIDE5_REJUDGE:-}; do REJUDGE+=(--rejudge "$t"); done
+    [ ${#REJUDGE[@]} -eq 0 ] || REJUDGE+=(--rejudge-reason "${STRIDE5_REJUDGE_REASON:-verdicts of a judge fixed since}")
+    timeout -s INT "${STRIDE5_SECONDS:-530}" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" "${REJUDGE[@]}" \
       >"$OUT/stride5_resume.log" 2>&1
     echo "resume rc=$? (130: cut short by the timeout, whole tasks kept)"
-    grep -E '^(tasks [0-9]|cost|Where a compile)' "$OUT/stride5_resume.log"
+    grep -E '^(re-judging|tasks [0-9]|cost|Where a compile)' "$OUT/stride5_resume.log"
     tail -22 "$OUT/stride5_resume.log"
     ;;
   *) echo "unknown step $step (probe | resume)"; exit 2 ;;

@@ -153,6 +153,34 @@ def test_best_and_counts(store):
     assert len(store.evaluations()) == 6
 
 
+def test_take_verdicts_removes_one_task_under_one_config_and_returns_the_rows(store):
+    env = Environment(device="cuda", gpu_name="H200", torch="2.5", cuda="12.4")
+    store.record_evaluation(make_result(cand="a", status=Status.REJECTED, speedup=None))
+    store.record_evaluation(make_result(cand="b", speedup=1.2))
+    store.record_evaluation(make_result(cand="a", config="old"))  # another configuration: kept
+    store.record_evaluation(make_result(cand="a", task="t2"))  # another task: kept
+    store.record_baseline("t1", "compile-default", env.key(), "cfg", make_result(speedup=0.6))
+    store.record_baseline("t1", "compile-default", env.key(), "old", make_result(speedup=0.5))
+    taken = store.take_verdicts("t1", "cfg")
+    assert [(r["candidate_hash"], r["status"]) for r in taken["evaluations"]] == [("a", "rejected"), ("b", "ok")]
+    assert taken["evaluations"][1]["result"]["speedup"] == 1.2 and taken["evaluations"][1]["speedup"] == 1.2
+    assert [(r["mode"], r["result"]["speedup"]) for r in taken["baselines"]] == [("compile-default", 0.6)]
+    assert store.evaluations("t1") == [store.get_evaluation("t1", "a", "old")] and len(store.evaluations("t2")) == 1
+    assert store.get_baseline("t1", "compile-default", env.key(), "cfg") is None
+    assert store.get_baseline("t1", "compile-default", env.key(), "old").speedup == 0.5
+    assert store.take_verdicts("t1", "cfg") == {"evaluations": [], "baselines": []}
+    store.record_evaluation(make_result(cand="c", task="t2", config="cfg"))
+
+    def fails(rows):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):  # the rows could not be kept elsewhere: nothing is deleted
+        store.take_verdicts("t2", "cfg", keep=fails)
+    assert store.get_evaluation("t2", "c", "cfg") is not None
+    store.record_evaluation(make_result(cand="a", status=Status.OK))  # judged again under the same key
+    assert store.get_evaluation("t1", "a", "cfg").status is Status.OK
+
+
 def test_tasks_candidates_and_runs(store):
     task = Task(name="19_ReLU", source=TASK_SRC, level=1, problem_id=19, origin="suite")
     assert store.add_task(task) == task.hash

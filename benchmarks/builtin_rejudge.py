@@ -1,0 +1,74 @@
+"""``benchmarks/builtin_kernelbench.py --rejudge TASK``: judge a task's recorded programs again.
+
+A run's verdicts are keyed by the judge's config hash, which names the judge's settings, not its
+code; a fix to the judge leaves the verdicts it would change in place.  For a task whose verdicts
+a since-fixed judge problem decided (level1/63's candidates `rejected` when the candidate's
+window steps ran through IPC-opened slots), this takes everything the run holds for the task
+under the current configuration out of the run: its verdicts and baselines (the store), its
+re-timings (``confirm.json``), its baseline skips and its place in ``baselines_done.json``.  The
+next call then judges the task's recorded candidates again (a search re-judges recorded
+candidates without a verdict), times its baselines and re-times its winner, with the current
+judge.  Its responses and candidates stay: the same programs are judged, not a new search.
+
+Nothing is lost: each task's removed rows are appended as one JSON line to ``OUT/rejudged.jsonl``
+(task, time, config hash, reason, and the rows), before the files are rewritten.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import builtin_baseline_plan as plan
+from builtin_baseline_plan import write_whole
+from cudal1.store import RunStore
+
+LOG = "rejudged.jsonl"
+
+
+def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reason: str = "") -> list[dict[str, Any]]:
+    """Take ``task_ids`` (of the run's ``tasks``) out of the run under ``config_hash``, as the
+    module docstring says; returns the log entries written.  An id the run does not hold is a
+    ValueError, raised before anything is changed."""
+    by_id = {t.task_id: t for t in tasks}
+    unknown = [i for i in task_ids if i not in by_id]
+    if unknown:
+        raise ValueError(f"--rejudge: not a task of this run: {', '.join(unknown)}")
+    store_path = out / "cudal1.sqlite"
+    confirm_path = out / "confirm.json"
+    entries = []
+    store = RunStore(store_path)
+    try:
+        for task_id in dict.fromkeys(task_ids):
+            confirm = json.loads(confirm_path.read_text()) if confirm_path.exists() else {}
+            skips = plan.load_skips(out)
+            entry = {"task": task_id, "at": dt.datetime.now().isoformat(timespec="seconds"),
+                     "config_hash": config_hash, "reason": reason,
+                     "confirm": {k: v for k, v in confirm.items() if k.split("|", 1)[0] == task_id},
+                     "baseline_skips": skips.get(task_id, {}),
+                     "baselines_done": task_id in plan.load_done(out)}
+
+            def keep(taken: dict[str, list[dict[str, Any]]], entry: dict[str, Any] = entry) -> None:
+                entry.update(taken)  # logged before the store deletes them and the files are rewritten
+                with open(out / LOG, "a") as f:
+                    f.write(json.dumps(entry) + "\n")
+
+            store.take_verdicts(by_id[task_id].hash, config_hash, keep=keep)
+            write_whole(confirm_path, json.dumps({k: v for k, v in confirm.items() if k not in entry["confirm"]},
+                                                 indent=1))
+            skips.pop(task_id, None)
+            write_whole(out / plan.SKIPS, json.dumps(skips, indent=1, sort_keys=True))
+            write_whole(out / plan.DONE, json.dumps(sorted(plan.load_done(out) - {task_id}), indent=0))
+            entries.append(entry)
+    finally:
+        store.close()
+    return entries
+
+
+def summary(entry: dict[str, Any]) -> str:
+    """One line per re-judged task for the call's log."""
+    statuses = ", ".join(f"{e['status']}" for e in entry["evaluations"]) or "none"
+    return (f"re-judging {entry['task']}: took out {len(entry['evaluations'])} verdict(s) ({statuses}), "
+            f"{len(entry['baselines'])} baseline(s), {len(entry['confirm'])} re-timing(s); kept in {LOG}")
