@@ -6,7 +6,7 @@
 #   bash benchmarks/builtin_stride5.sh probe    # the cost levers off and on, on 3 finished tasks (~4-6 min)
 #   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
-#   STRIDE5_WORKERS=3 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 2; not in the config hash)
+#   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
 #                                                                   # (--rejudge; their old verdicts: rejudged.jsonl)
 #
@@ -23,11 +23,12 @@ OUT=${OUT:-/tmp/cudal1_out}
 mkdir -p "$OUT"
 step=${1:?usage: builtin_stride5.sh probe|resume}
 # The judge times each verdict to a 2 s budget of at most 50 calls per side (the preset: 4 s, 100).
-# Two workers share the GPU: with 3, compile-time autotuning ran beside other workers' GPU phases
-# and two max-autotune figures moved by 13-21% (docs/builtin.md, "What a task costs").
+# Three workers share the GPU: compile baselines hold its lease exclusive from construct on, so
+# compile-time autotuning runs alone (before that, with 3, two max-autotune figures moved by
+# 13-21%; the cost probe at 3 since reads them at 1.000x both ways: docs/builtin.md, "What a task costs").
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
-      --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-2}"
+      --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-3}"
       --out benchmarks/runs/stride5 --pack "$OUT/stride5_state.tgz")
 [ -f benchmarks/runs/stride5/cudal1.sqlite.gz ] || echo "warning: no stride-5 state here: the run starts afresh"
 case "$step" in
