@@ -261,6 +261,10 @@ def markdown(s: dict, modes: list[str], run: dict | None = None, extra: str = ""
         "lost to the best compile mode: " + (", ".join(f"{t} {fmt(r)}" for t, r in losses) or "none"),
         "environments: " + ("; ".join(s["environments"]) or "-"),
     ]
+    if s.get("rejudged"):  # builtin_rejudge.recorded: tasks whose earlier verdicts were taken out
+        lines.append("judged again with the current judge (earlier verdicts in rejudged.jsonl): " + "; ".join(
+            f"{e['task']} at {e['at']} ({e['verdicts']} verdicts{', ' + e['reason'] if e['reason'] else ''})"
+            for e in s["rejudged"]))
     if s.get("rows"):
         stood_in = sum(1 for r in s["rows"] for src in (r.get("mode_source") or {}).values() if src == "search")
         graphs = sum(len(r.get("mode_skipped") or {}) for r in s["rows"])

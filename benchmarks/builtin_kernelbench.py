@@ -500,6 +500,7 @@ def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: lis
     summary = builtin_figures(out, tasks, judge.hash(), rules_of, modes)
     summary["losses"] = builtin_losses.loss_rows(out, tasks, judge.hash(), summary["rows"],
                                                  builtin_losses.graph_declines(out))
+    summary["rejudged"] = builtin_rejudge.recorded(out)
     summary["cost"] = builtin_cost.summarize(builtin_cost.task_costs(out, tasks, judge.hash()),
                                              builtin_cost.call_costs(batches.run, batches.finished_by_call()))
     (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))

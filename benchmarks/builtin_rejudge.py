@@ -72,3 +72,14 @@ def summary(entry: dict[str, Any]) -> str:
     statuses = ", ".join(f"{e['status']}" for e in entry["evaluations"]) or "none"
     return (f"re-judging {entry['task']}: took out {len(entry['evaluations'])} verdict(s) ({statuses}), "
             f"{len(entry['baselines'])} baseline(s), {len(entry['confirm'])} re-timing(s); kept in {LOG}")
+
+
+def recorded(out: Path) -> list[dict[str, Any]]:
+    """What ``OUT/rejudged.jsonl`` says was judged again, for the report: task, when, why, and
+    how many verdicts it took out (their rows stay in the file)."""
+    path = out / LOG
+    if not path.exists():
+        return []
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{"task": e["task"], "at": e["at"], "reason": e.get("reason", ""),
+             "verdicts": len(e.get("evaluations", [])), "baselines": len(e.get("baselines", []))} for e in entries]

@@ -73,6 +73,16 @@ def test_a_rejudged_task_leaves_the_run_with_everything_kept_in_the_log(bench, t
         assert store.get_baseline(t1.hash, "compile-default", "env", "cfg") is None
         assert len(store.candidates(t1.hash)) == 1 and len(store.evaluations(t2.hash)) == 3
     assert bk.PACKED.count(rj.LOG) == 1  # the log travels with the run's state
+    # the report names it
+    assert rj.recorded(tmp_path) == [{"task": t1.task_id, "at": entries[0]["at"], "reason": "judged before the fix",
+                                      "verdicts": 2, "baselines": 1}]
+    import builtin_figures
+
+    summary = builtin_figures.builtin_figures(tmp_path, [t1, t2], "cfg", {t1.task_id: [], t2.task_id: []},
+                                              ["compile-default"]) | {"rejudged": rj.recorded(tmp_path)}
+    text = builtin_figures.markdown(summary, ["compile-default"])
+    assert f"judged again with the current judge (earlier verdicts in rejudged.jsonl): {t1.task_id} at " in text
+    assert t1.task_id in summary["unfinished"]
 
 
 @pytest.mark.cpu
