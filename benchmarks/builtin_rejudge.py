@@ -11,7 +11,8 @@ candidates without a verdict), times its baselines and re-times its winner, with
 judge.  Its responses and candidates stay: the same programs are judged, not a new search.
 
 Nothing is lost: each task's removed rows are appended as one JSON line to ``OUT/rejudged.jsonl``
-(task, time, config hash, reason, and the rows), before the files are rewritten.
+(task, time, config hash, reason, and the rows) before the files are rewritten and the store's
+deletion is committed.
 """
 
 from __future__ import annotations
@@ -50,17 +51,21 @@ def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reaso
                      "baseline_skips": skips.get(task_id, {}),
                      "baselines_done": task_id in plan.load_done(out)}
 
-            def keep(taken: dict[str, list[dict[str, Any]]], entry: dict[str, Any] = entry) -> None:
-                entry.update(taken)  # logged before the store deletes them and the files are rewritten
+            def keep(taken: dict[str, list[dict[str, Any]]], entry: dict[str, Any] = entry,
+                     confirm: dict[str, Any] = confirm, skips: dict[str, Any] = skips) -> None:
+                """Inside the store's transaction, before it deletes: the log first, then the files
+                (a kill before the commit leaves the verdicts, so the worst case is a re-timing
+                again, never a stale one kept)."""
+                entry.update(taken)
                 with open(out / LOG, "a") as f:
                     f.write(json.dumps(entry) + "\n")
+                write_whole(confirm_path, json.dumps({k: v for k, v in confirm.items() if k not in entry["confirm"]},
+                                                     indent=1))
+                write_whole(out / plan.SKIPS, json.dumps({k: v for k, v in skips.items() if k != entry["task"]},
+                                                         indent=1, sort_keys=True))
+                write_whole(out / plan.DONE, json.dumps(sorted(plan.load_done(out) - {entry["task"]}), indent=0))
 
             store.take_verdicts(by_id[task_id].hash, config_hash, keep=keep)
-            write_whole(confirm_path, json.dumps({k: v for k, v in confirm.items() if k not in entry["confirm"]},
-                                                 indent=1))
-            skips.pop(task_id, None)
-            write_whole(out / plan.SKIPS, json.dumps(skips, indent=1, sort_keys=True))
-            write_whole(out / plan.DONE, json.dumps(sorted(plan.load_done(out) - {task_id}), indent=0))
             entries.append(entry)
     finally:
         store.close()
