@@ -178,7 +178,6 @@ class Measurement:
                 issued, probe = link.warmup(inputs, join=w == 0)
                 cand_host.extend(issued)
                 cand_join = cand_join or probe
-        timer.set_watchdog(host)
         gated = self.device.type == "cuda"
         refs_wait = GateWait(host, shortens=gated)
         # how long the candidate's call may take to be issued before the gate is opened without it
