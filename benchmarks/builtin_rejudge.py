@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 import builtin_baseline_plan as plan
-from builtin_baseline_plan import write_whole
 from cudal1.store import RunStore
 
 LOG = "rejudged.jsonl"
@@ -44,26 +43,25 @@ def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reaso
     try:
         for task_id in dict.fromkeys(task_ids):
             confirm = json.loads(confirm_path.read_text()) if confirm_path.exists() else {}
-            skips = plan.load_skips(out)
+            skips, done = plan.load_skips(out), plan.load_done(out)
             entry = {"task": task_id, "at": dt.datetime.now().isoformat(timespec="seconds"),
                      "config_hash": config_hash, "reason": reason,
                      "confirm": {k: v for k, v in confirm.items() if k.split("|", 1)[0] == task_id},
-                     "baseline_skips": skips.get(task_id, {}),
-                     "baselines_done": task_id in plan.load_done(out)}
+                     "baseline_skips": skips.pop(task_id, {}), "baselines_done": task_id in done}
+            kept_confirm = {k: v for k, v in confirm.items() if k not in entry["confirm"]}
 
             def keep(taken: dict[str, list[dict[str, Any]]], entry: dict[str, Any] = entry,
-                     confirm: dict[str, Any] = confirm, skips: dict[str, Any] = skips) -> None:
+                     kept_confirm: dict[str, Any] = kept_confirm, skips: dict[str, Any] = skips,
+                     done: set[str] = done) -> None:
                 """Inside the store's transaction, before it deletes: the log first, then the files
                 (a kill before the commit leaves the verdicts, so the worst case is a re-timing
                 again, never a stale one kept)."""
                 entry.update(taken)
                 with open(out / LOG, "a") as f:
                     f.write(json.dumps(entry) + "\n")
-                write_whole(confirm_path, json.dumps({k: v for k, v in confirm.items() if k not in entry["confirm"]},
-                                                     indent=1))
-                write_whole(out / plan.SKIPS, json.dumps({k: v for k, v in skips.items() if k != entry["task"]},
-                                                         indent=1, sort_keys=True))
-                write_whole(out / plan.DONE, json.dumps(sorted(plan.load_done(out) - {entry["task"]}), indent=0))
+                plan.write_whole(confirm_path, json.dumps(kept_confirm, indent=1))
+                plan.write_whole(out / plan.SKIPS, json.dumps(skips, indent=1, sort_keys=True))
+                plan.write_whole(out / plan.DONE, json.dumps(sorted(done - {entry["task"]}), indent=0))
 
             store.take_verdicts(by_id[task_id].hash, config_hash, keep=keep)
             entries.append(entry)

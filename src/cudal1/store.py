@@ -433,12 +433,12 @@ class RunStore:
         elsewhere) is called with them before they are deleted, inside the same transaction: if it
         raises, nothing is deleted; a kill leaves all of them or none."""
         taken: dict[str, list[dict[str, Any]]] = {}
+        where = "WHERE task_hash = ? AND config_hash = ?"
         with self._tx() as conn:
             for table, columns, order in (
                 ("evaluations", ("candidate_hash", "status", "speedup", "result_json", "created_at"), "id"),
                 ("baselines", ("mode", "env_key", "result_json", "created_at"), "created_at"),
             ):
-                where = "WHERE task_hash = ? AND config_hash = ?"
                 rows = conn.execute(f"SELECT {', '.join(columns)} FROM {table} {where} ORDER BY {order}",
                                     (task_hash, config_hash)).fetchall()
                 taken[table] = [{("result" if c == "result_json" else c): (json.loads(v) if c == "result_json" else v)
@@ -446,7 +446,7 @@ class RunStore:
             if keep is not None:
                 keep(taken)
             for table in taken:
-                conn.execute(f"DELETE FROM {table} WHERE task_hash = ? AND config_hash = ?", (task_hash, config_hash))
+                conn.execute(f"DELETE FROM {table} {where}", (task_hash, config_hash))
         return taken
 
     # -- baselines -----------------------------------------------------------------------------
