@@ -10,7 +10,9 @@ Two measures, both printed with the report and written under ``cost`` in ``OUT/r
 - **lease-held seconds per task**: from every verdict of the task (the store's search and
   baseline verdicts, ``confirm.json``'s re-timings where they carry them), the seconds its worker
   held the GPU's lease (the phases of :data:`cudal1.harness.parent.batchstats.GPU_PHASES`), and of
-  those the seconds of ``construct`` + ``correctness`` (where a torch.compile job compiles).  Two
+  those the seconds of ``construct`` + ``compile`` + ``correctness`` (where a torch.compile job
+  compiles; ``compile``, Inductor's compiling alone, is its own phase in verdicts since it got
+  the build deadline, and inside ``correctness`` in those before).  Two
   workers per GPU hold the lease side by side in the shared phases, so these add up to more than
   the device seconds; they say where each task's time goes.
 
@@ -49,7 +51,7 @@ from builtin_baseline_plan import GRAPHED_SIBLING
 from builtin_figures import counted
 from cudal1.harness.parent.batchstats import GPU_PHASES
 
-COMPILE_PHASES = ("construct", "correctness")
+COMPILE_PHASES = ("construct", "compile", "correctness")
 
 
 def held_s(phase_s: dict[str, float] | None) -> float:
@@ -83,10 +85,12 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
         again = [c for k, c in confirmed.items() if k.startswith(t.task_id + "|") and "phase_s" in c]
         costs[t.task_id] = {
             "search": {"verdicts": len(search), "held_s": sum(held_s(r.phase_s) for r in search),
-                       "compile_s": sum(compile_s(r.phase_s) for r in search)},
+                       "compile_s": sum(compile_s(r.phase_s) for r in search),
+                       "compiling_s": sum((r.phase_s or {}).get("compile", 0.0) for r in search)},
             "baselines": {"verdicts": len(base), "held_s": sum(held_s(r.phase_s) for r in base),
                           "compile_s": sum(compile_s(r.phase_s) for r in base),
-                          "construct_s": sum((r.phase_s or {}).get("construct", 0.0) for r in base)},
+                          "construct_s": sum((r.phase_s or {}).get("construct", 0.0) for r in base),
+                          "compiling_s": sum((r.phase_s or {}).get("compile", 0.0) for r in base)},
             "confirm": {"verdicts": len(again), "held_s": sum(held_s(c["phase_s"]) for c in again)},
         }
     return costs
@@ -122,9 +126,11 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> 
         "tasks": len(full),
         "held_s_per_task": {
             "search": med([c["search"]["held_s"] for c in full]),
+            "search_compiling": med([c["search"].get("compiling_s", 0.0) for c in full]),
             "baselines": med([c["baselines"]["held_s"] for c in full]),
             "baselines_compile": med([c["baselines"]["compile_s"] for c in full]),
             "baselines_construct": med([c["baselines"]["construct_s"] for c in full]),
+            "baselines_compiling": med([c["baselines"].get("compiling_s", 0.0) for c in full]),
             "total": med([c["search"]["held_s"] + c["baselines"]["held_s"] + c["confirm"]["held_s"] for c in full]),
         },
         "calls": calls,
@@ -136,8 +142,10 @@ def markdown(cost: dict[str, Any]) -> str:
     f = lambda x: "-" if x is None else f"{x:.0f}"  # noqa: E731
     h = cost["held_s_per_task"]
     lines = [f"cost, lease-held seconds per task (median of {cost['tasks']} tasks with baselines): "
-             f"search {f(h['search'])}, baselines {f(h['baselines'])} (construct + correctness "
-             f"{f(h['baselines_compile'])}, of it construct {f(h['baselines_construct'])}), all {f(h['total'])}"]
+             f"search {f(h['search'])} (compile {f(h.get('search_compiling'))}), baselines {f(h['baselines'])} "
+             f"(construct + compile + correctness "
+             f"{f(h['baselines_compile'])}, of it construct {f(h['baselines_construct'])}, compile "
+             f"{f(h.get('baselines_compiling'))}), all {f(h['total'])}"]
     for c in cost["calls"]:
         kinds = ", ".join(f"{k} {v:.0f}" for k, v in c["device_s"].items())
         workers = f", {c['workers_per_gpu']} worker(s) per GPU" if c.get("workers_per_gpu") else ""

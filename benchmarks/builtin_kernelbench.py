@@ -355,7 +355,7 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true", help="the report of OUT, judging nothing")
     ap.add_argument("--rejudge", action="append", default=[], metavar="TASK",
                     help="judge this task's recorded programs again with the current judge (repeatable; its "
-                         "earlier verdicts go to OUT/rejudged.jsonl)")
+                         "earlier verdicts go to OUT/rejudged.jsonl); TASK:MODE times only that baseline again")
     ap.add_argument("--rejudge-reason", default="", help="why, recorded with each --rejudge entry")
     ap.add_argument("--reselect", action="store_true", help="apply the selection rules again")
     ap.add_argument("--levers", choices=("on", "off"), default="on",

@@ -10,9 +10,15 @@ next call then judges the task's recorded candidates again (a search re-judges r
 candidates without a verdict), times its baselines and re-times its winner, with the current
 judge.  Its responses and candidates stay: the same programs are judged, not a new search.
 
-Nothing is lost: each task's removed rows are appended as one JSON line to ``OUT/rejudged.jsonl``
-(task, time, config hash, reason, and the rows) before the files are rewritten and the store's
-deletion is committed.
+``TASK:MODE`` (e.g. ``level3/23:compile-max-autotune-no-cudagraphs``) times one baseline again
+instead: only that mode's baseline leaves the store, with the task's re-timings and finished mark
+(its best compile mode may change), so the next call times that mode and re-times the task; its
+verdicts and other baselines stay.  For a baseline a judge limit cut short (a compile past the
+120 s call limit before torch.compile's compiling got the build deadline).
+
+Nothing is lost: each entry's removed rows are appended as one JSON line to ``OUT/rejudged.jsonl``
+(task, mode where one was named, time, config hash, reason, and the rows) before the files are
+rewritten and the store's deletion is committed.
 """
 
 from __future__ import annotations
@@ -29,25 +35,35 @@ LOG = "rejudged.jsonl"
 
 
 def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reason: str = "") -> list[dict[str, Any]]:
-    """Take ``task_ids`` (of the run's ``tasks``) out of the run under ``config_hash``, as the
-    module docstring says; returns the log entries written.  An id the run does not hold is a
-    ValueError, raised before anything is changed."""
+    """Take ``task_ids`` (of the run's ``tasks``; ``TASK:MODE`` for one baseline) out of the run
+    under ``config_hash``, as the module docstring says; returns the log entries written.  An id
+    the run does not hold, or a mode that is not a baseline mode, is a ValueError, raised before
+    anything is changed."""
+    from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
+
     by_id = {t.task_id: t for t in tasks}
-    unknown = [i for i in task_ids if i not in by_id]
+    wanted = [tuple(i.split(":", 1)) if ":" in i else (i, "") for i in task_ids]
+    unknown = [i for i, _ in wanted if i not in by_id]
     if unknown:
         raise ValueError(f"--rejudge: not a task of this run: {', '.join(unknown)}")
+    modes = (*COMPILE_MODES, CUDA_GRAPH)
+    bad = [m for _, m in wanted if m and m not in modes]
+    if bad:
+        raise ValueError(f"--rejudge: not a baseline mode: {', '.join(bad)} (known: {', '.join(modes)})")
     store_path = out / "cudal1.sqlite"
     confirm_path = out / "confirm.json"
     entries = []
     store = RunStore(store_path)
     try:
-        for task_id in dict.fromkeys(task_ids):
+        for task_id, mode in dict.fromkeys(wanted):
             confirm = json.loads(confirm_path.read_text()) if confirm_path.exists() else {}
             skips, done = plan.load_skips(out), plan.load_done(out)
-            entry = {"task": task_id, "at": dt.datetime.now().isoformat(timespec="seconds"),
-                     "config_hash": config_hash, "reason": reason,
+            entry = {"task": task_id, **({"mode": mode} if mode else {}),
+                     "at": dt.datetime.now().isoformat(timespec="seconds"), "config_hash": config_hash,
+                     "reason": reason,
                      "confirm": {k: v for k, v in confirm.items() if k.split("|", 1)[0] == task_id},
-                     "baseline_skips": skips.pop(task_id, {}), "baselines_done": task_id in done}
+                     "baseline_skips": skips.get(task_id, {}) if mode else skips.pop(task_id, {}),
+                     "baselines_done": task_id in done}
             kept_confirm = {k: v for k, v in confirm.items() if k not in entry["confirm"]}
 
             def keep(taken: dict[str, list[dict[str, Any]]], entry: dict[str, Any] = entry,
@@ -63,7 +79,7 @@ def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reaso
                 plan.write_whole(out / plan.SKIPS, json.dumps(skips, indent=1, sort_keys=True))
                 plan.write_whole(out / plan.DONE, json.dumps(sorted(done - {entry["task"]}), indent=0))
 
-            store.take_verdicts(by_id[task_id].hash, config_hash, keep=keep)
+            store.take_verdicts(by_id[task_id].hash, config_hash, keep=keep, baseline_modes=[mode] if mode else None)
             entries.append(entry)
     finally:
         store.close()
@@ -71,7 +87,11 @@ def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reaso
 
 
 def summary(entry: dict[str, Any]) -> str:
-    """One line per re-judged task for the call's log."""
+    """One line per re-judged task (or baseline) for the call's log."""
+    if entry.get("mode"):
+        statuses = ", ".join(str(b["result"].get("status")) for b in entry["baselines"]) or "none"
+        return (f"timing {entry['task']}'s {entry['mode']} baseline again: took out {len(entry['baselines'])} "
+                f"baseline(s) ({statuses}), {len(entry['confirm'])} re-timing(s); kept in {LOG}")
     statuses = ", ".join(f"{e['status']}" for e in entry["evaluations"]) or "none"
     return (f"re-judging {entry['task']}: took out {len(entry['evaluations'])} verdict(s) ({statuses}), "
             f"{len(entry['baselines'])} baseline(s), {len(entry['confirm'])} re-timing(s); kept in {LOG}")
@@ -84,5 +104,6 @@ def recorded(out: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [{"task": e["task"], "at": e["at"], "reason": e.get("reason", ""),
-             "verdicts": len(e.get("evaluations", [])), "baselines": len(e.get("baselines", []))} for e in entries]
+    return [{"task": e["task"] + (f" ({e['mode']})" if e.get("mode") else ""), "at": e["at"],
+             "reason": e.get("reason", ""), "verdicts": len(e.get("evaluations", [])),
+             "baselines": len(e.get("baselines", []))} for e in entries]

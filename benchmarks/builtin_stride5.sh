@@ -8,7 +8,8 @@
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
 #   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
-#                                                                   # (--rejudge; their old verdicts: rejudged.jsonl)
+#                                                                   # (--rejudge; their old verdicts: rejudged.jsonl;
+#                                                                   # TASK:MODE: only that baseline, timed again)
 #
 # probe: the baselines of the run's first 3 finished tasks (every mode, then the re-timing of each
 #        one's best compile mode), from empty caches with the levers on, then off, outside the run

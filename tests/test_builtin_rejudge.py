@@ -85,6 +85,33 @@ def test_a_rejudged_task_leaves_the_run_with_everything_kept_in_the_log(bench, t
     assert t1.task_id in summary["unfinished"]
 
 
+def test_one_baseline_timed_again_leaves_the_verdicts_and_other_baselines(bench, tmp_path):
+    """``TASK:MODE``: only that baseline leaves the store (with the task's re-timings and finished
+    mark, since its best compile mode may change); its verdicts, skips and other baselines stay,
+    and the log and the report say which mode."""
+    _, rj = bench
+    t1, t2 = a_run(tmp_path, bench)
+    with RunStore(tmp_path / "cudal1.sqlite") as store:
+        store.record_baseline(t1.hash, "cudagraph", "env", "cfg", verdict(t1, "baseline", "cfg", speedup=0.9))
+        store.record_baseline(t1.hash, "compile-max-autotune-no-cudagraphs", "env", "cfg",
+                              verdict(t1, "baseline", "cfg", Status.TIMEOUT, None))
+    entries = rj.rejudge(tmp_path, [t1, t2], [f"{t1.task_id}:compile-max-autotune-no-cudagraphs"], "cfg", "limit")
+    assert entries[0]["mode"] == "compile-max-autotune-no-cudagraphs" and "evaluations" not in entries[0]
+    assert rj.summary(entries[0]) == (f"timing {t1.task_id}'s compile-max-autotune-no-cudagraphs baseline again: "
+                                      f"took out 1 baseline(s) (timeout), 2 re-timing(s); kept in {rj.LOG}")
+    with RunStore(tmp_path / "cudal1.sqlite") as store:
+        assert len(store.evaluations(t1.hash)) == 3  # every verdict stays
+        assert store.get_baseline(t1.hash, "compile-max-autotune-no-cudagraphs", "env", "cfg") is None
+        assert store.get_baseline(t1.hash, "compile-default", "env", "cfg") is not None
+        assert store.get_baseline(t1.hash, "cudagraph", "env", "cfg") is not None
+    assert set(json.loads((tmp_path / "baseline_skips.json").read_text())) == {t1.task_id, t2.task_id}
+    assert json.loads((tmp_path / "baselines_done.json").read_text()) == [t2.task_id]
+    assert set(json.loads((tmp_path / "confirm.json").read_text())) == {f"{t2.task_id}|c1", f"{t2.task_id}|mode:x"}
+    assert rj.recorded(tmp_path)[0]["task"] == f"{t1.task_id} (compile-max-autotune-no-cudagraphs)"
+    with pytest.raises(ValueError, match="not a baseline mode: eager-ish"):
+        rj.rejudge(tmp_path, [t1, t2], [f"{t1.task_id}:eager-ish"], "cfg")
+
+
 @pytest.mark.cpu
 def test_a_task_the_run_does_not_hold_changes_nothing(bench, tmp_path):
     _, rj = bench

@@ -109,3 +109,29 @@ def test_wrapper_clones_outputs_unless_told_not_to():
 
     assert torch.equal(CudaGraphReplay(fn)(torch.ones(3)), torch.full((3,), 2.0)) and len(calls) == 1
     assert CudaGraphReplay(fn, clone_outputs=False)("not a tensor") == "not a tensornot a tensor"  # no tensors: eager
+
+
+def test_only_the_outermost_inductor_compile_is_marked_however_it_ends(monkeypatch):
+    """``child.compiling.install`` wraps the ``compile_fx`` Inductor's backend calls: one mark
+    on and off per outermost call (it calls itself for some graphs), off even when it raises;
+    installing twice wraps once."""
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    calls: list[str] = []
+
+    def fake(graph, inputs, depth=0):
+        calls.append(f"compile {depth}")
+        if graph == "fail":
+            raise RuntimeError("lowering failed")
+        return compile_fx_module.compile_fx(graph, inputs, depth + 1) if depth < 2 else "compiled"
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", fake)
+    marks: list[bool] = []
+    assert compiling.install(marks.append) and not compiling.install(marks.append)
+    assert compile_fx_module.compile_fx("graph", []) == "compiled"
+    assert marks == [True, False] and calls == ["compile 0", "compile 1", "compile 2"]
+    with pytest.raises(RuntimeError, match="lowering failed"):
+        compile_fx_module.compile_fx("fail", [])
+    assert marks == [True, False, True, False]

@@ -61,6 +61,7 @@ class _LeaseProbe:
         self.worker.current_phase = ""
         self.worker.resume_phase = ""
         self.worker.resume_lease = "none"
+        self.worker.compile_resume = ""
         self.worker.device = torch.device(device)
         self.phases: list[str] = []
 
@@ -79,6 +80,9 @@ class _LeaseProbe:
 
     def building(self, on: bool) -> None:
         self.worker.on_event("building", {"on": on})
+
+    def compiling(self, on: bool) -> None:
+        self.worker.on_event("compiling", {"on": on})
 
 
 def _try_lock(path, op) -> bool:
@@ -174,6 +178,39 @@ def test_a_lease_given_back_is_given_back_only_after_the_next_phase_is_stamped(t
     w.worker.enter("timing", "exclusive")
     w.building(True)  # the same for a build that gives the GPU back mid-phase
     assert w.phases[-1] == "build" and held_at["build"] and _try_lock(path, fcntl.LOCK_EX)
+
+
+def test_torch_compile_compiling_is_its_own_phase_under_the_phases_lease(tmp_path):
+    """torch.compile compiling inside ``construct`` or ``correctness`` is phase ``compile``
+    (the build deadline), with the interrupted phase's lease held throughout (a compile-mode
+    baseline's autotuning times kernels on a GPU nothing else of the judge uses), and the phase
+    resumes afterwards; a build inside it comes back to it; in ``timing`` a recompile stays the
+    call's own time."""
+    import fcntl
+
+    from cudal1.harness.spec import PhaseLimits
+
+    path = tmp_path / "gpu0.lock"
+    w = _LeaseProbe(path, lambda name: None)
+    w.worker.enter("construct", "exclusive")
+    w.compiling(True)
+    assert w.phases[-1] == "compile" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
+    w.compiling(False)
+    assert w.phases[-2:] == ["compile", "construct"] and w.held == "exclusive"
+    w.worker.enter("correctness", "exclusive")
+    w.compiling(True)
+    w.building(True)  # an extension built while compiling gives the GPU back ...
+    assert w.phases[-1] == "build" and w.held == "none"
+    w.building(False)  # ... and the compile resumes with the lease
+    assert w.phases[-1] == "compile" and w.held == "exclusive"
+    w.compiling(False)
+    assert w.phases[-1] == "correctness"
+    w.worker.enter("timing", "exclusive")
+    w.compiling(True)
+    w.compiling(False)
+    assert w.phases[-1] == "timing" and w.phases.count("compile") == 3
+    limits = PhaseLimits(setup_s=1.0, build_s=900.0, call_s=120.0)
+    assert limits.of_phase("compile") == 900.0 and limits.of_phase("correctness") == 120.0
 
 
 def test_a_worker_drains_its_gpu_work_before_its_lease_changes(tmp_path, monkeypatch):

@@ -40,7 +40,7 @@ import math
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -423,30 +423,36 @@ class RunStore:
         return {str(s): int(n) for s, n in rows}
 
     def take_verdicts(self, task_hash: str, config_hash: str,
-                      keep: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None
-                      ) -> dict[str, list[dict[str, Any]]]:
+                      keep: Callable[[dict[str, list[dict[str, Any]]]], None] | None = None,
+                      baseline_modes: Sequence[str] | None = None) -> dict[str, list[dict[str, Any]]]:
         """Remove ``task_hash``'s verdicts and baselines recorded under ``config_hash`` and return
         them, ``{"evaluations": [...], "baselines": [...]}``, each row a dict of its columns with
         ``result`` parsed, in the order recorded: for judging the same programs again (a search
-        re-judges the task's recorded candidates that have no verdict).  Its task, candidates,
-        responses and other configurations' rows stay.  ``keep`` (e.g. a write of the rows
-        elsewhere) is called with them before they are deleted, inside the same transaction: if it
-        raises, nothing is deleted; a kill leaves all of them or none."""
+        re-judges the task's recorded candidates that have no verdict).  With ``baseline_modes``,
+        only the baselines of those modes (``{"baselines": [...]}``): for timing them again.  Its
+        task, candidates, responses and other configurations' rows stay.  ``keep`` (e.g. a write
+        of the rows elsewhere) is called with them before they are deleted, inside the same
+        transaction: if it raises, nothing is deleted; a kill leaves all of them or none."""
         taken: dict[str, list[dict[str, Any]]] = {}
-        where = "WHERE task_hash = ? AND config_hash = ?"
+        key = "WHERE task_hash = ? AND config_hash = ?"
+        tables = [("evaluations", ("candidate_hash", "status", "speedup", "result_json", "created_at"), "id",
+                   key, (task_hash, config_hash)),
+                  ("baselines", ("mode", "env_key", "result_json", "created_at"), "created_at",
+                   key, (task_hash, config_hash))]
+        if baseline_modes is not None:
+            modes = tuple(baseline_modes)
+            tables = [(*tables[1][:3], f"{key} AND mode IN ({', '.join('?' * len(modes))})",
+                       (task_hash, config_hash, *modes))]
         with self._tx() as conn:
-            for table, columns, order in (
-                ("evaluations", ("candidate_hash", "status", "speedup", "result_json", "created_at"), "id"),
-                ("baselines", ("mode", "env_key", "result_json", "created_at"), "created_at"),
-            ):
+            for table, columns, order, where, params in tables:
                 rows = conn.execute(f"SELECT {', '.join(columns)} FROM {table} {where} ORDER BY {order}",
-                                    (task_hash, config_hash)).fetchall()
+                                    params).fetchall()
                 taken[table] = [{("result" if c == "result_json" else c): (json.loads(v) if c == "result_json" else v)
                                  for c, v in zip(columns, row)} for row in rows]
             if keep is not None:
                 keep(taken)
-            for table in taken:
-                conn.execute(f"DELETE FROM {table} {where}", (task_hash, config_hash))
+            for table, _, _, where, params in tables:
+                conn.execute(f"DELETE FROM {table} {where}", params)
         return taken
 
     # -- baselines -----------------------------------------------------------------------------

@@ -34,7 +34,7 @@ class PhaseLimits:
     """Each phase's deadline as the parent enforces it (a stalled process dumps its stacks at 80%)."""
 
     setup_s: float
-    build_s: float  # the import, and builds outside it
+    build_s: float  # the import, builds outside it, and torch.compile's compiling inside a call
     call_s: float  # every other phase
 
     @classmethod
@@ -42,7 +42,8 @@ class PhaseLimits:
         return cls(config.setup_timeout_s, config.build_timeout_s, config.timeout_s)
 
     def of_phase(self, phase: str) -> float:
-        return {"setup": self.setup_s, "import": self.build_s, "build": self.build_s}.get(phase, self.call_s)
+        return {"setup": self.setup_s, "import": self.build_s, "build": self.build_s,
+                "compile": self.build_s}.get(phase, self.call_s)
 
 
 @dataclass(frozen=True)

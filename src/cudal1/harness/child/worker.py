@@ -137,6 +137,12 @@ class CandidateProcess(CallHandlers):
             arm_stall_dump(self.settings.limits, "build" if on else "construct")
             self.notify("building", on=on)
 
+    def compiling(self, on: bool) -> None:
+        """torch.compile started (or ended) compiling a graph (:mod:`.compiling`): the reference
+        worker gives it the build deadline."""
+        arm_stall_dump(self.settings.limits, "compile" if on else "construct")
+        self.notify("compiling", on=on)
+
     # ---- phases -----------------------------------------------------------------------------
     def setup(self) -> None:
         if self.spec.device == "cuda" and self.spec.mode != "build":
@@ -185,6 +191,11 @@ class CandidateProcess(CallHandlers):
                 load_module(self.spec.reference_path, self.spec.reference_module)
             if calls_torch_compile(self.spec):
                 import torch._inductor.compile_fx  # noqa: F401 - seconds: here no GPU lease is held, in construct one is
+
+                if self.spec.mode != "build":
+                    from cudal1.harness.child import compiling
+
+                    compiling.install(self.compiling)
             if self.spec.mode != "baseline":
                 path, name = self.spec.candidate_path, self.spec.candidate_module
                 spec = importlib.util.spec_from_file_location(name, path)

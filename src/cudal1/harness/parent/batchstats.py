@@ -25,7 +25,9 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-GPU_PHASES = frozenset({"reference", "construct", "correctness", "timing", "verify", "verify_timing"})
+# The phases that hold the GPU's lease; ``compile`` (torch.compile compiling inside construct or
+# correctness, cudal1.harness.child.compiling) keeps the lease of the phase it interrupts.
+GPU_PHASES = frozenset({"reference", "construct", "compile", "correctness", "timing", "verify", "verify_timing"})
 
 
 def union_s(intervals: list[tuple[float, float]]) -> float:

@@ -33,6 +33,7 @@ def _limits(config: EvalConfig) -> dict[str, float]:
         "setup": config.setup_timeout_s,
         "import": config.build_timeout_s,
         "build": config.build_timeout_s,
+        "compile": config.build_timeout_s,  # torch.compile compiling inside a call (child.compiling)
         "construct": config.timeout_s,
         "correctness": config.timeout_s,
         "timing": config.timeout_s,

@@ -70,6 +70,7 @@ class RefWorker(Measurement):
         self.link: CandidateLink | None = None
         self.resume_phase = ""
         self.resume_lease = "none"
+        self.compile_resume = ""  # the phase a torch.compile compile interrupted (on_event)
 
     # ---- protocol ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -154,7 +155,18 @@ class RefWorker(Measurement):
 
     def on_event(self, event: str, data: dict[str, Any]) -> None:
         """The candidate compiles an extension outside its import: that runs under the build
-        deadline without the GPU's lease; the interrupted phase resumes once its lease is back."""
+        deadline without the GPU's lease; the interrupted phase resumes once its lease is back.
+        torch.compile compiles a graph in ``construct`` or ``correctness`` (its first calls):
+        phase ``compile``, under the build deadline with the phase's lease kept (its autotuning
+        times kernels); elsewhere (a recompile while timed is the call's own time) nothing changes."""
+        if event == "compiling":
+            if data.get("on") and self.current_phase in ("construct", "correctness"):
+                self.compile_resume = self.current_phase
+                self.phase("compile")
+            elif not data.get("on") and self.current_phase == "compile" and self.compile_resume:
+                resume, self.compile_resume = self.compile_resume, ""
+                self.phase(resume)
+            return
         if event != "building":
             return
         if data.get("on") and self.current_phase not in ("import", "build"):
