@@ -121,9 +121,17 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> 
     def med(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None
 
+    def total(c: dict[str, Any]) -> float:
+        return c["search"]["held_s"] + c["baselines"]["held_s"] + c["confirm"]["held_s"]
+
     full = [c for c in costs.values() if c["baselines"]["verdicts"]]
+    levels: dict[str, list[float]] = {}
+    for task_id, c in costs.items():
+        if c["baselines"]["verdicts"]:
+            levels.setdefault(task_id.split("/", 1)[0] if "/" in task_id else "-", []).append(total(c))
     return {
         "tasks": len(full),
+        "held_s_by_level": {k: {"tasks": len(v), "total": med(v)} for k, v in sorted(levels.items())},
         "held_s_per_task": {
             "search": med([c["search"]["held_s"] for c in full]),
             "search_compiling": med([c["search"].get("compiling_s", 0.0) for c in full]),
@@ -131,7 +139,7 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> 
             "baselines_compile": med([c["baselines"]["compile_s"] for c in full]),
             "baselines_construct": med([c["baselines"]["construct_s"] for c in full]),
             "baselines_compiling": med([c["baselines"].get("compiling_s", 0.0) for c in full]),
-            "total": med([c["search"]["held_s"] + c["baselines"]["held_s"] + c["confirm"]["held_s"] for c in full]),
+            "total": med([total(c) for c in full]),
         },
         "calls": calls,
         "per_task": costs,
@@ -146,6 +154,9 @@ def markdown(cost: dict[str, Any]) -> str:
              f"(construct + compile + correctness "
              f"{f(h['baselines_compile'])}, of it construct {f(h['baselines_construct'])}, compile "
              f"{f(h.get('baselines_compiling'))}), all {f(h['total'])}"]
+    if cost.get("held_s_by_level"):
+        lines.append("by level, median lease-held seconds per task, all stages: " + ", ".join(
+            f"{k} {f(v['total'])} ({v['tasks']} tasks)" for k, v in cost["held_s_by_level"].items()))
     for c in cost["calls"]:
         kinds = ", ".join(f"{k} {v:.0f}" for k, v in c["device_s"].items())
         workers = f", {c['workers_per_gpu']} worker(s) per GPU" if c.get("workers_per_gpu") else ""

@@ -93,6 +93,28 @@ def test_device_seconds_per_task_per_call(bench):
                         "timing": 2.0}) == 6.0  # only the phases that hold the GPU's lease
 
 
+def test_lease_held_seconds_by_level_and_compile_phase(bench):
+    """The median lease-held seconds per task of each level, over the tasks with baselines, and
+    the ``compile`` phase (torch.compile's compiling) counted in the compile seconds."""
+    _, cost = bench
+
+    def task(search: float, base: float, compiling: float = 0.0) -> dict:
+        return {"search": {"verdicts": 4, "held_s": search, "compile_s": 0.0, "compiling_s": 0.0},
+                "baselines": {"verdicts": 2 if base else 0, "held_s": base, "compile_s": compiling,
+                              "construct_s": 0.0, "compiling_s": compiling},
+                "confirm": {"verdicts": 2, "held_s": 10.0}}
+
+    costs = {"level1/3": task(20, 30), "level1/8": task(40, 30, 10), "level3/23": task(100, 200, 120),
+             "level3/38": task(100, 0)}  # without baselines yet: not counted
+    summary = cost.summarize(costs, [])
+    assert summary["held_s_by_level"] == {"level1": {"tasks": 2, "total": 70.0},
+                                          "level3": {"tasks": 1, "total": 310.0}}
+    text = cost.markdown(summary)
+    assert "by level, median lease-held seconds per task, all stages: level1 70 (2 tasks), level3 310 (1 tasks)" in text
+    assert "baselines 30 (construct + compile + correctness 10, of it construct 0, compile 10), all 80" in text
+    assert cost.compile_s({"construct": 1.0, "compile": 20.0, "correctness": 3.0, "timing": 2.0}) == 24.0
+
+
 def test_the_probe_says_which_speedups_stay_inside_their_intervals(bench):
     _, cost = bench
     on = {"t|compile-default": {"status": "ok", "speedup": 1.02, "speedup_ci": [1.00, 1.04]},
