@@ -14,7 +14,8 @@ Two measures, both printed with the report and written under ``cost`` in ``OUT/r
   compiles; ``compile``, Inductor's compiling alone, is its own phase in verdicts since it got
   the build deadline, and inside ``correctness`` in those before).  Two
   workers per GPU hold the lease side by side in the shared phases, so these add up to more than
-  the device seconds; they say where each task's time goes.
+  the device seconds; they say where each task's time goes (and, per KernelBench level, which
+  tasks are the expensive ones).
 
 The cost levers (``--levers on``, the default) leave out the baselines a task's own verdicts make
 redundant (:mod:`builtin_baseline_plan`), and change where and how often the rest compile, never
