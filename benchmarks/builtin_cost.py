@@ -45,7 +45,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Collection
 
 import builtin_baseline_plan
 from builtin_baseline_plan import GRAPHED_SIBLING
@@ -55,13 +55,18 @@ from cudal1.harness.parent.batchstats import GPU_PHASES
 COMPILE_PHASES = ("construct", "compile", "correctness")
 
 
+def seconds_in(phase_s: dict[str, float] | None, phases: Collection[str]) -> float:
+    """Seconds a verdict spent in ``phases``."""
+    return sum(v for k, v in (phase_s or {}).items() if k in phases)
+
+
 def held_s(phase_s: dict[str, float] | None) -> float:
     """Seconds a verdict's worker held the GPU's lease."""
-    return sum(v for k, v in (phase_s or {}).items() if k in GPU_PHASES)
+    return seconds_in(phase_s, GPU_PHASES)
 
 
 def compile_s(phase_s: dict[str, float] | None) -> float:
-    return sum(v for k, v in (phase_s or {}).items() if k in COMPILE_PHASES)
+    return seconds_in(phase_s, COMPILE_PHASES)
 
 
 def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, Any]]:
@@ -87,11 +92,11 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
         costs[t.task_id] = {
             "search": {"verdicts": len(search), "held_s": sum(held_s(r.phase_s) for r in search),
                        "compile_s": sum(compile_s(r.phase_s) for r in search),
-                       "compiling_s": sum((r.phase_s or {}).get("compile", 0.0) for r in search)},
+                       "compiling_s": sum(seconds_in(r.phase_s, ("compile",)) for r in search)},
             "baselines": {"verdicts": len(base), "held_s": sum(held_s(r.phase_s) for r in base),
                           "compile_s": sum(compile_s(r.phase_s) for r in base),
-                          "construct_s": sum((r.phase_s or {}).get("construct", 0.0) for r in base),
-                          "compiling_s": sum((r.phase_s or {}).get("compile", 0.0) for r in base)},
+                          "construct_s": sum(seconds_in(r.phase_s, ("construct",)) for r in base),
+                          "compiling_s": sum(seconds_in(r.phase_s, ("compile",)) for r in base)},
             "confirm": {"verdicts": len(again), "held_s": sum(held_s(c["phase_s"]) for c in again)},
         }
     return costs

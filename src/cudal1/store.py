@@ -434,15 +434,14 @@ class RunStore:
         of the rows elsewhere) is called with them before they are deleted, inside the same
         transaction: if it raises, nothing is deleted; a kill leaves all of them or none."""
         taken: dict[str, list[dict[str, Any]]] = {}
-        key = "WHERE task_hash = ? AND config_hash = ?"
-        tables = [("evaluations", ("candidate_hash", "status", "speedup", "result_json", "created_at"), "id",
-                   key, (task_hash, config_hash)),
-                  ("baselines", ("mode", "env_key", "result_json", "created_at"), "created_at",
-                   key, (task_hash, config_hash))]
-        if baseline_modes is not None:
+        evaluations = ("evaluations", ("candidate_hash", "status", "speedup", "result_json", "created_at"), "id")
+        baselines = ("baselines", ("mode", "env_key", "result_json", "created_at"), "created_at")
+        key, params = "WHERE task_hash = ? AND config_hash = ?", (task_hash, config_hash)
+        if baseline_modes is None:
+            tables = [(*evaluations, key, params), (*baselines, key, params)]
+        else:
             modes = tuple(baseline_modes)
-            tables = [(*tables[1][:3], f"{key} AND mode IN ({', '.join('?' * len(modes))})",
-                       (task_hash, config_hash, *modes))]
+            tables = [(*baselines, f"{key} AND mode IN ({', '.join('?' * len(modes))})", (*params, *modes))]
         with self._tx() as conn:
             for table, columns, order, where, params in tables:
                 rows = conn.execute(f"SELECT {', '.join(columns)} FROM {table} {where} ORDER BY {order}",

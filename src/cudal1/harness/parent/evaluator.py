@@ -23,23 +23,28 @@ from cudal1.harness.lease import lease_path
 from cudal1.harness.parent.assemble import assemble
 from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
 from cudal1.harness.parent.sandbox import JobOutcome, run_job
-from cudal1.harness.spec import CUDA_WRITABLE, BuildStage, CandidateSettings, CandidateSpec, ExactCacheSpec, WorkerSpec
+from cudal1.harness.spec import (
+    CUDA_WRITABLE,
+    BuildStage,
+    CandidateSettings,
+    CandidateSpec,
+    ExactCacheSpec,
+    PhaseLimits,
+    WorkerSpec,
+)
 from cudal1.tolerances import TOLERANCES
 from cudal1.types import Candidate, EvalResult, Status, Task, content_hash
 
+_PHASES = ("setup", "reference", "import", "build", "compile", "construct", "correctness", "timing", "verify",
+           "verify_timing")
+
 
 def _limits(config: EvalConfig) -> dict[str, float]:
+    """Each phase's deadline as the parent enforces it: the workers' own table
+    (:meth:`PhaseLimits.of_phase`, which their stall dumps use), and the wait for the GPU lease."""
+    limits = PhaseLimits.of(config)
     return {
-        "setup": config.setup_timeout_s,
-        "import": config.build_timeout_s,
-        "build": config.build_timeout_s,
-        "compile": config.build_timeout_s,  # torch.compile compiling inside a call (child.compiling)
-        "construct": config.timeout_s,
-        "correctness": config.timeout_s,
-        "timing": config.timeout_s,
-        "verify": config.timeout_s,
-        "verify_timing": config.timeout_s,
-        "reference": config.timeout_s,
+        **{phase: limits.of_phase(phase) for phase in _PHASES},
         # waiting for the GPU lease: other workers' GPU phases (each under its own deadline)
         "lane": 4 * config.timeout_s * max(1, config.workers_per_gpu - 1),
         "default": config.timeout_s,
