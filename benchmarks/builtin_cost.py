@@ -52,7 +52,7 @@ from builtin_baseline_plan import GRAPHED_SIBLING
 from builtin_figures import counted
 from cudal1.harness.parent.batchstats import GPU_PHASES
 
-COMPILE_PHASES = ("construct", "compile", "correctness")
+COMPILE_PHASES = ("construct", "compile", "compile_cpu", "correctness")
 
 
 def seconds_in(phase_s: dict[str, float] | None, phases: Collection[str]) -> float:
@@ -92,11 +92,11 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
         costs[t.task_id] = {
             "search": {"verdicts": len(search), "held_s": sum(held_s(r.phase_s) for r in search),
                        "compile_s": sum(compile_s(r.phase_s) for r in search),
-                       "compiling_s": sum(seconds_in(r.phase_s, ("compile",)) for r in search)},
+                       "compiling_s": sum(seconds_in(r.phase_s, ("compile", "compile_cpu")) for r in search)},
             "baselines": {"verdicts": len(base), "held_s": sum(held_s(r.phase_s) for r in base),
                           "compile_s": sum(compile_s(r.phase_s) for r in base),
                           "construct_s": sum(seconds_in(r.phase_s, ("construct",)) for r in base),
-                          "compiling_s": sum(seconds_in(r.phase_s, ("compile",)) for r in base)},
+                          "compiling_s": sum(seconds_in(r.phase_s, ("compile", "compile_cpu")) for r in base)},
             "confirm": {"verdicts": len(again), "held_s": sum(held_s(c["phase_s"]) for c in again)},
         }
     return costs
@@ -115,6 +115,8 @@ def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, An
         c["jobs"] += b["jobs"]
         if kind != "confirm" and b.get("workers_per_gpu") is not None:
             c["workers_per_gpu"] = b["workers_per_gpu"]
+        if b.get("compile_lease"):
+            c["compile_lease"] = b["compile_lease"]
     for c in calls.values():
         c["finished"] = finished_by_call.get(c["call"])
         total = sum(c["device_s"].values())
@@ -166,6 +168,7 @@ def markdown(cost: dict[str, Any]) -> str:
     for c in cost["calls"]:
         kinds = ", ".join(f"{k} {v:.0f}" for k, v in c["device_s"].items())
         workers = f", {c['workers_per_gpu']} worker(s) per GPU" if c.get("workers_per_gpu") else ""
+        workers += f", compiling with the lease {c['compile_lease']}" if c.get("compile_lease") else ""
         lines.append(f"cost of call {c['call']} (levers {c['levers'] or 'n/a'}{workers}): device seconds {kinds} "
                      f"= {c['device_s_total']:.0f} for {c['finished'] if c['finished'] is not None else '?'} "
                      f"task(s) finished: {f(c['device_s_per_task'])} s per task")

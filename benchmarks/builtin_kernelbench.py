@@ -178,15 +178,17 @@ def snapshot_rewrites(out: Path) -> None:
 class Batches:
     """Every judged batch's BatchStats, summarized for OUT/run.json and the report; each batch
     carries its call's stamp, the GPUs it ran on, the judge workers sharing each GPU (the re-timing's
-    own count for a ``confirm`` batch) and whether the cost levers were on, and each call the tasks
+    own count for a ``confirm`` batch), whether the cost levers were on and where compiling held the
+    GPU's lease (``compile_lease``, when released), and each call the tasks
     finished before and after it (:mod:`builtin_cost`)."""
 
     def __init__(self, out: Path, gpus: int = 1, levers: str = "on", workers: int = 2,
-                 confirm_workers: int = 1) -> None:
+                 confirm_workers: int = 1, compile_lease: str = "held") -> None:
         self.path = out / "run.json"
         self.run = json.loads(self.path.read_text()) if self.path.exists() else {"batches": []}
         self.call, self.gpus, self.levers = time.strftime("%Y-%m-%dT%H:%M:%S"), gpus, levers
         self.workers, self.confirm_workers = workers, confirm_workers
+        self.compile_lease = compile_lease
         self.stage, self.since, self.verdicts = "search", None, 0  # what a cut call was doing, since when
 
     def begin(self, stage: str) -> None:
@@ -213,7 +215,8 @@ class Batches:
     def _append(self, batch: dict[str, Any]) -> None:
         workers = self.confirm_workers if batch["what"].startswith("confirm") else self.workers
         self.run["batches"].append({**batch, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "call": self.call,
-                                    "gpus": self.gpus, "workers_per_gpu": workers, "levers": self.levers})
+                                    "gpus": self.gpus, "workers_per_gpu": workers, "levers": self.levers,
+                                    **({"compile_lease": self.compile_lease} if self.compile_lease != "held" else {})})
         self.since, self.verdicts = time.monotonic(), 0
         self.save()
 
@@ -363,6 +366,10 @@ def main() -> int:
                          "compile cache, a mode the search already judged is not timed again, the graphed compile "
                          "modes are not timed where CUDA-graph replay did not pay (off: a fresh cache per baseline "
                          "job, every mode timed); the config hash is the same either way")
+    ap.add_argument("--compile-lease", choices=("held", "released"), default="held",
+                    help="where torch.compile's compiling (not autotuning) holds the GPU's lease: held, as the "
+                         "phase it interrupts, or released, Inductor's own GPU steps taking it back "
+                         "(EvalConfig.compile_off_lease; the config hash is the same either way)")
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
                     help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
                          "and print the device seconds per task of each")
@@ -389,7 +396,8 @@ def main() -> int:
     try:
         judge = EvalConfig.preset(args.preset).replace(
             device=args.device, workers_per_gpu=args.workers_per_gpu, keep_samples=False,
-            baseline_cache=args.levers == "on", timing_budget_s=args.timing_budget, timing_trials=args.timing_trials)
+            baseline_cache=args.levers == "on", compile_off_lease=args.compile_lease == "released",
+            timing_budget_s=args.timing_budget, timing_trials=args.timing_trials)
     except ConfigError as exc:
         ap.error(str(exc))
     keep_earlier_config(out, judge, args.report_only)
@@ -404,6 +412,7 @@ def main() -> int:
         snapshot_store(out)  # the snapshot, too, no longer holds them (a packed run moves it alone)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     batches = Batches(out, gpus=_gpus(args), levers=args.levers, workers=args.workers_per_gpu,
+                      compile_lease=args.compile_lease,
                       confirm_workers=args.confirm_workers_per_gpu)
     code = 0
     try:

@@ -7,6 +7,8 @@
 #   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
 #   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
+#   STRIDE5_COMPILE_LEASE=released bash benchmarks/builtin_stride5.sh resume  # compiling off the GPU's lease
+#                                                                   # (--compile-lease; not in the config hash)
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
 #                                                                   # (--rejudge; their old verdicts: rejudged.jsonl;
 #                                                                   # TASK:MODE: only that baseline, timed again)
@@ -30,7 +32,8 @@ step=${1:?usage: builtin_stride5.sh probe|resume}
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
       --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-3}"
-      --out benchmarks/runs/stride5 --pack "$OUT/stride5_state.tgz")
+      --out benchmarks/runs/stride5 --pack "$OUT/stride5_state.tgz"
+      --compile-lease "${STRIDE5_COMPILE_LEASE:-held}")
 [ -f benchmarks/runs/stride5/cudal1.sqlite.gz ] || echo "warning: no stride-5 state here: the run starts afresh"
 case "$step" in
   probe)

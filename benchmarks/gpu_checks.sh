@@ -33,6 +33,11 @@
 #   mixed : the mixed set of benchmarks/throughput.py at $MIXED_WORKERS build processes (default 1),
 #           second pass $MIXED_SECOND (default none), stopped at $MIXED_DEADLINE s (default 440);
 #           throughput.json and a tarball of the logs come back
+#   compile_lease: torch.compile's compiling off the GPU's lease (EvalConfig.compile_off_lease):
+#            tests/gpu/test_compile_lease_gpu.py (no GPU work outside Inductor's bracketed steps,
+#            under torch.profiler; compiles judged ok beside other workers), the lease tests, then
+#            benchmarks/compile_lease_ab.py (held against released, 3 workers, $AB_SELECTORS;
+#            ab.json comes back) (~7-9 min)
 #   profiles: measured profiles (--profile): tests/gpu/test_profiles_gpu.py, judge --profile of the
 #            bundled example, and benchmarks/profile_cost.py (median extra seconds per profiled
 #            verdict; budget 0.5 s) (~4-6 min)
@@ -89,6 +94,21 @@ if has trust; then
   timeout ${ANCHORS_TIMEOUT:-150} python3 benchmarks/verify_anchors.py .data/h100.jsonl --out "$OUT/anchors" >"$OUT/anchors.log" 2>&1
   summary+=("verify anchors: rc=$? $(grep verify_anchors: "$OUT/anchors.log") ($((SECONDS-t0)) s)")
   tar -czf "$OUT/anchors.tgz" -C "$OUT" anchors && rm -rf "$OUT/anchors"
+fi
+if has compile_lease; then
+  git rev-parse HEAD >"$OUT/env.txt" 2>&1
+  t0=$SECONDS
+  mkdir -p "$OUT/results"
+  CUDAL1_GPU_TEST_OUT="$OUT/results" timeout ${LEASE_TEST_TIMEOUT:-260} python3 -m pytest -q -rA -p no:cacheprovider \
+    tests/gpu/test_compile_lease_gpu.py tests/gpu/test_lease_gpu.py >"$OUT/compile_lease_tests.log" 2>&1
+  summary+=("compile-lease tests: rc=$? $(tail -1 "$OUT/compile_lease_tests.log") ($((SECONDS-t0)) s)")
+  cp "$OUT/results/compile_lease.jsonl" "$OUT/results/compile_lease_judged.json" "$OUT/" 2>/dev/null
+  rm -rf "$OUT/results"
+  t0=$SECONDS
+  timeout ${AB_TIMEOUT:-300} python3 benchmarks/compile_lease_ab.py ${AB_SELECTORS:-kernelbench:level3/3,8,13 kernelbench:level2/43,88,98} \
+    --workers-per-gpu 3 --out "$OUT/ab.json" >"$OUT/compile_lease_ab.log" 2>&1
+  summary+=("compile-lease A/B: rc=$? ($((SECONDS-t0)) s)")
+  tail -25 "$OUT/compile_lease_ab.log"
 fi
 if has profiles; then
   t0=$SECONDS

@@ -129,9 +129,67 @@ def test_only_the_outermost_inductor_compile_is_marked_however_it_ends(monkeypat
 
     monkeypatch.setattr(compile_fx_module, "compile_fx", fake)
     marks: list[bool] = []
-    assert compiling.install(marks.append) and not compiling.install(marks.append)
+    mark = lambda on, off_lease: marks.append(on)  # noqa: E731
+    assert compiling.install(mark) == [] and compiling.install(mark) is None
     assert compile_fx_module.compile_fx("graph", []) == "compiled"
     assert marks == [True, False] and calls == ["compile 0", "compile 1", "compile 2"]
     with pytest.raises(RuntimeError, match="lowering failed"):
         compile_fx_module.compile_fx("fail", [])
     assert marks == [True, False, True, False]
+
+
+def test_inductors_gpu_steps_are_bracketed_only_in_a_compile_off_the_lease(monkeypatch):
+    """With a ``gpu`` callback, the GPU steps :data:`compiling.GPU_STEPS` names are wrapped: inside
+    an outermost compile that does not autotune (``off_lease``) the first step opens
+    ``gpu(True)`` and the last to end ``gpu(False)``, however it ends; a compile whose patches ask
+    for max-autotune keeps its lease (no bracket, ``off_lease`` false); outside a compile a step
+    runs as it is.  Steps this torch lacks are skipped."""
+    import sys
+    import types
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    steps = types.ModuleType("fake_inductor_steps")
+
+    class Bench:
+        @staticmethod
+        def example(n):
+            return n + 1
+
+        @classmethod
+        def run(cls, fail=False):
+            if fail:
+                raise RuntimeError("benchmark failed")
+            return Bench.example(1)  # a step inside a step: one bracket
+
+    steps.Bench = Bench
+    steps.fold = lambda: "folded"
+    monkeypatch.setitem(sys.modules, "fake_inductor_steps", steps)
+    monkeypatch.setattr(compiling, "GPU_STEPS", (("fake_inductor_steps", "Bench.example"),
+                                                 ("fake_inductor_steps", "Bench.run"),
+                                                 ("fake_inductor_steps", "fold"),
+                                                 ("fake_inductor_steps", "Missing.step"),
+                                                 ("no_such_module_here", "step")))
+    events: list[tuple] = []
+
+    def fake(graph, inputs, config_patches=None):
+        results = [steps.Bench.run(), steps.fold()]
+        try:
+            steps.Bench.run(fail=True)
+        except RuntimeError:
+            pass
+        return results
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", fake)
+    found = compiling.install(lambda on, off: events.append(("compiling", on, off)),
+                              lambda on: events.append(("gpu", on)))
+    assert found == ["fake_inductor_steps:Bench.example", "fake_inductor_steps:Bench.run", "fake_inductor_steps:fold"]
+    assert steps.fold() == "folded" and events == []  # outside a compile: as it is
+    assert compile_fx_module.compile_fx("graph", []) == [2, "folded"]
+    assert events == [("compiling", True, True), ("gpu", True), ("gpu", False), ("gpu", True), ("gpu", False),
+                      ("gpu", True), ("gpu", False), ("compiling", False, True)]
+    events.clear()
+    compile_fx_module.compile_fx("graph", [], config_patches={"max_autotune": True})
+    assert events == [("compiling", True, False), ("compiling", False, False)]

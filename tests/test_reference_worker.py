@@ -53,7 +53,9 @@ class _LeaseProbe:
     at the lock at exactly that moment.  ``building(on)`` is what the worker does when the
     candidate's process reports an extension build outside its import."""
 
-    def __init__(self, path, probe, device: str = "cpu"):
+    def __init__(self, path, probe, device: str = "cpu", compile_off_lease: bool = False):
+        from types import SimpleNamespace
+
         from cudal1.harness.lease import Lease
         from cudal1.harness.reference.worker import RefWorker
 
@@ -62,6 +64,12 @@ class _LeaseProbe:
         self.worker.resume_phase = ""
         self.worker.resume_lease = "none"
         self.worker.compile_resume = ""
+        self.worker.compile_lease = "none"
+        self.worker.compile_released = False
+        self.worker.cfg = SimpleNamespace(compile_off_lease=compile_off_lease)
+        self.worker.spec = SimpleNamespace(device="cuda")  # the lock is real; the GPU is not needed
+        self.acks = 0
+        self.worker.link = SimpleNamespace(ack=self._ack)
         self.worker.device = torch.device(device)
         self.phases: list[str] = []
 
@@ -81,8 +89,14 @@ class _LeaseProbe:
     def building(self, on: bool) -> None:
         self.worker.on_event("building", {"on": on})
 
-    def compiling(self, on: bool) -> None:
-        self.worker.on_event("compiling", {"on": on})
+    def compiling(self, on: bool, off_lease: bool = False) -> None:
+        self.worker.on_event("compiling", {"on": on, "off_lease": off_lease})
+
+    def compile_gpu(self, on: bool) -> None:
+        self.worker.on_event("compile_gpu", {"on": on})
+
+    def _ack(self) -> None:
+        self.acks += 1
 
 
 def _try_lock(path, op) -> bool:
@@ -242,3 +256,47 @@ def test_a_slot_that_cuda_could_not_allocate_is_out_of_memory(monkeypatch):
     with pytest.raises(cuda_api.CudaCallError) as other:
         cuda_api._check(700, "cudaMemcpy")
     assert "oom" not in runtime_error_parts(other.value, "timing")[1]
+
+
+def test_compiling_off_the_lease_gives_it_back_and_inductors_gpu_steps_take_it_again(tmp_path):
+    """With ``EvalConfig.compile_off_lease``, a compile that does not autotune is phase
+    ``compile_cpu`` without the lease (another worker may time meanwhile); Inductor's GPU steps
+    inside it take the interrupted phase's lease back as phase ``compile``; the compile's end
+    restores the phase and its lease.  A compile that autotunes, or any compile without the
+    setting, keeps the lease as before.  Every compiling event is answered (the candidate's
+    process waits for it), also where nothing changes."""
+    import fcntl
+
+    from cudal1.harness.spec import PhaseLimits
+
+    path = tmp_path / "gpu0.lock"
+    w = _LeaseProbe(path, lambda name: None, compile_off_lease=True)
+    w.worker.enter("construct", "exclusive")
+    w.compiling(True, off_lease=True)
+    assert w.phases[-1] == "compile_cpu" and w.held == "none" and _try_lock(path, fcntl.LOCK_EX)
+    w.compile_gpu(True)
+    assert w.phases[-1] == "compile" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
+    w.compile_gpu(False)
+    assert w.phases[-1] == "compile_cpu" and w.held == "none"
+    w.building(True)  # an extension built inside it, and back
+    w.building(False)
+    assert w.phases[-2:] == ["build", "compile_cpu"] and w.held == "none"
+    w.compiling(False, off_lease=True)
+    assert w.phases[-1] == "construct" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
+    assert w.acks == 4
+    w.compiling(True, off_lease=False)  # autotuning: the lease stays, GPU steps change nothing
+    w.compile_gpu(True)
+    w.compile_gpu(False)
+    assert w.phases[-1] == "compile" and w.held == "exclusive"
+    w.compiling(False)
+    w.worker.enter("timing", "exclusive")
+    w.compiling(True, off_lease=True)  # a recompile while timed: the call's own time
+    assert w.phases[-1] == "timing" and w.held == "exclusive" and w.acks == 9
+    w.compiling(False, off_lease=True)
+    held = _LeaseProbe(tmp_path / "gpu1.lock", lambda name: None)  # the setting off: as before
+    held.worker.enter("correctness", "shared")
+    held.compiling(True, off_lease=True)
+    held.compile_gpu(True)
+    assert held.phases[-1] == "compile" and held.held == "shared" and held.acks == 2
+    limits = PhaseLimits(setup_s=1.0, build_s=900.0, call_s=120.0)
+    assert limits.of_phase("compile_cpu") == 900.0

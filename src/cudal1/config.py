@@ -299,6 +299,8 @@ class EvalConfig(Config):
     profile: str = "off"  # off | cupti: profile both programs once after timing (information only; docs/harness.md)
     baseline_cache: bool = True  # baselines of one task share a persistent torch.compile/Triton cache (each
     # mode compiles once per machine, later modes reuse its kernels); false: a fresh cache per baseline job
+    compile_off_lease: bool = False  # on a GPU, torch.compile's compiling (not autotuning) gives the GPU's lease
+    # back (phase compile_cpu); Inductor's own GPU steps inside it take it again (docs/harness.md, "Builds")
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
@@ -346,6 +348,7 @@ class EvalConfig(Config):
         ignore = {
             "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
             "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache", "cpu_binding",
+            "compile_off_lease",  # where compiling holds the lease; what is timed is unchanged
             "profile",  # information only: no verdict or figure depends on it
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}

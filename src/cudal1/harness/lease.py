@@ -7,7 +7,8 @@ root).  The job's clean reference worker holds it for the whole job (the candida
 only when that worker asks it to): *shared* in phases that use the GPU (``reference``,
 ``construct``, ``correctness``), *exclusive* from ``timing`` to the verdict (from ``construct``
 for a compile-mode baseline, whose torch.compile times kernels while it compiles), *none* during
-start-up, the candidate's import and any build.  A phase that uses the GPU starts only once its
+start-up, the candidate's import, any build and, with ``EvalConfig.compile_off_lease``, a
+torch.compile compile that does not autotune (``compile_cpu``).  A phase that uses the GPU starts only once its
 lease is held; waiting is its own phase, ``lane``.  Linux drops a held ``flock`` when converting
 it, even when a non-blocking attempt then fails, so an upgrade announces ``lane`` before the lock
 is touched; giving the lease back is stamped before the lock goes; before any change of a held

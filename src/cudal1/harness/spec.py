@@ -43,7 +43,7 @@ class PhaseLimits:
 
     def of_phase(self, phase: str) -> float:
         return {"setup": self.setup_s, "import": self.build_s, "build": self.build_s,
-                "compile": self.build_s}.get(phase, self.call_s)
+                "compile": self.build_s, "compile_cpu": self.build_s}.get(phase, self.call_s)
 
 
 @dataclass(frozen=True)

@@ -137,11 +137,34 @@ class CandidateProcess(CallHandlers):
             arm_stall_dump(self.settings.limits, "build" if on else "construct")
             self.notify("building", on=on)
 
-    def compiling(self, on: bool) -> None:
+    def compiling(self, on: bool, off_lease: bool = False) -> None:
         """torch.compile started (or ended) compiling a graph (:mod:`.compiling`): the reference
-        worker gives it the build deadline."""
+        worker gives it the build deadline and, for a compile that may run ``off_lease``, gives
+        the GPU's lease back until it ends.  Work this process queued is drained first; the
+        compiled graph runs only once the worker has answered (its lease is back)."""
         arm_stall_dump(self.settings.limits, "compile" if on else "construct")
-        self.notify("compiling", on=on)
+        if on and off_lease:
+            self.drain()
+        self.notify("compiling", on=on, off_lease=off_lease)
+        self.await_ack()
+
+    def compile_gpu(self, on: bool) -> None:
+        """Inductor runs kernels of its own inside a compile off the lease (:data:`.compiling.GPU_STEPS`):
+        they start once the worker holds the lease again, which it gives back after they drained."""
+        if not on:
+            self.drain()
+        self.notify("compile_gpu", on=on)
+        self.await_ack()
+
+    def drain(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+
+    def await_ack(self) -> None:
+        """The reference worker's answer to an event that waits for one (it acts on the lease first)."""
+        request = json.loads(self.link.recv_bytes(MAX_REQUEST_BYTES))
+        if not isinstance(request, dict) or request.get("op") != "ack":
+            raise RuntimeError("the judge's line is out of step: an acknowledgement was expected")
 
     # ---- phases -----------------------------------------------------------------------------
     def setup(self) -> None:
@@ -195,7 +218,7 @@ class CandidateProcess(CallHandlers):
                 if self.spec.mode != "build":
                     from cudal1.harness.child import compiling
 
-                    compiling.install(self.compiling)
+                    compiling.install(self.compiling, self.compile_gpu if self.device.type == "cuda" else None)
             if self.spec.mode != "baseline":
                 path, name = self.spec.candidate_path, self.spec.candidate_module
                 spec = importlib.util.spec_from_file_location(name, path)

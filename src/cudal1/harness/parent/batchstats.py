@@ -26,7 +26,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 # The phases that hold the GPU's lease; ``compile`` (torch.compile compiling inside construct or
-# correctness, cudal1.harness.child.compiling) keeps the lease of the phase it interrupts.
+# correctness, cudal1.harness.child.compiling) keeps the lease of the phase it interrupts;
+# ``compile_cpu`` (the same off the lease, EvalConfig.compile_off_lease) holds none.
 GPU_PHASES = frozenset({"reference", "construct", "compile", "correctness", "timing", "verify", "verify_timing"})
 
 

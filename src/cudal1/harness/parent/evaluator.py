@@ -35,8 +35,8 @@ from cudal1.harness.spec import (
 from cudal1.tolerances import TOLERANCES
 from cudal1.types import Candidate, EvalResult, Status, Task, content_hash
 
-_PHASES = ("setup", "reference", "import", "build", "compile", "construct", "correctness", "timing", "verify",
-           "verify_timing")
+_PHASES = ("setup", "reference", "import", "build", "compile", "compile_cpu", "construct", "correctness", "timing",
+           "verify", "verify_timing")
 
 
 def _limits(config: EvalConfig) -> dict[str, float]:

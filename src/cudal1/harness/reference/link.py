@@ -290,6 +290,13 @@ class CandidateLink:
         except (OSError, EOFError, BrokenPipeError) as exc:
             raise CandidateGone(f"the candidate's process is gone ({exc})") from None
 
+    def ack(self) -> None:
+        """Answer an event the candidate's process waits on (torch.compile's, once the lease is as it needs)."""
+        try:
+            self.conn.send_bytes(b'{"op": "ack"}')
+        except (OSError, EOFError, BrokenPipeError) as exc:
+            raise CandidateGone(f"the candidate's process is gone ({exc})") from None
+
     def _next(self) -> dict[str, Any]:
         """The next message, whatever it is (a ``verdict`` raises, a slot error falls back)."""
         try:

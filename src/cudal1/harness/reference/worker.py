@@ -71,6 +71,8 @@ class RefWorker(Measurement):
         self.resume_phase = ""
         self.resume_lease = "none"
         self.compile_resume = ""  # the phase a torch.compile compile interrupted (on_event)
+        self.compile_lease = "none"  # that phase's lease
+        self.compile_released = False  # the compile runs without it (EvalConfig.compile_off_lease)
 
     # ---- protocol ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -158,14 +160,18 @@ class RefWorker(Measurement):
         deadline without the GPU's lease; the interrupted phase resumes once its lease is back.
         torch.compile compiles a graph in ``construct`` or ``correctness`` (its first calls):
         phase ``compile``, under the build deadline with the phase's lease kept (its autotuning
-        times kernels); elsewhere (a recompile while timed is the call's own time) nothing changes."""
-        if event == "compiling":
-            if data.get("on") and self.current_phase in ("construct", "correctness"):
-                self.compile_resume = self.current_phase
-                self.phase("compile")
-            elif not data.get("on") and self.current_phase == "compile" and self.compile_resume:
-                resume, self.compile_resume = self.compile_resume, ""
-                self.phase(resume)
+        times kernels), or, with ``EvalConfig.compile_off_lease`` on a GPU and a compile that
+        does not autotune, phase ``compile_cpu`` without the lease, which Inductor's own GPU steps
+        take back as phase ``compile`` (``compile_gpu``); elsewhere (a recompile while timed is
+        the call's own time) nothing changes.  Those two events are answered once the lease is
+        as they need it: the candidate's process waits for that before it runs on."""
+        if event in ("compiling", "compile_gpu"):
+            if event == "compiling":
+                self.on_compiling(bool(data.get("on")), bool(data.get("off_lease")))
+            else:
+                self.on_compile_gpu(bool(data.get("on")))
+            if self.link is not None:
+                self.link.ack()
             return
         if event != "building":
             return
@@ -176,6 +182,28 @@ class RefWorker(Measurement):
         elif not data.get("on") and self.current_phase == "build" and self.resume_phase:
             resume, self.resume_phase = self.resume_phase, ""
             self.enter(resume, self.resume_lease)
+
+    def on_compiling(self, on: bool, off_lease: bool) -> None:
+        if on and self.current_phase in ("construct", "correctness"):
+            self.compile_resume = self.current_phase
+            self.compile_lease = self.lease.held if self.lease else "none"
+            self.compile_released = (off_lease and getattr(self.cfg, "compile_off_lease", False)
+                                     and self.spec.device == "cuda" and self.compile_lease != "none")
+            if self.compile_released:
+                self.enter("compile_cpu", "none")
+            else:
+                self.phase("compile")
+        elif not on and self.current_phase in ("compile", "compile_cpu") and self.compile_resume:
+            resume, self.compile_resume, self.compile_released = self.compile_resume, "", False
+            self.enter(resume, self.compile_lease)
+
+    def on_compile_gpu(self, on: bool) -> None:
+        if not self.compile_released:
+            return
+        if on and self.current_phase == "compile_cpu":
+            self.enter("compile", self.compile_lease)
+        elif not on and self.current_phase == "compile":
+            self.enter("compile_cpu", "none")
 
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
         # The lease is held until the process exits, after this message.

@@ -45,7 +45,9 @@ from cudal1.tables import geomean
 FAST_P = (1.0, 1.2, 1.5, 2.0)
 UNSOLVED = 1.0  # the speedup of a task without an ok answer: the reference stays in place
 CONVENTION = "best of k per task over all tasks; a task without an ok answer (or degenerate) counts 1.0x, the reference"
-BUILT_PHASES = frozenset({"construct", "compile", "correctness", "timing", "verify", "verify_timing", "done"})
+BUILT_PHASES = frozenset(
+    {"construct", "compile", "compile_cpu", "correctness", "timing", "verify", "verify_timing", "done"}
+)
 CHECKED_PHASES = frozenset({"timing", "verify", "verify_timing", "done"})
 
 

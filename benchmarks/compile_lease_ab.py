@@ -1,0 +1,125 @@
+"""Compiling with the GPU's lease held against released (``EvalConfig.compile_off_lease``): one
+batch per arm, from empty caches, several judge workers per GPU.
+
+Each task gets two candidates: its reference under ``torch.compile`` (the builtin's
+``compile-default`` chain: a cold compile inside ``construct``/``correctness``) and the reference
+as it is (timing load for the other workers).  Prints, per arm, the batch's wall seconds, the
+seconds spent compiling with and without the lease, the lease waits, and then every job's speedup
+in both arms with whether their 95% intervals overlap (the figures must not move).  Written to
+``--out`` as JSON.
+
+    python benchmarks/compile_lease_ab.py kernelbench:level3/3,8,13 kernelbench:level2/43,88,98 \\
+        --source $CUDAL1_KERNELBENCH --workers-per-gpu 3 --out ab.json
+
+The arms run one after the other (``--arms``, default released then held): the second finds the
+page cache warm but no compile cache of the first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from cudal1.config import EvalConfig
+from cudal1.tasks import load_tasks
+from cudal1.types import Candidate, EvalResult
+
+COMPILED = ("\n\nclass ModelNew(Model):\n    def __init__(self, *args):\n        super().__init__(*args)\n"
+            "        self.forward = torch.compile(super().forward)\n")
+EAGER = "\n\nclass ModelNew(Model):\n    pass\n"
+
+
+def _pairs(tasks: list) -> list[tuple[Any, Candidate, str]]:
+    return [(t, Candidate(t.source + body, task_hash=t.hash, label=label), label)
+            for t in tasks for label, body in (("compiled", COMPILED), ("eager", EAGER))]
+
+
+def _phase_sum(results: list[EvalResult], names: tuple[str, ...]) -> float:
+    return sum(float((r.phase_s or {}).get(n, 0.0)) for r in results for n in names)
+
+
+def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, trials: int,
+            device: str = "cuda") -> dict[str, Any]:
+    from cudal1.harness import evaluate_pairs
+
+    config = EvalConfig(device=device, workers_per_gpu=workers, cache_dir=str(root / arm), keep_samples=False,
+                        compile_off_lease=arm == "released", timing_budget_s=budget_s, timing_trials=trials)
+    triples = _pairs(tasks)
+    t0 = time.perf_counter()
+    results = evaluate_pairs([(t, c) for t, c, _ in triples], config)
+    wall = time.perf_counter() - t0
+    jobs = {f"{t.name}:{label}": {"status": r.status.value, "speedup": r.speedup,
+                                  "ci": list(r.speedup_ci) if r.speedup_ci else None, "phase_s": r.phase_s,
+                                  "message": (r.message or "")[:200]}
+            for (t, _, label), r in zip(triples, results)}
+    return {"arm": arm, "wall_s": wall, "jobs": jobs,
+            "compile_held_s": _phase_sum(results, ("compile",)), "compile_cpu_s": _phase_sum(results, ("compile_cpu",)),
+            "lane_s": _phase_sum(results, ("lane",)), "ok": sum(r.status.value == "ok" for r in results),
+            "n": len(results)}
+
+
+def compare(arms: list[dict[str, Any]]) -> list[str]:
+    lines = ["arm       wall_s  jobs  ok  compiling with lease s  compiling off lease s  lease waits s"]
+    for a in arms:
+        lines.append(f"{a['arm']:<8}  {a['wall_s']:6.0f}  {a['n']:4d}  {a['ok']:2d}  {a['compile_held_s']:22.0f}  "
+                     f"{a['compile_cpu_s']:21.0f}  {a['lane_s']:13.0f}")
+    if len(arms) == 2:
+        first, second = arms
+        overlap = within = both = 0
+        for key, x in first["jobs"].items():
+            y = second["jobs"].get(key)
+            if not (y and x["speedup"] and y["speedup"]):
+                lines.append(f"  {key}: {x['status']} / {y['status'] if y else '-'}")
+                continue
+            both += 1
+            apart = bool(x["ci"] and y["ci"] and (x["ci"][1] < y["ci"][0] or y["ci"][1] < x["ci"][0]))
+            overlap += not apart
+            within += abs(x["speedup"] / y["speedup"] - 1) <= 0.01
+            lines.append(f"  {key}: {first['arm']} {x['speedup']:.3f}  {second['arm']} {y['speedup']:.3f}"
+                         f"{'  (intervals apart)' if apart else ''}")
+        lines.append(f"speedups with overlapping 95% intervals: {overlap} of {both}; within 1%: {within} of {both}")
+        lines.append(f"wall seconds {first['arm']} {first['wall_s']:.0f} against "
+                     f"{second['arm']} {second['wall_s']:.0f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("selectors", nargs="+", help="task selectors (e.g. kernelbench:level3/3,8)")
+    ap.add_argument("--source", default=os.environ.get("CUDAL1_KERNELBENCH"), help="KernelBench JSONL")
+    ap.add_argument("--workers-per-gpu", type=int, default=3)
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                    help="cpu: the protocol only (nothing is released)")
+    ap.add_argument("--arms", default="released,held", help="comma-separated, in order: held, released")
+    ap.add_argument("--timing-budget", type=float, default=2.0)
+    ap.add_argument("--timing-trials", type=int, default=50)
+    ap.add_argument("--out", default=None, help="write the arms' figures here (JSON)")
+    args = ap.parse_args(argv)
+    arm_names = [a for a in args.arms.split(",") if a]
+    if not arm_names or any(a not in ("held", "released") for a in arm_names):
+        ap.error("--arms takes held and/or released")
+    try:
+        tasks = [t for sel in args.selectors for t in load_tasks(sel, source=args.source)]
+    except Exception as exc:  # noqa: BLE001 - a bad selector or source: one line
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="cudal1-compile-lease-") as tmp:
+        arms = []
+        for arm in arm_names:
+            arms.append(run_arm(arm, tasks, args.workers_per_gpu, Path(tmp), args.timing_budget, args.timing_trials,
+                                args.device))
+            print(f"{arm}: {arms[-1]['wall_s']:.0f} s, {arms[-1]['ok']} of {arms[-1]['n']} ok", flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(arms, indent=1))
+    print("\n".join(compare(arms)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

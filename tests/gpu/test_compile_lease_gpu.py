@@ -1,0 +1,207 @@
+"""torch.compile's compiling off the GPU's lease (``EvalConfig.compile_off_lease``,
+``cudal1.harness.child.compiling``) on a GPU.
+
+1. In one process, under torch.profiler: while a compile runs off the lease, no kernel launch,
+   copy or memset is issued outside Inductor's bracketed GPU steps, for models that reach those
+   steps (matmul padding's benchmark on odd shapes, in-graph constants, freezing's constant
+   folding, a convolution with batch norm, a reduction).  The runtime calls are read from the
+   profiler's events against the compile's own ``record_function`` ranges.
+2. Through the harness, three workers sharing the GPU: compile-default baselines and compiled
+   candidates are ``ok`` and spend their compiling in ``compile_cpu``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from cudal1.config import EvalConfig
+from cudal1.types import Candidate, Status
+
+pytestmark = pytest.mark.gpu
+
+REPO = Path(__file__).resolve().parents[2]
+RUNTIME_WORK = re.compile(r"^cu(da)?(Launch|Memcpy|Memset|GraphLaunch)")
+
+
+class _Conv(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(32)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+class _OddMatmul(torch.nn.Module):
+    def __init__(self, dtype):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4093, 4097, dtype=dtype))
+
+    def forward(self, x):
+        return torch.relu(x @ self.w)
+
+
+class _Reduction(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(x, dim=-1).sum(dim=0)
+
+
+class _Constants(torch.nn.Module):
+    def forward(self, x):
+        scale = torch.full((x.shape[-1],), 2.0, device=x.device) + torch.arange(x.shape[-1], device=x.device)
+        return x * scale
+
+
+MODELS = {  # name -> (model, input, freezing, torch.compile mode)
+    "conv_bn_relu": (lambda: _Conv().eval(), lambda: torch.randn(8, 16, 64, 64), False, None),
+    "frozen_conv_bn": (lambda: _Conv().eval(), lambda: torch.randn(8, 16, 64, 64), True, None),
+    "odd_matmul_fp16": (lambda: _OddMatmul(torch.float16), lambda: torch.randn(4095, 4093, dtype=torch.float16),
+                        False, None),
+    "odd_matmul_fp32": (lambda: _OddMatmul(torch.float32), lambda: torch.randn(1023, 4093), False, None),
+    "reduction": (lambda: _Reduction(), lambda: torch.randn(4096, 1000), False, None),
+    "in_graph_constants": (lambda: _Constants(), lambda: torch.randn(256, 1000), False, None),
+    # autotuning compiles keep their lease in the judge; released here to see what their steps miss
+    "odd_matmul_fp32_max_autotune": (lambda: _OddMatmul(torch.float32), lambda: torch.randn(1023, 4093), False,
+                                     "max-autotune-no-cudagraphs"),
+    "conv_bn_relu_max_autotune": (lambda: _Conv().eval(), lambda: torch.randn(8, 16, 64, 64), False,
+                                  "max-autotune-no-cudagraphs"),
+}
+
+
+class _Ranges:
+    """The compile's off-lease and GPU-step spans as ``record_function`` ranges the profiler sees."""
+
+    def __init__(self):
+        self.open: dict[str, object] = {}
+
+    def mark(self, kind: str, on: bool) -> None:
+        from torch.profiler import record_function
+
+        if on:
+            rf = record_function(f"cudal1::{kind}")
+            rf.__enter__()
+            self.open[kind] = rf
+        elif kind in self.open:
+            self.open.pop(kind).__exit__(None, None, None)
+
+
+RANGES = _Ranges()
+
+
+@pytest.fixture(scope="module")
+def installed():
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from cudal1.harness.child import compiling
+
+    found = compiling.install(lambda on, off: RANGES.mark("off_lease", on) if off else None,
+                              lambda on: RANGES.mark("gpu_step", on))
+    return found
+
+
+# Known, measured on an H200 (2026-12-03): both are why EvalConfig.compile_off_lease stays off by
+# default.  strict: a fix (or a change of torch) that makes one pass shows up as a failure to mend.
+KNOWN_ESCAPES = {
+    "conv_bn_relu": "one aten::copy_ (cudaMemcpyAsync, no Python frame, not seen by a dispatch mode) outside the "
+                    "bracketed steps, in this process's first compile; not attributed yet",
+    "odd_matmul_fp32_max_autotune": "autotuning launches kernels outside the bracketed steps: such compiles keep "
+                                    "their lease in the judge",
+    "conv_bn_relu_max_autotune": "autotuning launches kernels outside the bracketed steps: such compiles keep their "
+                                 "lease in the judge",
+}
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.xfail(reason=KNOWN_ESCAPES[n], strict=True))
+                                  if n in KNOWN_ESCAPES else n for n in MODELS])
+def test_no_gpu_work_outside_inductors_steps_while_compiling_off_the_lease(name, installed, tmp_path, monkeypatch):
+    from torch.profiler import ProfilerActivity, profile
+
+    assert installed, "no GPU step of Inductor was found to wrap on this torch"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    from cudal1.harness.child import compiling
+
+    torch._dynamo.reset()
+    make_model, make_input, freezing, mode = MODELS[name]
+    monkeypatch.setattr(compiling, "RELEASE_AUTOTUNING", mode is not None)
+    model = make_model().cuda()
+    x = make_input().cuda()
+    with inductor_config.patch(freezing=freezing, fx_graph_cache=False), torch.no_grad():
+        compiled = torch.compile(model, mode=mode)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=True) as prof:
+            out = compiled(x)
+            torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+    events = list(prof.events())
+    spans = {kind: [(e.time_range.start, e.time_range.end) for e in events if e.name == f"cudal1::{kind}"]
+             for kind in ("off_lease", "gpu_step")}
+    work = [e for e in events if RUNTIME_WORK.match(e.name)]
+    inside = lambda t, kind: any(a <= t <= b for a, b in spans[kind])  # noqa: E731
+    escaped = sorted({e.name for e in work if inside(e.time_range.start, "off_lease")
+                      and not inside(e.time_range.start, "gpu_step")})
+    ops = [e for e in events if e.name.startswith("aten::")]
+
+    def issuer(t: float) -> str:  # the innermost aten op around a runtime call, with its Python frames
+        around = [e for e in ops if e.time_range.start <= t <= e.time_range.end]
+        if not around:
+            return "?"
+        op = min(around, key=lambda e: e.time_range.end - e.time_range.start)
+        return op.name + " <- " + " <- ".join(str(f) for f in (op.stack or [])[:6])
+
+    escaped_from = sorted({issuer(e.time_range.start) for e in work if inside(e.time_range.start, "off_lease")
+                           and not inside(e.time_range.start, "gpu_step")})[:5]
+    record = {"model": name, "escaped_from": escaped_from, "off_lease_spans": len(spans["off_lease"]),
+              "gpu_steps": len(spans["gpu_step"]),
+              "runtime_calls": len(work), "in_gpu_steps": sum(inside(e.time_range.start, "gpu_step") for e in work),
+              "escaped": escaped, "steps_wrapped": installed}
+    out_dir = os.environ.get("CUDAL1_GPU_TEST_OUT")
+    if out_dir:
+        with open(Path(out_dir) / "compile_lease.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+    assert spans["off_lease"], f"the compile was not marked off the lease: {record}"
+    assert not escaped, f"GPU work outside Inductor's bracketed steps while compiling off the lease: {record}"
+
+
+def _kernelbench_tasks():
+    from cudal1.tasks import load_tasks
+
+    env = os.environ.get("CUDAL1_KERNELBENCH")
+    source = Path(env) if env else REPO.parent / "shared" / "kernelbench" / "kernelbench.jsonl"
+    if not source.exists():
+        pytest.skip("no KernelBench JSONL: set CUDAL1_KERNELBENCH")
+    return load_tasks("kernelbench:level1/19,23,40", source=source) + load_tasks("kernelbench:level2/1", source=source)
+
+
+def test_compiles_off_the_lease_are_judged_ok_beside_other_workers(tmp_path):
+    """compile-default baselines and candidates that call torch.compile, three workers on the
+    GPU: every verdict ``ok``, compiling stamped ``compile_cpu``."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from cudal1.harness import evaluate_pairs, measure_baselines
+
+    tasks = _kernelbench_tasks()
+    config = EvalConfig(device="cuda", cache_dir=str(tmp_path / "cache"), workers_per_gpu=3, compile_off_lease=True)
+    base = measure_baselines(tasks, ["compile-default"], config)
+    wrapped = ("\n\nclass ModelNew(Model):\n    def __init__(self, *args):\n        super().__init__(*args)\n"
+               "        self.forward = torch.compile(super().forward)\n")
+    pairs = [(t, Candidate(t.source + wrapped, task_hash=t.hash, label="compiled")) for t in tasks]
+    cands = evaluate_pairs(pairs, config)
+    results = {f"{t.name}:baseline": base[(t.hash, "compile-default")] for t in tasks}
+    results.update({f"{t.name}:candidate": r for t, r in zip(tasks, cands)})
+    summary = {k: {"status": r.status.value, "speedup": r.speedup, "phase_s": r.phase_s, "message": r.message[:300]}
+               for k, r in results.items()}
+    out_dir = os.environ.get("CUDAL1_GPU_TEST_OUT")
+    if out_dir:
+        Path(out_dir, "compile_lease_judged.json").write_text(json.dumps(summary, indent=1))
+    bad = {k: v for k, v in summary.items() if v["status"] != Status.OK.value or not v["phase_s"].get("compile_cpu")}
+    assert not bad, json.dumps(bad, indent=1)

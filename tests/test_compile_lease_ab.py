@@ -1,0 +1,49 @@
+"""benchmarks/compile_lease_ab.py: one arm through the real subprocess harness on the CPU (the
+compiled candidate compiles, the eager one is timed), the two-arm comparison, and a bad argument."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "benchmarks" / "compile_lease_ab.py"
+
+
+@pytest.mark.cpu
+def test_an_arm_judges_a_compiled_and_an_eager_candidate_per_task(tmp_path):
+    out = tmp_path / "ab.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), str(REPO / "examples" / "tasks" / "diag_matmul.py"),
+                           "--device", "cpu", "--arms", "released", "--workers-per-gpu", "1",
+                           "--timing-budget", "0.3", "--timing-trials", "10", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (arm,) = json.loads(out.read_text())
+    assert arm["arm"] == "released" and arm["n"] == 2 and arm["ok"] == 2, json.dumps(arm, indent=1)[-3000:]
+    compiled = arm["jobs"]["diag_matmul:compiled"]
+    assert compiled["phase_s"].get("compile", 0) > 0  # on the CPU the lease is never given back
+
+
+def test_two_arms_compare_job_by_job():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import compile_lease_ab
+
+    job = lambda s, ci: {"status": "ok", "speedup": s, "ci": ci, "phase_s": {}, "message": ""}  # noqa: E731
+    first = {"arm": "released", "wall_s": 80.0, "n": 2, "ok": 2, "compile_held_s": 0.0, "compile_cpu_s": 40.0,
+             "lane_s": 5.0, "jobs": {"t:compiled": job(1.50, [1.49, 1.51]), "t:eager": job(1.00, [0.99, 1.01])}}
+    second = {**first, "arm": "held", "wall_s": 120.0, "compile_held_s": 40.0, "compile_cpu_s": 0.0,
+              "jobs": {"t:compiled": job(1.60, [1.59, 1.61]), "t:eager": job(1.001, [0.995, 1.005])}}
+    text = "\n".join(compile_lease_ab.compare([first, second]))
+    assert "t:compiled: released 1.500  held 1.600  (intervals apart)" in text
+    assert "overlapping 95% intervals: 1 of 2; within 1%: 1 of 2" in text and "released 80 against held 120" in text
+
+
+@pytest.mark.cpu
+def test_a_bad_arm_is_a_one_line_error():
+    done = subprocess.run([sys.executable, str(SCRIPT), "kernelbench:level1/1", "--arms", "sideways"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "--arms takes held and/or released" in done.stderr
