@@ -76,9 +76,9 @@ class _Steps:
             if not self.off_lease:
                 return inner(*args, **kwargs)
             with self.lock:
+                if self.active == 0:
+                    self.gpu(True)  # counted only once the lease is back
                 self.active += 1
-                if self.active == 1:
-                    self.gpu(True)
             try:
                 return inner(*args, **kwargs)
             finally:

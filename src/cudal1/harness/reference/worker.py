@@ -187,8 +187,8 @@ class RefWorker(Measurement):
         if on and self.current_phase in ("construct", "correctness"):
             self.compile_resume = self.current_phase
             self.compile_lease = self.lease.held if self.lease else "none"
-            self.compile_released = (off_lease and getattr(self.cfg, "compile_off_lease", False)
-                                     and self.spec.device == "cuda" and self.compile_lease != "none")
+            self.compile_released = (off_lease and self.cfg.compile_off_lease and self.spec.device == "cuda"
+                                     and self.compile_lease != "none")
             if self.compile_released:
                 self.enter("compile_cpu", "none")
             else:
