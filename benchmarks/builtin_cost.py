@@ -53,6 +53,7 @@ from builtin_figures import counted
 from cudal1.harness.parent.batchstats import GPU_PHASES
 
 COMPILE_PHASES = ("construct", "compile", "compile_cpu", "correctness")
+COMPILING_PHASES = ("compile", "compile_cpu")  # torch.compile's compiling alone, with the lease or without
 
 
 def seconds_in(phase_s: dict[str, float] | None, phases: Collection[str]) -> float:
@@ -92,11 +93,11 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
         costs[t.task_id] = {
             "search": {"verdicts": len(search), "held_s": sum(held_s(r.phase_s) for r in search),
                        "compile_s": sum(compile_s(r.phase_s) for r in search),
-                       "compiling_s": sum(seconds_in(r.phase_s, ("compile", "compile_cpu")) for r in search)},
+                       "compiling_s": sum(seconds_in(r.phase_s, COMPILING_PHASES) for r in search)},
             "baselines": {"verdicts": len(base), "held_s": sum(held_s(r.phase_s) for r in base),
                           "compile_s": sum(compile_s(r.phase_s) for r in base),
                           "construct_s": sum(seconds_in(r.phase_s, ("construct",)) for r in base),
-                          "compiling_s": sum(seconds_in(r.phase_s, ("compile", "compile_cpu")) for r in base)},
+                          "compiling_s": sum(seconds_in(r.phase_s, COMPILING_PHASES) for r in base)},
             "confirm": {"verdicts": len(again), "held_s": sum(held_s(c["phase_s"]) for c in again)},
         }
     return costs

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from builtin_cost import seconds_in
 from cudal1.config import EvalConfig
 from cudal1.tasks import load_tasks
 from cudal1.types import Candidate, EvalResult
@@ -41,7 +42,7 @@ def _pairs(tasks: list) -> list[tuple[Any, Candidate, str]]:
 
 
 def _phase_sum(results: list[EvalResult], names: tuple[str, ...]) -> float:
-    return sum(float((r.phase_s or {}).get(n, 0.0)) for r in results for n in names)
+    return sum(seconds_in(r.phase_s, names) for r in results)
 
 
 def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, trials: int,
