@@ -7,8 +7,9 @@
 #   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
 #   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
-#   STRIDE5_COMPILE_LEASE=released bash benchmarks/builtin_stride5.sh resume  # compiling off the GPU's lease
+#   STRIDE5_COMPILE_LEASE=held bash benchmarks/builtin_stride5.sh resume  # compiling under the GPU's lease
 #                                                                   # (--compile-lease; not in the config hash)
+#   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
 #                                                                   # (--rejudge; their old verdicts: rejudged.jsonl;
 #                                                                   # TASK:MODE: only that baseline, timed again)
@@ -19,12 +20,13 @@
 #        pass's 95% interval (benchmarks/builtin_cost.py).  Judges nothing into the run.
 # resume: the recorded command; stopped by SIGINT it keeps whole tasks, and its report ends with
 #        the call's device seconds per finished task (levers on, the default).
-# Both write $OUT/stride5_state.tgz (unpack it into benchmarks/runs/stride5 here to keep the state)
+# Both write $OUT/stride5_state.tgz (unpack it into the run's folder here to keep the state)
 # and their log to $OUT; a summary is printed last.
 set -u
 OUT=${OUT:-/tmp/cudal1_out}
 mkdir -p "$OUT"
 step=${1:?usage: builtin_stride5.sh probe|resume}
+RUN=${STRIDE5_OUT:-benchmarks/runs/stride5}
 # The judge times each verdict to a 2 s budget of at most 50 calls per side (the preset: 4 s, 100).
 # Three workers share the GPU: compile baselines hold its lease exclusive from construct on, so
 # compile-time autotuning runs alone (before that, with 3, two max-autotune figures moved by
@@ -32,15 +34,15 @@ step=${1:?usage: builtin_stride5.sh probe|resume}
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
       --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-3}"
-      --out benchmarks/runs/stride5 --pack "$OUT/stride5_state.tgz"
-      --compile-lease "${STRIDE5_COMPILE_LEASE:-held}")
-[ -f benchmarks/runs/stride5/cudal1.sqlite.gz ] || echo "warning: no stride-5 state here: the run starts afresh"
+      --out "$RUN" --pack "$OUT/stride5_state.tgz"
+      --compile-lease "${STRIDE5_COMPILE_LEASE:-released}")
+[ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in
   probe)
     timeout -s INT 540 python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" --report-only --cost-probe 3 \
       >"$OUT/stride5_probe.log" 2>&1
     echo "probe rc=$?"
-    cp benchmarks/runs/stride5/cost_probe.json "$OUT/" 2>/dev/null
+    cp "$RUN/cost_probe.json" "$OUT/" 2>/dev/null
     grep -A12 '^cost probe' "$OUT/stride5_probe.log"
     ;;
   resume)

@@ -75,6 +75,7 @@ def test_inductor_is_imported_before_the_gpu_lease_only_where_the_job_compiles(t
     from cudal1.harness.reference.worker import RefWorker
     from cudal1.harness.spec import CandidateSettings, CandidateSpec
     from cudal1.harness.spec import calls_torch_compile as _compiles
+    from cudal1.harness.spec import names_triton
 
     def spec(mode: str, baseline: str | None = None, source: str | None = None) -> CandidateSpec:
         path = None
@@ -90,6 +91,10 @@ def test_inductor_is_imported_before_the_gpu_lease_only_where_the_job_compiles(t
     assert _compiles(spec("eval", source="self.f = torch.compile(self.f)\n"))
     assert not _compiles(spec("eval", source="class ModelNew: pass\n"))
     assert not _compiles(spec("build", source="torch.compile\n"))  # the CPU pre-build never compiles for the GPU
+    assert names_triton(spec("eval", source="import triton\n")) and not names_triton(spec("eval", source="x = 1\n"))
+    assert not names_triton(spec("build", source="import triton\n"))
+    assert CandidateSettings.of(EvalConfig(compile_off_lease=True)).compile_off_lease
+    assert not CandidateSettings.of(EvalConfig()).compile_off_lease
 
     def lease(device: str, job: CandidateSpec) -> str:
         on = SimpleNamespace(**{**{k: getattr(job, k) for k in ("mode", "baseline_mode", "candidate_path")},

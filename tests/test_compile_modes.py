@@ -143,7 +143,8 @@ def test_inductors_gpu_steps_are_bracketed_only_in_a_compile_off_the_lease(monke
     an outermost compile that does not autotune (``off_lease``) the first step opens
     ``gpu(True)`` and the last to end ``gpu(False)``, however it ends; a compile whose patches ask
     for max-autotune keeps its lease (no bracket, ``off_lease`` false); outside a compile a step
-    runs as it is.  Steps this torch lacks are skipped."""
+    runs as it is.  A first-call step (:data:`compiling.GPU_FIRST_STEPS`) is bracketed until a
+    call with the same arguments has returned.  Steps this torch lacks are skipped."""
     import sys
     import types
 
@@ -166,12 +167,21 @@ def test_inductors_gpu_steps_are_bracketed_only_in_a_compile_off_the_lease(monke
 
     steps.Bench = Bench
     steps.fold = lambda: "folded"
+    set_up: list[str] = []
+
+    def setup(device=None):
+        set_up.append(device)
+        if device == "broken":
+            raise RuntimeError("set-up failed")
+
+    steps.setup = setup
     monkeypatch.setitem(sys.modules, "fake_inductor_steps", steps)
     monkeypatch.setattr(compiling, "GPU_STEPS", (("fake_inductor_steps", "Bench.example"),
                                                  ("fake_inductor_steps", "Bench.run"),
                                                  ("fake_inductor_steps", "fold"),
                                                  ("fake_inductor_steps", "Missing.step"),
                                                  ("no_such_module_here", "step")))
+    monkeypatch.setattr(compiling, "GPU_FIRST_STEPS", (("fake_inductor_steps", "setup"),))
     events: list[tuple] = []
 
     def fake(graph, inputs, config_patches=None):
@@ -180,16 +190,84 @@ def test_inductors_gpu_steps_are_bracketed_only_in_a_compile_off_the_lease(monke
             steps.Bench.run(fail=True)
         except RuntimeError:
             pass
+        for device in ("cuda", "cuda", "broken", "broken"):
+            try:
+                steps.setup(device)
+            except RuntimeError:
+                pass
         return results
 
     monkeypatch.setattr(compile_fx_module, "compile_fx", fake)
     found = compiling.install(lambda on, off: events.append(("compiling", on, off)),
                               lambda on: events.append(("gpu", on)))
-    assert found == ["fake_inductor_steps:Bench.example", "fake_inductor_steps:Bench.run", "fake_inductor_steps:fold"]
+    assert found == ["fake_inductor_steps:Bench.example", "fake_inductor_steps:Bench.run", "fake_inductor_steps:fold",
+                     "fake_inductor_steps:setup"]
     assert steps.fold() == "folded" and events == []  # outside a compile: as it is
     assert compile_fx_module.compile_fx("graph", []) == [2, "folded"]
-    assert events == [("compiling", True, True), ("gpu", True), ("gpu", False), ("gpu", True), ("gpu", False),
-                      ("gpu", True), ("gpu", False), ("compiling", False, True)]
+    bracket = [("gpu", True), ("gpu", False)]
+    # run, fold, the failed run; set-up on cuda once, then on "broken" twice (it never returned)
+    assert events == [("compiling", True, True), *bracket * 3, *bracket, *bracket * 2, ("compiling", False, True)]
+    assert set_up == ["cuda", "cuda", "broken", "broken"]
+    events.clear()
+    compile_fx_module.compile_fx("graph", [])  # the set-up on cuda has returned once: no bracket now
+    assert events == [("compiling", True, True), *bracket * 3, *bracket * 2, ("compiling", False, True)]
     events.clear()
     compile_fx_module.compile_fx("graph", [], config_patches={"max_autotune": True})
     assert events == [("compiling", True, False), ("compiling", False, False)]
+
+
+def test_triton_compiles_are_marked_off_the_lease_only_when_slow_on_the_main_thread_and_alone(monkeypatch):
+    """``install(triton=True)`` wraps every name of Triton's compile with one function: a compile
+    still running after :data:`compiling.TRITON_GRACE_S` on the main thread opens a span off the
+    lease (on, then off when it ends, however it ends); a fast one (a cache hit) and one on
+    another thread send nothing; inside a graph's compile it is part of that span."""
+    import sys
+    import threading
+    import time
+    import types
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    def triton_compile(src, fail=False):
+        time.sleep(0.3 if src == "slow" else 0.0)
+        if fail:
+            raise RuntimeError("ptxas failed")
+        return f"binary of {src}"
+
+    package, inner = types.ModuleType("fake_triton"), types.ModuleType("fake_triton.compiler")
+    package.compile = inner.compile = triton_compile
+    monkeypatch.setitem(sys.modules, "fake_triton", package)
+    monkeypatch.setitem(sys.modules, "fake_triton.compiler", inner)
+    monkeypatch.setattr(compiling, "TRITON_COMPILES", (("fake_triton.compiler", "compile"), ("fake_triton", "compile"),
+                                                       ("fake_triton", "missing")))
+    monkeypatch.setattr(compiling, "TRITON_GRACE_S", 0.05)
+    events: list[tuple] = []
+    notify = lambda on, off: events.append(("compiling", on, off))  # noqa: E731
+    assert compiling.install(notify, lambda on: None, torch_compile=False, triton=True) == []
+    assert package.compile is inner.compile and package.compile is not triton_compile
+    assert compiling.install(notify, lambda on: None, torch_compile=False, triton=True) is None  # wrapped already
+
+    assert package.compile("cached") == "binary of cached" and events == []
+    assert package.compile("slow") == "binary of slow"
+    assert events == [("compiling", True, True), ("compiling", False, True)]
+    events.clear()
+    with pytest.raises(RuntimeError, match="ptxas failed"):
+        inner.compile("slow", fail=True)
+    assert events == [("compiling", True, True), ("compiling", False, True)]
+    events.clear()
+    worker = threading.Thread(target=package.compile, args=("slow",))
+    worker.start()
+    worker.join()
+    assert events == []
+
+    def fake_compile_fx(graph, inputs, config_patches=None):
+        return package.compile("slow")
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", fake_compile_fx)
+    monkeypatch.setattr(package, "compile", triton_compile)  # unwrapped again: one install wraps both
+    monkeypatch.setattr(inner, "compile", triton_compile)
+    compiling.install(notify, lambda on: None, torch_compile=True, triton=True)
+    assert compile_fx_module.compile_fx("graph", []) == "binary of slow"
+    assert events == [("compiling", True, True), ("compiling", False, True)]  # one span: the graph's

@@ -56,11 +56,12 @@ class CandidateSettings:
     poison_freed_memory: bool  # fill the allocator's free blocks with NaN after each checked call
     limits: PhaseLimits
     bind_cpu_threads: bool = False  # on the CPU clock, bind its threads as the reference worker binds its own
+    compile_off_lease: bool = False  # EvalConfig.compile_off_lease: its Triton compiles are marked too
 
     @classmethod
     def of(cls, config: EvalConfig) -> "CandidateSettings":
         return cls(config.math_mode, config.flush_l2, config.poison_freed_memory, PhaseLimits.of(config),
-                   binds_cpu_threads(config))
+                   binds_cpu_threads(config), config.compile_off_lease)
 
 
 def binds_cpu_threads(config: EvalConfig) -> bool:
@@ -242,10 +243,20 @@ def calls_torch_compile(spec: WorkerSpec | CandidateSpec) -> bool:
         from cudal1.harness.baselines import canonical_mode
 
         return canonical_mode(spec.baseline_mode or "") in COMPILE_MODES
+    return _names(spec, "torch.compile")
+
+
+def names_triton(spec: WorkerSpec | CandidateSpec) -> bool:
+    """A candidate whose source names Triton (a text search): its process marks Triton's compiles
+    when compiling runs off the GPU's lease (:mod:`cudal1.harness.child.compiling`)."""
+    return _names(spec, "triton")
+
+
+def _names(spec: WorkerSpec | CandidateSpec, text: str) -> bool:
     if spec.mode == "eval" and spec.candidate_path:
         try:
             with open(spec.candidate_path) as f:
-                return "torch.compile" in f.read()
+                return text in f.read()
         except OSError:
             return False
     return False

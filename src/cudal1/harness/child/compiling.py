@@ -1,25 +1,35 @@
-"""Marks torch.compile's compiling inside a call, so the reference worker can stamp it as phase
-``compile``: it runs under the build deadline (``build_timeout_s``) instead of a call's
-(``timeout_s``), and its seconds show apart from the call's in ``EvalResult.phase_s``.
+"""Marks compiling inside a call (torch.compile's graphs, Triton's kernels), so the reference
+worker can stamp it as phase ``compile``: it runs under the build deadline (``build_timeout_s``)
+instead of a call's (``timeout_s``), and its seconds show apart from the call's in
+``EvalResult.phase_s``.
 
 Contract: :func:`install` wraps ``torch._inductor.compile_fx.compile_fx``, the function Inductor's
 backend imports and calls for every graph Dynamo hands it (``torch.compile``'s default backend
-and its modes), so that ``notify(True, off_lease)`` goes out before the outermost call on a thread
-and ``notify(False, off_lease)`` after it, however it ends (it calls itself for some graphs: only
-the outermost call is marked).  Compiling through another backend, or code that replaces the
-function again, goes unmarked and runs under the call's deadline as before.  Installing twice is
-a no-op.
+and its modes), and, with ``triton=True``, ``triton.compiler.compile``, which every
+``@triton.jit`` kernel's first launch (and Inductor's runtime autotuning) compiles through.  One
+span covers all compiling in the process, on any thread: ``notify(True, off_lease)`` goes out
+when the first compile starts and ``notify(False, off_lease)`` when the last one ends, however it
+ends (compiles nested in a compile, such as ``compile_fx`` calling itself or Triton compiling
+for Inductor, are inside the span).  A Triton compile on the main thread opens a span only once
+it has run :data:`TRITON_GRACE_S` (a kernel found in Triton's cache returns in milliseconds, and
+each span costs the lease a round trip); Triton compiles on other threads are left alone.
+Compiling through another backend, or code that replaces the functions again, goes unmarked and
+runs under the call's deadline as before.  Installing twice is a no-op.
 
-``off_lease`` says the compile may run without the GPU's lease (``EvalConfig.compile_off_lease``;
-the reference worker decides): true unless Inductor's config asks for autotuning, whose kernel
-choices are timed on the GPU throughout the compile (``max_autotune*``, coordinate descent).  The
-GPU work Inductor does inside a compile that is not autotuning is bracketed by ``gpu(True)`` and
-``gpu(False)`` (the reference worker takes the interrupted phase's lease back for it):
-:data:`GPU_STEPS` names it (its benchmarker's timings, matmul padding's choice, example inputs and
-kernel selection, constant folding, freezing, the passes before autograd, which see the module's
-real parameters).  Known limit (H200, 2026-12-03, ``tests/gpu/test_compile_lease_gpu.py``): a
-process's first compile of a convolution with batch norm issued one copy outside these steps, not
-attributed yet; that is why ``compile_off_lease`` is off by default.
+``off_lease`` says the span may run without the GPU's lease (``EvalConfig.compile_off_lease``;
+the reference worker decides): true for a Triton compile, and for a graph unless Inductor's
+config asks for autotuning, whose kernel choices are timed on the GPU throughout the compile
+(``max_autotune*``, coordinate descent).  The GPU work Inductor does inside a graph's compile
+that is not autotuning is bracketed by ``gpu(True)`` and ``gpu(False)`` (the reference worker
+takes the interrupted phase's lease back for it): :data:`GPU_STEPS` names it (its benchmarker's
+timings, matmul padding's choice, example inputs and kernel selection, constant folding,
+freezing, the passes before autograd, which see the module's real parameters) and
+:data:`GPU_FIRST_STEPS` what runs once per process (the pattern matcher's first set-up, which
+traces its patterns on the device: 48 small copies in the first compile of a convolution with
+batch norm, H200, 2026-12-03).  A Triton compile issues no GPU work (the kernel is loaded at its
+first launch, after the span).  Known limit: GPU work that another thread of the process issues
+while a span runs off the lease is not bracketed; the compiling thread's own queued work is
+drained before the lease goes.
 The callbacks block until the reference worker acknowledges (``cudal1.harness.child.worker``).
 """
 
@@ -47,10 +57,21 @@ GPU_STEPS = (
     ("torch._inductor.fx_passes.joint_graph", "constant_fold_uniform_value"),
     ("torch._inductor.compile_fx", "_recursive_pre_grad_passes"),  # on the real module (conv-bn fusion)
 )
+# Steps that do GPU work on their first call with given arguments only (cached set-ups): bracketed
+# until one call with those arguments has returned, then run as they are.
+GPU_FIRST_STEPS = (
+    ("torch._inductor.fx_passes.joint_graph", "lazy_init"),  # the pattern matcher's patterns, traced on the device
+    ("torch._inductor.fx_passes.post_grad", "lazy_init"),
+)
+TRITON_COMPILES = (("triton.compiler", "compile"), ("triton.compiler.compiler", "compile"), ("triton", "compile"))
+TRITON_GRACE_S = 0.1  # a Triton compile still running after this opens a span off the lease (<= 0: at once)
 
 # Inductor settings under which a compile times kernels throughout (its lease stays held).
 _AUTOTUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
 RELEASE_AUTOTUNING = False  # true: an autotuning compile goes off the lease too (its steps bracketed; a GPU test)
+
+# One event (and its acknowledgement) on the judge's line at a time, from any thread.
+_LINE = threading.RLock()
 
 
 def autotunes(config_patches: Any = None) -> bool:
@@ -63,27 +84,32 @@ def autotunes(config_patches: Any = None) -> bool:
 
 class _Steps:
     """The GPU steps' bracket: the first step on any thread calls ``gpu(True)``, the last to end
-    ``gpu(False)``; only inside a compile that runs off the lease."""
+    ``gpu(False)``; only inside a span that runs off the lease."""
 
     def __init__(self, gpu: Callable[[bool], None]) -> None:
         self.gpu = gpu
-        self.lock = threading.Lock()
         self.active = 0
-        self.off_lease = False  # the current outermost compile runs without the lease
+        self.off_lease = False  # the current span runs without the lease
 
-    def wrap(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+    def wrap(self, inner: Callable[..., Any], first_only: bool = False) -> Callable[..., Any]:
+        done: set[str] = set()  # first_only: the arguments whose call has returned
+
         @functools.wraps(inner)
         def step(*args: Any, **kwargs: Any) -> Any:
-            if not self.off_lease:
+            key = repr((args, sorted(kwargs.items()))) if first_only else ""
+            if not self.off_lease or key in done:
                 return inner(*args, **kwargs)
-            with self.lock:
+            with _LINE:
                 if self.active == 0:
                     self.gpu(True)  # counted only once the lease is back
                 self.active += 1
             try:
-                return inner(*args, **kwargs)
+                result = inner(*args, **kwargs)
+                if first_only:
+                    done.add(key)
+                return result
             finally:
-                with self.lock:
+                with _LINE:
                     self.active -= 1
                     if self.active == 0:
                         self.gpu(False)
@@ -92,59 +118,151 @@ class _Steps:
         return step
 
 
-def _wrap_step(steps: _Steps, module_name: str, path: str) -> bool:
+class _Span:
+    """All compiling in the process, on any thread: counted, marked once (see the module docstring)."""
+
+    def __init__(self, notify: Callable[[bool, bool], None], steps: _Steps) -> None:
+        self.notify, self.steps = notify, steps
+        self.active = 0  # compiles running
+        self.marked = False  # ``on`` was sent for the current span
+        self.off_lease = False
+        self.serial = 0  # numbers spans, so a late grace timer leaves a later span alone
+
+    def begin(self, off_lease: bool, mark: bool = True) -> int | None:
+        """One compile starts; returns the span's number when it opened the span, else None."""
+        with _LINE:
+            self.active += 1
+            if self.active > 1:
+                return None
+            self.serial += 1
+            self.off_lease = off_lease
+            if mark:
+                self._mark()
+            return self.serial
+
+    def mark_late(self, serial: int) -> None:
+        """The grace timer: mark the span if it is still the one that started it."""
+        with _LINE:
+            if self.active and self.serial == serial:
+                self._mark()
+
+    def _mark(self) -> None:
+        if not self.marked:
+            self.marked = True
+            self.steps.off_lease = self.off_lease
+            self.notify(True, self.off_lease)
+
+    def end(self) -> None:
+        with _LINE:
+            self.active -= 1
+            if self.active == 0 and self.marked:
+                self.marked = False
+                self.steps.off_lease = False
+                self.notify(False, self.off_lease)
+
+
+def _attribute(module_name: str, path: str) -> tuple[Any, str, Any] | None:
+    """(owner, name, raw attribute) of ``module:path``, or None where this install lacks it."""
     try:
         owner: Any = importlib.import_module(module_name)
-    except Exception:  # noqa: BLE001 - another torch: the step does not exist there
-        return False
+    except Exception:  # noqa: BLE001 - another torch or Triton: it does not exist there
+        return None
     *owners, name = path.split(".")
     for part in owners:
         owner = getattr(owner, part, None)
         if owner is None:
-            return False
+            return None
     raw = owner.__dict__.get(name) if isinstance(owner, type) else getattr(owner, name, None)
-    if raw is None or getattr(raw, _MARK, False):
+    return None if raw is None else (owner, name, raw)
+
+
+def _wrap_step(steps: _Steps, module_name: str, path: str, first_only: bool = False) -> bool:
+    found = _attribute(module_name, path)
+    if found is None:
+        return False
+    owner, name, raw = found
+    if getattr(raw, _MARK, False) or getattr(getattr(raw, "__func__", None), _MARK, False):
         return False
     if isinstance(raw, staticmethod):
-        setattr(owner, name, staticmethod(steps.wrap(raw.__func__)))
+        setattr(owner, name, staticmethod(steps.wrap(raw.__func__, first_only)))
     elif isinstance(raw, classmethod):
-        setattr(owner, name, classmethod(steps.wrap(raw.__func__)))
+        setattr(owner, name, classmethod(steps.wrap(raw.__func__, first_only)))
     elif callable(raw):
-        setattr(owner, name, steps.wrap(raw))
+        setattr(owner, name, steps.wrap(raw, first_only))
     else:
         return False
     return True
 
 
-def install(notify: Callable[[bool, bool], None], gpu: Callable[[bool], None] | None = None) -> list[str] | None:
+def install(notify: Callable[[bool, bool], None], gpu: Callable[[bool], None] | None = None,
+            *, torch_compile: bool = True, triton: bool = False) -> list[str] | None:
     """Wrap Inductor's ``compile_fx`` (imported here if it is not yet) and, with ``gpu``, its GPU
-    steps.  Returns the GPU steps wrapped (``module:attribute``), or None when already installed."""
+    steps; with ``triton``, Triton's compile (where Triton imports).  What one call wraps shares
+    one span.  Returns the GPU steps wrapped (``module:attribute``), or None when nothing was
+    left to wrap."""
+    span = _Span(notify, _Steps(gpu or (lambda on: None)))
+    found = _install_compile_fx(span, gpu is not None) if torch_compile else None
+    if triton and _install_triton(span) and found is None:
+        found = []
+    return found
+
+
+def _install_compile_fx(span: _Span, with_steps: bool) -> list[str] | None:
     import torch._inductor.compile_fx as compile_fx_module
 
     inner = compile_fx_module.compile_fx
     if getattr(inner, _MARK, False):
         return None
-    depth = threading.local()
-    steps = _Steps(gpu or (lambda on: None))
-    found = [f"{m}:{p}" for m, p in GPU_STEPS if gpu is not None and _wrap_step(steps, m, p)]
+    found = [f"{m}:{p}" for m, p in GPU_STEPS if with_steps and _wrap_step(span.steps, m, p)]
+    found += [f"{m}:{p}" for m, p in GPU_FIRST_STEPS if with_steps and _wrap_step(span.steps, m, p, True)]
 
     @functools.wraps(inner)
     def compile_fx(*args: Any, **kwargs: Any) -> Any:
-        level = getattr(depth, "n", 0)
-        depth.n = level + 1
-        off_lease = False
-        if level == 0:
-            off_lease = gpu is not None and (RELEASE_AUTOTUNING or not autotunes(kwargs.get("config_patches")))
-            notify(True, off_lease)
-            steps.off_lease = off_lease
+        off_lease = with_steps and (RELEASE_AUTOTUNING or not autotunes(kwargs.get("config_patches")))
+        span.begin(off_lease)
         try:
             return inner(*args, **kwargs)
         finally:
-            depth.n = level
-            if level == 0:
-                steps.off_lease = False
-                notify(False, off_lease)
+            span.end()
 
     setattr(compile_fx, _MARK, True)
     compile_fx_module.compile_fx = compile_fx
     return found
+
+
+def _install_triton(span: _Span) -> list[str]:
+    """Wrap each of :data:`TRITON_COMPILES` this Triton has (all the same function); returns them."""
+    wrapped: dict[int, Callable[..., Any]] = {}
+    done = []
+    for module_name, path in TRITON_COMPILES:
+        found = _attribute(module_name, path)
+        if found is None or getattr(found[2], _MARK, False):
+            continue
+        owner, name, inner = found
+        if id(inner) not in wrapped:
+            wrapped[id(inner)] = _triton_compile(span, inner)
+        setattr(owner, name, wrapped[id(inner)])
+        done.append(f"{module_name}:{path}")
+    return done
+
+
+def _triton_compile(span: _Span, inner: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(inner)
+    def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 - Triton's name
+        if threading.current_thread() is not threading.main_thread():
+            return inner(*args, **kwargs)
+        serial = span.begin(True, mark=TRITON_GRACE_S <= 0)
+        timer = None
+        if serial is not None and TRITON_GRACE_S > 0:
+            timer = threading.Timer(TRITON_GRACE_S, span.mark_late, (serial,))
+            timer.daemon = True
+            timer.start()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            if timer is not None:
+                timer.cancel()
+            span.end()
+
+    setattr(compile, _MARK, True)
+    return compile

@@ -36,7 +36,7 @@ from cudal1.harness.child.runtime_guard import RuntimeGuard, _sleep, settle_s
 from cudal1.harness.process_start import arm_stall_dump, load_module, redirect_output, set_math_mode
 from cudal1.harness.proctree import become_subreaper
 from cudal1.harness.slots import SlotMap
-from cudal1.harness.spec import CandidateSpec, calls_torch_compile
+from cudal1.harness.spec import CandidateSpec, calls_torch_compile, names_triton
 from cudal1.harness.timer import make_timer
 from cudal1.harness.wire import decode_inputs, encode_outputs
 
@@ -212,13 +212,18 @@ class CandidateProcess(CallHandlers):
             model_new = None
             if self.spec.mode in ("baseline", "build"):  # the wrapped reference; the pre-build tail constructs with it
                 load_module(self.spec.reference_path, self.spec.reference_module)
-            if calls_torch_compile(self.spec):
+            compiles = calls_torch_compile(self.spec)
+            if compiles:
                 import torch._inductor.compile_fx  # noqa: F401 - seconds: here no GPU lease is held, in construct one is
+            # Off the lease, Triton's compiles are marked too: a candidate's kernels', and Inductor's
+            # autotuning at run time (under torch.compile).
+            triton = (self.settings.compile_off_lease and self.device.type == "cuda"
+                      and (compiles or names_triton(self.spec)) and importlib.util.find_spec("triton") is not None)
+            if self.spec.mode != "build" and (compiles or triton):
+                from cudal1.harness.child import compiling
 
-                if self.spec.mode != "build":
-                    from cudal1.harness.child import compiling
-
-                    compiling.install(self.compiling, self.compile_gpu if self.device.type == "cuda" else None)
+                compiling.install(self.compiling, self.compile_gpu if self.device.type == "cuda" else None,
+                                  torch_compile=compiles, triton=triton)
             if self.spec.mode != "baseline":
                 path, name = self.spec.candidate_path, self.spec.candidate_module
                 spec = importlib.util.spec_from_file_location(name, path)
