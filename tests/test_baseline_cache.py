@@ -73,9 +73,8 @@ def test_inductor_is_imported_before_the_gpu_lease_only_where_the_job_compiles(t
     from types import SimpleNamespace
 
     from cudal1.harness.reference.worker import RefWorker
-    from cudal1.harness.spec import CandidateSettings, CandidateSpec
+    from cudal1.harness.spec import CandidateSettings, CandidateSpec, names_triton
     from cudal1.harness.spec import calls_torch_compile as _compiles
-    from cudal1.harness.spec import names_triton
 
     def spec(mode: str, baseline: str | None = None, source: str | None = None) -> CandidateSpec:
         path = None

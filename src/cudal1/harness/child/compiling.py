@@ -248,7 +248,7 @@ def _install_triton(span: _Span) -> list[str]:
 
 def _triton_compile(span: _Span, inner: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(inner)
-    def compile(*args: Any, **kwargs: Any) -> Any:  # noqa: A001 - Triton's name
+    def compile(*args: Any, **kwargs: Any) -> Any:
         if threading.current_thread() is not threading.main_thread():
             return inner(*args, **kwargs)
         serial = span.begin(True, mark=TRITON_GRACE_S <= 0)
