@@ -7,6 +7,8 @@
 #   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
 #   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
+#   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 2; timing stays
+#                                                                   # exclusive; not in the config hash)
 #   STRIDE5_COMPILE_LEASE=held bash benchmarks/builtin_stride5.sh resume  # compiling under the GPU's lease
 #                                                                   # (--compile-lease; not in the config hash)
 #   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
@@ -34,6 +36,7 @@ RUN=${STRIDE5_OUT:-benchmarks/runs/stride5}
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
       --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-3}"
+      --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-2}"
       --out "$RUN" --pack "$OUT/stride5_state.tgz"
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}")
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"

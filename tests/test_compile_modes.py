@@ -271,3 +271,64 @@ def test_triton_compiles_are_marked_off_the_lease_only_when_slow_on_the_main_thr
     compiling.install(notify, lambda on: None, torch_compile=True, triton=True)
     assert compile_fx_module.compile_fx("graph", []) == "binary of slow"
     assert events == [("compiling", True, True), ("compiling", False, True)]  # one span: the graph's
+
+
+def test_cpu_steps_give_the_lease_back_only_inside_a_compile_that_keeps_it(monkeypatch):
+    """With a ``cpu`` callback, :data:`compiling.CPU_STEPS` are wrapped: inside an autotuning
+    compile (the span keeps its lease) the first step opens ``cpu(True)`` and the last to end
+    ``cpu(False)``, however it ends; a step that makes the step (``make_precompile_fn``) has its
+    returned wait bracketed; in a compile off the lease or outside a compile they run as they are."""
+    import sys
+    import types
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    fake = types.ModuleType("fake_inductor_cpu")
+
+    class Pool:
+        def wait(self, scope):
+            scope["waited"] = True
+
+    class Selector:
+        @classmethod
+        def make_precompile_fn(cls, choices):
+            def wait_on_futures():
+                if choices == "broken":
+                    raise RuntimeError("precompile failed")
+                return {c: 0.1 for c in choices}
+
+            return wait_on_futures
+
+    fake.Pool, fake.Selector = Pool, Selector
+    monkeypatch.setitem(sys.modules, "fake_inductor_cpu", fake)
+    monkeypatch.setattr(compiling, "GPU_STEPS", ())
+    monkeypatch.setattr(compiling, "GPU_FIRST_STEPS", ())
+    monkeypatch.setattr(compiling, "CPU_STEPS", (("fake_inductor_cpu", "Pool.wait", False),
+                                                 ("fake_inductor_cpu", "Selector.make_precompile_fn", True),
+                                                 ("fake_inductor_cpu", "Missing.wait", False)))
+    events: list[tuple] = []
+
+    def fake_compile(graph, inputs, config_patches=None):
+        scope: dict = {}
+        fake.Pool().wait(scope)
+        timings = fake.Selector.make_precompile_fn(["a", "b"])()
+        try:
+            fake.Selector.make_precompile_fn("broken")()
+        except RuntimeError:
+            pass
+        return scope, timings
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", fake_compile)
+    found = compiling.install(lambda on, off: events.append(("compiling", on, off)),
+                              lambda on: events.append(("gpu", on)), cpu=lambda on: events.append(("cpu", on)))
+    assert found == ["fake_inductor_cpu:Pool.wait", "fake_inductor_cpu:Selector.make_precompile_fn"]
+    assert fake.Selector.make_precompile_fn(["a"])() == {"a": 0.1} and events == []  # outside a compile
+    assert compile_fx_module.compile_fx("g", [], config_patches={"max_autotune": True}) == (
+        {"waited": True}, {"a": 0.1, "b": 0.1})
+    cpu = [("cpu", True), ("cpu", False)]
+    assert events == [("compiling", True, False), *cpu * 3, ("compiling", False, False)]
+    events.clear()
+    compile_fx_module.compile_fx("g", [])  # off the lease: nothing to give back
+    assert events == [("compiling", True, True), ("compiling", False, True)]

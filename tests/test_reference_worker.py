@@ -95,6 +95,9 @@ class _LeaseProbe:
     def compile_gpu(self, on: bool) -> None:
         self.worker.on_event("compile_gpu", {"on": on})
 
+    def compile_cpu_step(self, on: bool) -> None:
+        self.worker.on_event("compile_cpu_step", {"on": on})
+
     def _ack(self) -> None:
         self.acks += 1
 
@@ -300,3 +303,41 @@ def test_compiling_off_the_lease_gives_it_back_and_inductors_gpu_steps_take_it_a
     assert held.phases[-1] == "compile" and held.held == "shared" and held.acks == 2
     limits = PhaseLimits(setup_s=1.0, build_s=900.0, call_s=120.0)
     assert limits.of_phase("compile_cpu") == 900.0
+
+
+def test_an_autotuning_compile_gives_the_lease_back_only_while_it_waits_for_compiling_elsewhere(tmp_path):
+    """A compile that keeps its lease (autotuning, phase ``compile``) runs its CPU steps (waiting
+    for kernels compiled by other threads and processes) as ``compile_cpu`` without the lease,
+    with ``EvalConfig.compile_off_lease``; each step's end takes the interrupted phase's lease back
+    (exclusive for a baseline) before its timings run.  Without the setting, in a compile that
+    already runs off the lease, or outside a compile, the event changes nothing; it is answered
+    every time."""
+    import fcntl
+
+    path = tmp_path / "gpu0.lock"
+    w = _LeaseProbe(path, lambda name: None, compile_off_lease=True)
+    w.worker.enter("construct", "exclusive")
+    w.compile_cpu_step(True)  # outside a compile
+    assert w.phases[-1] == "construct" and w.held == "exclusive"
+    w.compile_cpu_step(False)
+    w.compiling(True, off_lease=False)
+    assert w.phases[-1] == "compile" and w.held == "exclusive"
+    w.compile_cpu_step(True)
+    assert w.phases[-1] == "compile_cpu" and w.held == "none" and _try_lock(path, fcntl.LOCK_EX)
+    w.compile_cpu_step(False)
+    assert w.phases[-1] == "compile" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
+    w.compile_cpu_step(True)
+    w.compiling(False)  # a compile that ends inside a step still resumes its phase and lease
+    assert w.phases[-1] == "construct" and w.held == "exclusive"
+    w.compiling(True, off_lease=True)  # off the lease already: the step changes nothing
+    w.compile_cpu_step(True)
+    assert w.phases[-1] == "compile_cpu" and w.held == "none"
+    w.compile_cpu_step(False)
+    assert w.phases[-1] == "compile_cpu" and w.held == "none"
+    w.compiling(False, off_lease=True)
+    assert w.acks == 11
+    held = _LeaseProbe(tmp_path / "gpu1.lock", lambda name: None)  # the setting off
+    held.worker.enter("correctness", "shared")
+    held.compiling(True)
+    held.compile_cpu_step(True)
+    assert held.phases[-1] == "compile" and held.held == "shared" and held.acks == 2

@@ -8,6 +8,8 @@
    profiler's events against the compile's own ``record_function`` ranges.  The same for
    Triton's compiles: the builtin's autotuned 3xTF32 matmul kernel's first call, eight tile
    shapes compiled and timed.
+   An autotuning compile (max-autotune) keeps its lease but for the steps that wait for
+   compiling elsewhere: no GPU work starts inside those.
 2. Through the harness, three workers sharing the GPU: compile-default baselines, compiled
    candidates and a candidate with its own Triton kernel are ``ok`` and spend their compiling in
    ``compile_cpu``.
@@ -106,7 +108,8 @@ def installed():
 
     compiling.TRITON_GRACE_S = 0  # spans open on the compiling thread, where record_function ranges are
     found = compiling.install(lambda on, off: RANGES.mark("off_lease", on) if off else None,
-                              lambda on: RANGES.mark("gpu_step", on), triton=True)
+                              lambda on: RANGES.mark("gpu_step", on), triton=True,
+                              cpu=lambda on: RANGES.mark("cpu_step", on))
     return found
 
 
@@ -173,6 +176,41 @@ def test_no_gpu_work_outside_inductors_steps_while_compiling_off_the_lease(name,
             f.write(json.dumps(record) + "\n")
     assert spans["off_lease"], f"the compile was not marked off the lease: {record}"
     assert not escaped, f"GPU work outside Inductor's bracketed steps while compiling off the lease: {record}"
+
+
+@pytest.mark.parametrize("name", [n for n, model in MODELS.items() if model[3] is not None])
+def test_an_autotuning_compile_runs_no_gpu_work_in_the_steps_it_gives_the_lease_back_for(
+        name, installed, tmp_path, monkeypatch):
+    """An autotuning compile keeps its lease, except in :data:`compiling.CPU_STEPS` (waiting for
+    kernels and autotuning choices compiled elsewhere): no launch, copy or memset starts inside
+    them, on any thread, and the compile reaches at least one."""
+    from torch.profiler import ProfilerActivity, profile
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    import torch._dynamo
+    import torch._inductor.config as inductor_config
+
+    torch._dynamo.reset()
+    make_model, make_input, freezing, mode = MODELS[name]
+    model, x = make_model().cuda(), make_input().cuda()
+    with inductor_config.patch(freezing=freezing, fx_graph_cache=False), torch.no_grad():
+        compiled = torch.compile(model, mode=mode)
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            out = compiled(x)
+            torch.cuda.synchronize()
+    assert torch.isfinite(out.float()).all()
+    events = list(prof.events())
+    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "cudal1::cpu_step"]
+    work = [e for e in events if RUNTIME_WORK.match(e.name)]
+    escaped = sorted({e.name for e in work if any(a <= e.time_range.start <= b for a, b in spans)})
+    record = {"model": name, "cpu_steps": len(spans), "cpu_step_s": round(sum(b - a for a, b in spans) / 1e6, 2),
+              "runtime_calls": len(work), "escaped": escaped}
+    out_dir = os.environ.get("CUDAL1_GPU_TEST_OUT")
+    if out_dir:
+        with open(Path(out_dir) / "compile_lease.jsonl", "a") as f:
+            f.write(json.dumps(record) + "\n")
+    assert spans and not escaped, record
 
 
 def test_no_gpu_work_while_triton_compiles_off_the_lease(installed, tmp_path, monkeypatch):

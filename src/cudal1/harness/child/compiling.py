@@ -26,10 +26,14 @@ timings, matmul padding's choice, example inputs and kernel selection, constant 
 freezing, the passes before autograd, which see the module's real parameters) and
 :data:`GPU_FIRST_STEPS` what runs once per process (the pattern matcher's first set-up, which
 traces its patterns on the device: 48 small copies in the first compile of a convolution with
-batch norm, H200, 2026-12-03).  A Triton compile issues no GPU work (the kernel is loaded at its
-first launch, after the span).  Known limit: GPU work that another thread of the process issues
-while a span runs off the lease is not bracketed; the compiling thread's own queued work is
-drained before the lease goes.
+batch norm, H200, 2026-12-03).  Inside a graph's compile that keeps its lease (autotuning), the
+steps that only wait for compiling elsewhere (:data:`CPU_STEPS`: the graph's kernels compiled by
+Inductor's worker processes, an autotuned operation's choices compiled on threads) are
+bracketed by ``cpu(True)`` and ``cpu(False)``: the reference worker gives the lease back for
+them (phase ``compile_cpu``) and the compile's timings run with it again.  A Triton compile
+issues no GPU work (the kernel is loaded at its first launch, after the span).  Known limit: GPU
+work that another thread of the process issues while a span or a CPU step runs off the lease is
+not bracketed; the compiling thread's own queued work is drained before the lease goes.
 The callbacks block until the reference worker acknowledges (``cudal1.harness.child.worker``).
 """
 
@@ -63,6 +67,14 @@ GPU_FIRST_STEPS = (
     ("torch._inductor.fx_passes.joint_graph", "lazy_init"),  # the pattern matcher's patterns, traced on the device
     ("torch._inductor.fx_passes.post_grad", "lazy_init"),
 )
+# Where a compile that keeps its lease (an autotuning one) only waits for compiling on other threads
+# and processes: (module, attribute path, whether the attribute makes the step instead of being it).
+# Bracketed by ``cpu(True)`` and ``cpu(False)``: the reference worker gives the lease back for them.
+CPU_STEPS = (
+    ("torch._inductor.async_compile", "AsyncCompile.wait", False),  # the graph's kernels, compiled in workers
+    ("torch._inductor.select_algorithm", "AlgorithmSelectorCache.make_precompile_fn", True),  # its wait: the
+    # autotuning choices, compiled on threads before they are timed
+)
 TRITON_COMPILES = (("triton.compiler", "compile"), ("triton.compiler.compiler", "compile"), ("triton", "compile"))
 TRITON_GRACE_S = 0.1  # a Triton compile still running after this opens a span off the lease (<= 0: at once)
 
@@ -84,12 +96,45 @@ def autotunes(config_patches: Any = None) -> bool:
 
 class _Steps:
     """The GPU steps' bracket: the first step on any thread calls ``gpu(True)``, the last to end
-    ``gpu(False)``; only inside a span that runs off the lease."""
+    ``gpu(False)``; only inside a span that runs off the lease.  The CPU steps' bracket
+    (``cpu``), likewise, only inside a span that keeps its lease."""
 
-    def __init__(self, gpu: Callable[[bool], None]) -> None:
-        self.gpu = gpu
+    def __init__(self, gpu: Callable[[bool], None], cpu: Callable[[bool], None] | None = None) -> None:
+        self.gpu, self.cpu = gpu, cpu
         self.active = 0
+        self.cpu_active = 0
         self.off_lease = False  # the current span runs without the lease
+        self.held = False  # the current span keeps its lease
+
+    def wrap_cpu(self, inner: Callable[..., Any], makes_step: bool = False) -> Callable[..., Any]:
+        """``inner`` as a CPU step, or with ``makes_step``, ``inner`` returning its result as one."""
+        if makes_step:
+            @functools.wraps(inner)
+            def factory(*args: Any, **kwargs: Any) -> Any:
+                made = inner(*args, **kwargs)
+                return self.wrap_cpu(made) if callable(made) else made
+
+            setattr(factory, _MARK, True)
+            return factory
+
+        @functools.wraps(inner)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            if self.cpu is None or not self.held:
+                return inner(*args, **kwargs)
+            with _LINE:
+                if self.cpu_active == 0:
+                    self.cpu(True)
+                self.cpu_active += 1
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                with _LINE:
+                    self.cpu_active -= 1
+                    if self.cpu_active == 0:
+                        self.cpu(False)  # returns once the lease is back
+
+        setattr(step, _MARK, True)
+        return step
 
     def wrap(self, inner: Callable[..., Any], first_only: bool = False) -> Callable[..., Any]:
         done: set[str] = set()  # first_only: the arguments whose call has returned
@@ -149,7 +194,7 @@ class _Span:
     def _mark(self) -> None:
         if not self.marked:
             self.marked = True
-            self.steps.off_lease = self.off_lease
+            self.steps.off_lease, self.steps.held = self.off_lease, not self.off_lease
             self.notify(True, self.off_lease)
 
     def end(self) -> None:
@@ -157,7 +202,7 @@ class _Span:
             self.active -= 1
             if self.active == 0 and self.marked:
                 self.marked = False
-                self.steps.off_lease = False
+                self.steps.off_lease = self.steps.held = False
                 self.notify(False, self.off_lease)
 
 
@@ -176,31 +221,37 @@ def _attribute(module_name: str, path: str) -> tuple[Any, str, Any] | None:
     return None if raw is None else (owner, name, raw)
 
 
-def _wrap_step(steps: _Steps, module_name: str, path: str, first_only: bool = False) -> bool:
+def _wrap_step(steps: _Steps, module_name: str, path: str, first_only: bool = False,
+               cpu: bool = False, makes_step: bool = False) -> bool:
     found = _attribute(module_name, path)
     if found is None:
         return False
     owner, name, raw = found
     if getattr(raw, _MARK, False) or getattr(getattr(raw, "__func__", None), _MARK, False):
         return False
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        return steps.wrap_cpu(fn, makes_step) if cpu else steps.wrap(fn, first_only)
+
     if isinstance(raw, staticmethod):
-        setattr(owner, name, staticmethod(steps.wrap(raw.__func__, first_only)))
+        setattr(owner, name, staticmethod(wrap(raw.__func__)))
     elif isinstance(raw, classmethod):
-        setattr(owner, name, classmethod(steps.wrap(raw.__func__, first_only)))
+        setattr(owner, name, classmethod(wrap(raw.__func__)))
     elif callable(raw):
-        setattr(owner, name, steps.wrap(raw, first_only))
+        setattr(owner, name, wrap(raw))
     else:
         return False
     return True
 
 
 def install(notify: Callable[[bool, bool], None], gpu: Callable[[bool], None] | None = None,
-            *, torch_compile: bool = True, triton: bool = False) -> list[str] | None:
+            *, torch_compile: bool = True, triton: bool = False,
+            cpu: Callable[[bool], None] | None = None) -> list[str] | None:
     """Wrap Inductor's ``compile_fx`` (imported here if it is not yet) and, with ``gpu``, its GPU
-    steps; with ``triton``, Triton's compile (where Triton imports).  What one call wraps shares
-    one span.  Returns the GPU steps wrapped (``module:attribute``), or None when nothing was
-    left to wrap."""
-    span = _Span(notify, _Steps(gpu or (lambda on: None)))
+    steps, with ``cpu`` its CPU steps; with ``triton``, Triton's compile (where Triton imports).
+    What one call wraps shares one span.  Returns the steps wrapped (``module:attribute``), or
+    None when nothing was left to wrap."""
+    span = _Span(notify, _Steps(gpu or (lambda on: None), cpu))
     found = _install_compile_fx(span, gpu is not None) if torch_compile else None
     if triton and _install_triton(span) and found is None:
         found = []
@@ -215,6 +266,8 @@ def _install_compile_fx(span: _Span, with_steps: bool) -> list[str] | None:
         return None
     found = [f"{m}:{p}" for m, p in GPU_STEPS if with_steps and _wrap_step(span.steps, m, p)]
     found += [f"{m}:{p}" for m, p in GPU_FIRST_STEPS if with_steps and _wrap_step(span.steps, m, p, True)]
+    found += [f"{m}:{p}" for m, p, makes in CPU_STEPS
+              if span.steps.cpu is not None and _wrap_step(span.steps, m, p, cpu=True, makes_step=makes)]
 
     @functools.wraps(inner)
     def compile_fx(*args: Any, **kwargs: Any) -> Any:

@@ -156,6 +156,15 @@ class CandidateProcess(CallHandlers):
         self.notify("compile_gpu", on=on)
         self.await_ack()
 
+    def compile_cpu(self, on: bool) -> None:
+        """A compile that keeps its lease only waits for compiling elsewhere (:data:`.compiling.CPU_STEPS`):
+        the reference worker gives the lease back (with ``EvalConfig.compile_off_lease``) once this
+        process's work has drained, and takes it again before the compile runs on."""
+        if on:
+            self.drain()
+        self.notify("compile_cpu_step", on=on)
+        self.await_ack()
+
     def drain(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -222,8 +231,10 @@ class CandidateProcess(CallHandlers):
             if self.spec.mode != "build" and (compiles or triton):
                 from cudal1.harness.child import compiling
 
-                compiling.install(self.compiling, self.compile_gpu if self.device.type == "cuda" else None,
-                                  torch_compile=compiles, triton=triton)
+                cuda = self.device.type == "cuda"
+                compiling.install(self.compiling, self.compile_gpu if cuda else None, torch_compile=compiles,
+                                  triton=triton,
+                                  cpu=self.compile_cpu if cuda and self.settings.compile_off_lease else None)
             if self.spec.mode != "baseline":
                 path, name = self.spec.candidate_path, self.spec.candidate_module
                 spec = importlib.util.spec_from_file_location(name, path)

@@ -162,14 +162,18 @@ class RefWorker(Measurement):
         phase ``compile``, under the build deadline with the phase's lease kept (its autotuning
         times kernels), or, with ``EvalConfig.compile_off_lease`` on a GPU and a compile that
         does not autotune, phase ``compile_cpu`` without the lease, which Inductor's own GPU steps
-        take back as phase ``compile`` (``compile_gpu``); elsewhere (a recompile while timed is
-        the call's own time) nothing changes.  Those two events are answered once the lease is
-        as they need it: the candidate's process waits for that before it runs on."""
-        if event in ("compiling", "compile_gpu"):
+        take back as phase ``compile`` (``compile_gpu``); an autotuning compile gives it back for
+        its steps that only wait for compiling elsewhere (``compile_cpu_step``); elsewhere (a
+        recompile while timed is the call's own time) nothing changes.  Those events are answered
+        once the lease is as they need it: the candidate's process waits for that before it runs
+        on."""
+        if event in ("compiling", "compile_gpu", "compile_cpu_step"):
             if event == "compiling":
                 self.on_compiling(bool(data.get("on")), bool(data.get("off_lease")))
-            else:
+            elif event == "compile_gpu":
                 self.on_compile_gpu(bool(data.get("on")))
+            else:
+                self.on_compile_cpu_step(bool(data.get("on")))
             if self.link is not None:
                 self.link.ack()
             return
@@ -204,6 +208,17 @@ class RefWorker(Measurement):
             self.enter("compile", self.compile_lease)
         elif not on and self.current_phase == "compile":
             self.enter("compile_cpu", "none")
+
+    def on_compile_cpu_step(self, on: bool) -> None:
+        """Inside a compile that keeps its lease (phase ``compile``), a step that only waits for
+        compiling elsewhere: with ``EvalConfig.compile_off_lease`` on a GPU it runs without the
+        lease (``compile_cpu``), which the compile takes back when the step ends."""
+        if self.compile_released or not (self.cfg.compile_off_lease and self.spec.device == "cuda"):
+            return
+        if on and self.current_phase == "compile" and self.compile_lease != "none":
+            self.enter("compile_cpu", "none")
+        elif not on and self.current_phase == "compile_cpu" and self.compile_resume:
+            self.enter("compile", self.compile_lease)
 
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
         # The lease is held until the process exits, after this message.
