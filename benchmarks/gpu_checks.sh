@@ -33,9 +33,10 @@
 #   mixed : the mixed set of benchmarks/throughput.py at $MIXED_WORKERS build processes (default 1),
 #           second pass $MIXED_SECOND (default none), stopped at $MIXED_DEADLINE s (default 440);
 #           throughput.json and a tarball of the logs come back
-#   compile_lease: torch.compile's compiling off the GPU's lease (EvalConfig.compile_off_lease):
-#            tests/gpu/test_compile_lease_gpu.py (no GPU work outside Inductor's bracketed steps,
-#            under torch.profiler; compiles judged ok beside other workers), the lease tests, then
+#   compile_lease: compiling off the GPU's lease (EvalConfig.compile_off_lease: torch.compile's and
+#            Triton's): tests/gpu/test_compile_lease_gpu.py (under torch.profiler, no GPU work outside
+#            Inductor's bracketed steps nor inside an autotuning compile's CPU steps, a Triton
+#            autotuner's timings alone; compiles judged ok beside other workers), the lease tests, then
 #            benchmarks/compile_lease_ab.py (held against released, 3 workers, $AB_SELECTORS;
 #            ab.json comes back) (~7-9 min)
 #   profiles: measured profiles (--profile): tests/gpu/test_profiles_gpu.py, judge --profile of the

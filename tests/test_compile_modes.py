@@ -278,6 +278,7 @@ def test_cpu_steps_give_the_lease_back_only_inside_a_compile_that_keeps_it(monke
     compile (the span keeps its lease) the first step opens ``cpu(True)`` and the last to end
     ``cpu(False)``, however it ends; a step that makes the step (``make_precompile_fn``) has its
     returned wait bracketed; in a compile off the lease or outside a compile they run as they are."""
+    import dataclasses
     import sys
     import types
 
@@ -291,6 +292,14 @@ def test_cpu_steps_give_the_lease_back_only_inside_a_compile_that_keeps_it(monke
         def wait(self, scope):
             scope["waited"] = True
 
+    @dataclasses.dataclass(frozen=True)
+    class Precompile:  # as torch's PrecompileFunction: a callable that carries its cache key
+        fn: object
+        precompile_key: str | None = None
+
+        def __call__(self):
+            return self.fn()
+
     class Selector:
         @classmethod
         def make_precompile_fn(cls, choices):
@@ -299,7 +308,7 @@ def test_cpu_steps_give_the_lease_back_only_inside_a_compile_that_keeps_it(monke
                     raise RuntimeError("precompile failed")
                 return {c: 0.1 for c in choices}
 
-            return wait_on_futures
+            return Precompile(wait_on_futures, f"key of {choices}")
 
     fake.Pool, fake.Selector = Pool, Selector
     monkeypatch.setitem(sys.modules, "fake_inductor_cpu", fake)
@@ -325,10 +334,62 @@ def test_cpu_steps_give_the_lease_back_only_inside_a_compile_that_keeps_it(monke
                               lambda on: events.append(("gpu", on)), cpu=lambda on: events.append(("cpu", on)))
     assert found == ["fake_inductor_cpu:Pool.wait", "fake_inductor_cpu:Selector.make_precompile_fn"]
     assert fake.Selector.make_precompile_fn(["a"])() == {"a": 0.1} and events == []  # outside a compile
+    assert fake.Selector.make_precompile_fn(["a"]).precompile_key == "key of ['a']"
     assert compile_fx_module.compile_fx("g", [], config_patches={"max_autotune": True}) == (
         {"waited": True}, {"a": 0.1, "b": 0.1})
     cpu = [("cpu", True), ("cpu", False)]
     assert events == [("compiling", True, False), *cpu * 3, ("compiling", False, False)]
     events.clear()
     compile_fx_module.compile_fx("g", [])  # off the lease: nothing to give back
+    assert events == [("compiling", True, True), ("compiling", False, True)]
+
+
+def test_a_triton_autotuners_timings_are_bracketed_alone_on_the_main_thread_outside_a_span(monkeypatch):
+    """With ``alone``, :data:`compiling.AUTOTUNE_STEPS` (the autotuner's timing of one choice) are
+    wrapped: on the main thread, outside any compile, each timing is bracketed ``alone(True)`` /
+    ``alone(False)``, however it ends; on another thread or inside a compile it runs as it is."""
+    import sys
+    import threading
+    import types
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    fake = types.ModuleType("fake_autotuner")
+
+    class Autotuner:
+        def _bench(self, *args, config):
+            if config == "bad":
+                raise RuntimeError("out of resources")
+            return [float(config)]
+
+    fake.Autotuner = Autotuner
+    monkeypatch.setitem(sys.modules, "fake_autotuner", fake)
+    monkeypatch.setattr(compiling, "TRITON_COMPILES", ())
+    monkeypatch.setattr(compiling, "GPU_STEPS", ())
+    monkeypatch.setattr(compiling, "GPU_FIRST_STEPS", ())
+    monkeypatch.setattr(compiling, "CPU_STEPS", ())
+    monkeypatch.setattr(compiling, "AUTOTUNE_STEPS", (("fake_autotuner", "Autotuner._bench"),))
+    events: list[tuple] = []
+
+    def fake_compile(graph, inputs, config_patches=None):
+        return Autotuner()._bench(config="3")
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", fake_compile)
+    found = compiling.install(lambda on, off: events.append(("compiling", on, off)),
+                              lambda on: events.append(("gpu", on)), triton=True,
+                              alone=lambda on: events.append(("alone", on)))
+    assert found == ["fake_autotuner:Autotuner._bench"]
+    tuner = Autotuner()
+    assert [tuner._bench(config=c) for c in ("1", "2")] == [[1.0], [2.0]]
+    with pytest.raises(RuntimeError, match="out of resources"):
+        tuner._bench(config="bad")
+    assert events == [("alone", True), ("alone", False)] * 3
+    events.clear()
+    worker = threading.Thread(target=tuner._bench, kwargs={"config": "4"})
+    worker.start()
+    worker.join()
+    assert events == []
+    assert compile_fx_module.compile_fx("g", []) == [3.0]  # Inductor's own: not a candidate's autotuner
     assert events == [("compiling", True, True), ("compiling", False, True)]

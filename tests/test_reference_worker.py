@@ -66,6 +66,7 @@ class _LeaseProbe:
         self.worker.compile_resume = ""
         self.worker.compile_lease = "none"
         self.worker.compile_released = False
+        self.worker.autotune_lease = ""
         self.worker.cfg = SimpleNamespace(compile_off_lease=compile_off_lease)
         self.worker.spec = SimpleNamespace(device="cuda")  # the lock is real; the GPU is not needed
         self.acks = 0
@@ -97,6 +98,9 @@ class _LeaseProbe:
 
     def compile_cpu_step(self, on: bool) -> None:
         self.worker.on_event("compile_cpu_step", {"on": on})
+
+    def autotune(self, on: bool) -> None:
+        self.worker.on_event("autotune", {"on": on})
 
     def _ack(self) -> None:
         self.acks += 1
@@ -341,3 +345,32 @@ def test_an_autotuning_compile_gives_the_lease_back_only_while_it_waits_for_comp
     held.compiling(True)
     held.compile_cpu_step(True)
     assert held.phases[-1] == "compile" and held.held == "shared" and held.acks == 2
+
+
+def test_a_candidates_triton_autotuning_times_its_choices_under_the_exclusive_lease(tmp_path):
+    """With ``EvalConfig.compile_off_lease``, a candidate's Triton autotuner timing a choice in
+    ``correctness`` holds the lease exclusive (nothing else of the judge on the GPU), a compile
+    inside it goes off the lease and comes back to exclusive, and the autotuning's end restores
+    the phase's shared lease.  Without the setting, or in ``timing`` (already exclusive), nothing
+    changes; every event is answered."""
+    import fcntl
+
+    path = tmp_path / "gpu0.lock"
+    w = _LeaseProbe(path, lambda name: None, compile_off_lease=True)
+    w.worker.enter("correctness", "shared")
+    w.autotune(True)
+    assert w.phases[-1] == "correctness" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
+    w.compiling(True, off_lease=True)  # the choice's first call compiles it
+    assert w.phases[-1] == "compile_cpu" and w.held == "none" and _try_lock(path, fcntl.LOCK_EX)
+    w.compiling(False, off_lease=True)
+    assert w.phases[-1] == "correctness" and w.held == "exclusive"
+    w.autotune(False)
+    assert w.phases[-1] == "correctness" and w.held == "shared" and _try_lock(path, fcntl.LOCK_SH)
+    w.worker.enter("timing", "exclusive")
+    w.autotune(True)
+    w.autotune(False)
+    assert w.held == "exclusive" and w.acks == 6
+    held = _LeaseProbe(tmp_path / "gpu1.lock", lambda name: None)  # the setting off
+    held.worker.enter("correctness", "shared")
+    held.autotune(True)
+    assert held.held == "shared" and held.acks == 1

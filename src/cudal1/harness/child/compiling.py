@@ -30,10 +30,14 @@ batch norm, H200, 2026-12-03).  Inside a graph's compile that keeps its lease (a
 steps that only wait for compiling elsewhere (:data:`CPU_STEPS`: the graph's kernels compiled by
 Inductor's worker processes, an autotuned operation's choices compiled on threads) are
 bracketed by ``cpu(True)`` and ``cpu(False)``: the reference worker gives the lease back for
-them (phase ``compile_cpu``) and the compile's timings run with it again.  A Triton compile
-issues no GPU work (the kernel is loaded at its first launch, after the span).  Known limit: GPU
-work that another thread of the process issues while a span or a CPU step runs off the lease is
-not bracketed; the compiling thread's own queued work is drained before the lease goes.
+them (phase ``compile_cpu``) and the compile's timings run with it again.  With ``alone``, a
+Triton autotuner's timing of each choice (:data:`AUTOTUNE_STEPS`) is bracketed by ``alone(True)``
+and ``alone(False)``: the reference worker holds the lease exclusive for it, so a candidate's
+own choices are made on a GPU that nothing else of the judge uses, as a baseline's are (the
+first call of each choice compiles inside, off the lease).  A Triton compile issues no GPU work
+(the kernel is loaded at its first launch, after the span).  Known limit: GPU work that another
+thread of the process issues while a span or a CPU step runs off the lease is not bracketed; the
+compiling thread's own queued work is drained before the lease goes.
 The callbacks block until the reference worker acknowledges (``cudal1.harness.child.worker``).
 """
 
@@ -75,6 +79,10 @@ CPU_STEPS = (
     ("torch._inductor.select_algorithm", "AlgorithmSelectorCache.make_precompile_fn", True),  # its wait: the
     # autotuning choices, compiled on threads before they are timed
 )
+# Where a Triton autotuner times one of its choices (a config): with ``alone``, bracketed by
+# ``alone(True)`` and ``alone(False)`` on the main thread outside a span (the reference worker holds the
+# lease exclusive meanwhile, so the choice is made with nothing else of the judge on the GPU).
+AUTOTUNE_STEPS = (("triton.runtime.autotuner", "Autotuner._bench"),)
 TRITON_COMPILES = (("triton.compiler", "compile"), ("triton.compiler.compiler", "compile"), ("triton", "compile"))
 TRITON_GRACE_S = 0.1  # a Triton compile still running after this opens a span off the lease (<= 0: at once)
 
@@ -94,73 +102,88 @@ def autotunes(config_patches: Any = None) -> bool:
     return any(bool(patches.get(name, getattr(config, name, False))) for name in _AUTOTUNING)
 
 
-class _Steps:
-    """The GPU steps' bracket: the first step on any thread calls ``gpu(True)``, the last to end
-    ``gpu(False)``; only inside a span that runs off the lease.  The CPU steps' bracket
-    (``cpu``), likewise, only inside a span that keeps its lease."""
+class _Bracket:
+    """A counted bracket on the judge's line: ``mark(True)`` as the first of its steps starts (on
+    any thread), ``mark(False)`` as the last one ends, however it ends; no ``mark``: no bracket."""
 
-    def __init__(self, gpu: Callable[[bool], None], cpu: Callable[[bool], None] | None = None) -> None:
-        self.gpu, self.cpu = gpu, cpu
+    def __init__(self, mark: Callable[[bool], None] | None) -> None:
+        self.mark = mark
         self.active = 0
-        self.cpu_active = 0
+
+    def run(self, applies: bool, inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if self.mark is None or not applies:
+            return inner(*args, **kwargs)
+        with _LINE:
+            if self.active == 0:
+                self.mark(True)  # returns once the lease is as the step needs it
+            self.active += 1
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            with _LINE:
+                self.active -= 1
+                if self.active == 0:
+                    self.mark(False)
+
+
+class _Steps:
+    """The steps' brackets: GPU steps (``gpu``) only inside a span that runs off the lease, CPU
+    steps (``cpu``) only inside a span that keeps it, autotuning steps (``alone``) only outside a
+    span, on the main thread."""
+
+    def __init__(self, gpu: Callable[[bool], None], cpu: Callable[[bool], None] | None = None,
+                 alone: Callable[[bool], None] | None = None) -> None:
+        self.gpu, self.cpu, self.alone = _Bracket(gpu), _Bracket(cpu), _Bracket(alone)
         self.off_lease = False  # the current span runs without the lease
         self.held = False  # the current span keeps its lease
 
-    def wrap_cpu(self, inner: Callable[..., Any], makes_step: bool = False) -> Callable[..., Any]:
-        """``inner`` as a CPU step, or with ``makes_step``, ``inner`` returning its result as one."""
-        if makes_step:
-            @functools.wraps(inner)
-            def factory(*args: Any, **kwargs: Any) -> Any:
-                made = inner(*args, **kwargs)
-                return self.wrap_cpu(made) if callable(made) else made
-
-            setattr(factory, _MARK, True)
-            return factory
-
-        @functools.wraps(inner)
-        def step(*args: Any, **kwargs: Any) -> Any:
-            if self.cpu is None or not self.held:
-                return inner(*args, **kwargs)
-            with _LINE:
-                if self.cpu_active == 0:
-                    self.cpu(True)
-                self.cpu_active += 1
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                with _LINE:
-                    self.cpu_active -= 1
-                    if self.cpu_active == 0:
-                        self.cpu(False)  # returns once the lease is back
-
+    def _marked(self, step: Callable[..., Any]) -> Callable[..., Any]:
         setattr(step, _MARK, True)
         return step
 
     def wrap(self, inner: Callable[..., Any], first_only: bool = False) -> Callable[..., Any]:
-        done: set[str] = set()  # first_only: the arguments whose call has returned
+        """``inner`` as a GPU step; with ``first_only``, until a call with the same arguments has returned."""
+        done: set[str] = set()
 
         @functools.wraps(inner)
         def step(*args: Any, **kwargs: Any) -> Any:
             key = repr((args, sorted(kwargs.items()))) if first_only else ""
-            if not self.off_lease or key in done:
-                return inner(*args, **kwargs)
-            with _LINE:
-                if self.active == 0:
-                    self.gpu(True)  # counted only once the lease is back
-                self.active += 1
-            try:
-                result = inner(*args, **kwargs)
-                if first_only:
-                    done.add(key)
-                return result
-            finally:
-                with _LINE:
-                    self.active -= 1
-                    if self.active == 0:
-                        self.gpu(False)
+            result = self.gpu.run(self.off_lease and key not in done, inner, *args, **kwargs)
+            if first_only:
+                done.add(key)
+            return result
 
-        setattr(step, _MARK, True)
-        return step
+        return self._marked(step)
+
+    def wrap_alone(self, inner: Callable[..., Any]) -> Callable[..., Any]:
+        """``inner`` as an autotuning step."""
+
+        @functools.wraps(inner)
+        def step(*args: Any, **kwargs: Any) -> Any:
+            applies = not (self.off_lease or self.held) and threading.current_thread() is threading.main_thread()
+            return self.alone.run(applies, inner, *args, **kwargs)
+
+        return self._marked(step)
+
+    def wrap_cpu(self, inner: Callable[..., Any], makes_step: bool = False) -> Callable[..., Any]:
+        """``inner`` as a CPU step, or with ``makes_step``, ``inner`` returning its result as one."""
+        if not makes_step:
+            return self._marked(functools.wraps(inner)(
+                lambda *args, **kwargs: self.cpu.run(self.held, inner, *args, **kwargs)))
+
+        @functools.wraps(inner)
+        def factory(*args: Any, **kwargs: Any) -> Any:
+            made = inner(*args, **kwargs)
+            if not callable(made):
+                return made
+            step = self.wrap_cpu(made)
+            for name in getattr(made, "__dataclass_fields__", {}):  # a callable object's own data (torch's
+                value = getattr(made, name, None)  # PrecompileFunction: the key its cache is cleaned by)
+                if not callable(value):
+                    setattr(step, name, value)
+            return step
+
+        return self._marked(factory)
 
 
 class _Span:
@@ -222,7 +245,7 @@ def _attribute(module_name: str, path: str) -> tuple[Any, str, Any] | None:
 
 
 def _wrap_step(steps: _Steps, module_name: str, path: str, first_only: bool = False,
-               cpu: bool = False, makes_step: bool = False) -> bool:
+               cpu: bool = False, makes_step: bool = False, alone: bool = False) -> bool:
     found = _attribute(module_name, path)
     if found is None:
         return False
@@ -231,6 +254,8 @@ def _wrap_step(steps: _Steps, module_name: str, path: str, first_only: bool = Fa
         return False
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if alone:
+            return steps.wrap_alone(fn)
         return steps.wrap_cpu(fn, makes_step) if cpu else steps.wrap(fn, first_only)
 
     if isinstance(raw, staticmethod):
@@ -245,16 +270,20 @@ def _wrap_step(steps: _Steps, module_name: str, path: str, first_only: bool = Fa
 
 
 def install(notify: Callable[[bool, bool], None], gpu: Callable[[bool], None] | None = None,
-            *, torch_compile: bool = True, triton: bool = False,
-            cpu: Callable[[bool], None] | None = None) -> list[str] | None:
+            *, torch_compile: bool = True, triton: bool = False, cpu: Callable[[bool], None] | None = None,
+            alone: Callable[[bool], None] | None = None) -> list[str] | None:
     """Wrap Inductor's ``compile_fx`` (imported here if it is not yet) and, with ``gpu``, its GPU
-    steps, with ``cpu`` its CPU steps; with ``triton``, Triton's compile (where Triton imports).
-    What one call wraps shares one span.  Returns the steps wrapped (``module:attribute``), or
-    None when nothing was left to wrap."""
-    span = _Span(notify, _Steps(gpu or (lambda on: None), cpu))
+    steps, with ``cpu`` its CPU steps; with ``triton``, Triton's compile (where Triton imports)
+    and, with ``alone``, its autotuner's timings.  What one call wraps shares one span.  Returns
+    the steps wrapped (``module:attribute``), or None when nothing was left to wrap."""
+    span = _Span(notify, _Steps(gpu or (lambda on: None), cpu, alone))
     found = _install_compile_fx(span, gpu is not None) if torch_compile else None
-    if triton and _install_triton(span) and found is None:
-        found = []
+    if triton:
+        compiles = _install_triton(span)
+        tuners = [f"{m}:{p}" for m, p in AUTOTUNE_STEPS if alone is not None and _wrap_step(span.steps, m, p,
+                                                                                            alone=True)]
+        if compiles or tuners:
+            found = (found or []) + tuners
     return found
 
 
@@ -267,7 +296,7 @@ def _install_compile_fx(span: _Span, with_steps: bool) -> list[str] | None:
     found = [f"{m}:{p}" for m, p in GPU_STEPS if with_steps and _wrap_step(span.steps, m, p)]
     found += [f"{m}:{p}" for m, p in GPU_FIRST_STEPS if with_steps and _wrap_step(span.steps, m, p, True)]
     found += [f"{m}:{p}" for m, p, makes in CPU_STEPS
-              if span.steps.cpu is not None and _wrap_step(span.steps, m, p, cpu=True, makes_step=makes)]
+              if span.steps.cpu.mark is not None and _wrap_step(span.steps, m, p, cpu=True, makes_step=makes)]
 
     @functools.wraps(inner)
     def compile_fx(*args: Any, **kwargs: Any) -> Any:

@@ -165,6 +165,15 @@ class CandidateProcess(CallHandlers):
         self.notify("compile_cpu_step", on=on)
         self.await_ack()
 
+    def autotune_alone(self, on: bool) -> None:
+        """A Triton autotuner times one of its choices (:data:`.compiling.AUTOTUNE_STEPS`): it starts
+        once the reference worker holds the lease exclusive, which it shares again after the
+        timings drained."""
+        if not on:
+            self.drain()
+        self.notify("autotune", on=on)
+        self.await_ack()
+
     def drain(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -232,9 +241,10 @@ class CandidateProcess(CallHandlers):
                 from cudal1.harness.child import compiling
 
                 cuda = self.device.type == "cuda"
+                off_lease = cuda and self.settings.compile_off_lease
                 compiling.install(self.compiling, self.compile_gpu if cuda else None, torch_compile=compiles,
-                                  triton=triton,
-                                  cpu=self.compile_cpu if cuda and self.settings.compile_off_lease else None)
+                                  triton=triton, cpu=self.compile_cpu if off_lease else None,
+                                  alone=self.autotune_alone if off_lease else None)
             if self.spec.mode != "baseline":
                 path, name = self.spec.candidate_path, self.spec.candidate_module
                 spec = importlib.util.spec_from_file_location(name, path)

@@ -73,6 +73,7 @@ class RefWorker(Measurement):
         self.compile_resume = ""  # the phase a torch.compile compile interrupted (on_event)
         self.compile_lease = "none"  # that phase's lease
         self.compile_released = False  # the compile runs without it (EvalConfig.compile_off_lease)
+        self.autotune_lease = ""  # the lease a Triton autotuner's timings interrupted (on_autotune)
 
     # ---- protocol ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -167,13 +168,15 @@ class RefWorker(Measurement):
         recompile while timed is the call's own time) nothing changes.  Those events are answered
         once the lease is as they need it: the candidate's process waits for that before it runs
         on."""
-        if event in ("compiling", "compile_gpu", "compile_cpu_step"):
+        if event in ("compiling", "compile_gpu", "compile_cpu_step", "autotune"):
             if event == "compiling":
                 self.on_compiling(bool(data.get("on")), bool(data.get("off_lease")))
             elif event == "compile_gpu":
                 self.on_compile_gpu(bool(data.get("on")))
-            else:
+            elif event == "compile_cpu_step":
                 self.on_compile_cpu_step(bool(data.get("on")))
+            else:
+                self.on_autotune(bool(data.get("on")))
             if self.link is not None:
                 self.link.ack()
             return
@@ -219,6 +222,24 @@ class RefWorker(Measurement):
             self.enter("compile_cpu", "none")
         elif not on and self.current_phase == "compile_cpu" and self.compile_resume:
             self.enter("compile", self.compile_lease)
+
+    def on_autotune(self, on: bool) -> None:
+        """A Triton autotuner of the candidate times one of its choices in ``construct`` or
+        ``correctness``: with ``EvalConfig.compile_off_lease`` on a GPU (where compiling beside it
+        lets other workers time in between), the phase holds the lease exclusive meanwhile, so
+        the choice is made with nothing else of the judge on the GPU; then its own lease again."""
+        if not (self.cfg.compile_off_lease and self.spec.device == "cuda") or self.lease is None:
+            return
+        if self.current_phase not in ("construct", "correctness"):
+            return
+        if on and not self.autotune_lease:
+            self.autotune_lease = self.lease.held
+            if self.autotune_lease != "exclusive":
+                self.enter(self.current_phase, "exclusive")
+        elif not on and self.autotune_lease:
+            lease, self.autotune_lease = self.autotune_lease, ""
+            if lease != "exclusive":
+                self.enter(self.current_phase, lease)
 
     def finish(self, status: str, message: str, flags: list[str], **data: Any) -> None:
         # The lease is held until the process exits, after this message.
