@@ -367,9 +367,9 @@ def main() -> int:
                          "modes are not timed where CUDA-graph replay did not pay (off: a fresh cache per baseline "
                          "job, every mode timed); the config hash is the same either way")
     ap.add_argument("--compile-lease", choices=("held", "released"), default="held",
-                    help="where torch.compile's compiling (not autotuning) holds the GPU's lease: held, as the "
+                    help="where compiling (torch.compile's, Triton's) holds the GPU's lease: held, as the "
                          "phase it interrupts, or released, Inductor's own GPU steps taking it back "
-                         "(EvalConfig.compile_off_lease; the config hash is the same either way)")
+                         "(EvalConfig.compile_off_lease, docs/harness.md; the config hash is the same either way)")
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
                     help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
                          "and print the device seconds per task of each")

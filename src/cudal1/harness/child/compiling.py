@@ -102,6 +102,12 @@ def autotunes(config_patches: Any = None) -> bool:
     return any(bool(patches.get(name, getattr(config, name, False))) for name in _AUTOTUNING)
 
 
+def _marked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, marked as cudal1's wrapper (installing again leaves it alone)."""
+    setattr(fn, _MARK, True)
+    return fn
+
+
 class _Bracket:
     """A counted bracket on the judge's line: ``mark(True)`` as the first of its steps starts (on
     any thread), ``mark(False)`` as the last one ends, however it ends; no ``mark``: no bracket."""
@@ -137,10 +143,6 @@ class _Steps:
         self.off_lease = False  # the current span runs without the lease
         self.held = False  # the current span keeps its lease
 
-    def _marked(self, step: Callable[..., Any]) -> Callable[..., Any]:
-        setattr(step, _MARK, True)
-        return step
-
     def wrap(self, inner: Callable[..., Any], first_only: bool = False) -> Callable[..., Any]:
         """``inner`` as a GPU step; with ``first_only``, until a call with the same arguments has returned."""
         done: set[str] = set()
@@ -153,7 +155,7 @@ class _Steps:
                 done.add(key)
             return result
 
-        return self._marked(step)
+        return _marked(step)
 
     def wrap_alone(self, inner: Callable[..., Any]) -> Callable[..., Any]:
         """``inner`` as an autotuning step."""
@@ -163,12 +165,12 @@ class _Steps:
             applies = not (self.off_lease or self.held) and threading.current_thread() is threading.main_thread()
             return self.alone.run(applies, inner, *args, **kwargs)
 
-        return self._marked(step)
+        return _marked(step)
 
     def wrap_cpu(self, inner: Callable[..., Any], makes_step: bool = False) -> Callable[..., Any]:
         """``inner`` as a CPU step, or with ``makes_step``, ``inner`` returning its result as one."""
         if not makes_step:
-            return self._marked(functools.wraps(inner)(
+            return _marked(functools.wraps(inner)(
                 lambda *args, **kwargs: self.cpu.run(self.held, inner, *args, **kwargs)))
 
         @functools.wraps(inner)
@@ -183,7 +185,7 @@ class _Steps:
                     setattr(step, name, value)
             return step
 
-        return self._marked(factory)
+        return _marked(factory)
 
 
 class _Span:
@@ -244,20 +246,15 @@ def _attribute(module_name: str, path: str) -> tuple[Any, str, Any] | None:
     return None if raw is None else (owner, name, raw)
 
 
-def _wrap_step(steps: _Steps, module_name: str, path: str, first_only: bool = False,
-               cpu: bool = False, makes_step: bool = False, alone: bool = False) -> bool:
+def _wrap_step(module_name: str, path: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
+    """Replace ``module:path`` (a function, static or class method) by ``wrap`` of it; False where
+    this install lacks it or it is wrapped already."""
     found = _attribute(module_name, path)
     if found is None:
         return False
     owner, name, raw = found
     if getattr(raw, _MARK, False) or getattr(getattr(raw, "__func__", None), _MARK, False):
         return False
-
-    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
-        if alone:
-            return steps.wrap_alone(fn)
-        return steps.wrap_cpu(fn, makes_step) if cpu else steps.wrap(fn, first_only)
-
     if isinstance(raw, staticmethod):
         setattr(owner, name, staticmethod(wrap(raw.__func__)))
     elif isinstance(raw, classmethod):
@@ -280,8 +277,8 @@ def install(notify: Callable[[bool, bool], None], gpu: Callable[[bool], None] | 
     found = _install_compile_fx(span, gpu is not None) if torch_compile else None
     if triton:
         compiles = _install_triton(span)
-        tuners = [f"{m}:{p}" for m, p in AUTOTUNE_STEPS if alone is not None and _wrap_step(span.steps, m, p,
-                                                                                            alone=True)]
+        tuners = [f"{m}:{p}" for m, p in AUTOTUNE_STEPS if alone is not None
+                  and _wrap_step(m, p, span.steps.wrap_alone)]
         if compiles or tuners:
             found = (found or []) + tuners
     return found
@@ -293,10 +290,12 @@ def _install_compile_fx(span: _Span, with_steps: bool) -> list[str] | None:
     inner = compile_fx_module.compile_fx
     if getattr(inner, _MARK, False):
         return None
-    found = [f"{m}:{p}" for m, p in GPU_STEPS if with_steps and _wrap_step(span.steps, m, p)]
-    found += [f"{m}:{p}" for m, p in GPU_FIRST_STEPS if with_steps and _wrap_step(span.steps, m, p, True)]
-    found += [f"{m}:{p}" for m, p, makes in CPU_STEPS
-              if span.steps.cpu.mark is not None and _wrap_step(span.steps, m, p, cpu=True, makes_step=makes)]
+    steps = span.steps
+    first = functools.partial(steps.wrap, first_only=True)
+    found = [f"{m}:{p}" for m, p in GPU_STEPS if with_steps and _wrap_step(m, p, steps.wrap)]
+    found += [f"{m}:{p}" for m, p in GPU_FIRST_STEPS if with_steps and _wrap_step(m, p, first)]
+    found += [f"{m}:{p}" for m, p, makes in CPU_STEPS if steps.cpu.mark is not None
+              and _wrap_step(m, p, functools.partial(steps.wrap_cpu, makes_step=makes))]
 
     @functools.wraps(inner)
     def compile_fx(*args: Any, **kwargs: Any) -> Any:
@@ -307,25 +306,21 @@ def _install_compile_fx(span: _Span, with_steps: bool) -> list[str] | None:
         finally:
             span.end()
 
-    setattr(compile_fx, _MARK, True)
-    compile_fx_module.compile_fx = compile_fx
+    compile_fx_module.compile_fx = _marked(compile_fx)
     return found
 
 
 def _install_triton(span: _Span) -> list[str]:
-    """Wrap each of :data:`TRITON_COMPILES` this Triton has (all the same function); returns them."""
-    wrapped: dict[int, Callable[..., Any]] = {}
-    done = []
-    for module_name, path in TRITON_COMPILES:
-        found = _attribute(module_name, path)
-        if found is None or getattr(found[2], _MARK, False):
-            continue
-        owner, name, inner = found
-        if id(inner) not in wrapped:
-            wrapped[id(inner)] = _triton_compile(span, inner)
-        setattr(owner, name, wrapped[id(inner)])
-        done.append(f"{module_name}:{path}")
-    return done
+    """Wrap each of :data:`TRITON_COMPILES` this Triton has (one function under several names: one
+    wrapper); returns them."""
+    wrappers: dict[int, Callable[..., Any]] = {}
+
+    def wrap(inner: Callable[..., Any]) -> Callable[..., Any]:
+        if id(inner) not in wrappers:
+            wrappers[id(inner)] = _triton_compile(span, inner)
+        return wrappers[id(inner)]
+
+    return [f"{m}:{p}" for m, p in TRITON_COMPILES if _wrap_step(m, p, wrap)]
 
 
 def _triton_compile(span: _Span, inner: Callable[..., Any]) -> Callable[..., Any]:
@@ -346,5 +341,4 @@ def _triton_compile(span: _Span, inner: Callable[..., Any]) -> Callable[..., Any
                 timer.cancel()
             span.end()
 
-    setattr(compile, _MARK, True)
-    return compile
+    return _marked(compile)

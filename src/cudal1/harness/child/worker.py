@@ -143,43 +143,32 @@ class CandidateProcess(CallHandlers):
         the GPU's lease back until it ends.  Work this process queued is drained first; the
         compiled graph runs only once the worker has answered (its lease is back)."""
         arm_stall_dump(self.settings.limits, "compile" if on else "construct")
-        if on and off_lease:
-            self.drain()
-        self.notify("compiling", on=on, off_lease=off_lease)
-        self.await_ack()
+        self.lease_event("compiling", on, drain=on and off_lease, off_lease=off_lease)
 
     def compile_gpu(self, on: bool) -> None:
         """Inductor runs kernels of its own inside a compile off the lease (:data:`.compiling.GPU_STEPS`):
         they start once the worker holds the lease again, which it gives back after they drained."""
-        if not on:
-            self.drain()
-        self.notify("compile_gpu", on=on)
-        self.await_ack()
+        self.lease_event("compile_gpu", on, drain=not on)
 
     def compile_cpu(self, on: bool) -> None:
         """A compile that keeps its lease only waits for compiling elsewhere (:data:`.compiling.CPU_STEPS`):
         the reference worker gives the lease back (with ``EvalConfig.compile_off_lease``) once this
         process's work has drained, and takes it again before the compile runs on."""
-        if on:
-            self.drain()
-        self.notify("compile_cpu_step", on=on)
-        self.await_ack()
+        self.lease_event("compile_cpu_step", on, drain=on)
 
     def autotune_alone(self, on: bool) -> None:
         """A Triton autotuner times one of its choices (:data:`.compiling.AUTOTUNE_STEPS`): it starts
         once the reference worker holds the lease exclusive, which it shares again after the
         timings drained."""
-        if not on:
-            self.drain()
-        self.notify("autotune", on=on)
-        self.await_ack()
+        self.lease_event("autotune", on, drain=not on)
 
-    def drain(self) -> None:
-        if self.device.type == "cuda":
+    def lease_event(self, event: str, on: bool, drain: bool, **data: Any) -> None:
+        """Tell the reference worker ``event`` (with this process's GPU work drained first where
+        ``drain``: the lease is about to be given back or narrowed) and wait for its answer, which
+        comes once it acted on the lease."""
+        if drain and self.device.type == "cuda":
             torch.cuda.synchronize()
-
-    def await_ack(self) -> None:
-        """The reference worker's answer to an event that waits for one (it acts on the lease first)."""
+        self.notify(event, on=on, **data)
         request = json.loads(self.link.recv_bytes(MAX_REQUEST_BYTES))
         if not isinstance(request, dict) or request.get("op") != "ack":
             raise RuntimeError("the judge's line is out of step: an acknowledgement was expected")
@@ -233,15 +222,15 @@ class CandidateProcess(CallHandlers):
             compiles = calls_torch_compile(self.spec)
             if compiles:
                 import torch._inductor.compile_fx  # noqa: F401 - seconds: here no GPU lease is held, in construct one is
+            cuda = self.device.type == "cuda"
+            off_lease = cuda and self.settings.compile_off_lease
             # Off the lease, Triton's compiles are marked too: a candidate's kernels', and Inductor's
             # autotuning at run time (under torch.compile).
-            triton = (self.settings.compile_off_lease and self.device.type == "cuda"
-                      and (compiles or names_triton(self.spec)) and importlib.util.find_spec("triton") is not None)
+            triton = (off_lease and (compiles or names_triton(self.spec))
+                      and importlib.util.find_spec("triton") is not None)
             if self.spec.mode != "build" and (compiles or triton):
                 from cudal1.harness.child import compiling
 
-                cuda = self.device.type == "cuda"
-                off_lease = cuda and self.settings.compile_off_lease
                 compiling.install(self.compiling, self.compile_gpu if cuda else None, torch_compile=compiles,
                                   triton=triton, cpu=self.compile_cpu if off_lease else None,
                                   alone=self.autotune_alone if off_lease else None)

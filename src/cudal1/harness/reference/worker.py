@@ -169,14 +169,17 @@ class RefWorker(Measurement):
         once the lease is as they need it: the candidate's process waits for that before it runs
         on."""
         if event in ("compiling", "compile_gpu", "compile_cpu_step", "autotune"):
+            on = bool(data.get("on"))
             if event == "compiling":
-                self.on_compiling(bool(data.get("on")), bool(data.get("off_lease")))
+                self.on_compiling(on, bool(data.get("off_lease")))
             elif event == "compile_gpu":
-                self.on_compile_gpu(bool(data.get("on")))
+                if self.compile_released:  # Inductor's GPU steps take the lease back
+                    self.compile_holds_lease(on)
             elif event == "compile_cpu_step":
-                self.on_compile_cpu_step(bool(data.get("on")))
+                if not self.compile_released and self.compiles_off_lease() and self.compile_lease != "none":
+                    self.compile_holds_lease(not on)  # an autotuning compile waits for compiling elsewhere
             else:
-                self.on_autotune(bool(data.get("on")))
+                self.on_autotune(on)
             if self.link is not None:
                 self.link.ack()
             return
@@ -194,8 +197,7 @@ class RefWorker(Measurement):
         if on and self.current_phase in ("construct", "correctness"):
             self.compile_resume = self.current_phase
             self.compile_lease = self.lease.held if self.lease else "none"
-            self.compile_released = (off_lease and self.cfg.compile_off_lease and self.spec.device == "cuda"
-                                     and self.compile_lease != "none")
+            self.compile_released = off_lease and self.compiles_off_lease() and self.compile_lease != "none"
             if self.compile_released:
                 self.enter("compile_cpu", "none")
             else:
@@ -204,31 +206,24 @@ class RefWorker(Measurement):
             resume, self.compile_resume, self.compile_released = self.compile_resume, "", False
             self.enter(resume, self.compile_lease)
 
-    def on_compile_gpu(self, on: bool) -> None:
-        if not self.compile_released:
-            return
-        if on and self.current_phase == "compile_cpu":
-            self.enter("compile", self.compile_lease)
-        elif not on and self.current_phase == "compile":
-            self.enter("compile_cpu", "none")
+    def compiles_off_lease(self) -> bool:
+        """Whether compiling may give the GPU's lease back here (``EvalConfig.compile_off_lease`` on a GPU)."""
+        return self.cfg.compile_off_lease and self.spec.device == "cuda"
 
-    def on_compile_cpu_step(self, on: bool) -> None:
-        """Inside a compile that keeps its lease (phase ``compile``), a step that only waits for
-        compiling elsewhere: with ``EvalConfig.compile_off_lease`` on a GPU it runs without the
-        lease (``compile_cpu``), which the compile takes back when the step ends."""
-        if self.compile_released or not (self.cfg.compile_off_lease and self.spec.device == "cuda"):
-            return
-        if on and self.current_phase == "compile" and self.compile_lease != "none":
-            self.enter("compile_cpu", "none")
-        elif not on and self.current_phase == "compile_cpu" and self.compile_resume:
+    def compile_holds_lease(self, held: bool) -> None:
+        """Inside a compile, between ``compile`` (the interrupted phase's lease) and ``compile_cpu``
+        (none): Inductor's GPU steps in a compile off the lease, and the waits of one that keeps it."""
+        if held and self.current_phase == "compile_cpu" and self.compile_resume:
             self.enter("compile", self.compile_lease)
+        elif not held and self.current_phase == "compile":
+            self.enter("compile_cpu", "none")
 
     def on_autotune(self, on: bool) -> None:
         """A Triton autotuner of the candidate times one of its choices in ``construct`` or
         ``correctness``: with ``EvalConfig.compile_off_lease`` on a GPU (where compiling beside it
         lets other workers time in between), the phase holds the lease exclusive meanwhile, so
         the choice is made with nothing else of the judge on the GPU; then its own lease again."""
-        if not (self.cfg.compile_off_lease and self.spec.device == "cuda") or self.lease is None:
+        if not self.compiles_off_lease() or self.lease is None:
             return
         if self.current_phase not in ("construct", "correctness"):
             return
