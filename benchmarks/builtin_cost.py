@@ -50,6 +50,7 @@ from typing import Any, Collection
 import builtin_baseline_plan
 from builtin_baseline_plan import GRAPHED_SIBLING
 from builtin_figures import counted
+from builtin_figures import summarize as figures_of
 from cudal1.harness.parent.batchstats import GPU_PHASES
 
 COMPILE_PHASES = ("construct", "compile", "compile_cpu", "correctness")
@@ -332,7 +333,7 @@ def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     winning chains, the headline figures, and the device seconds per task of each configuration's
     calls (the calls of ``now`` that ``before`` does not list are the new configuration's; their
     seconds include work on tasks not finished yet, so the new figure is an upper bound)."""
-    a, b = _finished_rows(before), _finished_rows(now)
+    a, b = _finished_rows(before), _finished_rows(now)  # the figures: on the tasks finished in both
     order = {r["task"]: i for i, r in enumerate(now["rows"])}
     both = sorted(set(a) & set(b), key=order.__getitem__)
     m_before = {k: v for t in both for k, v in _measures(a[t]).items()}
@@ -352,8 +353,9 @@ def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
         "tasks": both,
         "agreement": agreed,
         "chains": [[t, a[t]["best_passes"], b[t]["best_passes"]] for t in both],
-        "figures": {"before": {k: before.get("retimed", {}).get(k) for k in ("best", "over_best_compile_mode")},
-                    "now": {k: now.get("retimed", {}).get(k) for k in ("best", "over_best_compile_mode")}},
+        "figures": {name: {k: same[k] for k in ("best", "over_best_compile_mode")}
+                    for name, rep, rows in (("before", before, a), ("now", now, b))
+                    for same in [figures_of([rows[t] for t in both], rep.get("modes") or [])["retimed"]]},
         "device_s_per_task": {"before": old_s / len(a) if a else None,
                               "now": new_s / len(b) if b and new_calls else None,
                               "before_tasks": len(a), "now_tasks": len(b), "now_calls": len(new_calls)},
@@ -362,7 +364,7 @@ def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def compare_markdown(c: dict[str, Any]) -> str:
+def compare_markdown(c: dict[str, Any], what: str = "the judge's two configurations") -> str:
     f = lambda x, d=0: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     d, h, g = c["device_s_per_task"], c["held_s_per_task"], c["figures"]
     ag = c["agreement"]
@@ -371,7 +373,7 @@ def compare_markdown(c: dict[str, Any]) -> str:
         return (f"best builtin re-timed geomean {f(best.get('geomean'), 3)}x (n {best.get('n')}), over the best "
                 f"compile mode {f(over.get('geomean'), 3)}x ({over.get('wins')} of {over.get('n')} won)")
 
-    lines = [f"the judge's two configurations on the {len(c['tasks'])} task(s) finished under both:",
+    lines = [f"{what} on the {len(c['tasks'])} task(s) finished under both:",
              f"  device s per task: before {f(d['before'])} ({d['before_tasks']} tasks), now {f(d['now'])} "
              f"({d['now_calls']} call(s), {d['now_tasks']} tasks finished; work on unfinished tasks included)",
              f"  lease-held s per task (median): before {f(h['before'])}, now {f(h['now'])}",
@@ -389,20 +391,28 @@ def main() -> int:
     import argparse
 
     ap = argparse.ArgumentParser(description="A builtin_kernelbench.py run under two judge configurations: "
-                                             "OUT/report.N.json (kept when the judge changed) against OUT/report.json.")
+                                             "OUT/report.N.json (kept when the judge changed) against OUT/report.json, "
+                                             "or, with --against, another run of the same sample against this one.")
     ap.add_argument("out", help="the run directory")
     ap.add_argument("--earlier", type=int, default=1, metavar="N",
                     help="the earlier configuration's number (default 1)")
+    ap.add_argument("--against", default=None, metavar="RUN",
+                    help="another run of the same sample (its directory or report.json) as the earlier one")
     ap.add_argument("--json", default=None, help="also write the comparison here")
     args = ap.parse_args()
     out = Path(args.out)
-    paths = [out / f"report.{args.earlier}.json", out / "report.json"]
+    if args.against:
+        other = Path(args.against)
+        paths = [other / "report.json" if other.is_dir() else other, out / "report.json"]
+    else:
+        paths = [out / f"report.{args.earlier}.json", out / "report.json"]
     for path in paths:
         if not path.is_file():
-            ap.error(f"{path} does not exist (a run resumed with another judge keeps report.N.json)")
+            ap.error(f"{path} does not exist" + ("" if args.against else
+                                                 " (a run resumed with another judge keeps report.N.json)"))
     before, now = (json.loads(path.read_text()) for path in paths)
     result = compare(before, now)
-    print(compare_markdown(result))
+    print(compare_markdown(result, "two runs of the sample" if args.against else "the judge's two configurations"))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0

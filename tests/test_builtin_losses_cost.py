@@ -4,6 +4,8 @@ slower, no pass at all), the table docs/builtin.md carries, and what a task cost
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -137,7 +139,9 @@ def _report(calls: list[dict], rows: list[dict], held: dict[str, float], unfinis
 
 
 def _row(task: str, chain: str, best: float, ci: list[float] | None, mode: float, mode_ci: list[float]) -> dict:
-    return {"task": task, "judged": True, "pending": 0, "rounds": 2, "degenerate": False,
+    return {"task": task, "level": 1, "judged": True, "pending": 0, "rounds": 2, "degenerate": False,
+            "verified": 1, "chains": [[chain, "ok", best]], "environments": [],
+            "best_mode": "compile-default", "best_mode_value": mode,
             "best": best, "best_ci": ci, "best_passes": chain,
             "modes": {"compile-default": mode}, "mode_status": {"compile-default": "ok", "cudagraph": "skipped"},
             "mode_ci": {"compile-default": mode_ci},
@@ -167,6 +171,10 @@ def test_two_judge_configurations_compared_on_the_tasks_finished_under_both(benc
     assert apart == {"b|best builtin", "b|best builtin, re-timed"}
     assert c["agreement"]["compared"] == 6 and "b|mode:cudagraph" not in {r[0] for r in c["agreement"]["rows"]}
     assert c["chains"] == [["a", "algebraic", "algebraic"], ["b", "compile-default", "triton-fusion"]]
+    # the headline figures of both, on the same tasks (c's 1.5x is left out of the new one)
+    assert c["figures"]["before"]["best"]["n"] == c["figures"]["now"]["best"]["n"] == 2
+    assert c["figures"]["before"]["best"]["geomean"] == pytest.approx((2.0 * 1.1) ** 0.5)
+    assert c["figures"]["now"]["best"]["geomean"] == pytest.approx((2.05 * 1.3) ** 0.5)
     text = cost.compare_markdown(c)
     assert "before 500 (2 tasks), now 75" in text and "winning chain before compile-default, now triton-fusion" in text
     assert "4 of 6" in text and "within 1% of each other: 2 of 6" in text
@@ -205,3 +213,22 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
     batches.add("confirm winners", SimpleNamespace(jobs=1, wall_s=5.0, gpu_idle_share=0.2, lease_wait_s=0.0))
     assert batches.run["batches"][-1]["workers_per_gpu"] == 1  # the re-timing's own count
     assert (tmp_path / "run.json").exists()
+
+
+def test_another_run_of_the_sample_compared_with_against(bench, tmp_path, monkeypatch, capsys):
+    _, cost = bench
+    first, second = tmp_path / "first", tmp_path / "second"
+    for run, speedup in ((first, 1.1), (second, 1.12)):
+        run.mkdir()
+        report = _report([{"call": run.name, "device_s_total": 100.0}],
+                         [_row("a", "algebraic", speedup, [speedup - 0.01, speedup + 0.01], 1.0, [0.99, 1.01])],
+                         {"a": 10.0})
+        (run / "report.json").write_text(json.dumps(report))
+    monkeypatch.setattr(sys, "argv", ["builtin_cost.py", str(second), "--against", str(first)])
+    assert cost.main() == 0
+    text = capsys.readouterr().out
+    assert text.startswith("two runs of the sample on the 1 task(s)") and "before 100 (1 tasks), now 100" in text
+    monkeypatch.setattr(sys, "argv", ["builtin_cost.py", str(second), "--against", str(tmp_path / "none")])
+    with pytest.raises(SystemExit):
+        cost.main()
+    assert "does not exist" in capsys.readouterr().err

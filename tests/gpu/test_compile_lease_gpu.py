@@ -100,6 +100,15 @@ class _Ranges:
 RANGES = _Ranges()
 
 
+def _ranges(events, kind: str) -> list[tuple[float, float]]:
+    """The host-side ranges of ``cudal1::<kind>``: the profiler also reports a range that encloses
+    GPU work as a ``gpu_user_annotation`` on the device's timeline, under the same name."""
+    from torch.autograd import DeviceType
+
+    return [(e.time_range.start, e.time_range.end) for e in events
+            if e.name == f"cudal1::{kind}" and e.device_type == DeviceType.CPU]
+
+
 @pytest.fixture(scope="module")
 def installed():
     if not torch.cuda.is_available():
@@ -149,8 +158,7 @@ def test_no_gpu_work_outside_inductors_steps_while_compiling_off_the_lease(name,
             torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
     events = list(prof.events())
-    spans = {kind: [(e.time_range.start, e.time_range.end) for e in events if e.name == f"cudal1::{kind}"]
-             for kind in ("off_lease", "gpu_step")}
+    spans = {kind: _ranges(events, kind) for kind in ("off_lease", "gpu_step")}
     work = [e for e in events if RUNTIME_WORK.match(e.name)]
     inside = lambda t, kind: any(a <= t <= b for a, b in spans[kind])  # noqa: E731
     escaped = sorted({e.name for e in work if inside(e.time_range.start, "off_lease")
@@ -201,7 +209,7 @@ def test_an_autotuning_compile_runs_no_gpu_work_in_the_steps_it_gives_the_lease_
             torch.cuda.synchronize()
     assert torch.isfinite(out.float()).all()
     events = list(prof.events())
-    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "cudal1::cpu_step"]
+    spans = _ranges(events, "cpu_step")
     work = [e for e in events if RUNTIME_WORK.match(e.name)]
     escaped = sorted({e.name for e in work if any(a <= e.time_range.start <= b for a, b in spans)})
     record = {"model": name, "cpu_steps": len(spans), "cpu_step_s": round(sum(b - a for a, b in spans) / 1e6, 2),
@@ -229,10 +237,10 @@ def test_no_gpu_work_while_triton_compiles_off_the_lease(installed, tmp_path, mo
         torch.cuda.synchronize()
     assert torch.allclose(out, (a.double() @ b.double()).float(), rtol=1e-4, atol=1e-3)
     events = list(prof.events())
-    spans = [(e.time_range.start, e.time_range.end) for e in events if e.name == "cudal1::off_lease"]
+    spans = _ranges(events, "off_lease")
     work = [e for e in events if RUNTIME_WORK.match(e.name)]
     escaped = sorted({e.name for e in work if any(a <= e.time_range.start <= b for a, b in spans)})
-    alone = [(e.time_range.start, e.time_range.end) for e in events if e.name == "cudal1::alone"]
+    alone = _ranges(events, "alone")
     timed_alone = sum(any(a <= e.time_range.start <= b for a, b in alone) for e in work if "Launch" in e.name)
     record = {"model": "gemm_3xtf32_triton", "off_lease_spans": len(spans), "runtime_calls": len(work),
               "escaped": escaped, "alone_spans": len(alone), "launches_alone": timed_alone}
