@@ -37,9 +37,11 @@ again (:mod:`builtin_rejudge`: for verdicts a since-fixed judge problem decided)
 Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` and the rewrite cache as
 ``OUT/rewrites.tgz`` (restored when the plain files are missing or older; rewritten at the end of
 every call, also when SIGINT or SIGTERM cut it short), so ``OUT`` moves between machines as it is
-(or as ``--pack``'s tar.gz): run the same command again.  Under ``benchmarks/runs/`` git keeps only
-a run's selection (``tasks.jsonl``); benchmarks/README.md ("Run state") says where earlier runs'
-state is kept and how to restore it.
+(or as ``--pack``'s tar.gz): run the same command again.  ``--drain-after S`` stops a call without
+losing work in flight: after S seconds no new verdict starts, the running ones finish and are
+recorded, and the call ends as a cut one does (:mod:`cudal1.harness.parent.drain`).  Under
+``benchmarks/runs/`` git keeps only a run's selection (``tasks.jsonl``); benchmarks/README.md
+("Run state") says where earlier runs' state is kept and how to restore it.
 """
 
 from __future__ import annotations
@@ -67,6 +69,7 @@ from builtin_confirm import confirm
 from builtin_figures import builtin_figures, finished, markdown, task_rows
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.config import CONFIG_FILE, ConfigError, EvalConfig, config_changes, keep_previous_config, saved_config
+from cudal1.harness.parent import drain
 from cudal1.tasks import load_tasks
 from cudal1.types import Task
 
@@ -204,13 +207,15 @@ class Batches:
         self._append({"what": what, "jobs": stats.jobs, "wall_s": stats.wall_s,
                       "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s})
 
-    def cut(self) -> None:
-        """The call was stopped inside a batch: the time since the last whole batch, as a batch of
-        the current stage marked ``cut`` (its verdicts are kept; its device idle share and lease
-        waits are not known), so the call's device seconds hold all the work it did."""
+    def cut(self, how: str = "cut") -> None:
+        """The call was stopped inside a batch (``how``: cut, or drained: its running verdicts
+        finished first): the time since the last whole batch, as a batch of the current stage
+        marked ``cut`` (its verdicts are kept; its device idle share and lease waits are not known),
+        so the call's device seconds hold all the work it did."""
         if self.since is not None:
-            self._append({"what": f"{self.stage} (cut)", "jobs": self.verdicts, "wall_s": time.monotonic() - self.since,
-                          "gpu_idle_share": None, "lease_wait_s": None, "cut": True})
+            self._append({"what": f"{self.stage} ({how})", "jobs": self.verdicts,
+                          "wall_s": time.monotonic() - self.since, "gpu_idle_share": None, "lease_wait_s": None,
+                          "cut": True})
 
     def _append(self, batch: dict[str, Any]) -> None:
         workers = self.confirm_workers if batch["what"].startswith("confirm") else self.workers
@@ -373,6 +378,9 @@ def main() -> int:
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
                     help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
                          "and print the device seconds per task of each")
+    ap.add_argument("--drain-after", type=float, default=None, metavar="S",
+                    help="after S seconds start no new verdict, let the running ones finish, then stop like a cut "
+                         "call (nothing in flight is lost; a hard limit, e.g. timeout's, stays the backstop)")
     ap.add_argument(
         "--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)"
     )
@@ -415,15 +423,19 @@ def main() -> int:
                       compile_lease=args.compile_lease,
                       confirm_workers=args.confirm_workers_per_gpu)
     code = 0
+    if args.drain_after is not None and not args.report_only:
+        drain.after(args.drain_after)
     try:
         if not args.report_only:
             batches.finished("before", _finished(out, tasks, judge, rules_of, modes))
             search(args, out, tasks, judge, batches)
         if args.cost_probe:
             cost_probe(args, out, tasks, judge, rules_of, modes)
-    except KeyboardInterrupt:
-        print("\ncut short: every verdict so far is kept; run the same command again to resume", flush=True)
-        batches.cut()
+    except KeyboardInterrupt as exc:
+        drained = isinstance(exc, drain.Drained)
+        print(f"\n{'drained' if drained else 'cut short'}: every verdict so far is kept; run the same command "
+              "again to resume", flush=True)
+        batches.cut("drained" if drained else "cut")
         code = 130
     finally:
         snapshot_store(out)

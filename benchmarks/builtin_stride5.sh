@@ -6,6 +6,9 @@
 #   bash benchmarks/builtin_stride5.sh probe    # the cost levers off and on, on 3 finished tasks (~4-6 min)
 #   bash benchmarks/builtin_stride5.sh resume   # continue the run for 530 s (run it again until done)
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
+#   STRIDE5_DRAIN=90 bash benchmarks/builtin_stride5.sh resume      # start no verdict in the part's last 90 s
+#                                                                   # (default 60; the running ones finish: --drain-after;
+#                                                                   # 0: none, the timeout cuts them)
 #   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
 #   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 2; timing stays
 #                                                                   # exclusive; not in the config hash)
@@ -20,8 +23,9 @@
 #        one's best compile mode), from empty caches with the levers on, then off, outside the run
 #        store: device seconds per task of each, and whether every speedup stays inside the other
 #        pass's 95% interval (benchmarks/builtin_cost.py).  Judges nothing into the run.
-# resume: the recorded command; stopped by SIGINT it keeps whole tasks, and its report ends with
-#        the call's device seconds per finished task (levers on, the default).
+# resume: the recorded command; STRIDE5_DRAIN s before its end it starts no new verdict and lets the
+#        running ones finish (a verdict still running at the end is cut by SIGINT, and lost); it
+#        keeps whole tasks, and its report ends with the call's device seconds per finished task.
 # Both write $OUT/stride5_state.tgz (unpack it into the run's folder here to keep the state)
 # and their log to $OUT; a summary is printed last.
 set -u
@@ -52,9 +56,12 @@ case "$step" in
     REJUDGE=()
     for t in ${STRIDE5_REJUDGE:-}; do REJUDGE+=(--rejudge "$t"); done
     [ ${#REJUDGE[@]} -eq 0 ] || REJUDGE+=(--rejudge-reason "${STRIDE5_REJUDGE_REASON:-verdicts of a judge fixed since}")
-    timeout -s INT "${STRIDE5_SECONDS:-530}" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" "${REJUDGE[@]}" \
+    SECONDS_=${STRIDE5_SECONDS:-530}
+    DRAIN=()
+    [ "${STRIDE5_DRAIN:-60}" -gt 0 ] && DRAIN=(--drain-after $((SECONDS_ - ${STRIDE5_DRAIN:-60})))
+    timeout -s INT "$SECONDS_" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" "${REJUDGE[@]}" "${DRAIN[@]}" \
       >"$OUT/stride5_resume.log" 2>&1
-    echo "resume rc=$? (130: cut short by the timeout, whole tasks kept)"
+    echo "resume rc=$? (130: drained or cut short, 124: cut by the timeout; whole tasks kept either way)"
     grep -E '^(re-judging|tasks [0-9]|cost|Where a compile)' "$OUT/stride5_resume.log"
     tail -22 "$OUT/stride5_resume.log"
     ;;

@@ -103,6 +103,33 @@ def test_lane_takes_ready_work_first_and_never_waits_on_a_queued_build(fake, tmp
     assert judged["p1"] < built["b1"]  # the lane started on ready work while the first build still ran
 
 
+def test_a_drain_lets_running_jobs_finish_and_starts_no_other(fake, tmp_path):
+    """Requested as the first verdict arrives: the other lane's running job finishes and is
+    handed over, nothing else starts, and the batch raises Drained (a KeyboardInterrupt)."""
+    from cudal1.harness.parent import drain
+
+    jobs = [job(f"p{i}", False) for i in range(6)]
+    got: list[int] = []
+
+    def on_result(i: int, r: EvalResult) -> None:
+        got.append(i)
+        drain.request()
+
+    try:
+        with pytest.raises(drain.Drained, match=r"drained: \d job\(s\) not started") as raised:
+            run_jobs(jobs, config(tmp_path, 1).replace(workers_per_gpu=2), plan=DevicePlan("cpu", (None,), ""),
+                     on_result=on_result)
+        assert isinstance(raised.value, KeyboardInterrupt)  # stops whatever stops on Ctrl-C
+        started = sorted(label for e, label, _ in fake.log if e == "judge_start")
+        assert started == [f"p{i}" for i in sorted(got)]  # every job started was judged and handed over
+        assert sorted(got) == list(range(len(got))) and len(got) <= 3  # the lanes' jobs when it came, no more
+        with pytest.raises(drain.Drained):  # the drain lasts: a later batch starts nothing
+            run_jobs(jobs[2:], config(tmp_path, 1), plan=DevicePlan("cpu", (None,), ""))
+    finally:
+        drain.clear()
+    assert len(run_jobs(jobs[2:], config(tmp_path, 1), plan=DevicePlan("cpu", (None,), ""))) == 4
+
+
 def test_builds_start_at_once_up_to_the_budget_not_the_lanes(fake, tmp_path):
     jobs = [job(f"b{i}", True) for i in range(4)]
     stats = []

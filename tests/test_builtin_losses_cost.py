@@ -212,6 +212,10 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
     batches.begin("confirm")
     batches.add("confirm winners", SimpleNamespace(jobs=1, wall_s=5.0, gpu_idle_share=0.2, lease_wait_s=0.0))
     assert batches.run["batches"][-1]["workers_per_gpu"] == 1  # the re-timing's own count
+    now[0] = 270.0
+    batches.cut("drained")  # --drain-after: its running verdicts finished before the call ended
+    assert batches.run["batches"][-1]["what"] == "confirm (drained)" and batches.run["batches"][-1]["cut"]
+    assert cost.call_costs(batches.run, {})[0]["device_s"]["confirm"] == 5.0 + 20.0
     assert (tmp_path / "run.json").exists()
 
 

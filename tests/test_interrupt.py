@@ -83,3 +83,31 @@ def test_a_stopped_run_keeps_its_verdicts_and_resumes(tmp_path, sig):
     assert recorded(out / "cudal1.sqlite") == N  # the kept verdicts were not judged again
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert len(rows) == N and {r["status"] for r in rows} == {"ok"}
+
+
+def test_sigusr1_drains_the_run_the_running_verdict_finishes_and_is_kept(tmp_path):
+    source = (REPO / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
+    # every candidate but the first takes 4 s in its import: the drain must wait for it, not kill it
+    pause = "\nimport time as _time\n_time.sleep(4)\n"
+    cands = tmp_path / "cands.jsonl"
+    cands.write_text("".join(json.dumps({"task": "diag_matmul", "code": f"{source}\n# variant {i}\n"
+                                         + (pause if i else ""), "label": f"v{i}"}) + "\n" for i in range(N)))
+    (tmp_path / "judge.yaml").write_text(small_config())
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "cudal1.cli.main", "judge-suite", "--candidates", str(cands), "--suite",
+           str(SMALL_DIAG), "--config", str(tmp_path / "judge.yaml"), "--out", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=cli_env(tmp_path / "cache"), cwd=tmp_path, preexec_fn=_default_sigint)
+    deadline = time.monotonic() + 180
+    while recorded(out / "cudal1.sqlite") < 1 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    while not worker_running(proc.pid) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert worker_running(proc.pid), "no worker running after the first verdict"
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    assert "cudal1: draining" in err and "cudal1: drained (results recorded so far are kept)" in err
+    assert "Traceback" not in err
+    with sqlite3.connect(out / "cudal1.sqlite") as con:  # the running one finished; no other started
+        assert [row[0] for row in con.execute("SELECT status FROM evaluations")] == ["ok", "ok"]

@@ -162,6 +162,15 @@ def _interrupt(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def _drain(signum: int, _frame: object) -> None:
+    """SIGUSR1: judged jobs finish and are kept, no new one starts (:mod:`cudal1.harness.parent.drain`)."""
+    from cudal1.harness.parent import drain
+
+    if not drain.requested():
+        print("cudal1: draining: the running verdicts finish, no other starts", file=sys.stderr, flush=True)
+    drain.request()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -171,10 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _interrupt) if in_main else None  # a kill stops like Ctrl-C
+    previous_usr1 = signal.signal(signal.SIGUSR1, _drain) if in_main else None
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("cudal1: interrupted (results recorded so far are kept)", file=sys.stderr)
+    except KeyboardInterrupt as exc:
+        what = "drained" if type(exc).__name__ == "Drained" else "interrupted"
+        print(f"cudal1: {what} (results recorded so far are kept)", file=sys.stderr)
         return 130
     except _user_errors() as exc:
         print(f"cudal1: error: {one_line(exc)}", file=sys.stderr)
@@ -193,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if in_main:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
+            signal.signal(signal.SIGUSR1, previous_usr1 if previous_usr1 is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ build finished) and sleeps until a build finishes when none is; it never commits
 has not started.  With several workers per GPU, a job that ran out of memory beside its
 neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``rejudged_alone``),
 and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`).
+A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no other, and
+raises ``Drained`` for those it never started.
 ``on_result(index, result)`` is called from a lane thread as each verdict arrives, ``on_stats``
 once after the batch (:class:`~cudal1.harness.parent.batchstats.BatchStats`).  An interrupt stops every
 lane and kills running workers; their jobs leave no verdict.
@@ -20,6 +22,7 @@ from typing import Any, Callable
 
 from cudal1.config import EvalConfig
 from cudal1.harness import build
+from cudal1.harness.parent import drain
 from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
 from cudal1.harness.parent.evaluator import Evaluator
 from cudal1.harness.parent.plan import BACKENDS, DevicePlan, HarnessError, Job
@@ -170,6 +173,7 @@ class _LocalBatch:
         if self.failures:
             raise self.failures[0]
         missing = [i for i, r in enumerate(self.results) if r is None]
+        drain.check(len(missing))
         if missing:
             raise HarnessError(f"internal error: no result for job(s) {missing}")
         self._record_builds()
@@ -191,10 +195,10 @@ class _LocalBatch:
 
     def take(self) -> int | None:
         """The first pending job that is ready (no build, or its build done); sleeps until a
-        build finishes when none is; None when nothing is left (or a lane failed)."""
+        build finishes when none is; None when nothing is left (or a lane failed, or a drain began)."""
         with self.ready:
             while True:
-                if self.failures or self.stopping or not self.pending:
+                if self.failures or self.stopping or not self.pending or drain.requested():
                     return None
                 ready = next((i for i in self.pending if i not in self.tickets or self.tickets[i].done), None)
                 if ready is not None:

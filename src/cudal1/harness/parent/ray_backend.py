@@ -21,6 +21,8 @@ Contract:
   ``MAX_ATTEMPTS`` times in all; after that the job gets a ``runtime_error`` naming the lost
   actor.  Build tasks lost with their node are retried by Ray; one that still fails leaves its job
   to be built by the judging worker.
+- A drain (:mod:`cudal1.harness.parent.drain`) dispatches and builds nothing more; the jobs out
+  finish, and the batch raises ``Drained`` for the rest.
 - Without an address a local cluster is started, bound to the loopback interface, with no
   dashboard.  Ray is optional (the ``distributed`` extra); this module imports it only inside
   functions, and a missing Ray is one line naming the extra.
@@ -44,6 +46,7 @@ from typing import Any, Callable
 import cudal1
 from cudal1.config import EvalConfig
 from cudal1.extras import require
+from cudal1.harness.parent import drain
 from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
 from cudal1.harness.parent.evaluator import Evaluator
 from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
@@ -279,6 +282,9 @@ class _RayBatch:
         evals: dict[Any, tuple[int, Slot, Any]] = {}  # ref -> (job, slot, the actor it went to)
         build_opts = self.pool.build_fn.options(num_cpus=self.budget.max_jobs)
         while keys or build_refs or evals or self.ready:
+            if drain.requested():  # the jobs out finish; nothing else is built or dispatched
+                keys.clear()
+                self.ready.clear()
             while keys and len(build_refs) < self.max_builds:
                 key = keys.pop(0)
                 job = self.jobs[groups[key][0]]
@@ -299,6 +305,7 @@ class _RayBatch:
                     self._judged(ref, *evals.pop(ref), t0)
         self._close()
         missing = [i for i, r in enumerate(self.results) if r is None]
+        drain.check(len(missing))
         if missing:
             raise HarnessError(f"internal error: no result for job(s) {missing}")
         if on_stats is not None:
