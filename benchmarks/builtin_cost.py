@@ -71,6 +71,16 @@ def compile_s(phase_s: dict[str, float] | None) -> float:
     return seconds_in(phase_s, COMPILE_PHASES)
 
 
+def phase_sums(phase_s: list[dict[str, float] | None]) -> dict[str, float]:
+    """Seconds per lease-held phase (:data:`GPU_PHASES`), summed over verdicts."""
+    sums: dict[str, float] = {}
+    for one in phase_s:
+        for phase, secs in (one or {}).items():
+            if phase in GPU_PHASES:
+                sums[phase] = sums.get(phase, 0.0) + secs
+    return sums
+
+
 def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, Any]]:
     """Per task id: lease-held and compile seconds of its search verdicts (the reference anchor
     included), its baselines and its re-timings, under the run's judge configuration."""
@@ -92,6 +102,9 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
         base = [r for r in rec.baselines.values() if mine(r)]
         again = [c for k, c in confirmed.items() if k.startswith(t.task_id + "|") and "phase_s" in c]
         costs[t.task_id] = {
+            "phases": {"search": phase_sums([r.phase_s for r in search]),
+                       "baselines": phase_sums([r.phase_s for r in base]),
+                       "confirm": phase_sums([c["phase_s"] for c in again])},
             "search": {"verdicts": len(search), "held_s": sum(held_s(r.phase_s) for r in search),
                        "compile_s": sum(compile_s(r.phase_s) for r in search),
                        "compiling_s": sum(seconds_in(r.phase_s, COMPILING_PHASES) for r in search)},
@@ -139,8 +152,17 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> 
     for task_id, c in costs.items():
         if c["baselines"]["verdicts"]:
             levels.setdefault(task_id.split("/", 1)[0] if "/" in task_id else "-", []).append(total(c))
+    by_phase: dict[str, dict[str, float]] = {}
+    for c in costs.values():
+        for stage, sums in c.get("phases", {}).items():
+            for phase, secs in sums.items():
+                by_phase.setdefault(stage, {})[phase] = by_phase.setdefault(stage, {}).get(phase, 0.0) + secs
+    finished = sum(c["finished"] or 0 for c in calls)
+    device_s = sum(c["device_s_total"] for c in calls)
     return {
         "tasks": len(full),
+        "device_s": {"total": device_s, "finished": finished, "per_task": device_s / finished if finished else None},
+        "held_s_by_phase": {stage: dict(sorted(v.items(), key=lambda kv: -kv[1])) for stage, v in by_phase.items()},
         "held_s_by_level": {k: {"tasks": len(v), "total": med(v)} for k, v in sorted(levels.items())},
         "held_s_per_task": {
             "search": med([c["search"]["held_s"] for c in full]),
@@ -174,6 +196,14 @@ def markdown(cost: dict[str, Any]) -> str:
         lines.append(f"cost of call {c['call']} (levers {c['levers'] or 'n/a'}{workers}): device seconds {kinds} "
                      f"= {c['device_s_total']:.0f} for {c['finished'] if c['finished'] is not None else '?'} "
                      f"task(s) finished: {f(c['device_s_per_task'])} s per task")
+    d = cost.get("device_s")
+    if d and len(cost["calls"]) > 1:
+        lines.append(f"cost of all {len(cost['calls'])} calls: device seconds {d['total']:.0f} for {d['finished']} "
+                     f"task(s) finished: {f(d['per_task'])} s per task")
+    if cost.get("held_s_by_phase"):
+        lines.append("lease-held seconds by phase, all tasks: " + "; ".join(
+            f"{stage} " + ", ".join(f"{p} {v:.0f}" for p, v in phases.items())
+            for stage, phases in cost["held_s_by_phase"].items() if phases))
     return "\n".join(lines)
 
 

@@ -117,6 +117,27 @@ def test_lease_held_seconds_by_level_and_compile_phase(bench):
     assert cost.compile_s({"construct": 1.0, "compile": 20.0, "correctness": 3.0, "timing": 2.0}) == 24.0
 
 
+def test_the_whole_runs_device_seconds_per_task_and_held_seconds_by_phase(bench):
+    """Over every call (one that finished nothing included: its work is on later tasks), and the
+    lease-held phases of every verdict summed per stage, largest first (never setup or import)."""
+    _, cost = bench
+    costs = {"level1/3": {"phases": {"search": cost.phase_sums([{"timing": 2.0, "correctness": 3.0, "import": 9.0},
+                                                                {"correctness": 1.5, "setup": 4.0}]),
+                                     "confirm": cost.phase_sums([{"timing": 1.0}, None])},
+                          "search": {"verdicts": 2, "held_s": 6.5}, "baselines": {"verdicts": 0, "held_s": 0.0},
+                          "confirm": {"verdicts": 2, "held_s": 1.0}}}
+    calls = cost.call_costs({"batches": [{"what": "search (cut)", "jobs": 3, "wall_s": 90.0, "call": "c1"},
+                                         {"what": "search", "jobs": 5, "wall_s": 60.0, "call": "c2"},
+                                         {"what": "baselines (drained)", "jobs": 2, "wall_s": 30.0, "call": "c2"}]},
+                            {"c1": 0, "c2": 2})
+    summary = cost.summarize(costs, calls)
+    assert summary["device_s"] == {"total": 180.0, "finished": 2, "per_task": 90.0}
+    assert summary["held_s_by_phase"] == {"search": {"correctness": 4.5, "timing": 2.0}, "confirm": {"timing": 1.0}}
+    text = cost.markdown(summary | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
+    assert "cost of all 2 calls: device seconds 180 for 2 task(s) finished: 90 s per task" in text
+    assert "lease-held seconds by phase, all tasks: search correctness 4, timing 2; confirm timing 1" in text
+
+
 def test_the_probe_says_which_speedups_stay_inside_their_intervals(bench):
     _, cost = bench
     on = {"t|compile-default": {"status": "ok", "speedup": 1.02, "speedup_ci": [1.00, 1.04]},
