@@ -81,6 +81,17 @@ def phase_sums(phase_s: list[dict[str, float] | None]) -> dict[str, float]:
     return sums
 
 
+def step_sums(spent: list[dict[str, float] | None]) -> dict[str, float]:
+    """Seconds per step of the correctness phase (the verdicts' ``figures["correctness_cost"]``,
+    recorded since 2026-12-04), summed over verdicts."""
+    sums: dict[str, float] = {}
+    for one in spent:
+        for key, ms in (one or {}).items():
+            if key.endswith("_ms") and key != "total_ms":
+                sums[key[:-3]] = sums.get(key[:-3], 0.0) + ms / 1e3
+    return sums
+
+
 def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, Any]]:
     """Per task id: lease-held and compile seconds of its search verdicts (the reference anchor
     included), its baselines and its re-timings, under the run's judge configuration."""
@@ -102,6 +113,7 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
         base = [r for r in rec.baselines.values() if mine(r)]
         again = [c for k, c in confirmed.items() if k.startswith(t.task_id + "|") and "phase_s" in c]
         costs[t.task_id] = {
+            "correctness_steps": step_sums([r.figures.get("correctness_cost") for r in search + base]),
             "phases": {"search": phase_sums([r.phase_s for r in search]),
                        "baselines": phase_sums([r.phase_s for r in base]),
                        "confirm": phase_sums([c["phase_s"] for c in again])},
@@ -157,12 +169,17 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> 
         for stage, sums in c.get("phases", {}).items():
             for phase, secs in sums.items():
                 by_phase.setdefault(stage, {})[phase] = by_phase.setdefault(stage, {}).get(phase, 0.0) + secs
+    steps: dict[str, float] = {}
+    for c in costs.values():
+        for step, secs in c.get("correctness_steps", {}).items():
+            steps[step] = steps.get(step, 0.0) + secs
     finished = sum(c["finished"] or 0 for c in calls)
     device_s = sum(c["device_s_total"] for c in calls)
     return {
         "tasks": len(full),
         "device_s": {"total": device_s, "finished": finished, "per_task": device_s / finished if finished else None},
         "held_s_by_phase": {stage: dict(sorted(v.items(), key=lambda kv: -kv[1])) for stage, v in by_phase.items()},
+        "correctness_s_by_step": dict(sorted(steps.items(), key=lambda kv: -kv[1])),
         "held_s_by_level": {k: {"tasks": len(v), "total": med(v)} for k, v in sorted(levels.items())},
         "held_s_per_task": {
             "search": med([c["search"]["held_s"] for c in full]),
@@ -204,6 +221,9 @@ def markdown(cost: dict[str, Any]) -> str:
         lines.append("lease-held seconds by phase, all tasks: " + "; ".join(
             f"{stage} " + ", ".join(f"{p} {v:.0f}" for p, v in phases.items())
             for stage, phases in cost["held_s_by_phase"].items() if phases))
+    if cost.get("correctness_s_by_step"):
+        lines.append("correctness phase by step, search and baselines: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in cost["correctness_s_by_step"].items()))
     return "\n".join(lines)
 
 

@@ -125,6 +125,10 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
     corr = v.correctness
     if corr:
         r.correctness = Correctness(**{k: v for k, v in corr.items() if k in Correctness.__dataclass_fields__})
+        spent = corr.get("cost_ms")
+        if isinstance(spent, dict):  # where the correctness phase's wall went (information only)
+            r.figures["correctness_cost"] = {str(k): float(x) for k, x in spent.items()
+                                             if isinstance(x, (int, float)) and not isinstance(x, bool)}
     _timings(v.timing, config, r)
     return r
 

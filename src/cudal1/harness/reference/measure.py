@@ -94,8 +94,13 @@ class Measurement:
 
     # ---- correctness -------------------------------------------------------------------------
     def correctness(self, ref_model: Any, link: CandidateLink, seed0: int, trials: int) -> tuple[dict, dict]:
-        """Fresh inputs per trial; the reference runs here, the candidate in its own process."""
+        """Fresh inputs per trial; the reference runs here, the candidate in its own process.
+        Where the phase's wall goes is ``corr["cost_ms"]`` (:class:`Spans`: inputs, the float64
+        answer, the reference, the candidate's first call and the rest, the input check, the
+        comparison), information only."""
         est: dict[str, list[float]] = {"ref": [], "cand": []}
+        spans = Spans()
+        span = spans.span
         layouts: set[tuple] = set()  # the reference's output layouts: one, unless they depend on the inputs
         corr = {
             "trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None,
@@ -103,28 +108,38 @@ class Measurement:
         }
         for i in range(trials):
             corr["trials"] = i + 1
-            inputs = self.make_inputs(seed0 + i)
-            exact = self.answers.take(seed0 + i)
-            if exact is None and self.exact is not None:
-                exact = self.exact(cmp.clone_tree(inputs))
-            ref_out, ms = self.run_model(ref_model, cmp.clone_tree(inputs))
+            corr["cost_ms"] = spans.as_dict()  # so far: a failing trial's verdict carries it too
+            with span("inputs"):
+                inputs = self.make_inputs(seed0 + i)
+                self.sync()  # each span's device work ends inside it (run_model syncs first anyway)
+            with span("exact"):
+                exact = self.answers.take(seed0 + i)
+                if exact is None and self.exact is not None:
+                    exact = self.exact(cmp.clone_tree(inputs))
+                self.sync()
+            with span("reference"):
+                ref_out, ms = self.run_model(ref_model, cmp.clone_tree(inputs))
             est["ref"].append(ms)
             layouts.add(
                 tuple((str(x.dtype), tuple(x.shape)) for x in output_leaves(ref_out) if isinstance(x, torch.Tensor))
             )
             self.fixed_layout = len(layouts) == 1
             try:
-                cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
+                with span("candidate_first" if i == 0 else "candidate"):
+                    cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
             except Verdict as v:
                 v.extra.setdefault("correctness", corr)
                 raise
             est["cand"].append(ms)
-            if not link.inputs_intact(inputs):
+            with span("intact"):
+                intact = link.inputs_intact(inputs)
+            if not intact:
                 raise Verdict(
                     "rejected", f"trial {i}: the input slots were written", "input_mutation", correctness=corr
                 )
             rule = self.spec.tolerances
-            mismatch, errors = compare_described(ref_out, cand_out, rule, self.device.type, exact)
+            with span("compare"):
+                mismatch, errors = compare_described(ref_out, cand_out, rule, self.device.type, exact)
             del exact
             record_rule(corr, errors, rule, self.exact)
             for check in errors.exact:
@@ -143,6 +158,7 @@ class Measurement:
                 raise Verdict(status, f"trial {i}: {mismatch.detail}", mismatch.flag, correctness=corr)
             corr["passed"] = i + 1
             del ref_out, cand_out, inputs
+        corr["cost_ms"] = spans.as_dict()
         return est, corr
 
     def exact_reference(self, ref_model: Any) -> ExactReference | None:
