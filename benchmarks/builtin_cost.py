@@ -82,8 +82,8 @@ def phase_sums(phase_s: list[dict[str, float] | None]) -> dict[str, float]:
 
 
 def step_sums(spent: list[dict[str, float] | None]) -> dict[str, float]:
-    """Seconds per step of the correctness phase (the verdicts' ``figures["correctness_cost"]``,
-    recorded since 2026-12-04), summed over verdicts."""
+    """Seconds per step of a phase (the verdicts' ``figures["reference_cost"]`` or
+    ``["correctness_cost"]``, recorded since 2026-12-04), summed over verdicts."""
     sums: dict[str, float] = {}
     for one in spent:
         for key, ms in (one or {}).items():
@@ -113,7 +113,8 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
         base = [r for r in rec.baselines.values() if mine(r)]
         again = [c for k, c in confirmed.items() if k.startswith(t.task_id + "|") and "phase_s" in c]
         costs[t.task_id] = {
-            "correctness_steps": step_sums([r.figures.get("correctness_cost") for r in search + base]),
+            "steps": {phase: step_sums([r.figures.get(f"{phase}_cost") for r in search + base])
+                      for phase in ("reference", "correctness")},
             "phases": {"search": phase_sums([r.phase_s for r in search]),
                        "baselines": phase_sums([r.phase_s for r in base]),
                        "confirm": phase_sums([c["phase_s"] for c in again])},
@@ -169,17 +170,18 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> 
         for stage, sums in c.get("phases", {}).items():
             for phase, secs in sums.items():
                 by_phase.setdefault(stage, {})[phase] = by_phase.setdefault(stage, {}).get(phase, 0.0) + secs
-    steps: dict[str, float] = {}
+    steps: dict[str, dict[str, float]] = {}
     for c in costs.values():
-        for step, secs in c.get("correctness_steps", {}).items():
-            steps[step] = steps.get(step, 0.0) + secs
+        for phase, sums in c.get("steps", {}).items():
+            for step, secs in sums.items():
+                steps.setdefault(phase, {})[step] = steps.setdefault(phase, {}).get(step, 0.0) + secs
     finished = sum(c["finished"] or 0 for c in calls)
     device_s = sum(c["device_s_total"] for c in calls)
     return {
         "tasks": len(full),
         "device_s": {"total": device_s, "finished": finished, "per_task": device_s / finished if finished else None},
         "held_s_by_phase": {stage: dict(sorted(v.items(), key=lambda kv: -kv[1])) for stage, v in by_phase.items()},
-        "correctness_s_by_step": dict(sorted(steps.items(), key=lambda kv: -kv[1])),
+        "s_by_step": {phase: dict(sorted(v.items(), key=lambda kv: -kv[1])) for phase, v in steps.items() if v},
         "held_s_by_level": {k: {"tasks": len(v), "total": med(v)} for k, v in sorted(levels.items())},
         "held_s_per_task": {
             "search": med([c["search"]["held_s"] for c in full]),
@@ -221,9 +223,9 @@ def markdown(cost: dict[str, Any]) -> str:
         lines.append("lease-held seconds by phase, all tasks: " + "; ".join(
             f"{stage} " + ", ".join(f"{p} {v:.0f}" for p, v in phases.items())
             for stage, phases in cost["held_s_by_phase"].items() if phases))
-    if cost.get("correctness_s_by_step"):
-        lines.append("correctness phase by step, search and baselines: " + ", ".join(
-            f"{k} {v:.0f}" for k, v in cost["correctness_s_by_step"].items()))
+    for phase, steps in (cost.get("s_by_step") or {}).items():
+        lines.append(f"{phase} phase by step, search and baselines: " + ", ".join(
+            f"{k} {v:.0f}" for k, v in steps.items()))
     return "\n".join(lines)
 
 

@@ -121,8 +121,9 @@ def test_the_whole_runs_device_seconds_per_task_and_held_seconds_by_phase(bench)
     """Over every call (one that finished nothing included: its work is on later tasks), and the
     lease-held phases of every verdict summed per stage, largest first (never setup or import)."""
     _, cost = bench
-    costs = {"level1/3": {"correctness_steps": cost.step_sums([{"compare_ms": 1500.0, "total_ms": 4000.0,
-                                                                "candidate_first_ms": 2500.0}, None]),
+    costs = {"level1/3": {"steps": {"correctness": cost.step_sums([{"compare_ms": 1500.0, "total_ms": 4000.0,
+                                                                    "candidate_first_ms": 2500.0}, None]),
+                                    "reference": cost.step_sums([None])},
                           "phases": {"search": cost.phase_sums([{"timing": 2.0, "correctness": 3.0, "import": 9.0},
                                                                 {"correctness": 1.5, "setup": 4.0}]),
                                      "confirm": cost.phase_sums([{"timing": 1.0}, None])},
@@ -138,7 +139,7 @@ def test_the_whole_runs_device_seconds_per_task_and_held_seconds_by_phase(bench)
     text = cost.markdown(summary | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
     assert "cost of all 2 calls: device seconds 180 for 2 task(s) finished: 90 s per task" in text
     assert "lease-held seconds by phase, all tasks: search correctness 4, timing 2; confirm timing 1" in text
-    assert summary["correctness_s_by_step"] == {"candidate_first": 2.5, "compare": 1.5}  # total_ms left out
+    assert summary["s_by_step"] == {"correctness": {"candidate_first": 2.5, "compare": 1.5}}  # total_ms left out
     assert "correctness phase by step, search and baselines: candidate_first 2, compare 2" in text
 
 

@@ -103,6 +103,7 @@ def test_honest_broadcast_is_ok_and_timed(batch):
             "compare_ms", "kernel_names_ms", "total_ms"} <= set(spent)
     assert sum(spent[k] for k in spent if k not in ("total_ms", "other_ms", "kernel_names_ms")) <= spent["total_ms"]
     assert r.figures["cost"]["total_ms"] > 0
+    assert {"construct_ms", "exact_model_ms", "probe_ms", "answers_ms", "total_ms"} <= set(r.figures["reference_cost"])
 
 
 def test_timeout_is_killed_promptly(batch):

@@ -204,6 +204,7 @@ class WorkerVerdict:
     profile: dict[str, Any] | None = None  # cudal1.profile.Profiles as a dict (config.profile; information only)
     traceback: str = ""
     slots: str = ""  # how inputs and outputs crossed the two processes (CUDA IPC, or host memory and why)
+    reference_cost: dict[str, float] = field(default_factory=dict)  # the reference phase's spans, ms (information)
 
     @classmethod
     def from_message(cls, data: dict[str, Any]) -> "WorkerVerdict":
@@ -229,6 +230,9 @@ class WorkerVerdict:
             profile=data["profile"] if isinstance(data.get("profile"), dict) else None,
             traceback=str(data.get("traceback") or ""),
             slots=str(data.get("slots") or ""),
+            reference_cost={str(k): float(v) for k, v in (data.get("reference_cost") or {}).items()
+                            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if isinstance(data.get("reference_cost"), dict) else {},
         )
 
 

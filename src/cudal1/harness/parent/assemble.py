@@ -122,6 +122,8 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
         from cudal1.profile.model import Profiles
 
         r.profile = Profiles.from_dict(v.profile)
+    if v.reference_cost:  # where the reference phase's wall went (information only)
+        r.figures["reference_cost"] = dict(v.reference_cost)
     corr = v.correctness
     if corr:
         r.correctness = Correctness(**{k: v for k, v in corr.items() if k in Correctness.__dataclass_fields__})

@@ -34,6 +34,7 @@ from cudal1.harness.reference.degenerate import degenerate_reason, fingerprint
 from cudal1.harness.reference.link import CandidateGone, CandidateLink
 from cudal1.harness.reference.measure import Measurement
 from cudal1.harness.reference.outputs import scrub
+from cudal1.harness.reference.spans import Spans
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.slots import SlotPool
 from cudal1.harness.spec import PhaseLimits, WorkerSpec, binds_cpu_threads, calls_torch_compile
@@ -66,6 +67,7 @@ class RefWorker(Measurement):
         self.exact: ExactReference | None = None
         self.recheck_limits: dict[str, tuple[float, float]] = {}
         self.answers = ExactAnswers()
+        self.reference_spans = Spans()  # where the reference phase's wall goes (information only)
         self.lease: Lease | None = None
         self.link: CandidateLink | None = None
         self.resume_phase = ""
@@ -85,10 +87,16 @@ class RefWorker(Measurement):
             ref_mod = self.ref_mod = self.load_reference()
             phase = "reference"
             self.enter(phase, "shared")
+            span = self.reference_spans.span
             with torch.no_grad():
-                ref_model = self.construct_reference(ref_mod)
-                self.exact = self.exact_reference(ref_model)
+                with span("construct"):
+                    ref_model = self.construct_reference(ref_mod)
+                    self.sync()
+                with span("exact_model"):
+                    self.exact = self.exact_reference(ref_model)
+                    self.sync()
                 self.probe_task(ref_mod, ref_model)
+            result["reference_cost"] = self.reference_spans.as_dict()
             phase = "import"
             self.enter(phase, "none")  # the candidate imports (and builds) on the CPU
             link = self.link = CandidateLink(self.link_conn, SlotPool(self.device, self.spec.slot_dir), self.device,
@@ -291,32 +299,36 @@ class RefWorker(Measurement):
 
     def probe_task(self, ref_mod: Any, ref_model: Any) -> None:
         """Degenerate-task check and the float64 answers, on the reference alone."""
-        try:
-            prints = []
-            for i in range(3):
-                out = ref_model(*self.make_inputs(self.input_seed + i))
-                prints.append(fingerprint(out))
-                scrub(out)
-                del out
-            other = None
-            params = [p for p in ref_model.parameters() if p.is_floating_point()]
-            if params:
-                other_model = self.construct_reference(ref_mod, self.cfg.seed + 1)
-                other_params = [p for p in other_model.parameters() if p.is_floating_point()]
-                if any(not torch.equal(a, b) for a, b in zip(params, other_params)):
-                    other = fingerprint(other_model(*self.make_inputs(self.input_seed)))
-                del other_model, other_params
-        except Verdict:
-            raise
-        except BaseException as exc:  # noqa: BLE001
-            raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}", "reference_error",
-                          *_oom_flag(exc)) from None
+        with self.reference_spans.span("probe"):
+            try:
+                prints = []
+                for i in range(3):
+                    out = ref_model(*self.make_inputs(self.input_seed + i))
+                    prints.append(fingerprint(out))
+                    scrub(out)
+                    del out
+                other = None
+                params = [p for p in ref_model.parameters() if p.is_floating_point()]
+                if params:
+                    other_model = self.construct_reference(ref_mod, self.cfg.seed + 1)
+                    other_params = [p for p in other_model.parameters() if p.is_floating_point()]
+                    if any(not torch.equal(a, b) for a, b in zip(params, other_params)):
+                        other = fingerprint(other_model(*self.make_inputs(self.input_seed)))
+                    del other_model, other_params
+            except Verdict:
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}",
+                              "reference_error", *_oom_flag(exc)) from None
+            self.sync()
         self.degenerate = degenerate_reason(prints, other)
         if self.exact is not None:
             cache = self.spec.exact_cache
             trials = self.cfg.correctness_trials
-            self.answers.prepare(self.exact, [self.input_seed + i for i in range(trials)], self.make_inputs,
-                                 cache.path if cache else None, cache.digest if cache else None)
+            with self.reference_spans.span("answers"):
+                self.answers.prepare(self.exact, [self.input_seed + i for i in range(trials)], self.make_inputs,
+                                     cache.path if cache else None, cache.digest if cache else None)
+                self.sync()
         self.sender.send("task", degenerate=self.degenerate, exact_digest=self.answers.digest,
                          exact_source=self.answers.source)
 
