@@ -71,13 +71,22 @@ def compile_s(phase_s: dict[str, float] | None) -> float:
     return seconds_in(phase_s, COMPILE_PHASES)
 
 
+def _add(into: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    """``into`` with ``more``'s seconds added key by key."""
+    for key, secs in more.items():
+        into[key] = into.get(key, 0.0) + secs
+    return into
+
+
+def _largest_first(sums: dict[str, float]) -> dict[str, float]:
+    return dict(sorted(sums.items(), key=lambda kv: -kv[1]))
+
+
 def phase_sums(phase_s: list[dict[str, float] | None]) -> dict[str, float]:
     """Seconds per lease-held phase (:data:`GPU_PHASES`), summed over verdicts."""
     sums: dict[str, float] = {}
     for one in phase_s:
-        for phase, secs in (one or {}).items():
-            if phase in GPU_PHASES:
-                sums[phase] = sums.get(phase, 0.0) + secs
+        _add(sums, {phase: secs for phase, secs in (one or {}).items() if phase in GPU_PHASES})
     return sums
 
 
@@ -86,9 +95,7 @@ def step_sums(spent: list[dict[str, float] | None]) -> dict[str, float]:
     ``["correctness_cost"]``, recorded since 2026-12-04), summed over verdicts."""
     sums: dict[str, float] = {}
     for one in spent:
-        for key, ms in (one or {}).items():
-            if key.endswith("_ms") and key != "total_ms":
-                sums[key[:-3]] = sums.get(key[:-3], 0.0) + ms / 1e3
+        _add(sums, {key[:-3]: ms / 1e3 for key, ms in (one or {}).items() if key.endswith("_ms") and key != "total_ms"})
     return sums
 
 
@@ -165,23 +172,19 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> 
     for task_id, c in costs.items():
         if c["baselines"]["verdicts"]:
             levels.setdefault(task_id.split("/", 1)[0] if "/" in task_id else "-", []).append(total(c))
-    by_phase: dict[str, dict[str, float]] = {}
+    by_phase: dict[str, dict[str, float]] = {}  # stage -> phase -> seconds
+    steps: dict[str, dict[str, float]] = {}  # phase -> step -> seconds
     for c in costs.values():
-        for stage, sums in c.get("phases", {}).items():
-            for phase, secs in sums.items():
-                by_phase.setdefault(stage, {})[phase] = by_phase.setdefault(stage, {}).get(phase, 0.0) + secs
-    steps: dict[str, dict[str, float]] = {}
-    for c in costs.values():
-        for phase, sums in c.get("steps", {}).items():
-            for step, secs in sums.items():
-                steps.setdefault(phase, {})[step] = steps.setdefault(phase, {}).get(step, 0.0) + secs
+        for totals, key in ((by_phase, "phases"), (steps, "steps")):
+            for name, sums in c.get(key, {}).items():
+                _add(totals.setdefault(name, {}), sums)
     finished = sum(c["finished"] or 0 for c in calls)
     device_s = sum(c["device_s_total"] for c in calls)
     return {
         "tasks": len(full),
         "device_s": {"total": device_s, "finished": finished, "per_task": device_s / finished if finished else None},
-        "held_s_by_phase": {stage: dict(sorted(v.items(), key=lambda kv: -kv[1])) for stage, v in by_phase.items()},
-        "s_by_step": {phase: dict(sorted(v.items(), key=lambda kv: -kv[1])) for phase, v in steps.items() if v},
+        "held_s_by_phase": {stage: _largest_first(v) for stage, v in by_phase.items()},
+        "s_by_step": {phase: _largest_first(v) for phase, v in steps.items() if v},
         "held_s_by_level": {k: {"tasks": len(v), "total": med(v)} for k, v in sorted(levels.items())},
         "held_s_per_task": {
             "search": med([c["search"]["held_s"] for c in full]),

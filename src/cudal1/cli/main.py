@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt as exc:
-        what = "drained" if type(exc).__name__ == "Drained" else "interrupted"
+        from cudal1.harness.parent.drain import Drained  # threading only: no judge imported
+
+        what = "drained" if isinstance(exc, Drained) else "interrupted"
         print(f"cudal1: {what} (results recorded so far are kept)", file=sys.stderr)
         return 130
     except _user_errors() as exc:

@@ -230,10 +230,16 @@ class WorkerVerdict:
             profile=data["profile"] if isinstance(data.get("profile"), dict) else None,
             traceback=str(data.get("traceback") or ""),
             slots=str(data.get("slots") or ""),
-            reference_cost={str(k): float(v) for k, v in (data.get("reference_cost") or {}).items()
-                            if isinstance(v, (int, float)) and not isinstance(v, bool)}
-            if isinstance(data.get("reference_cost"), dict) else {},
+            reference_cost=numbers_in(data.get("reference_cost")),
         )
+
+
+def numbers_in(value: Any) -> dict[str, float]:
+    """The number-valued entries of a dict from a worker's message (a span table), as floats;
+    {} when it is not a dict."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def calls_torch_compile(spec: WorkerSpec | CandidateSpec) -> bool:

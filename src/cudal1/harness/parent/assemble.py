@@ -19,7 +19,7 @@ from cudal1.harness.faults import is_cuda_fault
 from cudal1.harness.figures import FIGURES, figures, median
 from cudal1.harness.parent.sandbox import JobOutcome
 from cudal1.harness.parent.stats import cpu_protocol_ci, host_contention, speedup, speedup_ci
-from cudal1.harness.spec import TimingStage
+from cudal1.harness.spec import TimingStage, numbers_in
 from cudal1.types import Correctness, Environment, EvalResult, Status, Timing
 
 _ENV_FIELDS = set(Environment.__dataclass_fields__)
@@ -127,10 +127,8 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
     corr = v.correctness
     if corr:
         r.correctness = Correctness(**{k: v for k, v in corr.items() if k in Correctness.__dataclass_fields__})
-        spent = corr.get("cost_ms")
-        if isinstance(spent, dict):  # where the correctness phase's wall went (information only)
-            r.figures["correctness_cost"] = {str(k): float(x) for k, x in spent.items()
-                                             if isinstance(x, (int, float)) and not isinstance(x, bool)}
+        if isinstance(corr.get("cost_ms"), dict):  # where the correctness phase's wall went (information only)
+            r.figures["correctness_cost"] = numbers_in(corr["cost_ms"])
     _timings(v.timing, config, r)
     return r
 

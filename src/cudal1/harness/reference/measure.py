@@ -106,59 +106,60 @@ class Measurement:
             "trials": 0, "passed": 0, "max_abs_error": 0.0, "max_rel_error": 0.0, "failing_trial": None,
             "detail": "", "by_dtype": {}, "exact_checks": {}, "fixed_outputs": {},
         }
-        for i in range(trials):
-            corr["trials"] = i + 1
-            corr["cost_ms"] = spans.as_dict()  # so far: a failing trial's verdict carries it too
-            with span("inputs"):
-                inputs = self.make_inputs(seed0 + i)
-                self.sync()  # each span's device work ends inside it (run_model syncs first anyway)
-            with span("exact"):
-                exact = self.answers.take(seed0 + i)
-                if exact is None and self.exact is not None:
-                    exact = self.exact(cmp.clone_tree(inputs))
-                self.sync()
-            with span("reference"):
-                ref_out, ms = self.run_model(ref_model, cmp.clone_tree(inputs))
-            est["ref"].append(ms)
-            layouts.add(
-                tuple((str(x.dtype), tuple(x.shape)) for x in output_leaves(ref_out) if isinstance(x, torch.Tensor))
-            )
-            self.fixed_layout = len(layouts) == 1
-            try:
-                with span("candidate_first" if i == 0 else "candidate"):
-                    cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
-            except Verdict as v:
-                v.extra.setdefault("correctness", corr)
-                raise
-            est["cand"].append(ms)
-            with span("intact"):
-                intact = link.inputs_intact(inputs)
-            if not intact:
-                raise Verdict(
-                    "rejected", f"trial {i}: the input slots were written", "input_mutation", correctness=corr
+        try:
+            for i in range(trials):
+                corr["trials"] = i + 1
+                with span("inputs"):
+                    inputs = self.make_inputs(seed0 + i)
+                    self.sync()  # each span's device work ends inside it (run_model syncs first anyway)
+                with span("exact"):
+                    exact = self.answers.take(seed0 + i)
+                    if exact is None and self.exact is not None:
+                        exact = self.exact(cmp.clone_tree(inputs))
+                    self.sync()
+                with span("reference"):
+                    ref_out, ms = self.run_model(ref_model, cmp.clone_tree(inputs))
+                est["ref"].append(ms)
+                layouts.add(
+                    tuple((str(x.dtype), tuple(x.shape)) for x in output_leaves(ref_out) if isinstance(x, torch.Tensor))
                 )
-            rule = self.spec.tolerances
-            with span("compare"):
-                mismatch, errors = compare_described(ref_out, cand_out, rule, self.device.type, exact)
-            del exact
-            record_rule(corr, errors, rule, self.exact)
-            for check in errors.exact:
-                assert rule.exact is not None  # checks against the float64 answer come from the exact rule
-                old = self.recheck_limits.get(check.path, (0.0, 0.0))
-                new = check.limits(rule.exact)
-                self.recheck_limits[check.path] = (max(old[0], new[0]), max(old[1], new[1]))
-            corr["max_abs_error"] = max(corr["max_abs_error"], errors.max_abs)
-            corr["max_rel_error"] = max(corr["max_rel_error"], errors.max_rel)
-            for dtype, (max_abs, max_ref) in errors.by_dtype.items():
-                seen = corr["by_dtype"].setdefault(dtype, [0.0, 0.0])
-                seen[0], seen[1] = max(seen[0], max_abs), max(seen[1], max_ref)
-            if mismatch is not None:
-                corr.update(failing_trial=i, detail=mismatch.detail)
-                status = "rejected" if mismatch.flag == "lazy_output" else "incorrect"
-                raise Verdict(status, f"trial {i}: {mismatch.detail}", mismatch.flag, correctness=corr)
-            corr["passed"] = i + 1
-            del ref_out, cand_out, inputs
-        corr["cost_ms"] = spans.as_dict()
+                self.fixed_layout = len(layouts) == 1
+                try:
+                    with span("candidate_first" if i == 0 else "candidate"):
+                        cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
+                except Verdict as v:
+                    v.extra.setdefault("correctness", corr)
+                    raise
+                est["cand"].append(ms)
+                with span("intact"):
+                    intact = link.inputs_intact(inputs)
+                if not intact:
+                    raise Verdict(
+                        "rejected", f"trial {i}: the input slots were written", "input_mutation", correctness=corr
+                    )
+                rule = self.spec.tolerances
+                with span("compare"):
+                    mismatch, errors = compare_described(ref_out, cand_out, rule, self.device.type, exact)
+                del exact
+                record_rule(corr, errors, rule, self.exact)
+                for check in errors.exact:
+                    assert rule.exact is not None  # checks against the float64 answer come from the exact rule
+                    old = self.recheck_limits.get(check.path, (0.0, 0.0))
+                    new = check.limits(rule.exact)
+                    self.recheck_limits[check.path] = (max(old[0], new[0]), max(old[1], new[1]))
+                corr["max_abs_error"] = max(corr["max_abs_error"], errors.max_abs)
+                corr["max_rel_error"] = max(corr["max_rel_error"], errors.max_rel)
+                for dtype, (max_abs, max_ref) in errors.by_dtype.items():
+                    seen = corr["by_dtype"].setdefault(dtype, [0.0, 0.0])
+                    seen[0], seen[1] = max(seen[0], max_abs), max(seen[1], max_ref)
+                if mismatch is not None:
+                    corr.update(failing_trial=i, detail=mismatch.detail)
+                    status = "rejected" if mismatch.flag == "lazy_output" else "incorrect"
+                    raise Verdict(status, f"trial {i}: {mismatch.detail}", mismatch.flag, correctness=corr)
+                corr["passed"] = i + 1
+                del ref_out, cand_out, inputs
+        finally:  # a failing trial's verdict carries this dict: its spans so far included
+            corr["cost_ms"] = spans.as_dict()
         return est, corr
 
     def exact_reference(self, ref_model: Any) -> ExactReference | None:
