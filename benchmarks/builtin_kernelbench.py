@@ -371,7 +371,7 @@ def main() -> int:
                          "compile cache, a mode the search already judged is not timed again, the graphed compile "
                          "modes are not timed where CUDA-graph replay did not pay (off: a fresh cache per baseline "
                          "job, every mode timed); the config hash is the same either way")
-    ap.add_argument("--compile-lease", choices=("held", "released"), default="held",
+    ap.add_argument("--compile-lease", choices=("held", "released"), default="released",
                     help="where compiling (torch.compile's, Triton's) holds the GPU's lease: held, as the "
                          "phase it interrupts, or released, Inductor's own GPU steps taking it back "
                          "(EvalConfig.compile_off_lease, docs/harness.md; the config hash is the same either way)")

@@ -103,7 +103,10 @@ def test_honest_broadcast_is_ok_and_timed(batch):
             "compare_ms", "kernel_names_ms", "total_ms"} <= set(spent)
     assert sum(spent[k] for k in spent if k not in ("total_ms", "other_ms", "kernel_names_ms")) <= spent["total_ms"]
     assert r.figures["cost"]["total_ms"] > 0
-    assert {"construct_ms", "exact_model_ms", "probe_ms", "answers_ms", "total_ms"} <= set(r.figures["reference_cost"])
+    ref_spent = r.figures["reference_cost"]
+    assert {"construct_ms", "exact_model_ms", "probe_ms", "answers_ms", "total_ms"} <= set(ref_spent)
+    # the phase's total starts with the phase: the worker's set-up (its imports, ~0.4 s on an H200) is not in it
+    assert ref_spent["other_ms"] < 0.5 * ref_spent["total_ms"] + 20, ref_spent
 
 
 def test_timeout_is_killed_promptly(batch):

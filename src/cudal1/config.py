@@ -299,7 +299,7 @@ class EvalConfig(Config):
     profile: str = "off"  # off | cupti: profile both programs once after timing (information only; docs/harness.md)
     baseline_cache: bool = True  # baselines of one task share a persistent torch.compile/Triton cache (each
     # mode compiles once per machine, later modes reuse its kernels); false: a fresh cache per baseline job
-    compile_off_lease: bool = False  # on a GPU, compiling (torch.compile's graphs, Triton's kernels) gives the GPU's
+    compile_off_lease: bool = True  # on a GPU, compiling (torch.compile's graphs, Triton's kernels) gives the GPU's
     # lease back (phase compile_cpu): Inductor's own GPU steps take it again, an autotuning compile gives it back
     # only while it waits for compiles elsewhere, and a candidate's Triton autotuner times its choices under the
     # exclusive lease (docs/harness.md, "Compiling off the lease")

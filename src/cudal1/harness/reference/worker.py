@@ -87,6 +87,7 @@ class RefWorker(Measurement):
             ref_mod = self.ref_mod = self.load_reference()
             phase = "reference"
             self.enter(phase, "shared")
+            self.reference_spans = Spans()  # the phase's total from here: the set-up before it holds no lease
             span = self.reference_spans.span
             with torch.no_grad():
                 with span("construct"):
