@@ -67,7 +67,8 @@ class RefWorker(Measurement):
         self.exact: ExactReference | None = None
         self.recheck_limits: dict[str, tuple[float, float]] = {}
         self.answers = ExactAnswers()
-        self.reference_spans = Spans()  # where the reference phase's wall goes (information only)
+        self.reference_spans = Spans()  # where the reference phase's wall goes (information only; run() starts it anew
+        # as the phase starts, so its total leaves the set-up out)
         self.lease: Lease | None = None
         self.link: CandidateLink | None = None
         self.resume_phase = ""
@@ -87,7 +88,7 @@ class RefWorker(Measurement):
             ref_mod = self.ref_mod = self.load_reference()
             phase = "reference"
             self.enter(phase, "shared")
-            self.reference_spans = Spans()  # the phase's total from here: the set-up before it holds no lease
+            self.reference_spans = Spans()  # the set-up before the phase holds no lease
             span = self.reference_spans.span
             with torch.no_grad():
                 with span("construct"):
