@@ -178,6 +178,11 @@ def snapshot_rewrites(out: Path) -> None:
     os.replace(out / (REWRITES_TGZ + ".tmp"), out / REWRITES_TGZ)
 
 
+# How run.json records --compile-lease (its calls before autotuning compiles were released say "released").
+COMPILE_LEASE_RECORDED = {"held": "held", "released": "released, autotuning too",
+                          "autotune-held": "released, autotuning held"}
+
+
 class Batches:
     """Every judged batch's BatchStats, summarized for OUT/run.json and the report; each batch
     carries its call's stamp, the GPUs it ran on, the judge workers sharing each GPU (the re-timing's
@@ -371,10 +376,12 @@ def main() -> int:
                          "compile cache, a mode the search already judged is not timed again, the graphed compile "
                          "modes are not timed where CUDA-graph replay did not pay (off: a fresh cache per baseline "
                          "job, every mode timed); the config hash is the same either way")
-    ap.add_argument("--compile-lease", choices=("held", "released"), default="released",
+    ap.add_argument("--compile-lease", choices=("held", "released", "autotune-held"), default="released",
                     help="where compiling (torch.compile's, Triton's) holds the GPU's lease: held, as the "
-                         "phase it interrupts, or released, Inductor's own GPU steps taking it back "
-                         "(EvalConfig.compile_off_lease, docs/harness.md; the config hash is the same either way)")
+                         "phase it interrupts; released, Inductor's own GPU steps taking it back, autotuning "
+                         "compiles included (EvalConfig.compile_off_lease, autotune_off_lease); autotune-held, "
+                         "released except autotuning compiles (docs/harness.md; the config hash is the same "
+                         "either way)")
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
                     help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
                          "and print the device seconds per task of each")
@@ -404,7 +411,8 @@ def main() -> int:
     try:
         judge = EvalConfig.preset(args.preset).replace(
             device=args.device, workers_per_gpu=args.workers_per_gpu, keep_samples=False,
-            baseline_cache=args.levers == "on", compile_off_lease=args.compile_lease == "released",
+            baseline_cache=args.levers == "on", compile_off_lease=args.compile_lease != "held",
+            autotune_off_lease=args.compile_lease == "released",
             timing_budget_s=args.timing_budget, timing_trials=args.timing_trials)
     except ConfigError as exc:
         ap.error(str(exc))
@@ -420,7 +428,7 @@ def main() -> int:
         snapshot_store(out)  # the snapshot, too, no longer holds them (a packed run moves it alone)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     batches = Batches(out, gpus=_gpus(args), levers=args.levers, workers=args.workers_per_gpu,
-                      compile_lease=args.compile_lease,
+                      compile_lease=COMPILE_LEASE_RECORDED[args.compile_lease],
                       confirm_workers=args.confirm_workers_per_gpu)
     code = 0
     if args.drain_after is not None and not args.report_only:

@@ -12,7 +12,15 @@ in both arms with whether their 95% intervals overlap (the figures must not move
         --source $CUDAL1_KERNELBENCH --workers-per-gpu 3 --out ab.json
 
 The arms run one after the other (``--arms``, default released then held): the second finds the
-page cache warm but no compile cache of the first.
+page cache warm but no compile cache of the first.  Arms: ``held`` (compiling keeps the lease),
+``released`` (every compile off the lease, autotuning ones included: ``EvalConfig.autotune_off_lease``)
+and ``autotune-held`` (compiling off the lease except autotuning compiles, which keep it but for their
+waits on compiles elsewhere).  ``--baseline-modes`` also times the tasks' baselines under those
+torch.compile modes in each arm, after its candidates (a baseline's compile holds the lease
+exclusive where it holds it), the way a run does:
+
+    python benchmarks/compile_lease_ab.py kernelbench:level3/23,48 --source $CUDAL1_KERNELBENCH \
+        --arms released,autotune-held --baseline-modes compile-max-autotune-no-cudagraphs --out ab.json
 """
 
 from __future__ import annotations
@@ -45,31 +53,49 @@ def _phase_sum(results: list[EvalResult], names: tuple[str, ...]) -> float:
     return sum(seconds_in(r.phase_s, names) for r in results)
 
 
+ARMS = ("held", "released", "autotune-held")
+
+
+def _job(r: EvalResult) -> dict[str, Any]:
+    return {"status": r.status.value, "speedup": r.speedup, "ci": list(r.speedup_ci) if r.speedup_ci else None,
+            "phase_s": r.phase_s, "message": (r.message or "")[:200]}
+
+
 def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, trials: int,
-            device: str = "cuda") -> dict[str, Any]:
-    from cudal1.harness import evaluate_pairs
+            device: str = "cuda", baseline_modes: tuple[str, ...] = ()) -> dict[str, Any]:
+    from cudal1.harness import evaluate_pairs, measure_baselines
 
     config = EvalConfig(device=device, workers_per_gpu=workers, cache_dir=str(root / arm), keep_samples=False,
-                        compile_off_lease=arm == "released", timing_budget_s=budget_s, timing_trials=trials)
+                        compile_off_lease=arm != "held", autotune_off_lease=arm == "released",
+                        timing_budget_s=budget_s, timing_trials=trials)
     triples = _pairs(tasks)
     t0 = time.perf_counter()
     results = evaluate_pairs([(t, c) for t, c, _ in triples], config)
+    jobs = {f"{t.name}:{label}": _job(r) for (t, _, label), r in zip(triples, results)}
+    base_wall = 0.0
+    if baseline_modes:
+        t1 = time.perf_counter()
+        base = measure_baselines(tasks, list(baseline_modes), config)
+        base_wall = time.perf_counter() - t1
+        for t in tasks:
+            for mode in baseline_modes:
+                r = base.get((t.hash, mode))
+                if r is not None:
+                    jobs[f"{t.name}:baseline {mode}"] = _job(r)
+                    results.append(r)
     wall = time.perf_counter() - t0
-    jobs = {f"{t.name}:{label}": {"status": r.status.value, "speedup": r.speedup,
-                                  "ci": list(r.speedup_ci) if r.speedup_ci else None, "phase_s": r.phase_s,
-                                  "message": (r.message or "")[:200]}
-            for (t, _, label), r in zip(triples, results)}
-    return {"arm": arm, "wall_s": wall, "jobs": jobs,
+    return {"arm": arm, "wall_s": wall, "baselines_wall_s": base_wall, "jobs": jobs,
             "compile_held_s": _phase_sum(results, ("compile",)), "compile_cpu_s": _phase_sum(results, ("compile_cpu",)),
             "lane_s": _phase_sum(results, ("lane",)), "ok": sum(r.status.value == "ok" for r in results),
             "n": len(results)}
 
 
 def compare(arms: list[dict[str, Any]]) -> list[str]:
-    lines = ["arm       wall_s  jobs  ok  compiling with lease s  compiling off lease s  lease waits s"]
+    lines = ["arm            wall_s  of it baselines  jobs  ok  compiling with lease s  compiling off lease s"
+             "  lease waits s"]
     for a in arms:
-        lines.append(f"{a['arm']:<8}  {a['wall_s']:6.0f}  {a['n']:4d}  {a['ok']:2d}  {a['compile_held_s']:22.0f}  "
-                     f"{a['compile_cpu_s']:21.0f}  {a['lane_s']:13.0f}")
+        lines.append(f"{a['arm']:<13}  {a['wall_s']:6.0f}  {a.get('baselines_wall_s', 0.0):15.0f}  {a['n']:4d}  "
+                     f"{a['ok']:2d}  {a['compile_held_s']:22.0f}  {a['compile_cpu_s']:21.0f}  {a['lane_s']:13.0f}")
     if len(arms) == 2:
         first, second = arms
         overlap = within = both = 0
@@ -97,14 +123,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers-per-gpu", type=int, default=3)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: the protocol only (nothing is released)")
-    ap.add_argument("--arms", default="released,held", help="comma-separated, in order: held, released")
+    ap.add_argument("--arms", default="released,held",
+                    help="comma-separated, in order: held, released, autotune-held")
+    ap.add_argument("--baseline-modes", default="",
+                    help="comma-separated torch.compile modes whose baselines each arm also times "
+                         "(e.g. compile-max-autotune-no-cudagraphs)")
     ap.add_argument("--timing-budget", type=float, default=2.0)
     ap.add_argument("--timing-trials", type=int, default=50)
     ap.add_argument("--out", default=None, help="write the arms' figures here (JSON)")
     args = ap.parse_args(argv)
     arm_names = [a for a in args.arms.split(",") if a]
-    if not arm_names or any(a not in ("held", "released") for a in arm_names):
-        ap.error("--arms takes held and/or released")
+    if not arm_names or any(a not in ARMS for a in arm_names):
+        ap.error("--arms takes held, released and/or autotune-held")
+    modes = tuple(m for m in args.baseline_modes.split(",") if m)
     try:
         tasks = [t for sel in args.selectors for t in load_tasks(sel, source=args.source)]
     except Exception as exc:  # noqa: BLE001 - a bad selector or source: one line
@@ -114,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         arms = []
         for arm in arm_names:
             arms.append(run_arm(arm, tasks, args.workers_per_gpu, Path(tmp), args.timing_budget, args.timing_trials,
-                                args.device))
+                                args.device, modes))
             print(f"{arm}: {arms[-1]['wall_s']:.0f} s, {arms[-1]['ok']} of {arms[-1]['n']} ok", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(arms, indent=1))

@@ -37,7 +37,8 @@
 #            Triton's): tests/gpu/test_compile_lease_gpu.py (under torch.profiler, no GPU work outside
 #            Inductor's bracketed steps nor inside an autotuning compile's CPU steps, a Triton
 #            autotuner's timings alone; compiles judged ok beside other workers), the lease tests, then
-#            benchmarks/compile_lease_ab.py (held against released, 3 workers, $AB_SELECTORS;
+#            benchmarks/compile_lease_ab.py (held against released, 3 workers, $AB_SELECTORS; $AB_ARGS
+#            adds flags, e.g. "--arms released,autotune-held --baseline-modes compile-max-autotune-no-cudagraphs";
 #            ab.json comes back) (~7-9 min)
 #   profiles: measured profiles (--profile): tests/gpu/test_profiles_gpu.py, judge --profile of the
 #            bundled example, and benchmarks/profile_cost.py (median extra seconds per profiled
@@ -107,7 +108,7 @@ if has compile_lease; then
   rm -rf "$OUT/results"
   t0=$SECONDS
   timeout ${AB_TIMEOUT:-300} python3 benchmarks/compile_lease_ab.py ${AB_SELECTORS:-kernelbench:level3/3,8,13 kernelbench:level2/43,88,98} \
-    --workers-per-gpu 3 --out "$OUT/ab.json" >"$OUT/compile_lease_ab.log" 2>&1
+    --workers-per-gpu 3 --out "$OUT/ab.json" ${AB_ARGS:-} >"$OUT/compile_lease_ab.log" 2>&1
   summary+=("compile-lease A/B: rc=$? ($((SECONDS-t0)) s)")
   tail -25 "$OUT/compile_lease_ab.log"
 fi

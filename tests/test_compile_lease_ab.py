@@ -46,4 +46,4 @@ def test_two_arms_compare_job_by_job():
 def test_a_bad_arm_is_a_one_line_error():
     done = subprocess.run([sys.executable, str(SCRIPT), "kernelbench:level1/1", "--arms", "sideways"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--arms takes held and/or released" in done.stderr
+    assert done.returncode == 2 and "--arms takes held, released and/or autotune-held" in done.stderr

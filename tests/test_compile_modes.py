@@ -273,6 +273,115 @@ def test_triton_compiles_are_marked_off_the_lease_only_when_slow_on_the_main_thr
     assert events == [("compiling", True, True), ("compiling", False, True)]  # one span: the graph's
 
 
+def test_an_autotuning_compile_runs_off_the_lease_only_where_its_gpu_steps_are_all_wrapped(monkeypatch):
+    """``install(release_autotuning=True)`` lets a compile whose patches ask for max-autotune run
+    off the lease, its GPU steps bracketed as any compile's, only where every group of
+    :data:`compiling.AUTOTUNING_NEEDS` was wrapped (:data:`compiling.RELEASE_AUTOTUNING`); where one
+    is missing (another torch), or without the setting, it keeps its lease."""
+    import sys
+    import types
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    fake = types.ModuleType("fake_autotuning")
+    fake.bench = lambda: 0.5
+    fake.inputs = lambda: "random inputs"
+    monkeypatch.setitem(sys.modules, "fake_autotuning", fake)
+    monkeypatch.setattr(compiling, "GPU_STEPS", (("fake_autotuning", "bench"), ("fake_autotuning", "inputs")))
+    monkeypatch.setattr(compiling, "GPU_FIRST_STEPS", ())
+    monkeypatch.setattr(compiling, "RELEASE_AUTOTUNING", False)
+    events: list[tuple] = []
+
+    def fake_compile(graph, inputs, config_patches=None):
+        return fake.inputs(), fake.bench()
+
+    def install(needs, release=True):
+        monkeypatch.setattr(compile_fx_module, "compile_fx", fake_compile)
+        monkeypatch.setattr(fake, "bench", lambda: 0.5)
+        monkeypatch.setattr(fake, "inputs", lambda: "random inputs")
+        monkeypatch.setattr(compiling, "AUTOTUNING_NEEDS", needs)
+        found = compiling.install(lambda on, off: events.append(("compiling", on, off)),
+                                  lambda on: events.append(("gpu", on)), release_autotuning=release)
+        events.clear()
+        assert compile_fx_module.compile_fx("graph", [], config_patches={"max_autotune": True}) == \
+            ("random inputs", 0.5)
+        return found
+
+    covered = (("fake_autotuning:bench", "elsewhere:bench"), ("fake_autotuning:inputs",))
+    assert install(covered) == ["fake_autotuning:bench", "fake_autotuning:inputs"]
+    assert compiling.RELEASE_AUTOTUNING and compiling.autotuning_covered(["fake_autotuning:bench",
+                                                                          "fake_autotuning:inputs"])
+    bracket = [("gpu", True), ("gpu", False)]
+    assert events == [("compiling", True, True), *bracket * 2, ("compiling", False, True)]
+    install(covered + (("fake_autotuning:missing",),))  # a step this torch lacks: the lease is kept
+    assert not compiling.RELEASE_AUTOTUNING
+    assert events == [("compiling", True, False), ("compiling", False, False)]
+    install(covered, release=False)  # EvalConfig.autotune_off_lease false
+    assert events == [("compiling", True, False), ("compiling", False, False)]
+
+
+def test_a_slow_triton_compile_inside_a_gpu_step_gives_the_steps_lease_back_until_it_ends(monkeypatch):
+    """Inside a compile off the lease, a GPU step whose first call compiles a Triton kernel (a
+    fused kernel max-autotune times) gives the lease back once the compile has run
+    :data:`compiling.TRITON_GRACE_S` (``gpu(False)``) and takes it again before the step runs on
+    (``gpu(True)``), however the compile ends; a fast compile (a cache hit) changes nothing, and
+    with no grace the lease goes at once."""
+    import sys
+    import time
+    import types
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    def triton_compile(src, fail=False):
+        time.sleep(0.0 if src == "cached" else 0.3)
+        if fail:
+            raise RuntimeError("ptxas failed")
+        return f"binary of {src}"
+
+    triton = types.ModuleType("fake_triton_in_step")
+    triton.compile = triton_compile
+    steps = types.ModuleType("fake_fused_bench")
+
+    def bench(src, fail=False):
+        try:
+            triton.compile(src, fail=fail)
+        except RuntimeError:
+            pass
+        return f"timed {src}"
+
+    steps.bench = bench
+    monkeypatch.setitem(sys.modules, "fake_triton_in_step", triton)
+    monkeypatch.setitem(sys.modules, "fake_fused_bench", steps)
+    monkeypatch.setattr(compiling, "TRITON_COMPILES", (("fake_triton_in_step", "compile"),))
+    monkeypatch.setattr(compiling, "GPU_STEPS", (("fake_fused_bench", "bench"),))
+    monkeypatch.setattr(compiling, "GPU_FIRST_STEPS", ())
+    monkeypatch.setattr(compiling, "RELEASE_AUTOTUNING", False)
+    monkeypatch.setattr(compiling, "TRITON_GRACE_S", 0.05)
+    events: list[tuple] = []
+
+    def fake_compile(graph, inputs, config_patches=None):
+        return [steps.bench(src, fail=src == "broken") for src in graph]
+
+    monkeypatch.setattr(compile_fx_module, "compile_fx", fake_compile)
+    compiling.install(lambda on, off: events.append(("compiling", on, off)),
+                      lambda on: events.append(("gpu", on)), triton=True)
+    step = [("gpu", True), ("gpu", False)]
+    assert compile_fx_module.compile_fx(["cached"], []) == ["timed cached"]
+    assert events == [("compiling", True, True), *step, ("compiling", False, True)]
+    events.clear()
+    compile_fx_module.compile_fx(["slow", "broken"], [])
+    paused = [("gpu", True), ("gpu", False), ("gpu", True), ("gpu", False)]
+    assert events == [("compiling", True, True), *paused, *paused, ("compiling", False, True)]
+    events.clear()
+    monkeypatch.setattr(compiling, "TRITON_GRACE_S", 0)
+    compile_fx_module.compile_fx(["cached"], [])
+    assert events == [("compiling", True, True), *paused, ("compiling", False, True)]
+
+
 def test_cpu_steps_give_the_lease_back_only_inside_a_compile_that_keeps_it(monkeypatch):
     """With a ``cpu`` callback, :data:`compiling.CPU_STEPS` are wrapped: inside an autotuning
     compile (the span keeps its lease) the first step opens ``cpu(True)`` and the last to end

@@ -300,9 +300,12 @@ class EvalConfig(Config):
     baseline_cache: bool = True  # baselines of one task share a persistent torch.compile/Triton cache (each
     # mode compiles once per machine, later modes reuse its kernels); false: a fresh cache per baseline job
     compile_off_lease: bool = True  # on a GPU, compiling (torch.compile's graphs, Triton's kernels) gives the GPU's
-    # lease back (phase compile_cpu): Inductor's own GPU steps take it again, an autotuning compile gives it back
-    # only while it waits for compiles elsewhere, and a candidate's Triton autotuner times its choices under the
-    # exclusive lease (docs/harness.md, "Compiling off the lease")
+    # lease back (phase compile_cpu): Inductor's own GPU steps take it again, and a candidate's Triton autotuner
+    # times its choices under the exclusive lease (docs/harness.md, "Compiling off the lease")
+    autotune_off_lease: bool = True  # with compile_off_lease, an autotuning compile (max-autotune, coordinate
+    # descent) runs off the lease too, its timings and random example inputs taking it back (a baseline's:
+    # exclusive); false, or a torch whose autotuning steps cudal1 does not know: it keeps its lease, giving it
+    # back only while it waits for compiles elsewhere
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
@@ -350,7 +353,7 @@ class EvalConfig(Config):
         ignore = {
             "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
             "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache", "cpu_binding",
-            "compile_off_lease",  # where compiling holds the lease; what is timed is unchanged
+            "compile_off_lease", "autotune_off_lease",  # where compiling holds the lease; what is timed is unchanged
             "profile",  # information only: no verdict or figure depends on it
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}

@@ -57,11 +57,13 @@ class CandidateSettings:
     limits: PhaseLimits
     bind_cpu_threads: bool = False  # on the CPU clock, bind its threads as the reference worker binds its own
     compile_off_lease: bool = False  # EvalConfig.compile_off_lease: its Triton compiles are marked too
+    autotune_off_lease: bool = False  # EvalConfig.autotune_off_lease: an autotuning compile goes off the lease too
 
     @classmethod
     def of(cls, config: EvalConfig) -> "CandidateSettings":
         return cls(config.math_mode, config.flush_l2, config.poison_freed_memory, PhaseLimits.of(config),
-                   binds_cpu_threads(config), config.compile_off_lease)
+                   binds_cpu_threads(config), config.compile_off_lease,
+                   config.compile_off_lease and config.autotune_off_lease)
 
 
 def binds_cpu_threads(config: EvalConfig) -> bool:

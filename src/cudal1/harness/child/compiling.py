@@ -18,15 +18,21 @@ runs under the call's deadline as before.  Installing twice is a no-op.
 
 ``off_lease`` says the span may run without the GPU's lease (``EvalConfig.compile_off_lease``;
 the reference worker decides): true for a Triton compile, and for a graph unless Inductor's
-config asks for autotuning, whose kernel choices are timed on the GPU throughout the compile
-(``max_autotune*``, coordinate descent).  The GPU work Inductor does inside a graph's compile
-that is not autotuning is bracketed by ``gpu(True)`` and ``gpu(False)`` (the reference worker
-takes the interrupted phase's lease back for it): :data:`GPU_STEPS` names it (its benchmarker's
-timings, matmul padding's choice, example inputs and kernel selection, constant folding,
+config asks for autotuning (``max_autotune*``, coordinate descent) and the autotuning compile is
+not released (``install``'s ``release_autotuning``, ``EvalConfig.autotune_off_lease``, and only
+where this torch has every step of :data:`AUTOTUNING_NEEDS`).  The GPU work Inductor does inside
+a graph's compile off the lease is bracketed by ``gpu(True)`` and ``gpu(False)`` (the reference
+worker takes the interrupted phase's lease back for it: exclusive for a baseline, so an
+autotuning baseline's choices are still timed alone): :data:`GPU_STEPS` names it (its
+benchmarker's timings, matmul padding's choice, example inputs and kernel selection, the
+fused kernels max-autotune times on random inputs to choose its epilogues, constant folding,
 freezing, the passes before autograd, which see the module's real parameters) and
 :data:`GPU_FIRST_STEPS` what runs once per process (the pattern matcher's first set-up, which
 traces its patterns on the device: 48 small copies in the first compile of a convolution with
-batch norm, H200, 2026-12-03).  Inside a graph's compile that keeps its lease (autotuning), the
+batch norm, H200, 2026-12-03).  A Triton compile on the main thread inside a GPU step (a fused
+kernel's first call) gives the step's lease back once it has run :data:`TRITON_GRACE_S`, and
+the step takes it again before it runs on.  Inside a graph's compile that keeps its lease
+(autotuning, not released), the
 steps that only wait for compiling elsewhere (:data:`CPU_STEPS`: the graph's kernels compiled by
 Inductor's worker processes, an autotuned operation's choices compiled on threads) are
 bracketed by ``cpu(True)`` and ``cpu(False)``: the reference worker gives the lease back for
@@ -64,6 +70,20 @@ GPU_STEPS = (
     ("torch._inductor.freezing", "freeze"),
     ("torch._inductor.fx_passes.joint_graph", "constant_fold_uniform_value"),
     ("torch._inductor.compile_fx", "_recursive_pre_grad_passes"),  # on the real module (conv-bn fusion)
+    # max-autotune's epilogue choice: a fused kernel's random inputs, its first call and its timing
+    ("torch._inductor.codegen.triton", "TritonScheduling.benchmark_codegened_module"),
+    ("torch._inductor.codegen.triton", "TritonScheduling.benchmark_combo_kernel"),
+    ("torch._dynamo.testing", "rand_strided"),  # any other random example input made while compiling
+)
+# What an autotuning compile times on the GPU: without one of these groups (another torch), it keeps
+# its lease even where ``release_autotuning`` asks otherwise.
+AUTOTUNING_NEEDS = (
+    ("torch._inductor.runtime.benchmarking:Benchmarker.benchmark_gpu",
+     "torch._inductor.runtime.benchmarking:TritonBenchmarker.benchmark_gpu",
+     "torch._inductor.runtime.benchmarking:InductorBenchmarker.benchmark_gpu"),
+    ("torch._inductor.select_algorithm:AlgorithmSelectorCache.benchmark_in_current_process",),
+    ("torch._inductor.select_algorithm:AlgorithmSelectorCache.benchmark_example_value",),
+    ("torch._inductor.codegen.triton:TritonScheduling.benchmark_codegened_module",),
 )
 # Steps that do GPU work on their first call with given arguments only (cached set-ups): bracketed
 # until one call with those arguments has returned, then run as they are.
@@ -88,7 +108,7 @@ TRITON_GRACE_S = 0.1  # a Triton compile still running after this opens a span o
 
 # Inductor settings under which a compile times kernels throughout (its lease stays held).
 _AUTOTUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "coordinate_descent_tuning")
-RELEASE_AUTOTUNING = False  # true: an autotuning compile goes off the lease too (its steps bracketed; a GPU test)
+RELEASE_AUTOTUNING = False  # an autotuning compile goes off the lease too (set by :func:`install`)
 
 # One event (and its acknowledgement) on the judge's line at a time, from any thread.
 _LINE = threading.RLock()
@@ -100,6 +120,12 @@ def autotunes(config_patches: Any = None) -> bool:
 
     patches = config_patches if isinstance(config_patches, dict) else {}
     return any(bool(patches.get(name, getattr(config, name, False))) for name in _AUTOTUNING)
+
+
+def autotuning_covered(found: list[str]) -> bool:
+    """Whether the steps ``found`` (as :func:`install` returns them) bracket every GPU step of an
+    autotuning compile that :data:`AUTOTUNING_NEEDS` names."""
+    return all(any(step in found for step in group) for group in AUTOTUNING_NEEDS)
 
 
 def _marked(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -115,6 +141,7 @@ class _Bracket:
     def __init__(self, mark: Callable[[bool], None] | None) -> None:
         self.mark = mark
         self.active = 0
+        self.paused = False  # inside the bracket, its lease given back for a compile (:meth:`pause`)
 
     def run(self, applies: bool, inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.mark is None or not applies:
@@ -122,6 +149,9 @@ class _Bracket:
         with _LINE:
             if self.active == 0:
                 self.mark(True)  # returns once the lease is as the step needs it
+            elif self.paused:  # another thread's step needs the lease that a compile gave back
+                self.paused = False
+                self.mark(True)
             self.active += 1
         try:
             return inner(*args, **kwargs)
@@ -129,7 +159,24 @@ class _Bracket:
             with _LINE:
                 self.active -= 1
                 if self.active == 0:
-                    self.mark(False)
+                    if self.paused:
+                        self.paused = False
+                    else:
+                        self.mark(False)
+
+    def pause(self) -> None:
+        """Give the bracket's lease back while it is open (a compile inside it issues no GPU work)."""
+        with _LINE:
+            if self.mark is not None and self.active and not self.paused:
+                self.paused = True
+                self.mark(False)
+
+    def resume(self) -> None:
+        """Take the lease back after :meth:`pause`, if the bracket is still open and paused."""
+        with _LINE:
+            if self.mark is not None and self.active and self.paused:
+                self.paused = False
+                self.mark(True)
 
 
 class _Steps:
@@ -268,13 +315,18 @@ def _wrap_step(module_name: str, path: str, wrap: Callable[[Callable[..., Any]],
 
 def install(notify: Callable[[bool, bool], None], gpu: Callable[[bool], None] | None = None,
             *, torch_compile: bool = True, triton: bool = False, cpu: Callable[[bool], None] | None = None,
-            alone: Callable[[bool], None] | None = None) -> list[str] | None:
+            alone: Callable[[bool], None] | None = None, release_autotuning: bool = False) -> list[str] | None:
     """Wrap Inductor's ``compile_fx`` (imported here if it is not yet) and, with ``gpu``, its GPU
     steps, with ``cpu`` its CPU steps; with ``triton``, Triton's compile (where Triton imports)
-    and, with ``alone``, its autotuner's timings.  What one call wraps shares one span.  Returns
-    the steps wrapped (``module:attribute``), or None when nothing was left to wrap."""
+    and, with ``alone``, its autotuner's timings.  What one call wraps shares one span.  With
+    ``release_autotuning`` (and ``gpu``), an autotuning compile runs off the lease as well, where
+    every group of :data:`AUTOTUNING_NEEDS` was wrapped (:data:`RELEASE_AUTOTUNING` says whether).
+    Returns the steps wrapped (``module:attribute``), or None when nothing was left to wrap."""
+    global RELEASE_AUTOTUNING
     span = _Span(notify, _Steps(gpu or (lambda on: None), cpu, alone))
     found = _install_compile_fx(span, gpu is not None) if torch_compile else None
+    if found is not None:
+        RELEASE_AUTOTUNING = release_autotuning and gpu is not None and autotuning_covered(found)
     if triton:
         compiles = _install_triton(span)
         tuners = [f"{m}:{p}" for m, p in AUTOTUNE_STEPS if alone is not None
@@ -329,16 +381,24 @@ def _triton_compile(span: _Span, inner: Callable[..., Any]) -> Callable[..., Any
         if threading.current_thread() is not threading.main_thread():
             return inner(*args, **kwargs)
         serial = span.begin(True, mark=TRITON_GRACE_S <= 0)
+        gpu = span.steps.gpu
+        in_step = serial is None and span.steps.off_lease and gpu.active > 0  # a fused kernel's first call
+        late = span.mark_late if serial is not None else gpu.pause if in_step else None
         timer = None
-        if serial is not None and TRITON_GRACE_S > 0:
-            timer = threading.Timer(TRITON_GRACE_S, span.mark_late, (serial,))
+        if late is not None and TRITON_GRACE_S > 0:
+            timer = threading.Timer(TRITON_GRACE_S, late, (serial,) if serial is not None else ())
             timer.daemon = True
             timer.start()
+        elif in_step:
+            gpu.pause()
         try:
             return inner(*args, **kwargs)
         finally:
             if timer is not None:
                 timer.cancel()
+                timer.join()  # a pause already under way ends before the resume below
+            if in_step:
+                gpu.resume()
             span.end()
 
     return _marked(compile)

@@ -233,7 +233,8 @@ class CandidateProcess(CallHandlers):
 
                 compiling.install(self.compiling, self.compile_gpu if cuda else None, torch_compile=compiles,
                                   triton=triton, cpu=self.compile_cpu if off_lease else None,
-                                  alone=self.autotune_alone if off_lease else None)
+                                  alone=self.autotune_alone if off_lease else None,
+                                  release_autotuning=off_lease and self.settings.autotune_off_lease)
             if self.spec.mode != "baseline":
                 path, name = self.spec.candidate_path, self.spec.candidate_module
                 spec = importlib.util.spec_from_file_location(name, path)
