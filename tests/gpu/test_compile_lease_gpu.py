@@ -165,6 +165,7 @@ class _PythonCallers:
             setattr(owner, name, inner)
 
 
+@pytest.mark.parametrize("name", list(MODELS))
 def test_no_gpu_work_outside_inductors_steps_while_compiling_off_the_lease(name, installed, tmp_path, monkeypatch):
     from torch.profiler import ProfilerActivity, profile
 
