@@ -10,10 +10,12 @@
 #                                                                   # (default 60; the running ones finish: --drain-after;
 #                                                                   # 0: none, the timeout cuts them)
 #   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
-#   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 2; timing stays
-#                                                                   # exclusive; not in the config hash)
+#   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 3; timing and
+#                                                                   # the candidate's first call stay exclusive;
+#                                                                   # not in the config hash)
 #   STRIDE5_COMPILE_LEASE=held bash benchmarks/builtin_stride5.sh resume  # compiling under the GPU's lease
-#                                                                   # (--compile-lease; not in the config hash)
+#                                                                   # (--compile-lease held | released | autotune-held;
+#                                                                   # default released; not in the config hash)
 #   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
 #                                                                   # (--rejudge; their old verdicts: rejudged.jsonl;
@@ -40,7 +42,7 @@ RUN=${STRIDE5_OUT:-benchmarks/runs/stride5}
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
       --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-3}"
-      --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-2}"
+      --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-3}"
       --out "$RUN" --pack "$OUT/stride5_state.tgz"
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}")
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"

@@ -374,3 +374,35 @@ def test_a_candidates_triton_autotuning_times_its_choices_under_the_exclusive_le
     held.worker.enter("correctness", "shared")
     held.autotune(True)
     assert held.held == "shared" and held.acks == 1
+
+
+def test_the_candidates_first_call_holds_the_lease_exclusive_and_gives_back_the_phases_own(tmp_path):
+    """With ``EvalConfig.compile_off_lease``, the candidate's first call in ``correctness`` (where
+    cuDNN's benchmark mode and Inductor's run-time autotuning make their choices by timing) holds
+    the lease exclusive; a compile inside it goes off the lease and comes back to exclusive; the
+    phase's shared lease returns when the call ends, however it ends.  Without the setting, or
+    outside ``correctness``, the lease is left as it is."""
+    import fcntl
+
+    path = tmp_path / "gpu0.lock"
+    w = _LeaseProbe(path, lambda name: None, compile_off_lease=True)
+    w.worker.enter("correctness", "shared")
+    with w.worker.first_call_alone():
+        assert w.phases[-1] == "correctness" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
+        w.compiling(True, off_lease=True)
+        assert w.phases[-1] == "compile_cpu" and w.held == "none" and _try_lock(path, fcntl.LOCK_EX)
+        w.compiling(False, off_lease=True)
+        assert w.phases[-1] == "correctness" and w.held == "exclusive"
+    assert w.phases[-1] == "correctness" and w.held == "shared" and _try_lock(path, fcntl.LOCK_SH)
+    with pytest.raises(RuntimeError, match="the call failed"):
+        with w.worker.first_call_alone():
+            assert w.held == "exclusive"
+            raise RuntimeError("the call failed")
+    assert w.held == "shared"
+    w.worker.enter("construct", "shared")
+    with w.worker.first_call_alone():
+        assert w.held == "shared"
+    held = _LeaseProbe(tmp_path / "gpu1.lock", lambda name: None)  # the setting off
+    held.worker.enter("correctness", "shared")
+    with held.worker.first_call_alone():
+        assert held.held == "shared"

@@ -15,6 +15,7 @@ block runs.  Statistics are the parent's: this module only measures.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import statistics
@@ -84,6 +85,10 @@ class Measurement:
         self.sync()
         return out, (_perf() - t0) * 1e3
 
+    def first_call_alone(self) -> contextlib.AbstractContextManager[None]:
+        """The lease the candidate's first call holds (the worker narrows it; here: unchanged)."""
+        return contextlib.nullcontext()
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
@@ -125,7 +130,8 @@ class Measurement:
                 )
                 self.fixed_layout = len(layouts) == 1
                 try:
-                    with span("candidate_first" if i == 0 else "candidate"):
+                    with span("candidate_first" if i == 0 else "candidate"), \
+                            (self.first_call_alone() if i == 0 else contextlib.nullcontext()):
                         cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
                 except Verdict as v:
                     v.extra.setdefault("correctness", corr)

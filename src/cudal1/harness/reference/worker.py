@@ -15,10 +15,11 @@ parent, which enforces the deadlines; the job ends with one ``result`` message, 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -230,6 +231,25 @@ class RefWorker(Measurement):
             self.enter("compile", self.compile_lease)
         elif not held and self.current_phase == "compile":
             self.enter("compile_cpu", "none")
+
+    @contextlib.contextmanager
+    def first_call_alone(self) -> Iterator[None]:
+        """The candidate's first call, where a program makes its choices by timing if it makes
+        any (cuDNN's benchmark mode, Inductor's autotuning and coordinate descent at run time, a
+        Triton autotuner): with ``EvalConfig.compile_off_lease`` on a GPU, ``correctness`` holds
+        the lease exclusive through it, so those choices are made with nothing else of the judge
+        on the GPU, as a baseline's are (a cuDNN-autotuned candidate re-timed at three workers read
+        0.849x against 1.000x at two, H200, 2026-12-04); then the phase's own lease again.
+        Compiling inside it still goes off the lease."""
+        lease = self.lease.held if self.lease is not None else "none"
+        alone = self.compiles_off_lease() and self.current_phase == "correctness" and lease == "shared"
+        if alone:
+            self.enter("correctness", "exclusive")
+        try:
+            yield
+        finally:
+            if alone and self.current_phase == "correctness":
+                self.enter("correctness", lease)
 
     def on_autotune(self, on: bool) -> None:
         """A Triton autotuner of the candidate times one of its choices in ``construct`` or
