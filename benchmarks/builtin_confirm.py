@@ -4,8 +4,9 @@ and its best torch.compile mode, judged once more with fresh inputs, outside the
 Why: the best of several noisy measurements is biased upward — for the builtin (best of its
 candidates) and for torch.compile (best of its modes) alike; an independent re-measurement of both
 is not.  The winner is judged as a candidate (fresh secret inputs, fresh timing), the mode as a
-baseline (the reference under that mode against eager), by a judge with its own worker count
-(default one per GPU: a quiet host, since host load inflates launch-bound speedups).  Results go to
+baseline (the reference under that mode against eager), both in one batch, by a judge with its own
+worker count (``--confirm-workers-per-gpu``; its timing and the candidate's first call hold the GPU
+alone at any count).  Results go to
 ``OUT/confirm.json`` one by one (``task|candidate hash`` and ``task|mode:NAME`` keys), so a killed
 confirmation resumes where it stopped.
 """
@@ -19,7 +20,6 @@ from typing import Any, Callable
 from builtin_baseline_plan import write_whole
 from builtin_figures import counted
 from cudal1.config import EvalConfig
-from cudal1.recorded import RecordedJudge
 from cudal1.store import RunStore
 
 
@@ -30,8 +30,9 @@ def _save(out: Path, done: dict[str, Any]) -> None:
 def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: Any,
             on_stats: Callable[[str, Any], None] | None = None, tick: Callable[[Any], None] | None = None) -> int:
     """Re-judge what ``rows`` (:func:`builtin_figures.task_rows`) name for finished, non-degenerate
-    tasks and not yet in ``OUT/confirm.json``; returns how many were judged."""
-    from cudal1.harness.parent.api import time_baselines
+    tasks and not yet in ``OUT/confirm.json``, in one batch; returns how many were judged."""
+    from cudal1.harness import Job, run_jobs
+    from cudal1.harness.baselines import check_modes
 
     path = out / "confirm.json"
     done: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {}
@@ -60,18 +61,14 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
         if tick is not None:
             tick(res)
 
-    if pairs:
-        print(f"confirming {len(pairs)} winner(s) with fresh inputs", flush=True)
-        key_of = {(t.hash, c.hash): k for (t, c), k in zip(pairs, keys)}
-        judged = RecordedJudge(judge, None, plan=plan)  # no store: nothing comes back from a record
-        judged.on_event = lambda e: record(key_of[(e.result.task_hash, e.result.candidate_hash)], e.result) \
-            if e.kind == "verdict" else None
-        judged.judge(pairs, review=False, on_stats=(lambda s: on_stats("confirm winners", s)) if on_stats else None)
-    if modes:
-        print(f"re-timing {len(modes)} best compile mode(s) with fresh inputs", flush=True)
-        key_of_mode = {(t.hash, m): f"{t.task_id}|mode:{m}" for t, m in modes}
-        time_baselines(modes, judge, plan=plan,
-                       on_result=lambda res: record(key_of_mode[(res.task_hash, res.candidate_hash.removeprefix(
-                           "baseline:"))], res),
-                       on_stats=(lambda s: on_stats("confirm modes", s)) if on_stats else None)
-    return len(pairs) + len(modes)
+    if not pairs and not modes:
+        return 0
+    print(f"confirming {len(pairs)} winner(s) and re-timing {len(modes)} best compile mode(s) with fresh inputs",
+          flush=True)
+    check_modes(sorted({m for _, m in modes}), plan.device)
+    # one batch for both (its lanes take the longest task's jobs first): winners as candidates, modes as baselines
+    jobs = [Job(t, c) for t, c in pairs] + [Job(t, None, m) for t, m in modes]
+    keys += [f"{t.task_id}|mode:{m}" for t, m in modes]
+    run_jobs(jobs, judge, plan=plan, on_result=lambda i, res: record(keys[i], res),
+             on_stats=(lambda s: on_stats("confirm", s)) if on_stats else None)
+    return len(jobs)

@@ -39,7 +39,9 @@ Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` and the rewrite cach
 every call, also when SIGINT or SIGTERM cut it short), so ``OUT`` moves between machines as it is
 (or as ``--pack``'s tar.gz): run the same command again.  ``--drain-after S`` stops a call without
 losing work in flight: after S seconds no new verdict starts, the running ones finish and are
-recorded, and the call ends as a cut one does (:mod:`cudal1.harness.parent.drain`).  Under
+recorded, and the call ends as a cut one does (:mod:`cudal1.harness.parent.drain`); with
+``--drain-end E`` a verdict still starts until E seconds where its task's longest verdict so far
+fits in the time left, so the GPU is not left idle while the last long ones finish.  Under
 ``benchmarks/runs/`` git keeps only a run's selection (``tasks.jsonl``); benchmarks/README.md
 ("Run state") says where earlier runs' state is kept and how to restore it.
 """
@@ -388,6 +390,9 @@ def main() -> int:
     ap.add_argument("--drain-after", type=float, default=None, metavar="S",
                     help="after S seconds start no new verdict, let the running ones finish, then stop like a cut "
                          "call (nothing in flight is lost; a hard limit, e.g. timeout's, stays the backstop)")
+    ap.add_argument("--drain-end", type=float, default=None, metavar="E",
+                    help="with --drain-after: until E seconds, still start a verdict whose task's longest verdict "
+                         "so far in this call fits in the time left (x1.5 + 5 s; a task not judged yet never does)")
     ap.add_argument(
         "--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)"
     )
@@ -431,8 +436,10 @@ def main() -> int:
                       compile_lease=COMPILE_LEASE_RECORDED[args.compile_lease],
                       confirm_workers=args.confirm_workers_per_gpu)
     code = 0
+    if args.drain_end is not None and (args.drain_after is None or args.drain_end <= args.drain_after):
+        ap.error("--drain-end needs --drain-after, and a later time")
     if args.drain_after is not None and not args.report_only:
-        drain.after(args.drain_after)
+        drain.after(args.drain_after, end=args.drain_end)
     try:
         if not args.report_only:
             batches.finished("before", _finished(out, tasks, judge, rules_of, modes))

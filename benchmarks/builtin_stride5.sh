@@ -8,7 +8,9 @@
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
 #   STRIDE5_DRAIN=90 bash benchmarks/builtin_stride5.sh resume      # start no verdict in the part's last 90 s
 #                                                                   # (default 60; the running ones finish: --drain-after;
-#                                                                   # 0: none, the timeout cuts them)
+#                                                                   # but one whose task's longest verdict so far fits
+#                                                                   # before the last 15 s: --drain-end; 0: no drain,
+#                                                                   # the timeout cuts them)
 #   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
 #   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 3; timing and
 #                                                                   # the candidate's first call stay exclusive;
@@ -61,6 +63,8 @@ case "$step" in
     SECONDS_=${STRIDE5_SECONDS:-530}
     DRAIN=()
     [ "${STRIDE5_DRAIN:-60}" -gt 0 ] && DRAIN=(--drain-after $((SECONDS_ - ${STRIDE5_DRAIN:-60})))
+    # in the drain's window, a verdict whose task's longest one so far fits still starts (until 15 s before the end)
+    [ "${STRIDE5_DRAIN:-60}" -gt 20 ] && DRAIN+=(--drain-end $((SECONDS_ - 15)))
     timeout -s INT "$SECONDS_" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" "${REJUDGE[@]}" "${DRAIN[@]}" \
       >"$OUT/stride5_resume.log" 2>&1
     echo "resume rc=$? (130: drained or cut short, 124: cut by the timeout; whole tasks kept either way)"

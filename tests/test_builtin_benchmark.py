@@ -68,8 +68,8 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
                                                                      "diag_matmul|mode:compile-default"}
     assert report["over"]["compile-default"]["n"] == 1 and report["per_chain"]["algebraic"]["ok"] == 1
     batches = json.loads((out / "run.json").read_text())["batches"]
-    assert {"search", "confirm winners", "confirm modes"} <= {b["what"] for b in batches} <= {
-        "search", "baselines", "confirm winners", "confirm modes"} and all("gpu_idle_share" in b for b in batches)
+    assert {"search", "confirm"} <= {b["what"] for b in batches} <= {
+        "search", "baselines", "confirm"} and all("gpu_idle_share" in b for b in batches)
     # the cost: every batch stamped with its call, GPUs and levers; the call's finished task counted
     assert {(b["call"], b["gpus"], b["levers"]) for b in batches} == {(batches[0]["call"], 1, "on")}
     assert [c["finished"] for c in report["cost"]["calls"]] == [1] and report["cost"]["tasks"] == 1

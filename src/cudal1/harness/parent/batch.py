@@ -2,13 +2,15 @@
 lane (or several sharing a GPU), verdicts in job order.
 
 Contract: :func:`run_jobs` is the harness's batch entry (``plan.backend == "ray"`` hands the same
-jobs to :mod:`cudal1.harness.parent.ray_backend`).  A lane takes the first *ready* job (no build, or its
+jobs to :mod:`cudal1.harness.parent.ray_backend`).  A lane takes a *ready* job (no build, or its
 build finished) and sleeps until a build finishes when none is; it never commits to a build that
 has not started.  With several workers per GPU, a job that ran out of memory beside its
 neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``rejudged_alone``),
 and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`).
-A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no other, and
-raises ``Drained`` for those it never started.
+Among ready jobs, a lane takes the one whose task took longest so far in this process
+(:data:`TASK_SECONDS`), so a batch's long jobs do not end it with the other lanes idle.
+A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no other (in a
+drain window, none but the jobs its time left fits), and raises ``Drained`` for those it never started.
 ``on_result(index, result)`` is called from a lane thread as each verdict arrives, ``on_stats``
 once after the batch (:class:`~cudal1.harness.parent.batchstats.BatchStats`).  An interrupt stops every
 lane and kills running workers; their jobs leave no verdict.
@@ -16,6 +18,7 @@ lane and kills running workers; their jobs leave no verdict.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from typing import Any, Callable
@@ -119,6 +122,30 @@ class MemoryBoundTasks:
 MEMORY_BOUND = MemoryBoundTasks()
 
 
+class TaskSeconds:
+    """The longest time a lane spent on one job of each task judged in this process.  A batch
+    starts the ready job whose task took longest first (longest first: a level-3 model's job
+    started last keeps its GPU busy after the other lanes ran dry), tasks not judged yet before
+    them, in the batch's order; the order of results is the batch's either way.  Thread-safe;
+    lives as long as the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds: dict[str, float] = {}
+
+    def note(self, task_hash: str, seconds: float) -> None:
+        with self._lock:
+            self._seconds[task_hash] = max(seconds, self._seconds.get(task_hash, 0.0))
+
+    def get(self, task_hash: str) -> float:
+        """Seconds of the task's longest job so far (infinite when none was judged)."""
+        with self._lock:
+            return self._seconds.get(task_hash, math.inf)
+
+
+TASK_SECONDS = TaskSeconds()
+
+
 class _LocalBatch:
     """One batch on this machine: a build farm feeding one thread per timing lane."""
 
@@ -194,16 +221,22 @@ class _LocalBatch:
         sandbox.stop_all()
 
     def take(self) -> int | None:
-        """The first pending job that is ready (no build, or its build done); sleeps until a
-        build finishes when none is; None when nothing is left (or a lane failed, or a drain began)."""
+        """The pending job that is ready (no build, or its build done) whose task took longest
+        so far (:data:`TASK_SECONDS`; the first such in the batch's order); sleeps until a build
+        finishes when none is; None when nothing is left (or a lane failed, or a drain began)."""
         with self.ready:
             while True:
-                if self.failures or self.stopping or not self.pending or drain.requested():
+                if self.failures or self.stopping or not self.pending:
                     return None
-                ready = next((i for i in self.pending if i not in self.tickets or self.tickets[i].done), None)
-                if ready is not None:
-                    self.pending.remove(ready)
-                    return ready
+                expected = {i: TASK_SECONDS.get(self.jobs[i].task.hash) for i in self.pending}
+                if drain.requested() and not any(drain.admits(s) for s in expected.values()):
+                    return None  # a drain: nothing left that fits in its window
+                ready = [i for i in self.pending if (i not in self.tickets or self.tickets[i].done)
+                         and drain.admits(expected[i])]
+                if ready:
+                    pick = max(ready, key=lambda i: (expected[i], -i))
+                    self.pending.remove(pick)
+                    return pick
                 self.ready.wait(timeout=1.0)
 
     def lane(self, gpu: int | None, key: int | str | None) -> None:
@@ -225,6 +258,7 @@ class _LocalBatch:
                 if self.on_result is not None:
                     self.on_result(i, res)
                 now = time.monotonic()
+                TASK_SECONDS.note(self.jobs[i].task.hash, now - mark)
                 rec.judged(key, i, now - mark, worker_build_s=in_worker_build_s(res))
                 mark = now
         except BaseException as exc:  # noqa: BLE001 - re-raised after the join
