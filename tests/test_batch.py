@@ -195,7 +195,10 @@ def test_a_drain_window_still_starts_the_jobs_that_fit_in_its_time_left(fake, tm
     fake.log.clear()
     try:
         drain.after(0.0, end=2.0)  # long: 1.5 x 1.5 + 0.1 s never fits; short: 0.175 s does, for a while
-        time.sleep(0.05)
+        for _ in range(100):  # the window opens on a timer thread
+            if drain.requested():
+                break
+            time.sleep(0.005)
         assert drain.requested() and drain.admits(0.05) and not drain.admits(1.5) and not drain.admits(float("inf"))
         with pytest.raises(drain.Drained):
             run_jobs(jobs_of((long, "l1"), (fresh, "f1"), *[(short, f"s{i}") for i in range(1, 200)]),
