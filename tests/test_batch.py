@@ -103,38 +103,44 @@ def test_lane_takes_ready_work_first_and_never_waits_on_a_queued_build(fake, tmp
     assert judged["p1"] < built["b1"]  # the lane started on ready work while the first build still ran
 
 
+class _Timed:
+    """Fresh tasks no other test judged in this process, a stand-in judge whose ``long`` task's jobs
+    sleep ``long_s`` (the others 0.05 s), and jobs made of (task, label) pairs."""
+
+    def __init__(self, monkeypatch, long_s: float, names=("short", "long", "fresh")) -> None:
+        import uuid
+
+        self.tag = uuid.uuid4().hex
+        self.tasks = {n: Task(name=f"{n}_{self.tag}", source=f"import torch\n# {n} {self.tag}\n") for n in names}
+        long = self.tasks["long"]
+
+        def evaluate_job(judge, j: Job, gpu, prebuilt) -> EvalResult:
+            judge.note("judge_start", j.label)
+            time.sleep(long_s if j.task is long else 0.05)
+            return EvalResult(status=Status.OK, task_name=j.task.name, task_hash=j.task.hash,
+                              candidate_hash=j.candidate.hash)
+
+        monkeypatch.setattr(FakeEvaluator, "evaluate_job", evaluate_job)
+
+    def jobs(self, *spec: tuple[str, str]) -> list[Job]:
+        return [Job(self.tasks[n], Candidate(f"import torch\n# {label} {self.tag}\n", task_hash=self.tasks[n].hash,
+                                             label=label)) for n, label in spec]
+
+
 def test_a_lane_takes_the_job_whose_task_took_longest_first(fake, tmp_path, monkeypatch):
     """Among ready jobs, the one whose task's longest job so far in this process took longest
     starts first; tasks not judged yet start before known ones, in the batch's order; results
     keep the batch's order."""
-    import uuid
-
-    tag = uuid.uuid4().hex  # tasks no other test has judged in this process
-    short, long = (Task(name=f"{n}_{tag}", source=f"import torch\n# {n} {tag}\n") for n in ("short", "long"))
-
-    def evaluate_job(self, j: Job, gpu, prebuilt) -> EvalResult:
-        self.note("judge_start", j.label)
-        time.sleep(0.4 if j.task is long else 0.05)
-        return EvalResult(status=Status.OK, task_name=j.task.name, task_hash=j.task.hash,
-                          candidate_hash=j.candidate.hash)
-
-    monkeypatch.setattr(FakeEvaluator, "evaluate_job", evaluate_job)
-
-    def jobs_of(*spec: tuple[Task, str]) -> list[Job]:
-        return [Job(t, Candidate(f"import torch\n# {label} {tag}\n", task_hash=t.hash, label=label))
-                for t, label in spec]
-
+    timed = _Timed(monkeypatch, long_s=0.4)
     plan = DevicePlan("cpu", (None,), "")
-    run_jobs(jobs_of((short, "s0"), (long, "l0")), config(tmp_path, 1), plan=plan)  # unknown: the batch's order
+    run_jobs(timed.jobs(("short", "s0"), ("long", "l0")), config(tmp_path, 1), plan=plan)  # unknown: in order
     assert [label for e, label, _ in fake.log if e == "judge_start"] == ["s0", "l0"]
     fake.log.clear()
-    later = jobs_of((short, "s1"), (short, "s2"), (long, "l1"))
-    fresh = Task(name=f"fresh_{tag}", source=f"import torch\n# fresh {tag}\n")
-    later += jobs_of((fresh, "f1"))
+    later = timed.jobs(("short", "s1"), ("short", "s2"), ("long", "l1"), ("fresh", "f1"))
     results = run_jobs(later, config(tmp_path, 1), plan=plan)
     assert [label for e, label, _ in fake.log if e == "judge_start"] == ["f1", "l1", "s1", "s2"]
     assert [r.candidate_hash for r in results] == [j.candidate.hash for j in later]
-    assert batch.TASK_SECONDS.get(long.hash) >= 0.4 > batch.TASK_SECONDS.get(short.hash)
+    assert batch.TASK_SECONDS.get(timed.tasks["long"].hash) >= 0.4 > batch.TASK_SECONDS.get(timed.tasks["short"].hash)
 
 
 def test_a_drain_lets_running_jobs_finish_and_starts_no_other(fake, tmp_path):
@@ -168,30 +174,13 @@ def test_a_drain_window_still_starts_the_jobs_that_fit_in_its_time_left(fake, tm
     """``drain.after(s, end=E)``: from s on, a lane starts only a job whose task's longest job so
     far (x FIT_FACTOR + FIT_SLACK_S) fits before E, and never one of a task not judged yet; at E,
     nothing; the jobs left unstarted raise Drained.  ``admits`` without a drain: always."""
-    import uuid
-
     from cudal1.harness.parent import drain
 
-    tag = uuid.uuid4().hex
-    short, long, fresh = (Task(name=f"{n}_{tag}", source=f"import torch\n# {n} {tag}\n")
-                          for n in ("short", "long", "fresh"))
-
-    def evaluate_job(self, j: Job, gpu, prebuilt) -> EvalResult:
-        self.note("judge_start", j.label)
-        time.sleep(1.5 if j.task is long else 0.05)
-        return EvalResult(status=Status.OK, task_name=j.task.name, task_hash=j.task.hash,
-                          candidate_hash=j.candidate.hash)
-
-    monkeypatch.setattr(FakeEvaluator, "evaluate_job", evaluate_job)
+    timed = _Timed(monkeypatch, long_s=1.5)
     monkeypatch.setattr(drain, "FIT_SLACK_S", 0.1)
-
-    def jobs_of(*spec: tuple[Task, str]) -> list[Job]:
-        return [Job(t, Candidate(f"import torch\n# {label} {tag}\n", task_hash=t.hash, label=label))
-                for t, label in spec]
-
     plan = DevicePlan("cpu", (None,), "")
     assert drain.admits(float("inf"))
-    run_jobs(jobs_of((short, "s0"), (long, "l0")), config(tmp_path, 1), plan=plan)
+    run_jobs(timed.jobs(("short", "s0"), ("long", "l0")), config(tmp_path, 1), plan=plan)
     fake.log.clear()
     try:
         drain.after(0.0, end=2.0)  # long: 1.5 x 1.5 + 0.1 s never fits; short: 0.175 s does, for a while
@@ -201,7 +190,7 @@ def test_a_drain_window_still_starts_the_jobs_that_fit_in_its_time_left(fake, tm
             time.sleep(0.005)
         assert drain.requested() and drain.admits(0.05) and not drain.admits(1.5) and not drain.admits(float("inf"))
         with pytest.raises(drain.Drained):
-            run_jobs(jobs_of((long, "l1"), (fresh, "f1"), *[(short, f"s{i}") for i in range(1, 200)]),
+            run_jobs(timed.jobs(("long", "l1"), ("fresh", "f1"), *[("short", f"s{i}") for i in range(1, 200)]),
                      config(tmp_path, 1), plan=plan)
         started = [label for e, label, _ in fake.log if e == "judge_start"]
         assert started and all(label.startswith("s") for label in started), started
