@@ -69,6 +69,7 @@ import builtin_losses
 import builtin_rejudge
 from builtin_confirm import confirm
 from builtin_figures import builtin_figures, finished, markdown, task_rows
+from compile_lease_ab import LEASE_SETTINGS
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.config import CONFIG_FILE, ConfigError, EvalConfig, config_changes, keep_previous_config, saved_config
 from cudal1.harness.parent import drain
@@ -378,7 +379,7 @@ def main() -> int:
                          "compile cache, a mode the search already judged is not timed again, the graphed compile "
                          "modes are not timed where CUDA-graph replay did not pay (off: a fresh cache per baseline "
                          "job, every mode timed); the config hash is the same either way")
-    ap.add_argument("--compile-lease", choices=("held", "released", "autotune-held"), default="released",
+    ap.add_argument("--compile-lease", choices=tuple(LEASE_SETTINGS), default="released",
                     help="where compiling (torch.compile's, Triton's) holds the GPU's lease: held, as the "
                          "phase it interrupts; released, Inductor's own GPU steps taking it back, autotuning "
                          "compiles included (EvalConfig.compile_off_lease, autotune_off_lease); autotune-held, "
@@ -416,9 +417,8 @@ def main() -> int:
     try:
         judge = EvalConfig.preset(args.preset).replace(
             device=args.device, workers_per_gpu=args.workers_per_gpu, keep_samples=False,
-            baseline_cache=args.levers == "on", compile_off_lease=args.compile_lease != "held",
-            autotune_off_lease=args.compile_lease == "released",
-            timing_budget_s=args.timing_budget, timing_trials=args.timing_trials)
+            baseline_cache=args.levers == "on", timing_budget_s=args.timing_budget,
+            timing_trials=args.timing_trials, **LEASE_SETTINGS[args.compile_lease])
     except ConfigError as exc:
         ap.error(str(exc))
     keep_earlier_config(out, judge, args.report_only)

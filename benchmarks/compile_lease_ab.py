@@ -53,7 +53,11 @@ def _phase_sum(results: list[EvalResult], names: tuple[str, ...]) -> float:
     return sum(seconds_in(r.phase_s, names) for r in results)
 
 
-ARMS = ("held", "released", "autotune-held")
+# Where compiling holds the GPU's lease, by name (these arms; builtin_kernelbench.py --compile-lease)
+LEASE_SETTINGS = {"held": {"compile_off_lease": False, "autotune_off_lease": False},
+                  "released": {"compile_off_lease": True, "autotune_off_lease": True},
+                  "autotune-held": {"compile_off_lease": True, "autotune_off_lease": False}}
+ARMS = tuple(LEASE_SETTINGS)
 
 
 def _job(r: EvalResult) -> dict[str, Any]:
@@ -66,8 +70,7 @@ def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, tr
     from cudal1.harness import evaluate_pairs, measure_baselines
 
     config = EvalConfig(device=device, workers_per_gpu=workers, cache_dir=str(root / arm), keep_samples=False,
-                        compile_off_lease=arm != "held", autotune_off_lease=arm == "released",
-                        timing_budget_s=budget_s, timing_trials=trials)
+                        timing_budget_s=budget_s, timing_trials=trials, **LEASE_SETTINGS[arm])
     triples = _pairs(tasks)
     t0 = time.perf_counter()
     results = evaluate_pairs([(t, c) for t, c, _ in triples], config)

@@ -393,6 +393,9 @@ def test_the_candidates_first_call_holds_the_lease_exclusive_and_gives_back_the_
         assert w.phases[-1] == "compile_cpu" and w.held == "none" and _try_lock(path, fcntl.LOCK_EX)
         w.compiling(False, off_lease=True)
         assert w.phases[-1] == "correctness" and w.held == "exclusive"
+        w.autotune(True)  # the candidate's own autotuner inside the call: its end keeps the call exclusive
+        w.autotune(False)
+        assert w.phases[-1] == "correctness" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
     assert w.phases[-1] == "correctness" and w.held == "shared" and _try_lock(path, fcntl.LOCK_SH)
     with pytest.raises(RuntimeError, match="the call failed"):
         with w.worker.first_call_alone():

@@ -65,12 +65,9 @@ def after(seconds: float, end: float | None = None) -> threading.Timer:
     if end is not None and end > seconds:
         deadline = time.monotonic() + end
 
-        def start_window() -> None:
+        def start_window() -> None:  # past the deadline nothing fits: admits says no from then on
             _WINDOW_END[:] = [deadline]
             request()
-            closer = threading.Timer(max(0.0, deadline - time.monotonic()), _WINDOW_END.clear)
-            closer.daemon = True
-            closer.start()
 
         timer = threading.Timer(max(0.0, seconds), start_window)
     else:
