@@ -40,8 +40,9 @@ every call, also when SIGINT or SIGTERM cut it short), so ``OUT`` moves between 
 (or as ``--pack``'s tar.gz): run the same command again.  ``--drain-after S`` stops a call without
 losing work in flight: after S seconds no new verdict starts, the running ones finish and are
 recorded, and the call ends as a cut one does (:mod:`cudal1.harness.parent.drain`); with
-``--drain-end E`` a verdict still starts until E seconds where its task's longest verdict so far
-fits in the time left, so the GPU is not left idle while the last long ones finish.  Under
+``--drain-end E`` (a deadline from the call's start) a verdict starts only where it is expected to
+end by E (by its task's verdicts of its kind so far), until E also after S, so the GPU is not left
+idle while the last long ones finish and the hard stop after E cuts nothing.  Under
 ``benchmarks/runs/`` git keeps only a run's selection (``tasks.jsonl``); benchmarks/README.md
 ("Run state") says where earlier runs' state is kept and how to restore it.
 """
@@ -392,8 +393,9 @@ def main() -> int:
                     help="after S seconds start no new verdict, let the running ones finish, then stop like a cut "
                          "call (nothing in flight is lost; a hard limit, e.g. timeout's, stays the backstop)")
     ap.add_argument("--drain-end", type=float, default=None, metavar="E",
-                    help="with --drain-after: until E seconds, still start a verdict whose task's longest verdict "
-                         "so far in this call fits in the time left (x1.5 + 5 s; a task not judged yet never does)")
+                    help="with --drain-after: a deadline from the start: a verdict starts only if expected to end by "
+                         "E (its task's longest verdict of its kind so far in this call x1.5 + 5 s; without one, "
+                         "the longest of its kind, and after --drain-after never), also after S")
     ap.add_argument(
         "--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)"
     )

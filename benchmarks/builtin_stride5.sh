@@ -8,11 +8,13 @@
 #   STRIDE5_SECONDS=300 bash benchmarks/builtin_stride5.sh resume   # a shorter part (the pack takes ~20 s more)
 #   STRIDE5_DRAIN=90 bash benchmarks/builtin_stride5.sh resume      # start no verdict in the part's last 90 s
 #                                                                   # (default 60; the running ones finish: --drain-after;
-#                                                                   # but one whose task's longest verdict so far fits
-#                                                                   # before the last 15 s: --drain-end; 0: no drain,
-#                                                                   # the timeout cuts them)
-#   STRIDE5_WORKERS=2 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 3; not in the config hash)
-#   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 3; timing and
+#                                                                   # but one expected to end before the last 15 s does,
+#                                                                   # and none that is not starts at all: --drain-end;
+#                                                                   # 0: no drain, the timeout cuts them)
+#   STRIDE5_WORKERS=3 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 4; not in the config hash)
+#   STRIDE5_CHUNK=0 bash benchmarks/builtin_stride5.sh resume       # tasks per chunk (default 20; 0: 4 x workers per
+#                                                                   # GPU, at least 8; not in the config hash)
+#   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 4; timing and
 #                                                                   # the candidate's first call stay exclusive;
 #                                                                   # not in the config hash)
 #   STRIDE5_COMPILE_LEASE=held bash benchmarks/builtin_stride5.sh resume  # compiling under the GPU's lease
@@ -38,14 +40,15 @@ mkdir -p "$OUT"
 step=${1:?usage: builtin_stride5.sh probe|resume}
 RUN=${STRIDE5_OUT:-benchmarks/runs/stride5}
 # The judge times each verdict to a 2 s budget of at most 50 calls per side (the preset: 4 s, 100).
-# Three workers share the GPU: compile baselines hold its lease exclusive from construct on, so
-# compile-time autotuning runs alone (before that, with 3, two max-autotune figures moved by
-# 13-21%; the cost probe at 3 since reads them at 1.000x both ways: docs/builtin.md, "What a task costs").
+# Four workers share the GPU (at three it sat idle about 30% of each batch): timing, the candidate's
+# first call and autotuning's own timings hold its lease exclusive, compiling gives it back
+# (docs/harness.md), and the re-timing runs at four too.  Chunks of 20 tasks: the sample is two,
+# so few batches end with lanes idle (the third run's last chunk, 19 tasks: 57 s per task).
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
-      --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-3}"
-      --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-3}"
-      --out "$RUN" --pack "$OUT/stride5_state.tgz"
+      --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-4}"
+      --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-4}"
+      --chunk "${STRIDE5_CHUNK:-20}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}")
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in
@@ -63,7 +66,7 @@ case "$step" in
     SECONDS_=${STRIDE5_SECONDS:-530}
     DRAIN=()
     [ "${STRIDE5_DRAIN:-60}" -gt 0 ] && DRAIN=(--drain-after $((SECONDS_ - ${STRIDE5_DRAIN:-60})))
-    # in the drain's window, a verdict whose task's longest one so far fits still starts (until 15 s before the end)
+    # a deadline 15 s before the end: a verdict starts only if its task's verdicts of its kind say it ends by then
     [ "${STRIDE5_DRAIN:-60}" -gt 20 ] && DRAIN+=(--drain-end $((SECONDS_ - 15)))
     timeout -s INT "$SECONDS_" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" "${REJUDGE[@]}" "${DRAIN[@]}" \
       >"$OUT/stride5_resume.log" 2>&1

@@ -201,6 +201,60 @@ def test_a_drain_window_still_starts_the_jobs_that_fit_in_its_time_left(fake, tm
     assert drain.admits(1.5)
 
 
+def test_a_deadline_starts_no_job_that_cannot_end_before_it_and_drains_once_none_can(fake, tmp_path, monkeypatch):
+    """``drain.after(s, end=E)`` bounds every start by E at once, before the drain at s: a job
+    whose task's jobs of its kind took too long never starts, nor one of a fresh task sized by the
+    longest job of its kind; once nothing pending fits, the batch drains itself well before s."""
+    from cudal1.harness.parent import drain
+
+    timed = _Timed(monkeypatch, long_s=1.5)
+    monkeypatch.setattr(drain, "FIT_SLACK_S", 0.1)
+    plan = DevicePlan("cpu", (None,), "")
+    run_jobs(timed.jobs(("short", "s0"), ("long", "l0")), config(tmp_path, 1), plan=plan)
+    fake.log.clear()
+    try:
+        timer = drain.after(1.9, end=2.0)  # long: 1.5 x 1.5 + 0.1 s > 2 s; fresh: sized by long's 1.5 s
+        t0 = time.monotonic()
+        with pytest.raises(drain.Drained, match=r"drained: 2 job\(s\) not started"):
+            run_jobs(timed.jobs(("long", "l1"), ("fresh", "f1"), *[("short", f"s{i}") for i in range(1, 6)]),
+                     config(tmp_path, 1), plan=plan)
+        assert time.monotonic() - t0 < 1.9 and drain.requested()  # drained by the batch, not by the timer
+        assert sorted(label for e, label, _ in fake.log if e == "judge_start") == [f"s{i}" for i in range(1, 6)]
+        timer.cancel()
+    finally:
+        drain.clear()
+
+
+def test_task_seconds_size_a_job_by_its_own_kind(monkeypatch):
+    """A baseline mode is sized by that mode's jobs of its task, never by the task's candidates;
+    without one, by the longest job of its kind, else of any kind, else not at all (infinite)."""
+    timed = _Timed(monkeypatch, long_s=0.0)
+    seconds = batch.TaskSeconds()
+    cand = timed.jobs(("short", "c"))[0]
+    mode_a, mode_b = (Job(timed.tasks[n], None, "compile-max-autotune") for n in ("short", "fresh"))
+    assert seconds.stand_in(cand) == seconds.expected(cand) == float("inf")
+    seconds.note(cand, 2.0)
+    assert seconds.expected(cand) == 2.0 and seconds.expected(mode_a) == float("inf")
+    assert seconds.stand_in(mode_a) == 2.0  # no baseline judged yet: the longest job of any kind
+    seconds.note(mode_b, 9.0)
+    seconds.note(mode_b, 7.0)
+    assert seconds.expected(mode_b) == 9.0 and seconds.stand_in(mode_a) == 9.0 and seconds.stand_in(cand) == 2.0
+    assert seconds.get(timed.tasks["short"].hash) == 2.0 and seconds.get(timed.tasks["fresh"].hash) == 9.0
+
+
+def test_out_of_time_drains_only_under_a_drain_or_a_deadline():
+    from cudal1.harness.parent import drain
+
+    try:
+        assert not drain.out_of_time(False) and not drain.requested()  # no drain, no deadline: wait for work
+        drain.after(60.0, end=120.0).cancel()  # a deadline alone
+        assert not drain.out_of_time(True) and not drain.requested()
+        assert drain.out_of_time(False) and drain.requested()  # nothing fits: the drain begins
+    finally:
+        drain.clear()
+    assert drain.admits(float("inf")) and not drain.out_of_time(False)
+
+
 def test_builds_start_at_once_up_to_the_budget_not_the_lanes(fake, tmp_path):
     jobs = [job(f"b{i}", True) for i in range(4)]
     stats = []

@@ -9,8 +9,9 @@ neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``reju
 and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`).
 Among ready jobs, a lane takes the one whose task took longest so far in this process
 (:data:`TASK_SECONDS`), so a batch's long jobs do not end it with the other lanes idle.
-A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no other (in a
-drain window, none but the jobs its time left fits), and raises ``Drained`` for those it never started.
+A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no other, and raises
+``Drained`` for those it never started; under a drain's deadline a lane starts only jobs expected
+to end before it (:meth:`TaskSeconds.expected`), and once none is left the drain begins.
 ``on_result(index, result)`` is called from a lane thread as each verdict arrives, ``on_stats``
 once after the batch (:class:`~cudal1.harness.parent.batchstats.BatchStats`).  An interrupt stops every
 lane and kills running workers; their jobs leave no verdict.
@@ -123,24 +124,48 @@ MEMORY_BOUND = MemoryBoundTasks()
 
 
 class TaskSeconds:
-    """The longest time a lane spent on one job of each task judged in this process.  A batch
+    """The longest time a lane spent on one job of each task judged in this process, and on one
+    job of each *kind* (a candidate, or a baseline mode) of each task and of any task.  A batch
     starts the ready job whose task took longest first (longest first: a level-3 model's job
     started last keeps its GPU busy after the other lanes ran dry), tasks not judged yet before
-    them, in the batch's order; the order of results is the batch's either way.  Thread-safe;
-    lives as long as the process."""
+    them, in the batch's order; the order of results is the batch's either way.  A drain's
+    deadline sizes a job by its task's own jobs of its kind (:meth:`expected`; a max-autotune
+    baseline is not sized by its task's search verdicts), else by :meth:`stand_in`.
+    Thread-safe; lives as long as the process."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seconds: dict[str, float] = {}
+        self._seconds: dict[Any, float] = {}  # task hash, (task hash, kind) and (None, kind) -> longest
 
-    def note(self, task_hash: str, seconds: float) -> None:
+    @staticmethod
+    def kind(job: Job) -> str:
+        return job.baseline_mode or "candidate"
+
+    def note(self, job: Job, seconds: float) -> None:
+        kind = self.kind(job)
         with self._lock:
-            self._seconds[task_hash] = max(seconds, self._seconds.get(task_hash, 0.0))
+            for key in (job.task.hash, (job.task.hash, kind), (None, kind)):
+                self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
 
     def get(self, task_hash: str) -> float:
         """Seconds of the task's longest job so far (infinite when none was judged)."""
         with self._lock:
             return self._seconds.get(task_hash, math.inf)
+
+    def expected(self, job: Job) -> float:
+        """Seconds of the longest job of this kind of this task so far (infinite when none)."""
+        with self._lock:
+            return self._seconds.get((job.task.hash, self.kind(job)), math.inf)
+
+    def stand_in(self, job: Job) -> float:
+        """For a job with no :meth:`expected` time: the longest job of its kind of any task so
+        far, else the longest job of any kind (infinite when none was judged)."""
+        with self._lock:
+            same = self._seconds.get((None, self.kind(job)))
+            if same is not None:
+                return same
+            kinds = [v for k, v in self._seconds.items() if isinstance(k, tuple) and k[0] is None]
+            return max(kinds, default=math.inf)
 
 
 TASK_SECONDS = TaskSeconds()
@@ -223,18 +248,20 @@ class _LocalBatch:
     def take(self) -> int | None:
         """The pending job that is ready (no build, or its build done) whose task took longest
         so far (:data:`TASK_SECONDS`; the first such in the batch's order); sleeps until a build
-        finishes when none is; None when nothing is left (or a lane failed, or a drain began)."""
+        finishes when none is; None when nothing is left (or a lane failed, or a drain began, or
+        a drain's deadline leaves no pending job time to end before it)."""
         with self.ready:
             while True:
                 if self.failures or self.stopping or not self.pending:
                     return None
-                expected = {i: TASK_SECONDS.get(self.jobs[i].task.hash) for i in self.pending}
-                if drain.requested() and not any(drain.admits(s) for s in expected.values()):
-                    return None  # a drain: nothing left that fits in its window
-                ready = [i for i in self.pending if (i not in self.tickets or self.tickets[i].done)
-                         and drain.admits(expected[i])]
+                fits = {i for i in self.pending
+                        if drain.admits(TASK_SECONDS.expected(self.jobs[i]), TASK_SECONDS.stand_in(self.jobs[i]))}
+                if drain.out_of_time(bool(fits)):
+                    return None  # a drain, or a deadline nothing left fits before
+                ready = [i for i in self.pending if (i not in self.tickets or self.tickets[i].done) and i in fits]
                 if ready:
-                    pick = max(ready, key=lambda i: (expected[i], -i))
+                    longest = {i: TASK_SECONDS.get(self.jobs[i].task.hash) for i in ready}
+                    pick = max(ready, key=lambda i: (longest[i], -i))
                     self.pending.remove(pick)
                     return pick
                 self.ready.wait(timeout=1.0)
@@ -258,7 +285,7 @@ class _LocalBatch:
                 if self.on_result is not None:
                     self.on_result(i, res)
                 now = time.monotonic()
-                TASK_SECONDS.note(self.jobs[i].task.hash, now - mark)
+                TASK_SECONDS.note(self.jobs[i], now - mark)
                 rec.judged(key, i, now - mark, worker_build_s=in_worker_build_s(res))
                 mark = now
         except BaseException as exc:  # noqa: BLE001 - re-raised after the join

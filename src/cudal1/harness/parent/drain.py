@@ -11,10 +11,13 @@ A drain lasts for the rest of the process (a later batch raises at once) unless 
 called.  Both backends honour it: the local one between jobs of a lane, Ray's between dispatches.
 The CLI requests one on SIGUSR1.
 
-``after(seconds, end=E)`` makes the drain a window that ends ``E`` seconds from now: until then
-the local backend still starts a job that :func:`admits` (its expected seconds, with a margin, fit
-in the time left: a job of a task judged before in this process, whose longest job is known); at
-``E`` nothing starts any more.  Ray's backend starts nothing in the window.
+``after(seconds, end=E)`` sets a *deadline* ``E`` seconds from now at once and requests the drain
+at ``seconds``: from now on the local backend starts only a job that :func:`admits` (its expected
+seconds, with a margin, fit before the deadline), so no job starts that a hard stop at ``E`` plus a
+little would cut and lose; a job with no expected time yet (nothing like it judged in this process)
+is sized by the caller's stand-in until the drain, and never starts after it.  Once nothing left
+fits, the batch requests the drain itself (:func:`out_of_time`): time only runs out.  Ray's backend
+honours the drain alone, not the deadline.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import threading
 import time
 
 _REQUESTED = threading.Event()
-_WINDOW_END: list[float] = []  # monotonic time a drain window ends (empty: none)
+_DEADLINE: list[float] = []  # monotonic time by which a started job should have ended (empty: none)
 FIT_FACTOR, FIT_SLACK_S = 1.5, 5.0  # a job fits when FIT_FACTOR x its expected seconds + FIT_SLACK_S are left
 
 
@@ -45,33 +48,43 @@ def requested() -> bool:
 def clear() -> None:
     """Batches start jobs again (a drain is over)."""
     _REQUESTED.clear()
-    _WINDOW_END.clear()
+    _DEADLINE.clear()
 
 
-def admits(expected_s: float) -> bool:
-    """Whether a job expected to take ``expected_s`` seconds may start now: always without a drain,
-    never after a plain one, in a drain window when it fits in the time the window has left."""
-    if not _REQUESTED.is_set():
-        return True
-    if not _WINDOW_END:
+def admits(expected_s: float, stand_in_s: float = math.inf) -> bool:
+    """Whether a job expected to take ``expected_s`` seconds may start now.  Without a deadline:
+    unless a drain was requested.  With one: when ``FIT_FACTOR`` x its seconds + ``FIT_SLACK_S``
+    fit in the time left; a job with no expected time (``inf``) is sized by ``stand_in_s`` before
+    the drain (none either: it starts) and never starts after it."""
+    if not _DEADLINE:
+        return not _REQUESTED.is_set()
+    if not math.isfinite(expected_s):
+        if _REQUESTED.is_set():
+            return False
+        if not math.isfinite(stand_in_s):
+            return True
+        expected_s = stand_in_s
+    return FIT_FACTOR * expected_s + FIT_SLACK_S <= _DEADLINE[0] - time.monotonic()
+
+
+def out_of_time(any_fits: bool) -> bool:
+    """Whether a batch whose pending jobs ``any_fits`` (by :func:`admits`) should start nothing
+    more: none fits and a drain was requested or a deadline is set (with one, none ever will:
+    the estimates only grow and the time left only shrinks).  A deadline's end requests the drain
+    here, so the batch raises ``Drained`` and every later batch stops at once."""
+    if any_fits or not (_REQUESTED.is_set() or _DEADLINE):
         return False
-    left = _WINDOW_END[0] - time.monotonic()
-    return math.isfinite(expected_s) and FIT_FACTOR * expected_s + FIT_SLACK_S <= left
+    _REQUESTED.set()
+    return True
 
 
 def after(seconds: float, end: float | None = None) -> threading.Timer:
     """Request a drain ``seconds`` from now (a daemon timer; cancel it to call it off); with
-    ``end`` (seconds from now, later than ``seconds``), a window in which jobs that fit still start."""
+    ``end`` (seconds from now, later than ``seconds``), a deadline from now on, by which every job
+    started should have ended (:func:`admits`)."""
     if end is not None and end > seconds:
-        deadline = time.monotonic() + end
-
-        def start_window() -> None:  # past the deadline nothing fits: admits says no from then on
-            _WINDOW_END[:] = [deadline]
-            request()
-
-        timer = threading.Timer(max(0.0, seconds), start_window)
-    else:
-        timer = threading.Timer(max(0.0, seconds), request)
+        _DEADLINE[:] = [time.monotonic() + end]
+    timer = threading.Timer(max(0.0, seconds), request)
     timer.daemon = True
     timer.start()
     return timer
