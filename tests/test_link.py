@@ -116,16 +116,16 @@ def test_a_join_probe_is_read_only_when_well_formed(tmp_path):
 
 
 def test_the_timing_phase_sizes_output_slots_from_a_layout_that_holds_no_memory(tmp_path):
-    """The timing phase keeps the reference's warm-up output only as a layout (``_layout_only``:
+    """The timing phase keeps the reference's warm-up output only as a layout (``layout_only``:
     meta tensors of the same dtypes and shapes, the tree's structure kept): the candidate's output
     slots come out the same as from the real output, and no output-sized tensor stays alive through
     the timed calls (on level1/38, 8 GiB each: the reference worker held 72 GiB and a candidate ran
     out of memory beside it, H200, 2026-12-03)."""
-    from cudal1.harness.reference.measure import _layout_only
+    from cudal1.harness.reference.refwindow import layout_only
     from cudal1.harness.wire import output_targets
 
     real = {"y": (torch.ones(2, 3), torch.zeros(4, dtype=torch.float64)), "n": 3}
-    layout = _layout_only(real)
+    layout = layout_only(real)
     assert layout["n"] == 3 and all(t.device.type == "meta" for t in layout["y"])
     assert [(t.dtype, t.shape) for t in layout["y"]] == [(t.dtype, t.shape) for t in real["y"]]
     (tmp_path / "a").mkdir()

@@ -45,88 +45,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from .store_schema import SCHEMA, SCHEMA_VERSION
 from .types import Candidate, EvalResult, Status, Task
 
 __all__ = ["SCHEMA_VERSION", "RunStore", "StoreError"]
 
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
-
-_SCHEMA = (
-    """CREATE TABLE IF NOT EXISTS meta (
-        key TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS tasks (
-        hash TEXT PRIMARY KEY,
-        name TEXT NOT NULL,
-        task_id TEXT NOT NULL,
-        level INTEGER,
-        problem_id INTEGER,
-        source TEXT NOT NULL,
-        origin TEXT NOT NULL DEFAULT '',
-        added_at REAL NOT NULL
-    )""",
-    """CREATE TABLE IF NOT EXISTS candidates (
-        hash TEXT NOT NULL,
-        task_hash TEXT NOT NULL,
-        source TEXT NOT NULL,
-        label TEXT NOT NULL DEFAULT '',
-        meta_json TEXT NOT NULL DEFAULT '{}',
-        added_at REAL NOT NULL,
-        PRIMARY KEY (hash, task_hash)
-    )""",
-    "CREATE INDEX IF NOT EXISTS candidates_task ON candidates (task_hash)",
-    """CREATE TABLE IF NOT EXISTS evaluations (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        task_hash TEXT NOT NULL,
-        candidate_hash TEXT NOT NULL,
-        config_hash TEXT NOT NULL,
-        status TEXT NOT NULL,
-        speedup REAL,
-        result_json TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        UNIQUE (task_hash, candidate_hash, config_hash)
-    )""",
-    "CREATE INDEX IF NOT EXISTS evaluations_task_status ON evaluations (task_hash, status)",
-    """CREATE TABLE IF NOT EXISTS baselines (
-        task_hash TEXT NOT NULL,
-        mode TEXT NOT NULL,
-        env_key TEXT NOT NULL,
-        config_hash TEXT NOT NULL,
-        result_json TEXT NOT NULL,
-        created_at REAL NOT NULL,
-        PRIMARY KEY (task_hash, mode, env_key, config_hash)
-    )""",
-    """CREATE TABLE IF NOT EXISTS environments (
-        key TEXT PRIMARY KEY,
-        json TEXT NOT NULL
-    )""",
-    # Optimizer responses, usable or not: a response without code is a format failure, kept.
-    """CREATE TABLE IF NOT EXISTS responses (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        task_hash TEXT NOT NULL,
-        round INTEGER NOT NULL,
-        policy TEXT NOT NULL,
-        prompt_json TEXT NOT NULL,
-        response TEXT NOT NULL,
-        analysis TEXT NOT NULL,
-        candidate_hash TEXT,
-        problem TEXT NOT NULL,
-        error TEXT NOT NULL,
-        usage_json TEXT NOT NULL,
-        created_at REAL NOT NULL
-    )""",
-    """CREATE INDEX IF NOT EXISTS responses_task ON responses (task_hash, round)""",
-    """CREATE TABLE IF NOT EXISTS runs (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        kind TEXT NOT NULL,
-        config_json TEXT NOT NULL,
-        started_at REAL NOT NULL,
-        finished_at REAL,
-        status TEXT NOT NULL
-    )""",
-)
 
 
 class StoreError(RuntimeError):
@@ -192,7 +116,7 @@ class RunStore:
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         with self._tx():
-            for statement in _SCHEMA:
+            for statement in SCHEMA:
                 conn.execute(statement)
             conn.execute(
                 "INSERT OR IGNORE INTO meta (key, value) VALUES ('schema_version', ?)",

@@ -107,7 +107,7 @@ def baselines(tasks: list[dict[str, Any]], label: Callable[[str], str] = str) ->
     else:
         ax.set_xlabel(f"{len(rows)} tasks with a verified candidate, by best speedup")
         ax.set_xticks([])
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncol=2, frameon=False)  # above: no point hidden
     ax.grid(axis="y", which="both", alpha=0.25)
     return _svg(fig, "base")
 

@@ -31,18 +31,18 @@ from cudal1.harness.figures import figures
 from cudal1.harness.memory import poison_free_blocks
 from cudal1.harness.numerics import ExactAnswers, ExactReference
 from cudal1.harness.proctree import name_of
-from cudal1.harness.reference.hostload import BlockLoad, WindowWaits
+from cudal1.harness.reference.hostload import BlockLoad
 from cudal1.harness.reference.link import CandidateLink, described
 from cudal1.harness.reference.outputs import compare_described, record_rule, stale
+from cudal1.harness.reference.refwindow import RefWindow, layout_only
 from cudal1.harness.reference.spans import Spans
 from cudal1.harness.reference.verdict import Verdict
 from cudal1.harness.spec import TimingStage, WorkerSpec
-from cudal1.harness.timer import CallWindow, GateWait, make_timer
+from cudal1.harness.timer import GateWait, make_timer
 from cudal1.harness.window import Stager
-from cudal1.harness.wire import output_leaves, tensor_leaves
+from cudal1.harness.wire import output_leaves
 
 _perf = time.perf_counter
-_perf_ns = time.perf_counter_ns
 
 
 def output_bytes(out: Any) -> int:
@@ -221,8 +221,8 @@ class Measurement:
         # per-round ratios (stats.speedup_ci), which needs several rounds to see drift between them
         size = max(1, min(self.cfg.timing_block, n // 6))
         done = {"ref": 0, "cand": 0}
-        refs = _RefWindow(self, timer, stager, page, template, refs_wait)
-        template = _layout_only(template)  # the output slots need its layout only, not the output itself
+        refs = RefWindow(self, timer, stager, page, template, refs_wait)
+        template = layout_only(template)  # the output slots need its layout only, not the output itself
         load = BlockLoad(per_call=self.device.type == "cpu")
         while done["ref"] < n or done["cand"] < n:
             for who in rng.sample(["ref", "cand"], 2):
@@ -257,7 +257,7 @@ class Measurement:
             raise Verdict("rejected", f"the candidate's process started {len(new)} process(es) after warm-up: {names}",
                           "new_process")
 
-    def ref_block(self, refs: "_RefWindow", ref_model: Any, link: CandidateLink, calls: list[int], seed0: int,
+    def ref_block(self, refs: RefWindow, ref_model: Any, link: CandidateLink, calls: list[int], seed0: int,
                   rows: list[list[Any]], load: BlockLoad) -> None:
         spans = self.spans
         with spans.span("pause"):
@@ -403,100 +403,3 @@ class Measurement:
             return None
         out = ref_model(*self.make_inputs(self.input_seed + 70_001))
         return output_bytes(out) / peak * 1e3
-
-
-class _RefWindow:
-    """The reference's timed calls under the same window as the candidate's, in this process: its
-    inputs masked into this process's own buffers (one per input lane, kept across calls) and
-    unmasked in place after the gate, its outputs
-    snapshotted into buffers shaped like the slots and digested, the gate opened by this process
-    once the call is issued, and the window read on the same clock (so both sides' slack, window
-    minus event span, holds the same work)."""
-
-    def __init__(self, owner: Measurement, timer: Any, stager: Stager, page: Any, template: Any,
-                 wait: GateWait) -> None:
-        self.owner, self.timer, self.stager, self.page, self.wait = owner, timer, stager, page, wait
-        self.device = owner.device
-        self.targets = [torch.empty(tuple(x.shape), dtype=x.dtype, device=x.device)  # contiguous, like a slot view
-                        for x in output_leaves(template) if isinstance(x, torch.Tensor)]
-        self.buffers: list[torch.Tensor] = []
-
-    def _buffer(self, lane: int, nbytes: int) -> torch.Tensor:
-        while len(self.buffers) <= lane:
-            self.buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
-        if self.buffers[lane].numel() < nbytes:
-            self.buffers[lane] = torch.empty(max(16, nbytes), dtype=torch.uint8, device=self.device)
-        return self.buffers[lane]
-
-    def time(self, ref_model: Any, inputs: list) -> list[Any]:
-        """One call; its row ``[gpu, device, host, blocked, escaped, window]`` (ms)."""
-        key = window.new_key()
-        self.stager.set_key(key)
-        masked_inputs: list[torch.Tensor] = []
-        privates: list[torch.Tensor] = []
-        for lane, x in enumerate(tensor_leaves(inputs)):
-            nbytes = x.numel() * x.element_size()
-            masked = self._buffer(lane, nbytes)[:nbytes]
-            self.stager.mask_into(masked, x, lane, key)
-            masked_inputs.append(masked)  # unmasked in place, as the candidate's process does its copy
-            privates.append(masked.view(x.dtype).reshape(tuple(x.shape)))
-        args = _replace_tensors(inputs, iter(privates))
-        seq = self.timer.next_seq()
-        marks: dict[str, float] = {}
-        waits = WindowWaits()
-
-        def opened() -> None:
-            waits.start()
-            marks["open"] = _perf_ns()
-
-        def closed() -> None:
-            marks["done"] = _perf_ns()
-            marks["waited"] = waits.stop()
-
-        if self.device.type == "cuda":
-            self.page.set_key(key)
-            self.owner.sync()  # the masking above is done before the gate's clock matters
-            win = CallWindow(self.page, seq, masked_inputs, self.targets,
-                             issued=lambda _ms: self._open(seq, opened, closed), gate_timeout_s=self.wait.wait_s(),
-                             own_targets=True)
-        else:
-            win = CallWindow(self.page, seq, masked_inputs, self.targets, issued=lambda _ms: opened(), key=lambda: key,
-                             published=lambda _d: closed())
-        ct, out = self.timer.time_call(ref_model, tuple(args), check_escape=False, window=win)
-        self.wait.saw(ct.blocked)
-        del out, args, privates
-        return [ct.gpu_ms, ct.device_ms, ct.host_ms, ct.blocked, ct.escaped, (marks["done"] - marks["open"]) / 1e6,
-                marks["waited"]]
-
-    def _open(self, seq: int, opened: Any, closed: Any) -> None:
-        """Open this process's own gate (once it runs) and watch its page until the call's digest
-        is there."""
-        self.page.await_started(seq)
-        opened()
-        self.page.open(seq)
-        deadline = _perf_ns() + 120 * 10**9
-        want = seq & 0xFFFFFFFF
-        while self.page.done != want:
-            if _perf_ns() > deadline:
-                raise RuntimeError("the reference's timed call never completed on the device")
-        closed()
-
-
-def _layout_only(tree: Any) -> Any:
-    """``tree`` with each tensor leaf replaced by an empty one of its dtype and shape on the ``meta``
-    device: what output slots are sized from (:func:`cudal1.harness.wire.output_targets`), holding
-    no memory."""
-    return _replace_tensors(tree, iter([torch.empty(tuple(x.shape), dtype=x.dtype, device="meta")
-                                        for x in tensor_leaves(tree)]))
-
-
-def _replace_tensors(tree: Any, fresh: Any) -> Any:
-    """``tree`` with its tensor leaves replaced, in :func:`tensor_leaves` order, from ``fresh``."""
-    if isinstance(tree, torch.Tensor):
-        return next(fresh)
-    if isinstance(tree, (list, tuple)):
-        items = [_replace_tensors(x, fresh) for x in tree]
-        return items if isinstance(tree, list) else tuple(items)
-    if isinstance(tree, dict):
-        return {k: _replace_tensors(v, fresh) for k, v in tree.items()}
-    return tree
