@@ -136,6 +136,7 @@ class TaskSeconds:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seconds: dict[Any, float] = {}  # task hash, (task hash, kind) and (None, kind) -> longest
+        self._longest = math.inf  # of any job so far (infinite: none yet)
 
     @staticmethod
     def kind(job: Job) -> str:
@@ -146,6 +147,7 @@ class TaskSeconds:
         with self._lock:
             for key in (job.task.hash, (job.task.hash, kind), (None, kind)):
                 self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
+            self._longest = seconds if math.isinf(self._longest) else max(seconds, self._longest)
 
     def get(self, task_hash: str) -> float:
         """Seconds of the task's longest job so far (infinite when none was judged)."""
@@ -161,11 +163,7 @@ class TaskSeconds:
         """For a job with no :meth:`expected` time: the longest job of its kind of any task so
         far, else the longest job of any kind (infinite when none was judged)."""
         with self._lock:
-            same = self._seconds.get((None, self.kind(job)))
-            if same is not None:
-                return same
-            kinds = [v for k, v in self._seconds.items() if isinstance(k, tuple) and k[0] is None]
-            return max(kinds, default=math.inf)
+            return self._seconds.get((None, self.kind(job)), self._longest)
 
 
 TASK_SECONDS = TaskSeconds()
@@ -254,8 +252,9 @@ class _LocalBatch:
             while True:
                 if self.failures or self.stopping or not self.pending:
                     return None
-                fits = {i for i in self.pending
-                        if drain.admits(TASK_SECONDS.expected(self.jobs[i]), TASK_SECONDS.stand_in(self.jobs[i]))}
+                fits = (set(self.pending) if not drain.bounding() else  # no drain, no deadline: every job
+                        {i for i in self.pending if drain.admits(TASK_SECONDS.expected(self.jobs[i]),
+                                                                 TASK_SECONDS.stand_in(self.jobs[i]))})
                 if drain.out_of_time(bool(fits)):
                     return None  # a drain, or a deadline nothing left fits before
                 ready = [i for i in self.pending if (i not in self.tickets or self.tickets[i].done) and i in fits]

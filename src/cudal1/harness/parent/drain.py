@@ -67,6 +67,11 @@ def admits(expected_s: float, stand_in_s: float = math.inf) -> bool:
     return FIT_FACTOR * expected_s + FIT_SLACK_S <= _DEADLINE[0] - time.monotonic()
 
 
+def bounding() -> bool:
+    """Whether a drain or a deadline may keep a job from starting (else :func:`admits` is true)."""
+    return _REQUESTED.is_set() or bool(_DEADLINE)
+
+
 def out_of_time(any_fits: bool) -> bool:
     """Whether a batch whose pending jobs ``any_fits`` (by :func:`admits`) should start nothing
     more: none fits and a drain was requested or a deadline is set (with one, none ever will:
