@@ -136,7 +136,7 @@ class TaskSeconds:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seconds: dict[Any, float] = {}  # task hash, (task hash, kind) and (None, kind) -> longest
-        self._longest = math.inf  # of any job so far (infinite: none yet)
+        self._longest: float | None = None  # of any job so far
 
     @staticmethod
     def kind(job: Job) -> str:
@@ -147,7 +147,7 @@ class TaskSeconds:
         with self._lock:
             for key in (job.task.hash, (job.task.hash, kind), (None, kind)):
                 self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
-            self._longest = seconds if math.isinf(self._longest) else max(seconds, self._longest)
+            self._longest = max(seconds, self._longest or 0.0)
 
     def get(self, task_hash: str) -> float:
         """Seconds of the task's longest job so far (infinite when none was judged)."""
@@ -163,7 +163,7 @@ class TaskSeconds:
         """For a job with no :meth:`expected` time: the longest job of its kind of any task so
         far, else the longest job of any kind (infinite when none was judged)."""
         with self._lock:
-            return self._seconds.get((None, self.kind(job)), self._longest)
+            return self._seconds.get((None, self.kind(job)), math.inf if self._longest is None else self._longest)
 
 
 TASK_SECONDS = TaskSeconds()

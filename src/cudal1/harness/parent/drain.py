@@ -77,7 +77,7 @@ def out_of_time(any_fits: bool) -> bool:
     more: none fits and a drain was requested or a deadline is set (with one, none ever will:
     the estimates only grow and the time left only shrinks).  A deadline's end requests the drain
     here, so the batch raises ``Drained`` and every later batch stops at once."""
-    if any_fits or not (_REQUESTED.is_set() or _DEADLINE):
+    if any_fits or not bounding():
         return False
     _REQUESTED.set()
     return True

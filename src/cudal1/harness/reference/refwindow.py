@@ -5,7 +5,7 @@ the tensor-tree helpers the timing phase shares with it.  Runs in the reference 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -14,6 +14,9 @@ from cudal1.harness.reference.hostload import WindowWaits
 from cudal1.harness.timer import CallWindow, GateWait
 from cudal1.harness.window import Stager
 from cudal1.harness.wire import output_leaves, tensor_leaves
+
+if TYPE_CHECKING:
+    from cudal1.harness.reference.measure import Measurement
 
 _perf_ns = time.perf_counter_ns
 
@@ -26,7 +29,7 @@ class RefWindow:
     once the call is issued, and the window read on the same clock (so both sides' slack, window
     minus event span, holds the same work)."""
 
-    def __init__(self, owner: Any, timer: Any, stager: Stager, page: Any, template: Any,
+    def __init__(self, owner: Measurement, timer: Any, stager: Stager, page: Any, template: Any,
                  wait: GateWait) -> None:
         self.owner, self.timer, self.stager, self.page, self.wait = owner, timer, stager, page, wait
         self.device = owner.device
