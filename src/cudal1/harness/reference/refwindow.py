@@ -5,7 +5,7 @@ the tensor-tree helpers the timing phase shares with it.  Runs in the reference 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 
@@ -15,8 +15,15 @@ from cudal1.harness.timer import CallWindow, GateWait
 from cudal1.harness.window import Stager
 from cudal1.harness.wire import output_leaves, tensor_leaves
 
-if TYPE_CHECKING:
-    from cudal1.harness.reference.measure import Measurement
+
+class WindowOwner(Protocol):
+    """What the window needs of the phase that owns it (a :class:`~cudal1.harness.reference.measure.
+    Measurement`): its device, and a sync that waits for the work it has issued."""
+
+    device: torch.device
+
+    def sync(self) -> None: ...
+
 
 _perf_ns = time.perf_counter_ns
 
@@ -29,7 +36,7 @@ class RefWindow:
     once the call is issued, and the window read on the same clock (so both sides' slack, window
     minus event span, holds the same work)."""
 
-    def __init__(self, owner: Measurement, timer: Any, stager: Stager, page: Any, template: Any,
+    def __init__(self, owner: WindowOwner, timer: Any, stager: Stager, page: Any, template: Any,
                  wait: GateWait) -> None:
         self.owner, self.timer, self.stager, self.page, self.wait = owner, timer, stager, page, wait
         self.device = owner.device
