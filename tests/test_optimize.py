@@ -451,3 +451,54 @@ def test_best_holds_only_programs_measured_faster_and_the_uncertain_best_is_kept
     # slower with confidence: neither
     row = outputs(verdict("slow", 0.8, (0.7, 0.9)))
     assert row["best_path"] is None and row["uncertain_candidate"] is None and not kept.exists()
+
+
+class _BlindProposer(_Proposer):
+    """:class:`_Proposer` whose first round reads nothing of the anchor's verdict."""
+
+    first_round_blind = True
+
+
+class _CountingJudge(RecordedJudge):
+    """The run's judge, keeping each batch it was given (candidate labels, in order)."""
+
+    def __init__(self, *args, **kw) -> None:
+        super().__init__(*args, **kw)
+        self.batches: list[list[str]] = []
+
+    def judge(self, pairs, **kw):
+        self.batches.append(["anchor" if c.hash == reference_candidate(t).hash else "candidate" for t, c in pairs])
+        return super().judge(pairs, **kw)
+
+
+@pytest.mark.cpu
+def test_a_blind_first_round_takes_the_anchors_into_its_batch(tmp_path):
+    task = load_task_file(TASK)
+    asked: list[str] = []
+
+    def reviewer(task_, cand):
+        asked.append("anchor" if cand.hash == reference_candidate(task_).hash else "candidate")
+        return None
+
+    blind, seeing = _BlindProposer(), _Proposer()
+    judges = {}
+    for name, policy in (("blind", blind), ("seeing", seeing)):
+        judges[name] = _CountingJudge(judge_config(tmp_path), hardware="CPU", reviewer=reviewer)
+        optimize([task], policy, SearchConfig(rounds=2, samples=1), judges[name], tmp_path / name)
+    assert judges["blind"].batches == [["anchor", "candidate"], ["candidate"]]
+    assert judges["seeing"].batches == [["anchor"], ["candidate"], ["candidate"]]
+    assert [e.reference for e in blind.prompts[0].pool] == []  # round 1 was sampled before the anchor was judged
+    assert [e.reference for e in blind.prompts[1].pool] == [True, False]  # round 2 sees both, as before
+    assert asked == ["candidate", "candidate"]  # the anchor is never reviewed, in either batch
+    # resumed with a third round: the anchor is recorded, round 1 has nothing to sample, so nothing
+    # waits for it; the recorded anchor and candidate come back without a batch of their own
+    again = _CountingJudge(judge_config(tmp_path), hardware="CPU")
+    optimize([task], _BlindProposer(), SearchConfig(rounds=3, samples=1), again, tmp_path / "blind")
+    assert again.batches == [["anchor"], ["candidate"]]  # the anchor read back, round 3's copy read back
+    # the builtin declares it, and a profiled search still judges the anchors first (the pass order reads them)
+    assert BuiltinPolicy.first_round_blind is True
+    profiled = _CountingJudge(judge_config(tmp_path), hardware="CPU")
+    from cudal1.search.loop import Search
+
+    assert not Search([task], _BlindProposer(), SearchConfig(rounds=1, samples=1, profile=True), profiled) \
+        .anchors_in_round_one()

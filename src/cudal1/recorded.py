@@ -16,7 +16,8 @@ rounds, GRPO, evaluate).  It is the only writer of candidates and verdicts to a 
   (:meth:`~RecordedJudge.propose` records it with its provenance; ``judge`` adds rows only for
   pairs nobody proposed).
 * ``reviewer`` (an LLM second opinion; optional) is asked about each *new* ``ok`` verdict after
-  the batch, so a slow reviewer never stalls a GPU lane.  A reason it returns becomes the
+  the batch, so a slow reviewer never stalls a GPU lane (a task's reference judged as itself,
+  the anchor, is never asked about).  A reason it returns becomes the
   informational flag ``reviewer_suspects`` and a line of the message; it never changes a
   verdict, and an exception from it is ignored.
 * :meth:`~RecordedJudge.profile_recorded` adds measured profiles to verdicts already recorded
@@ -276,7 +277,7 @@ class RecordedJudge:
 
     def _review(self, done: list[tuple[tuple[Task, Candidate], EvalResult | None]]) -> None:
         for (task, cand), res in done:
-            if res is None or res.status is not Status.OK:
+            if res is None or res.status is not Status.OK or cand.hash == reference_candidate(task).hash:
                 continue
             try:
                 reason = self.reviewer(task, cand)  # type: ignore[misc]

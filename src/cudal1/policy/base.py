@@ -18,6 +18,11 @@ Contract (every implementation):
   and its verified pool (:class:`PoolEntry`, slowest first, the reference anchor marked by
   ``reference``), for policies that build on earlier candidates.  LLM policies read only the
   messages.
+- A policy whose first round does not read the anchor's verdict (its round-1 proposals are the
+  same with or without the judged reference in the pool) may say so with a class attribute
+  ``first_round_blind = True``: the search loop then judges the anchors in round 1's batch
+  instead of a batch of their own (one batch, so the round's long jobs and the anchors' short ones
+  share the GPU's lanes).  Absent, the anchors are judged first and round 1 sees them.
 - Constructors *do* raise on bad configuration (missing extra, unknown option, missing file,
   no API key for a hosted endpoint): a misconfigured run must fail before it spends anything.
 

@@ -189,6 +189,9 @@ class BuiltinPolicy:
     ``rewrite_cache``: where graph rewrites are cached (default: the user cache)."""
 
     name = "builtin"
+    # Round 1 applies each pass to the reference (no base above the anchor yet), and the pass order
+    # reads only the recorded profiles: the anchors' verdicts may come in round 1's batch.
+    first_round_blind = True
 
     def __init__(self, device: str = "cuda", passes: list[str] | None = None, workers: int | None = None,
                  rewrite_cache: str | None = None, **_: object) -> None:

@@ -3,14 +3,16 @@
 Contract: :func:`optimize` runs rounds over every task of a suite concurrently (all prompts of
 a round go to the policy in one call; all candidates of a round go to the judge in one batch, so
 builds overlap timing across tasks).  Round 0 judges the reference itself (``ModelNew = Model``)
-as the 1.00x anchor.  All judging and recording goes through one
-:class:`~cudal1.recorded.RecordedJudge`: every prompt sent, response received, parse and verdict
-is in the run store before the next round, so a killed run resumes where it stopped (same
-``out`` dir): candidates sampled but not judged are judged first, recorded evaluations are not
-re-run, and a round is sampled again only for the completions it is missing — a generation that
-failed (the request failed after the policy's retries) is asked again by the next run, an
-answer (usable or not, or a policy declining) is not.  Only ``ok`` candidates of
-non-degenerate tasks become exemplars or "best"; failed ones are shown to the policy as
+as the 1.00x anchor, in a batch of its own, or in round 1's batch when the policy's first round does
+not read it (``first_round_blind``, :mod:`cudal1.policy.base`; the builtin policy) and no profile is
+shown: one batch fewer, whose tail of idle lanes the anchors' short jobs fill.  All judging and
+recording goes through one :class:`~cudal1.recorded.RecordedJudge`: every prompt sent, response
+received, parse and verdict is in the run store before the next round, so a killed run resumes
+where it stopped (same ``out`` dir): candidates sampled but not judged are judged first (with the
+anchors), recorded evaluations are not re-run, and a round is sampled again only for the
+completions it is missing — a generation that failed (the request failed after the policy's
+retries) is asked again by the next run, an answer (usable or not, or a policy declining) is
+not.  Only ``ok`` candidates of non-degenerate tasks become exemplars or "best"; failed ones are shown to the policy as
 feedback when ``feedback`` is on.  Stops at ``rounds``, ``max_evaluations`` or the wall-clock
 budget (checked between rounds; a round in flight finishes).  With ``profile`` on, the reference
 is profiled once and each task's best candidate after every round (judged again with profiling,
@@ -175,9 +177,10 @@ class Search:
         pairs += [(t, best[0]) for t in self.tasks if (best := self.judge.best(t)) is not None]
         return self.judge.profile_recorded(pairs)
 
-    def run_round(self, round_: int, wanted: dict[str, int]) -> int:
-        """Sample and judge one round (``wanted``: task hash -> completions to request); returns
-        the candidates judged."""
+    def run_round(self, round_: int, wanted: dict[str, int],
+                  with_pairs: list[tuple[Task, Candidate]] | None = None) -> int:
+        """Sample and judge one round (``wanted``: task hash -> completions to request), with
+        ``with_pairs`` (already proposed) in the same batch; returns the candidates judged."""
         prompts = [
             (t, p) for t in self.tasks if wanted.get(t.hash) for p in self.prompts_for(t, round_, wanted[t.hash])
         ]
@@ -203,9 +206,15 @@ class Search:
                     error=got.error,
                     usage=comp.usage,
                 )
-        if pairs:
-            self.judge.judge(pairs)
+        if pairs or with_pairs:
+            self.judge.judge(list(with_pairs or []) + pairs)
         return len(pairs)
+
+    def anchors_in_round_one(self) -> bool:
+        """Whether the anchors may be judged in round 1's batch: the policy's first round does
+        not read their verdicts (``first_round_blind``, :mod:`cudal1.policy.base`) and no profile
+        of the reference is shown to it."""
+        return bool(getattr(self.policy, "first_round_blind", False)) and not self.cfg.profile
 
 
 def optimize(tasks: list[Task], policy: Policy, search: SearchConfig, judge: RecordedJudge, out: str | Path, *,
@@ -246,20 +255,26 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
             judge.expect(
                 len(anchors) + len(pending) + sum(s.missing(t, r) for t in tasks for r in range(1, search.rounds + 1))
             )
-            judge.judge(anchors, review=False)
-            if search.profile:
-                s.profile_best()
-            if pending:  # sampled before a kill, not yet judged: judge them before new rounds
+            if pending:  # sampled before a kill, not yet judged: judged before new rounds
                 log.info("resuming: %d candidate(s) recorded but not judged", len(pending))
-                judge.judge(pending)
+            # Anchors (never reviewed: RecordedJudge skips a task's reference) and the pending
+            # candidates go first, in a batch of their own, unless round 1 may take them along.
+            held = anchors + pending
+            wanted = {t.hash: s.missing(t, 1) for t in tasks} if search.rounds >= 1 else {}
+            if not (s.anchors_in_round_one() and any(wanted.values()) and not s.out_of_budget()):
+                judge.judge(held)
+                held = []
+                if search.profile:
+                    s.profile_best()
             for round_ in range(1, search.rounds + 1):
-                stop = s.out_of_budget()
+                stop = s.out_of_budget() if not held else ""
                 if stop:
                     break
                 wanted = {t.hash: s.missing(t, round_) for t in tasks}
-                if any(wanted.values()):
+                if any(wanted.values()) or held:
                     log.info("round %d: %d task(s)", round_, sum(1 for v in wanted.values() if v))
-                    s.run_round(round_, wanted)
+                    s.run_round(round_, wanted, held)
+                    held = []
                     if search.profile:
                         s.profile_best()
         except KeyboardInterrupt:  # the outputs still say what was judged, and that the run was cut
