@@ -271,8 +271,10 @@ def markdown(s: dict, modes: list[str], run: dict | None = None, extra: str = ""
         lines.append(f"modes taken from the search's own verdict: {stood_in}; modes not timed because CUDA-graph "
                      f"replay did not pay on the task: {graphs} (benchmarks/builtin_baseline_plan.py)")
     if run:
-        lines.append("batches: " + "; ".join(f"{b['what']}: {b['jobs']} jobs in {b['wall_s']:.0f} s, device idle "
-                                              f"{fmt(b['gpu_idle_share'], True)}" for b in run.get("batches", [])))
+        lines.append("batches: " + "; ".join(
+            f"{b['what']}: {b['jobs']} jobs in {b['wall_s']:.0f} s, device idle {fmt(b['gpu_idle_share'], True)}"
+            + ("" if b.get("lanes_unused_share") is None else f", lanes unused {fmt(b['lanes_unused_share'], True)}")
+            for b in run.get("batches", [])))
     figure_rows = [_stat_row("best builtin over eager", s["overall"]["best"])]
     figure_rows += [_stat_row(f"{m} over eager (1.0 where it failed)", s["overall"][m]) for m in modes]
     figure_rows.append(_stat_row("best compile mode over eager", s["overall"]["best_compile_mode"]))

@@ -214,7 +214,8 @@ class Batches:
 
     def add(self, what: str, stats) -> None:
         self._append({"what": what, "jobs": stats.jobs, "wall_s": stats.wall_s,
-                      "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s})
+                      "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
+                      "lanes_unused_share": stats.lanes_unused_share})
 
     def cut(self, how: str = "cut") -> None:
         """The call was stopped inside a batch (``how``: cut, or drained: its running verdicts

@@ -485,6 +485,25 @@ def test_in_worker_builds_count_as_gpu_idle():
     assert s.merge(s).lane_build_s == pytest.approx(20.0)
 
 
+def test_lanes_unused_share_counts_each_lanes_tail_and_merges_by_lane_time():
+    from types import SimpleNamespace
+
+    from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder
+
+    four = BatchStats(lane_busy_s=30.0, lane_span_s=4 * 10.0)  # four lanes, 10 s: one lane's tail of 10 s unused
+    two = BatchStats(lane_busy_s=10.0, lane_span_s=2 * 5.0)  # two lanes busy throughout
+    assert four.lanes_unused_share == pytest.approx(0.25) and two.lanes_unused_share == pytest.approx(0.0)
+    assert four.merge(two).lanes_unused_share == pytest.approx(10.0 / 50.0)  # by lane time, not by batch
+    assert four.to_dict()["lanes_unused_share"] == pytest.approx(0.25)
+    assert BatchStats().lanes_unused_share is None
+    rec = StatsRecorder("local", [SimpleNamespace(label="a")], 1, 1)
+    rec.lane_start("0/0")
+    rec.lane_start("0/1")  # a lane that never judged: all of its time is unused
+    rec.judged("0/0", 0, 0.0)
+    s = rec.finish()
+    assert s.lane_span_s == pytest.approx(2 * s.wall_s) and s.lanes_unused_share == pytest.approx(1.0)
+
+
 def test_gpu_idle_share_from_worker_timelines():
     from types import SimpleNamespace
 

@@ -224,7 +224,8 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
     batches = builtin_kernelbench.Batches(tmp_path, gpus=1, workers=3, confirm_workers=1)
     batches.begin("search")
     now[0] = 160.0
-    batches.add("search", SimpleNamespace(jobs=4, wall_s=58.0, gpu_idle_share=0.1, lease_wait_s=2.0))
+    batches.add("search", SimpleNamespace(jobs=4, wall_s=58.0, gpu_idle_share=0.1, lease_wait_s=2.0,
+                                          lanes_unused_share=0.25))
     batches.begin("baselines")
     batches.verdict()
     batches.verdict()
@@ -236,7 +237,8 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
     assert calls[0]["device_s"] == {"search": 58.0, "baselines": 90.0} and calls[0]["jobs"] == 6
     assert [b["workers_per_gpu"] for b in batches.run["batches"]] == [3, 3] and calls[0]["workers_per_gpu"] == 3
     batches.begin("confirm")
-    batches.add("confirm winners", SimpleNamespace(jobs=1, wall_s=5.0, gpu_idle_share=0.2, lease_wait_s=0.0))
+    batches.add("confirm winners", SimpleNamespace(jobs=1, wall_s=5.0, gpu_idle_share=0.2, lease_wait_s=0.0,
+                                                   lanes_unused_share=0.0))
     assert batches.run["batches"][-1]["workers_per_gpu"] == 1  # the re-timing's own count
     now[0] = 270.0
     batches.cut("drained")  # --drain-after: its running verdicts finished before the call ended

@@ -88,6 +88,7 @@ class BatchStats:
     lane_busy_s: float = 0.0
     lane_build_s: float = 0.0  # of lane_busy_s: candidate imports and builds inside GPU workers
     lease_wait_s: float = 0.0  # of lane_busy_s: workers waiting for their GPU's lease (workers_per_gpu > 1)
+    lane_span_s: float = 0.0  # lanes x the batch's wall: the lanes' time from its start to its end
     gpu_span_s: float = 0.0  # per GPU, first job start -> last job end, summed (local backend)
     gpu_busy_s: float = 0.0  # of gpu_span_s: some worker on the GPU in a GPU phase
     retries: int = 0  # jobs run again after their actor died (Ray)
@@ -111,6 +112,15 @@ class BatchStats:
         return (self.lane_idle_s + self.lane_build_s) / after_first if after_first > 0 else None
 
     @property
+    def lanes_unused_share(self) -> float | None:
+        """Share of the lanes' time, from the batch's start to its end, in which they judged
+        nothing: waits for a first ready job, idle waits, and each lane's tail after its last job
+        while others still ran (what a batch boundary costs where jobs depend on the batch before)."""
+        if self.lane_span_s <= 0:
+            return None
+        return max(0.0, 1.0 - self.lane_busy_s / self.lane_span_s)
+
+    @property
     def mean_concurrent_builds(self) -> float | None:
         return self.build_s / self.wall_s if self.wall_s > 0 and self.builds else None
 
@@ -120,7 +130,7 @@ class BatchStats:
         for name in (
             "jobs", "wall_s", "builds", "builds_shared", "builds_cached", "build_queue_s", "build_s",
             "lock_wait_s", "judge_s", "lane_startup_s", "lane_idle_s", "lane_busy_s", "lane_build_s",
-            "retries", "batches", "lease_wait_s", "gpu_span_s", "gpu_busy_s",
+            "retries", "batches", "lease_wait_s", "lane_span_s", "gpu_span_s", "gpu_busy_s",
         ):
             setattr(out, name, getattr(self, name) + getattr(other, name))
         for name in ("build_workers", "max_jobs", "max_concurrent_builds"):
@@ -136,6 +146,8 @@ class BatchStats:
         share, mean, gpu_share = self.idle_share, self.mean_concurrent_builds, self.gpu_idle_share
         data["idle_share"] = None if share is None else round(share, 4)
         data["gpu_idle_share"] = None if gpu_share is None else round(gpu_share, 4)
+        unused = self.lanes_unused_share
+        data["lanes_unused_share"] = None if unused is None else round(unused, 4)
         data["mean_concurrent_builds"] = None if mean is None else round(mean, 3)
         if detail:
             data["lanes"] = [asdict(x) for x in self.lanes]
@@ -242,6 +254,7 @@ class StatsRecorder:
         s.lane_startup_s = sum(x.startup_s for x in s.lanes)
         s.lane_idle_s = sum(x.idle_s for x in s.lanes)
         s.lane_busy_s = sum(x.busy_s for x in s.lanes)
+        s.lane_span_s = len(s.lanes) * s.wall_s
         s.lane_build_s = sum(j.worker_build_s for j in self.jobs)
         s.lease_wait_s = self._lease_wait
         s.gpu_span_s = sum(max(b for _, b in jobs) - min(a for a, _ in jobs) for jobs in self._gpu_jobs.values())
