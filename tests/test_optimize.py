@@ -502,3 +502,18 @@ def test_a_blind_first_round_takes_the_anchors_into_its_batch(tmp_path):
 
     assert not Search([task], _BlindProposer(), SearchConfig(rounds=1, samples=1, profile=True), profiled) \
         .anchors_in_round_one()
+
+
+class _BlindNoSampling(_NoMoreSampling):
+    first_round_blind = True
+
+
+@pytest.mark.cpu
+def test_a_blind_first_round_counts_the_anchors_against_the_evaluation_budget(tmp_path):
+    """With ``max_evaluations`` spent by the anchors alone, round 1 is not sampled, as when the
+    anchors are judged first."""
+    task = load_task_file(TASK)
+    judge = _CountingJudge(judge_config(tmp_path), hardware="CPU")
+    summary = optimize([task], _BlindNoSampling(), SearchConfig(rounds=2, samples=1, max_evaluations=1), judge,
+                       tmp_path / "out")
+    assert judge.batches == [["anchor"]] and summary["stopped_by"] == "evaluation budget"

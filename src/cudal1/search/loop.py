@@ -122,10 +122,12 @@ class Search:
     def evaluations(self) -> int:
         return sum(len(self.judge.results(t)) for t in self.tasks)
 
-    def out_of_budget(self) -> str:
+    def out_of_budget(self, coming: int = 0) -> str:
+        """Why the search stops before the next round ("" to go on), counting ``coming``
+        evaluations not yet judged (the anchors a blind round 1 takes along) as done."""
         if self.cfg.budget_minutes is not None and time.monotonic() - self.started > 60 * self.cfg.budget_minutes:
             return "wall-clock budget"
-        if self.cfg.max_evaluations is not None and self.evaluations() >= self.cfg.max_evaluations:
+        if self.cfg.max_evaluations is not None and self.evaluations() + coming >= self.cfg.max_evaluations:
             return "evaluation budget"
         return ""
 
@@ -261,7 +263,8 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
             # candidates go first, in a batch of their own, unless round 1 may take them along.
             held = anchors + pending
             wanted = {t.hash: s.missing(t, 1) for t in tasks} if search.rounds >= 1 else {}
-            if not (s.anchors_in_round_one() and any(wanted.values()) and not s.out_of_budget()):
+            coming = sum(1 for t, c in held if judge.verdict(t, c) is None)
+            if not (s.anchors_in_round_one() and any(wanted.values()) and not s.out_of_budget(coming)):
                 judge.judge(held)
                 held = []
                 if search.profile:
