@@ -17,8 +17,8 @@ from cudal1.harness.wire import output_leaves, tensor_leaves
 
 
 class WindowOwner(Protocol):
-    """What the window needs of the phase that owns it (a :class:`~cudal1.harness.reference.measure.
-    Measurement`): its device, and a sync that waits for the work it has issued."""
+    """What the window needs of the timing phase that owns it (the reference worker's
+    ``Measurement``): its device, and a sync that waits for the work it has issued."""
 
     device: torch.device
 
