@@ -17,6 +17,11 @@ Two measures, both printed with the report and written under ``cost`` in ``OUT/r
   the device seconds; they say where each task's time goes (and, per KernelBench level, which
   tasks are the expensive ones).
 
+And where the lanes ran short-handed: the seconds in which 1, 2, … search and baseline verdicts
+ran at once (:func:`running_seconds`, from the store's recording times and each verdict's wall;
+the re-timings carry no time and are left out), which shows the tails at batch boundaries on runs
+that predate ``run.json``'s per-batch ``lanes_unused_share``.
+
 The cost levers (``--levers on``, the default) leave out the baselines a task's own verdicts make
 redundant (:mod:`builtin_baseline_plan`), and change where and how often the rest compile, never
 how they are timed: the baselines of a task share one persistent torch.compile/Triton cache
@@ -137,6 +142,31 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
     return costs
 
 
+def running_at_once(spans: list[tuple[float, float]]) -> dict[int, float]:
+    """Seconds in which ``k`` of ``spans`` ran at once, for each ``k`` of at least 1 (the time with
+    none running, between calls and during the re-timings, is left out)."""
+    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
+    out: dict[int, float] = {}
+    running, last = 0, None
+    for t, step in edges:
+        if running and last is not None and t > last:
+            out[running] = out.get(running, 0.0) + (t - last)
+        running, last = running + step, t
+    return dict(sorted(out.items()))
+
+
+def running_seconds(out: Path, config_hash: str) -> dict[int, float]:
+    """:func:`running_at_once` over the run's search and baseline verdicts under ``config_hash``
+    (the store's recording times; the re-timings carry none): where a batch ran short-handed, its
+    tails at the boundaries included, on runs that predate ``lanes_unused_share`` too."""
+    from cudal1.store import RunStore
+
+    if not (out / "cudal1.sqlite").exists():
+        return {}
+    with RunStore(out / "cudal1.sqlite") as store:
+        return running_at_once(store.verdict_spans(config_hash))
+
+
 def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, Any]]:
     """Per call of the benchmark (batches grouped by their ``call`` stamp; earlier batches, which
     carry none, as one call ``before``): device seconds by kind and per task it finished, and the
@@ -160,7 +190,8 @@ def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, An
     return list(calls.values())
 
 
-def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]],
+              running: dict[int, float] | None = None) -> dict[str, Any]:
     def med(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None
 
@@ -196,6 +227,7 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]]) -> 
             "total": med([total(c) for c in full]),
         },
         "calls": calls,
+        "running_s": {str(k): v for k, v in (running or {}).items()},
         "per_task": costs,
     }
 
@@ -222,6 +254,9 @@ def markdown(cost: dict[str, Any]) -> str:
     if d and len(cost["calls"]) > 1:
         lines.append(f"cost of all {len(cost['calls'])} calls: device seconds {d['total']:.0f} for {d['finished']} "
                      f"task(s) finished: {f(d['per_task'])} s per task")
+    if cost.get("running_s"):
+        lines.append("search and baseline verdicts running at once, seconds (from the store's times; the "
+                     "re-timings are not in it): " + ", ".join(f"{k}: {v:.0f}" for k, v in cost["running_s"].items()))
     if cost.get("held_s_by_phase"):
         lines.append("lease-held seconds by phase, all tasks: " + "; ".join(
             f"{stage} " + ", ".join(f"{p} {v:.0f}" for p, v in phases.items())

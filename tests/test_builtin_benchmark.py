@@ -71,6 +71,7 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     assert {"search", "confirm"} <= {b["what"] for b in batches} <= {
         "search", "baselines", "confirm"} and all("gpu_idle_share" in b for b in batches)
     assert all(0.0 <= b["lanes_unused_share"] <= 1.0 for b in batches)  # each lane's tail included
+    assert float(report["cost"]["running_s"]["1"]) > 0  # the verdicts' spans from the store
     # the cost: every batch stamped with its call, GPUs and levers; the call's finished task counted
     assert {(b["call"], b["gpus"], b["levers"]) for b in batches} == {(batches[0]["call"], 1, "on")}
     assert [c["finished"] for c in report["cost"]["calls"]] == [1] and report["cost"]["tasks"] == 1

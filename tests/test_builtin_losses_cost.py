@@ -143,6 +143,19 @@ def test_the_whole_runs_device_seconds_per_task_and_held_seconds_by_phase(bench)
     assert "correctness phase by step, search and baselines: candidate_first 2, compare 2" in text
 
 
+def test_verdicts_running_at_once_count_each_overlap_and_skip_the_gaps(bench):
+    _, cost = bench
+    # two lanes: a and b side by side for 4 s, b alone for 2 s (a tail), nothing for 10 s, c alone for 1 s
+    spans = [(0.0, 4.0), (0.0, 6.0), (16.0, 17.0), (17.0, 17.5)]  # d starts as c ends: never two at once
+    assert cost.running_at_once(spans) == {1: 3.5, 2: 4.0}
+    assert cost.running_at_once([]) == {}
+    summary = cost.summarize({}, [], {1: 3.5, 2: 4.0})
+    assert summary["running_s"] == {"1": 3.5, "2": 4.0}
+    text = cost.markdown(summary | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
+    assert "verdicts running at once, seconds (from the store's times; the re-timings are not in it): 1: 4, 2: 4" \
+        in text
+
+
 def test_the_probe_says_which_speedups_stay_inside_their_intervals(bench):
     _, cost = bench
     on = {"t|compile-default": {"status": "ok", "speedup": 1.02, "speedup_ci": [1.00, 1.04]},

@@ -135,6 +135,21 @@ def test_baselines_keyed_by_env(store):
     assert store.get_baseline("t1", "eager", env_a.key(), "cfg").message == "remeasured"
 
 
+def test_verdict_spans_are_each_verdicts_wall_before_its_recording_under_one_config(store, monkeypatch):
+    import cudal1.store as store_module
+
+    clock = iter([100.0, 104.0, 110.0])
+    monkeypatch.setattr(store_module.time, "time", lambda: next(clock))
+    store.record_evaluation(make_result(cand="c1"))  # wall_s 3.25, recorded at 100
+    store.record_evaluation(make_result(cand="c2", config="other"))  # another judge: not its spans
+    env = Environment(device="cuda", gpu_name="H200", torch="2.5", cuda="12.4")
+    baseline = make_result(cand="baseline:cudagraph", env=env, speedup=None)
+    baseline.wall_s = 2.0
+    store.record_baseline("t1", "cudagraph", env.key(), "cfg", baseline)  # recorded at 110
+    assert store.verdict_spans("cfg") == [(96.75, 100.0), (108.0, 110.0)]
+    assert store.verdict_spans("none") == []
+
+
 def test_best_and_counts(store):
     store.record_evaluation(make_result(cand="a", speedup=1.2))
     store.record_evaluation(make_result(cand="b", speedup=3.0))

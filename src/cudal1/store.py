@@ -326,6 +326,19 @@ class RunStore:
         rows = self._query(sql + " ORDER BY id", tuple(params))
         return [_load_result(r[0]) for r in rows]
 
+    def verdict_spans(self, config_hash: str) -> list[tuple[float, float]]:
+        """``(start, end)`` on the wall clock of every verdict and baseline recorded under
+        ``config_hash``: its recording time, and its ``wall_s`` before it (a verdict recorded
+        again, as a reviewer's flag is, carries the later time; one without ``wall_s`` is left out)."""
+        spans = []
+        for table in ("evaluations", "baselines"):
+            for result_json, at in self._query(f"SELECT result_json, created_at FROM {table} WHERE config_hash = ?",
+                                               (config_hash,)):
+                wall = json.loads(result_json).get("wall_s")
+                if isinstance(wall, (int, float)) and wall >= 0:
+                    spans.append((float(at) - wall, float(at)))
+        return sorted(spans)
+
     def best(self, task_hash: str) -> EvalResult | None:
         """The ``ok`` verdict with the highest speedup for ``task_hash`` (earliest on ties)."""
         rows = self._query(
