@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import SMALL_DIAG  # the bundled task at an eighth of its work
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "compile_lease_ab.py"
 
@@ -17,7 +19,7 @@ SCRIPT = REPO / "benchmarks" / "compile_lease_ab.py"
 @pytest.mark.cpu
 def test_an_arm_judges_a_compiled_and_an_eager_candidate_per_task(tmp_path):
     out = tmp_path / "ab.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), str(REPO / "examples" / "tasks" / "diag_matmul.py"),
+    done = subprocess.run([sys.executable, str(SCRIPT), str(SMALL_DIAG),
                            "--device", "cpu", "--arms", "released", "--workers-per-gpu", "1",
                            "--timing-budget", "0.3", "--timing-trials", "10", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
