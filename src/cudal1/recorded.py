@@ -208,7 +208,7 @@ class RecordedJudge:
                 self._verdicts[key] = found
         return found
 
-    def judge(self, pairs: list[tuple[Task, Candidate]], *, review: bool = True,
+    def judge(self, pairs: list[tuple[Task, Candidate]], *,
               on_stats: Callable[[Any], None] | None = None) -> list[EvalResult]:
         """Judge ``pairs`` (see the module docstring); ``on_stats`` gets the judged batch's
         ``BatchStats`` (not called when everything was recorded already)."""
@@ -252,7 +252,7 @@ class RecordedJudge:
             for i, res in zip(todo, fresh):
                 results[i] = res
                 self._verdicts[(pairs[i][0].hash, pairs[i][1].hash)] = res
-            if review and self.reviewer is not None:
+            if self.reviewer is not None:
                 self._review([(pairs[i], results[i]) for i in todo])
         for i, j in copies:
             results[i] = results[j]

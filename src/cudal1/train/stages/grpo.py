@@ -214,7 +214,7 @@ def eval_batch(samples: int, processes: int) -> int:
 
 def judge_references(judge: RecordedJudge, tasks: list[Task]) -> list[EvalResult]:
     """Round 0: each task's reference as a candidate (the 1.00x exemplar)."""
-    return judge.judge([(t, reference_candidate(t)) for t in tasks], review=False)
+    return judge.judge([(t, reference_candidate(t)) for t in tasks])
 
 
 def run_grpo(model: str, tasks: list[Task], cfg: GRPOConfig, judge: RecordedJudge, out: str | Path, *,
