@@ -399,6 +399,103 @@ def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():
     assert order == ["alone", "new"]
 
 
+class SharedMemoryEvaluator(FakeEvaluator):
+    """Judging takes device memory: ``MIB`` per task on a GPU of ``CAPACITY``; a job that starts
+    while the jobs running hold more than the GPU has left is out of memory.  Verdicts carry the
+    job's memory as the parent's NVML watch would (``figures["gpu_memory_mib"]``)."""
+
+    CAPACITY = 100
+    MIB: dict = {}
+    held = 0
+    overlaps: list = []  # (label, labels running beside it when it started)
+    running: dict = {}
+
+    def evaluate_job(self, j: Job, gpu, prebuilt) -> EvalResult:
+        cls = type(self)
+        mib = cls.MIB[j.task.hash]
+        with self.lock:
+            beside = sorted(cls.running.values())
+            fits = cls.held + mib <= cls.CAPACITY
+            cls.overlaps.append((j.label, beside))
+            cls.held += mib
+            cls.running[id(j), time.monotonic()] = j.label
+            key = next(k for k in cls.running if k[0] == id(j))
+        time.sleep(JUDGE_S)
+        with self.lock:
+            cls.held -= mib
+            del cls.running[key]
+        base = dict(task_name=j.task.name, task_hash=j.task.hash, candidate_hash=j.candidate.hash)
+        if not fits:
+            return EvalResult(status=Status.RUNTIME_ERROR, flags=["oom"], message="OutOfMemoryError", **base)
+        return EvalResult(status=Status.OK, figures={"gpu_memory_mib": mib}, **base)
+
+
+def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fake, tmp_path, monkeypatch):
+    """A task that ran out of memory beside neighbours is no longer judged alone once its memory
+    is measured: its jobs enter beside others while their shares fit in the GPU's memory, never
+    two of them at once where two do not fit, and nothing runs out of memory.  The measured
+    shares outlive the process (the cache directory's ``gpu_memory.json``)."""
+    big = Task(name="big", source=TASK.source + "# big\n")
+    small = Task(name="small", source=TASK.source + "# small\n")
+    SharedMemoryEvaluator.MIB = {big.hash: 50, small.hash: 10}
+    SharedMemoryEvaluator.held, SharedMemoryEvaluator.overlaps, SharedMemoryEvaluator.running = 0, [], {}
+    monkeypatch.setattr(batch, "Evaluator", SharedMemoryEvaluator)
+    monkeypatch.setattr(batch, "MEMORY_BOUND", batch.MemoryBoundTasks())
+    monkeypatch.setattr(batch, "TASK_MEMORY", batch.TaskMemory())
+    monkeypatch.setattr(batch, "gpu_capacity_mib", lambda gpu: SharedMemoryEvaluator.CAPACITY)
+    cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=3)
+    plan = DevicePlan("cpu", (None,), "")
+
+    def jobs(tag: str) -> list[Job]:
+        return [Job(t, Candidate(f"# {tag}{i}\n", task_hash=t.hash, label=f"{t.name}:{tag}{i}"))
+                for i in range(3) for t in (big, small)]
+
+    # first batch: nothing measured; the big task runs out of memory beside its own second job
+    # (50 + 50 + 10 > 100) and is judged again alone, as before
+    first = run_jobs(jobs("a"), cfg, plan=plan)
+    assert all(r.status is Status.OK for r in first)
+    assert batch.MEMORY_BOUND.has(big.hash)
+    assert batch.TASK_MEMORY.need(big.hash) == 58 and batch.TASK_MEMORY.need(small.hash) == 12  # 1.15x measured
+    # later batches: shares of 58 and 12 in 92 of 100: one big job beside small ones, no OOM
+    SharedMemoryEvaluator.overlaps = []
+    later = run_jobs(jobs("b") + jobs("c"), cfg, plan=plan)
+    assert [(r.status, r.flags) for r in later] == [(Status.OK, [])] * 12
+    started = SharedMemoryEvaluator.overlaps
+    assert len(started) == 12  # one run per job
+    assert any(label.startswith("big") and beside for label, beside in started), started  # not alone
+    assert not any(label.startswith("big") and any(b.startswith("big") for b in beside) for label, beside in started)
+    # a new process (a resumed run) starts with the shares, from the cache directory
+    again = batch.TaskMemory()
+    again.attach(tmp_path)
+    assert again.need(big.hash) == 58 and again.need(small.hash) == 12
+
+
+def test_gpu_gate_admits_shares_that_fit_first_come_first_served():
+    gate = batch.GpuGate(capacity_mib=100)  # 92 for shares
+    never = lambda: False  # noqa: E731
+    gate.enter(never, 60)
+    entered: list[str] = []
+
+    def come(name: str, need: int) -> threading.Thread:
+        t = threading.Thread(target=lambda: (gate.enter(never, need), entered.append(name)))
+        t.start()
+        return t
+
+    deadline = time.monotonic() + 10
+    waiter = come("b40", 40)  # 60 + 40 > 92: waits
+    while not gate.waiting and time.monotonic() < deadline:
+        time.sleep(0.01)
+    late = come("c20", 20)  # 60 + 20 fits, but not beside b40's room: waits behind it
+    while gate.held_back < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    come("none", 0).join(5)  # a job with no share enters as before
+    assert entered == ["none"] and gate.held_mib == 60
+    gate.leave(60)
+    waiter.join(5)
+    late.join(5)
+    assert sorted(entered) == ["b40", "c20", "none"] and gate.held_mib == 60 and gate.active == 3
+
+
 def test_unknown_backend_is_an_error():
     with pytest.raises(batch.HarnessError, match="unknown backend"):
         DevicePlan("cpu", (None,), "").with_backend("dask")

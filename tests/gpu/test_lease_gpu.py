@@ -62,3 +62,12 @@ def test_a_job_out_of_memory_beside_its_neighbour_is_judged_again_alone(tmp_path
     results = run_jobs(jobs, cfg, plan=plan)
     assert [r.status for r in results] == [Status.OK] * 2, [(r.status, r.flags, r.message[:200]) for r in results]
     assert any("rejudged_alone" in r.flags for r in results), "the two workers never ran out of memory together"
+    # the parent measured each job's memory (its two processes: a model each, 0.72 of the GPU)
+    total_mib = total_gib * 1024
+    held = [r.figures.get("gpu_memory_mib", 0) / total_mib for r in results]
+    assert all(0.6 < h < 1.0 for h in held), held
+    # so the task's next jobs enter with that share: one waits for the other, none runs out of memory
+    later = run_jobs([Job(task, Candidate(cand + f"\n# later {i}\n", task_hash=task.hash, label=f"w{i}"))
+                      for i in range(2)], cfg, plan=plan)
+    assert [(r.status, "rejudged_alone" in r.flags) for r in later] == [(Status.OK, False)] * 2, [
+        (r.status, r.flags) for r in later]

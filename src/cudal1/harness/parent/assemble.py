@@ -70,8 +70,11 @@ def assemble(outcome: JobOutcome, config: EvalConfig, base: EvalResult) -> EvalR
 
 def _shared_gpu(outcome: JobOutcome, r: EvalResult) -> None:
     """What the parent saw on the GPU while the job was timed: the candidate's own helper with a
-    context is ``foreign_gpu_work`` (rejected); anyone else makes the timing ``contended``."""
+    context is ``foreign_gpu_work`` (rejected); anyone else makes the timing ``contended``.  And
+    the job's memory, from its start: ``figures["gpu_memory_mib"]``."""
     s = outcome.sharing
+    if s is not None and s.job_mib:
+        r.figures["gpu_memory_mib"] = s.job_mib  # a scheduling figure (cudal1.harness.parent.batch)
     if s is None or not s.checked:
         return
     if s.candidate:

@@ -6,7 +6,11 @@ jobs to :mod:`cudal1.harness.parent.ray_backend`).  A lane takes a *ready* job (
 build finished) and sleeps until a build finishes when none is; it never commits to a build that
 has not started.  With several workers per GPU, a job that ran out of memory beside its
 neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``rejudged_alone``),
-and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`).
+and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`) —
+unless its task's memory is known (:data:`TASK_MEMORY`, measured by earlier jobs, kept in the
+cache directory across processes): then a job enters beside the others once its share fits in
+the GPU's memory beside theirs (:meth:`GpuGate.enter`); a task whose share leaves no room beside
+another (one that ran out of memory within its share is given the whole GPU's) runs alone.
 Among ready jobs, a lane takes the one whose task took longest so far in this process
 (:data:`TASK_SECONDS`), so a batch's long jobs do not end it with the other lanes idle.
 A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no other, and raises
@@ -19,9 +23,12 @@ lane and kills running workers; their jobs leave no verdict.
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 from cudal1.config import EvalConfig
@@ -59,31 +66,74 @@ def out_of_memory(result: EvalResult) -> bool:
     return result.status is Status.RUNTIME_ERROR and "oom" in result.flags
 
 
+# A job's share of its GPU's memory is its task's largest measured job times this, and the shares
+# of the jobs running together fill at most MEMORY_FILL of the GPU (the rest: other processes'
+# contexts, allocations between two samples).
+MEMORY_MARGIN = 1.15
+MEMORY_FILL = 0.92
+
+
 class GpuGate:
     """The jobs running on one GPU, and a way to run one job with the GPU to itself.
 
     Workers sharing a GPU (``workers_per_gpu`` > 1) share its memory too, so a job can run out of
     memory only because of its neighbours.  Such a verdict is not the job's: :meth:`alone` lets
     the running jobs finish, holds new ones back, and runs the job again by itself; the verdict of
-    that run stands."""
+    that run stands.  With the GPU's memory known (``capacity_mib``), a job whose task's memory
+    is known enters with that share (:meth:`enter`'s ``need_mib``) once it fits beside the shares
+    of the jobs running, first come first served among those that wait for room; a job with no
+    share enters as before (its first job of a task, or no NVML)."""
 
-    def __init__(self) -> None:
+    def __init__(self, capacity_mib: int = 0) -> None:
         self.cond = threading.Condition()
         self.active = 0  # jobs running on the GPU
         self.solo = 0  # jobs waiting to run alone, or running alone
-        self.held_back = 0  # jobs waiting to enter because one waits to run alone
+        self.held_back = 0  # jobs waiting to enter because one waits to run alone, or for room
+        self.capacity_mib = capacity_mib  # 0: unknown, shares are not counted
+        self.held_mib = 0  # the shares of the jobs running
+        self.waiting: list[tuple[object, int]] = []  # (ticket, share) of the jobs waiting for room, in order
 
-    def enter(self, stopping: Callable[[], bool]) -> None:
+    def room_mib(self) -> float:
+        """The memory that the shares of jobs running together may fill."""
+        return self.capacity_mib * MEMORY_FILL
+
+    def _fits(self, ticket: object, need: int) -> bool:
+        if not self.active:
+            return True
+        if self.held_mib + need > self.room_mib():
+            return False
+        first, first_need = self.waiting[0]  # a job that waits longer keeps its room
+        return first is ticket or self.held_mib + need + first_need <= self.room_mib()
+
+    def fits_now(self, need_mib: int) -> bool:
+        """Whether a job with this share (0: none) would enter now without waiting for room."""
         with self.cond:
-            while self.solo and not stopping():
-                self.held_back += 1
-                self.cond.wait(timeout=1.0)
-                self.held_back -= 1
-            self.active += 1
+            return not need_mib or not self.active or self.held_mib + need_mib <= self.room_mib()
 
-    def leave(self) -> None:
+    def enter(self, stopping: Callable[[], bool], need_mib: int = 0) -> None:
+        """Start a job on this GPU: after any job waiting to run alone, and, with a share
+        (``need_mib`` > 0 and a known capacity), once that share fits beside the running ones'."""
+        need = need_mib if self.capacity_mib else 0
+        ticket = object()
+        with self.cond:
+            if need:
+                self.waiting.append((ticket, need))
+            try:
+                while (self.solo or (need and not self._fits(ticket, need))) and not stopping():
+                    self.held_back += 1
+                    self.cond.wait(timeout=1.0)
+                    self.held_back -= 1
+            finally:
+                if need:
+                    self.waiting.remove((ticket, need))
+            self.active += 1
+            self.held_mib += need
+            self.cond.notify_all()  # the next in line may fit too
+
+    def leave(self, need_mib: int = 0) -> None:
         with self.cond:
             self.active -= 1
+            self.held_mib -= need_mib if self.capacity_mib else 0
             self.cond.notify_all()
 
     def alone(self, run: Callable[[], EvalResult], stopping: Callable[[], bool]) -> EvalResult:
@@ -121,6 +171,74 @@ class MemoryBoundTasks:
 
 
 MEMORY_BOUND = MemoryBoundTasks()
+
+
+class TaskMemory:
+    """The most device memory one job of each task held (MiB, its two processes together, as the
+    parent's NVML watch saw them: ``figures["gpu_memory_mib"]``, :mod:`gpu_share`).  Kept for the
+    process, and in ``CACHE/gpu_memory.json`` (:meth:`attach`) so the next process of a resumed
+    run starts with it.  A scheduling hint only: a missing or low entry costs an OOM and a verdict
+    judged again alone, never a verdict.  Thread-safe."""
+
+    FILE = "gpu_memory.json"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._mib: dict[str, int] = {}
+        self._path: Path | None = None
+
+    def attach(self, cache_root: Path) -> None:
+        """Read and from now on keep the file under ``cache_root`` (once per process and root)."""
+        path = cache_root / self.FILE
+        with self._lock:
+            if self._path == path:
+                return
+            self._path = path
+            try:
+                saved = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return
+            if isinstance(saved, dict):
+                for h, mib in saved.items():
+                    if isinstance(h, str) and isinstance(mib, int) and mib > self._mib.get(h, 0):
+                        self._mib[h] = mib
+
+    def note(self, task_hash: str, mib: Any) -> None:
+        """A job of the task held ``mib``: kept when it is the task's most so far."""
+        if not isinstance(mib, (int, float)) or mib <= 0:
+            return
+        with self._lock:
+            if mib <= self._mib.get(task_hash, 0):
+                return
+            self._mib[task_hash] = int(mib)
+            if self._path is not None:
+                self._save(self._path)
+
+    def _save(self, path: Path) -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(self._mib, sort_keys=True))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a hint not kept: the next process measures again
+
+    def need(self, task_hash: str) -> int:
+        """The task's share of a GPU's memory for its next job (MiB; 0 when not measured)."""
+        with self._lock:
+            return math.ceil(self._mib.get(task_hash, 0) * MEMORY_MARGIN)
+
+
+TASK_MEMORY = TaskMemory()
+
+
+def gpu_capacity_mib(gpu: int | None) -> int:
+    """The memory of GPU ``gpu`` (nvidia-smi's index) in MiB; 0 for the CPU or where NVML cannot say."""
+    if gpu is None:
+        return 0
+    from cudal1.harness.parent.gpu_share import device_memory_mib
+
+    return device_memory_mib(gpu)
 
 
 class TaskSeconds:
@@ -188,7 +306,10 @@ class _LocalBatch:
         self.stopping = False  # set when the batch is interrupted: lanes take nothing more, drop what runs
         self.farm: Any = None
         self.tickets: dict[int, Any] = {}  # job -> farm.Ticket
-        self.gates = {gpu: GpuGate() for gpu in plan.lanes}  # jobs on each GPU (run alone after an OOM)
+        shared = config.workers_per_gpu > 1  # one job per GPU: no neighbour's memory to count
+        self.gates = {gpu: GpuGate(gpu_capacity_mib(gpu) if shared else 0) for gpu in plan.lanes}
+        if shared:
+            TASK_MEMORY.attach(config.cache_root())
 
     def run(self, on_stats: Callable[[BatchStats], None] | None) -> list[EvalResult]:
         from cudal1.harness.parent.farm import BuildFarm
@@ -243,11 +364,12 @@ class _LocalBatch:
             self.farm.stop()
         sandbox.stop_all()
 
-    def take(self) -> int | None:
+    def take(self, gpu: int | None = None) -> int | None:
         """The pending job that is ready (no build, or its build done) whose task took longest
-        so far (:data:`TASK_SECONDS`; the first such in the batch's order); sleeps until a build
-        finishes when none is; None when nothing is left (or a lane failed, or a drain began, or
-        a drain's deadline leaves no pending job time to end before it)."""
+        so far (:data:`TASK_SECONDS`; the first such in the batch's order), of those whose memory
+        share fits on ``gpu`` now where any does (:meth:`GpuGate.fits_now`); sleeps until a build
+        finishes when none is ready; None when nothing is left (or a lane failed, or a drain
+        began, or a drain's deadline leaves no pending job time to end before it)."""
         with self.ready:
             while True:
                 if self.failures or self.stopping or not self.pending:
@@ -260,7 +382,10 @@ class _LocalBatch:
                 ready = [i for i in self.pending if (i not in self.tickets or self.tickets[i].done) and i in fits]
                 if ready:
                     longest = {i: TASK_SECONDS.get(self.jobs[i].task.hash) for i in ready}
-                    pick = max(ready, key=lambda i: (longest[i], -i))
+                    gate = self.gates.get(gpu)
+                    fits = ({i: gate.fits_now(TASK_MEMORY.need(self.jobs[i].task.hash)) for i in ready}
+                            if gate is not None and gate.capacity_mib else {})
+                    pick = max(ready, key=lambda i: (fits.get(i, True), longest[i], -i))
                     self.pending.remove(pick)
                     return pick
                 self.ready.wait(timeout=1.0)
@@ -272,7 +397,7 @@ class _LocalBatch:
         rec.lane_start(key)
         t0 = mark = time.monotonic()
         try:
-            while (i := self.take()) is not None:
+            while (i := self.take(gpu)) is not None:
                 now = time.monotonic()
                 rec.lane_wait(key, now - mark)
                 mark = now
@@ -285,6 +410,7 @@ class _LocalBatch:
                     self.on_result(i, res)
                 now = time.monotonic()
                 TASK_SECONDS.note(self.jobs[i], now - mark)
+                TASK_MEMORY.note(self.jobs[i].task.hash, res.figures.get("gpu_memory_mib"))
                 rec.judged(key, i, now - mark, worker_build_s=in_worker_build_s(res))
                 mark = now
         except BaseException as exc:  # noqa: BLE001 - re-raised after the join
@@ -302,19 +428,25 @@ class _LocalBatch:
         is one whose timing was ``contended`` by a process outside the judge (once: if that process
         stays, the second verdict says ``contended`` too).
         Its task is remembered (:data:`MEMORY_BOUND`): later jobs of it go straight to the GPU
-        alone instead of paying a shared attempt first."""
+        alone instead of paying a shared attempt first, or, where its memory was measured
+        (:data:`TASK_MEMORY`) and fits in the GPU's beside others, enter with that share; one
+        that ran out of memory within its share runs alone from then on."""
         gate, stopping = self.gates[gpu], lambda: self.stopping
         job = self.jobs[i]
+        h = job.task.hash
         shared = self.config.workers_per_gpu > 1
-        if shared and MEMORY_BOUND.has(job.task.hash):
+        need = TASK_MEMORY.need(h) if shared and gate.capacity_mib else 0
+        if shared and (need > gate.room_mib() or (MEMORY_BOUND.has(h) and not need)):
             return gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
-        gate.enter(stopping)
+        gate.enter(stopping, need)
         try:
             res = self.ev.evaluate_job(job, gpu, prebuilt)
         finally:
-            gate.leave()
+            gate.leave(need)
         if shared and out_of_memory(res) and not self.stopping:
-            MEMORY_BOUND.add(job.task.hash)
+            MEMORY_BOUND.add(h)
+            if need:  # out of memory within its measured share: the share says nothing, alone from now on
+                TASK_MEMORY.note(h, gate.capacity_mib)
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
         elif (res.figures.get("contention") or {}).get(

@@ -17,6 +17,13 @@ host's pid namespace: the job's own worker is then never among them), nothing ca
 and :attr:`Sharing.note` says why; no flag is raised on that basis.  Limits: a process that holds
 a context for less than a sampling period can go unseen; sampling costs the parent about 0.1 ms
 every ``period_s`` while a job is timed.
+
+The same watch measures the job's memory (:attr:`Sharing.job_mib`): from the job's start
+(:meth:`GpuWatch.begin`, every :data:`MEMORY_PERIOD_S` until the timing) to its verdict, the
+most device memory its reference worker and candidate process held together in one sample.  It
+is a scheduling figure (``figures["gpu_memory_mib"]``, :mod:`cudal1.harness.parent.batch`), not
+a verdict: an allocation held for less than a period can go unseen, PyTorch's cached blocks are
+counted (they are the process's), and where the pids cannot be attributed it is 0.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ from typing import Any
 
 from cudal1.extras import is_available
 from cudal1.harness.proctree import CandidateTree, ancestry, name_of, uid_of
+
+MEMORY_PERIOD_S = 0.1  # how often the job's memory is sampled before its timing (then with the sharing check)
 
 _lock = threading.Lock()
 _nvml: Any = None
@@ -53,16 +62,30 @@ def _init() -> Any:
         return _nvml
 
 
+def device_memory_mib(index: int) -> int:
+    """The device memory of GPU ``index`` (NVML's numbering) in MiB; 0 where NVML cannot say."""
+    nvml = _init()
+    if nvml is None:
+        return 0
+    try:
+        return int(nvml.nvmlDeviceGetMemoryInfo(nvml.nvmlDeviceGetHandleByIndex(index)).total // 2**20)
+    except Exception:  # noqa: BLE001 - no such device, a driver error
+        return 0
+
+
 @dataclass
 class Sharing:
     """What the watch saw.  ``candidate``: the candidate's own processes with a GPU context;
-    ``others``: processes outside this judge; each ``{"pid", "name", "memory_mib"}``."""
+    ``others``: processes outside this judge; each ``{"pid", "name", "memory_mib"}`` (both while
+    the job was timed).  ``job_mib``: the most memory the job's two processes held together in
+    one sample, from its start (0: not seen)."""
 
     checked: bool = False
     note: str = ""
     samples: int = 0
     candidate: list[dict[str, Any]] = field(default_factory=list)
     others: list[dict[str, Any]] = field(default_factory=list)
+    job_mib: int = 0
 
     def summary(self) -> str:
         if not self.checked:
@@ -80,7 +103,8 @@ def _names(found: list[dict[str, Any]]) -> str:
 
 
 class GpuWatch:
-    """Samples GPU ``index`` (NVML's numbering, which is nvidia-smi's) for one job."""
+    """Samples GPU ``index`` (NVML's numbering, which is nvidia-smi's) for one job: its memory
+    from :meth:`begin`, who else uses the GPU from :meth:`start` (the timing)."""
 
     def __init__(self, index: int, worker_pid: int, tree: CandidateTree, period_s: float = 0.02) -> None:
         self.index, self.worker_pid, self.tree, self.period_s = index, worker_pid, tree, period_s
@@ -89,9 +113,10 @@ class GpuWatch:
         self._thread: threading.Thread | None = None
         self._known: dict[int, str] = {}  # pid -> "ours" | "candidate" | "other"
         self._worker_seen = False
+        self._timing = False  # set by start(): the sharing check runs
 
-    def start(self) -> None:
-        """Start sampling (once; later calls do nothing)."""
+    def begin(self) -> None:
+        """Start sampling the job's memory (once; later calls do nothing)."""
         if self._thread is not None or self.sharing.note:
             return
         nvml = _init()
@@ -105,6 +130,11 @@ class GpuWatch:
             return
         self._thread = threading.Thread(target=self._run, name="cudal1-gpu-watch", daemon=True)
         self._thread.start()
+
+    def start(self) -> None:
+        """Check who else uses the GPU from now on (the job's timing), sampling every ``period_s``."""
+        self._timing = True
+        self.begin()
 
     def stop(self) -> Sharing:
         if self._thread is not None:
@@ -123,13 +153,17 @@ class GpuWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample()
-            self._stop.wait(self.period_s)
+            self._stop.wait(self.period_s if self._timing else MEMORY_PERIOD_S)
 
     def sample(self) -> None:
         nvml = _nvml
         try:
             procs = nvml.nvmlDeviceGetComputeRunningProcesses(self._handle)
         except Exception:  # noqa: BLE001 - a failed sample is a missed sample
+            return
+        own = sum(int(p.usedGpuMemory or 0) for p in procs if int(p.pid) in (self.worker_pid, self.tree.pid))
+        self.sharing.job_mib = max(self.sharing.job_mib, own // 2**20)
+        if not self._timing:
             return
         self.sharing.samples += 1
         for p in procs:

@@ -239,7 +239,7 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
     None (build mode): the candidate's process alone imports the candidate.  Otherwise the clean
     reference worker runs the job and drives the candidate's process over a private pipe; on a GPU
     (``gpu``: its nvidia-smi index) the parent watches who else holds a context on it while the
-    job is timed (:mod:`cudal1.harness.parent.gpu_share`)."""
+    job is timed, and the job's own memory from its start (:mod:`cudal1.harness.parent.gpu_share`)."""
     ctx = get_context()
     outcome = JobOutcome()
     t0 = time.monotonic()
@@ -273,6 +273,7 @@ def run_job(spec: WorkerSpec | None, candidate: CandidateSpec, limits: dict[str,
             threading.Thread(target=_reader, args=("ref", ref_recv, messages), daemon=True).start()
             if gpu is not None and spec.device == "cuda":
                 watch = GpuWatch(gpu, ref_proc.pid or 0, tree)
+                watch.begin()  # the job's memory from its start; who else uses the GPU from its timing
         try:
             _monitor(procs, messages, receivers, limits, outcome, t0, spec if spec is not None else candidate, watch,
                      label=candidate.display_name or candidate.mode)
