@@ -12,8 +12,9 @@
 #                                                                   # and none that is not starts at all: --drain-end;
 #                                                                   # 0: no drain, the timeout cuts them)
 #   STRIDE5_WORKERS=3 bash benchmarks/builtin_stride5.sh resume     # workers per GPU (default 4; not in the config hash)
-#   STRIDE5_CHUNK=0 bash benchmarks/builtin_stride5.sh resume       # tasks per chunk (default 20; 0: 4 x workers per
-#                                                                   # GPU, at least 8; not in the config hash)
+#   STRIDE5_CHUNK=0 bash benchmarks/builtin_stride5.sh resume       # tasks per chunk (default 40, the whole sample;
+#                                                                   # 0: 4 x workers per GPU, at least 8; not in the
+#                                                                   # config hash)
 #   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 4; timing and
 #                                                                   # the candidate's first call stay exclusive;
 #                                                                   # not in the config hash)
@@ -42,13 +43,14 @@ RUN=${STRIDE5_OUT:-benchmarks/runs/stride5}
 # The judge times each verdict to a 2 s budget of at most 50 calls per side (the preset: 4 s, 100).
 # Four workers share the GPU (at three it sat idle about 30% of each batch): timing, the candidate's
 # first call and autotuning's own timings hold its lease exclusive, compiling gives it back
-# (docs/harness.md), and the re-timing runs at four too.  Chunks of 20 tasks: the sample is two,
-# so few batches end with lanes idle (the third run's last chunk, 19 tasks: 57 s per task).
+# (docs/harness.md), and the re-timing runs at four too.  The whole sample is one chunk: each stage
+# (round 1 with the anchors, round 2, baselines, re-timing) has one end where lanes run dry
+# (chunks of 20 in the third run; the fourth runs whole).
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
       --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-4}"
       --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-4}"
-      --chunk "${STRIDE5_CHUNK:-20}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
+      --chunk "${STRIDE5_CHUNK:-40}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}")
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in
