@@ -470,30 +470,32 @@ def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fak
     assert again.need(big.hash) == 58 and again.need(small.hash) == 12
 
 
-def test_gpu_gate_admits_shares_that_fit_first_come_first_served():
+def test_gpu_gate_admits_memory_bound_jobs_by_their_shares_first_come_first_served():
     gate = batch.GpuGate(capacity_mib=100)  # 92 for shares
     never = lambda: False  # noqa: E731
-    gate.enter(never, 60)
+    gate.enter(never, 60)  # a job of a measured task is running
     entered: list[str] = []
 
-    def come(name: str, need: int) -> threading.Thread:
-        t = threading.Thread(target=lambda: (gate.enter(never, need), entered.append(name)))
+    def come(name: str, need: int, bound: bool) -> threading.Thread:
+        t = threading.Thread(target=lambda: (gate.enter(never, need, wait_for_room=bound), entered.append(name)))
         t.start()
         return t
 
     deadline = time.monotonic() + 10
-    waiter = come("b40", 40)  # 60 + 40 > 92: waits
+    waiter = come("bound40", 40, True)  # 60 + 40 > 92: waits for room
     while not gate.waiting and time.monotonic() < deadline:
         time.sleep(0.01)
-    late = come("c20", 20)  # 60 + 20 fits, but not beside b40's room: waits behind it
-    while gate.held_back < 2 and time.monotonic() < deadline:
+    late = come("bound20", 20, True)  # 60 + 20 fits, but not beside bound40's room: waits behind it
+    other = come("other30", 30, False)  # not memory-bound, but 60 + 30 would take bound40's room
+    while gate.held_back < 3 and time.monotonic() < deadline:
         time.sleep(0.01)
-    come("none", 0).join(5)  # a job with no share enters as before
+    assert not gate.fits_now(30) and gate.fits_now(0)
+    come("none", 0, False).join(5)  # a job with no share enters as before
     assert entered == ["none"] and gate.held_mib == 60
     gate.leave(60)
-    waiter.join(5)
-    late.join(5)
-    assert sorted(entered) == ["b40", "c20", "none"] and gate.held_mib == 60 and gate.active == 3
+    for t in (waiter, late, other):
+        t.join(5)
+    assert sorted(entered) == ["bound20", "bound40", "none", "other30"] and gate.held_mib == 90 and gate.active == 4
 
 
 def test_unknown_backend_is_an_error():

@@ -9,8 +9,9 @@ neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``reju
 and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`) —
 unless its task's memory is known (:data:`TASK_MEMORY`, measured by earlier jobs, kept in the
 cache directory across processes): then a job enters beside the others once its share fits in
-the GPU's memory beside theirs (:meth:`GpuGate.enter`); a task whose share leaves no room beside
-another (one that ran out of memory within its share is given the whole GPU's) runs alone.
+the GPU's memory beside the running jobs' (:meth:`GpuGate.enter`; other jobs enter as before,
+their shares counted); a task whose share leaves no room beside another (one that ran out of
+memory within its share is given the whole GPU's) runs alone.
 Among ready jobs, a lane takes the one whose task took longest so far in this process
 (:data:`TASK_SECONDS`), so a batch's long jobs do not end it with the other lanes idle.
 A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no other, and raises
@@ -79,10 +80,9 @@ class GpuGate:
     Workers sharing a GPU (``workers_per_gpu`` > 1) share its memory too, so a job can run out of
     memory only because of its neighbours.  Such a verdict is not the job's: :meth:`alone` lets
     the running jobs finish, holds new ones back, and runs the job again by itself; the verdict of
-    that run stands.  With the GPU's memory known (``capacity_mib``), a job whose task's memory
-    is known enters with that share (:meth:`enter`'s ``need_mib``) once it fits beside the shares
-    of the jobs running, first come first served among those that wait for room; a job with no
-    share enters as before (its first job of a task, or no NVML)."""
+    that run stands.  With the GPU's memory known (``capacity_mib``), the shares of the running
+    jobs whose tasks' memory is known are counted, and a job of a task that ran out of memory
+    before waits until its share fits beside them (:meth:`enter`)."""
 
     def __init__(self, capacity_mib: int = 0) -> None:
         self.cond = threading.Condition()
@@ -97,38 +97,44 @@ class GpuGate:
         """The memory that the shares of jobs running together may fill."""
         return self.capacity_mib * MEMORY_FILL
 
-    def _fits(self, ticket: object, need: int) -> bool:
-        if not self.active:
+    def _may_enter(self, ticket: object, need: int, wait: bool) -> bool:
+        if not need or not self.active:
             return True
-        if self.held_mib + need > self.room_mib():
+        room = self.room_mib()
+        if wait and self.held_mib + need > room:
             return False
-        first, first_need = self.waiting[0]  # a job that waits longer keeps its room
-        return first is ticket or self.held_mib + need + first_need <= self.room_mib()
+        if not self.waiting or self.waiting[0][0] is ticket:
+            return True
+        return self.held_mib + need + self.waiting[0][1] <= room  # the first job waiting keeps its room
 
-    def fits_now(self, need_mib: int) -> bool:
-        """Whether a job with this share (0: none) would enter now without waiting for room."""
+    def fits_now(self, need_mib: int, wait_for_room: bool = False) -> bool:
+        """Whether a job with this share (0: none) would enter now (:meth:`enter`)."""
         with self.cond:
-            return not need_mib or not self.active or self.held_mib + need_mib <= self.room_mib()
+            return not self.solo and self._may_enter(None, need_mib if self.capacity_mib else 0, wait_for_room)
 
-    def enter(self, stopping: Callable[[], bool], need_mib: int = 0) -> None:
-        """Start a job on this GPU: after any job waiting to run alone, and, with a share
-        (``need_mib`` > 0 and a known capacity), once that share fits beside the running ones'."""
+    def enter(self, stopping: Callable[[], bool], need_mib: int = 0, wait_for_room: bool = False) -> None:
+        """Start a job on this GPU, after any job waiting to run alone.  ``need_mib``: its share
+        (0: not known), counted while it runs.  With ``wait_for_room`` (its task ran out of memory
+        beside others) it waits until its share fits beside the running ones', first come first
+        served; a job with a share that does not wait for room still keeps out of the room of the
+        first one waiting; a job with no share enters as before."""
         need = need_mib if self.capacity_mib else 0
+        wait = wait_for_room and bool(need)
         ticket = object()
         with self.cond:
-            if need:
+            if wait:
                 self.waiting.append((ticket, need))
             try:
-                while (self.solo or (need and not self._fits(ticket, need))) and not stopping():
+                while (self.solo or not self._may_enter(ticket, need, wait)) and not stopping():
                     self.held_back += 1
                     self.cond.wait(timeout=1.0)
                     self.held_back -= 1
             finally:
-                if need:
+                if wait:
                     self.waiting.remove((ticket, need))
             self.active += 1
             self.held_mib += need
-            self.cond.notify_all()  # the next in line may fit too
+            self.cond.notify_all()  # the next in line may enter now
 
     def leave(self, need_mib: int = 0) -> None:
         with self.cond:
@@ -366,8 +372,8 @@ class _LocalBatch:
 
     def take(self, gpu: int | None = None) -> int | None:
         """The pending job that is ready (no build, or its build done) whose task took longest
-        so far (:data:`TASK_SECONDS`; the first such in the batch's order), of those whose memory
-        share fits on ``gpu`` now where any does (:meth:`GpuGate.fits_now`); sleeps until a build
+        so far (:data:`TASK_SECONDS`; the first such in the batch's order), of those that would not
+        wait at ``gpu``'s gate now where any would not (:meth:`would_wait`); sleeps until a build
         finishes when none is ready; None when nothing is left (or a lane failed, or a drain
         began, or a drain's deadline leaves no pending job time to end before it)."""
         with self.ready:
@@ -383,12 +389,21 @@ class _LocalBatch:
                 if ready:
                     longest = {i: TASK_SECONDS.get(self.jobs[i].task.hash) for i in ready}
                     gate = self.gates.get(gpu)
-                    fits = ({i: gate.fits_now(TASK_MEMORY.need(self.jobs[i].task.hash)) for i in ready}
-                            if gate is not None and gate.capacity_mib else {})
-                    pick = max(ready, key=lambda i: (fits.get(i, True), longest[i], -i))
+                    counted = gate is not None and gate.capacity_mib and self.config.workers_per_gpu > 1
+                    now = {i: not self.would_wait(self.jobs[i], gate) for i in ready} if counted else {}
+                    pick = max(ready, key=lambda i: (now.get(i, True), longest[i], -i))
                     self.pending.remove(pick)
                     return pick
                 self.ready.wait(timeout=1.0)
+
+    @staticmethod
+    def would_wait(job: Job, gate: GpuGate) -> bool:
+        """Whether ``job`` would wait at ``gate`` now: for room (:meth:`GpuGate.fits_now`), or,
+        judged alone (:meth:`judge`), for the running jobs to end."""
+        need, bound = TASK_MEMORY.need(job.task.hash), MEMORY_BOUND.has(job.task.hash)
+        if need > gate.room_mib() or (bound and not need):
+            return gate.active > 0
+        return not gate.fits_now(need, bound)
 
     def lane(self, gpu: int | None, key: int | str | None) -> None:
         """One timing lane: a thread judging one job at a time on ``gpu``; ``key`` names it in the
@@ -436,9 +451,10 @@ class _LocalBatch:
         h = job.task.hash
         shared = self.config.workers_per_gpu > 1
         need = TASK_MEMORY.need(h) if shared and gate.capacity_mib else 0
-        if shared and (need > gate.room_mib() or (MEMORY_BOUND.has(h) and not need)):
+        bound = shared and MEMORY_BOUND.has(h)
+        if shared and (need > gate.room_mib() or (bound and not need)):
             return gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
-        gate.enter(stopping, need)
+        gate.enter(stopping, need, wait_for_room=bound)
         try:
             res = self.ev.evaluate_job(job, gpu, prebuilt)
         finally:
