@@ -344,6 +344,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     MemoryBoundEvaluator.meet = threading.Barrier(2 if share > 1 else 1)
     monkeypatch.setattr(batch, "Evaluator", MemoryBoundEvaluator)
     monkeypatch.setattr(batch, "MEMORY_BOUND", batch.MemoryBoundTasks())
+    monkeypatch.setattr(batch, "TASK_MEMORY", batch.TaskMemory())
     other = Task(name="small", source=TASK.source + "# another task\n")
     jobs = [job(f"p{i}", False) for i in range(6)]
     cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=share)
@@ -464,10 +465,16 @@ def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fak
     assert len(started) == 12  # one run per job
     assert any(label.startswith("big") and beside for label, beside in started), started  # not alone
     assert not any(label.startswith("big") and any(b.startswith("big") for b in beside) for label, beside in started)
-    # a new process (a resumed run) starts with the shares, from the cache directory
+    # a new process (a resumed run) starts with the shares and knows the task is memory-bound,
+    # from the cache directory: its first job there waits for room instead of running out of memory
     again = batch.TaskMemory()
     again.attach(tmp_path)
-    assert again.need(big.hash) == 58 and again.need(small.hash) == 12
+    assert again.need(big.hash) == 58 and again.need(small.hash) == 12 and again.bound(big.hash)
+    monkeypatch.setattr(batch, "MEMORY_BOUND", batch.MemoryBoundTasks())
+    monkeypatch.setattr(batch, "TASK_MEMORY", again)
+    SharedMemoryEvaluator.overlaps = []
+    resumed = run_jobs(jobs("d"), cfg, plan=plan)
+    assert [(r.status, r.flags) for r in resumed] == [(Status.OK, [])] * 6
 
 
 def test_gpu_gate_admits_memory_bound_jobs_by_their_shares_first_come_first_served():

@@ -181,16 +181,18 @@ MEMORY_BOUND = MemoryBoundTasks()
 
 class TaskMemory:
     """The most device memory one job of each task held (MiB, its two processes together, as the
-    parent's NVML watch saw them: ``figures["gpu_memory_mib"]``, :mod:`gpu_share`).  Kept for the
-    process, and in ``CACHE/gpu_memory.json`` (:meth:`attach`) so the next process of a resumed
-    run starts with it.  A scheduling hint only: a missing or low entry costs an OOM and a verdict
-    judged again alone, never a verdict.  Thread-safe."""
+    parent's NVML watch saw them: ``figures["gpu_memory_mib"]``, :mod:`gpu_share`), and the tasks
+    that ran out of memory beside other jobs.  Kept for the process, and in
+    ``CACHE/gpu_memory.json`` (:meth:`attach`) so the next process of a resumed run starts with
+    them.  A scheduling hint only: a missing or low entry costs an OOM and a verdict judged again
+    alone, never a verdict.  Thread-safe."""
 
     FILE = "gpu_memory.json"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._mib: dict[str, int] = {}
+        self._oom: set[str] = set()
         self._path: Path | None = None
 
     def attach(self, cache_root: Path) -> None:
@@ -204,10 +206,14 @@ class TaskMemory:
                 saved = json.loads(path.read_text())
             except (OSError, ValueError):
                 return
-            if isinstance(saved, dict):
-                for h, mib in saved.items():
-                    if isinstance(h, str) and isinstance(mib, int) and mib > self._mib.get(h, 0):
-                        self._mib[h] = mib
+            for h, entry in (saved.items() if isinstance(saved, dict) else []):
+                if not isinstance(entry, dict):
+                    continue
+                mib = entry.get("mib")
+                if isinstance(mib, int) and mib > self._mib.get(h, 0):
+                    self._mib[h] = mib
+                if entry.get("oom") is True:
+                    self._oom.add(h)
 
     def note(self, task_hash: str, mib: Any) -> None:
         """A job of the task held ``mib``: kept when it is the task's most so far."""
@@ -217,15 +223,29 @@ class TaskMemory:
             if mib <= self._mib.get(task_hash, 0):
                 return
             self._mib[task_hash] = int(mib)
-            if self._path is not None:
-                self._save(self._path)
+            self._save()
 
-    def _save(self, path: Path) -> None:
+    def ran_out(self, task_hash: str) -> None:
+        """A job of the task ran out of memory beside other jobs."""
+        with self._lock:
+            if task_hash not in self._oom:
+                self._oom.add(task_hash)
+                self._save()
+
+    def bound(self, task_hash: str) -> bool:
+        """Whether a job of the task ran out of memory beside other jobs, here or in a process before."""
+        with self._lock:
+            return task_hash in self._oom
+
+    def _save(self) -> None:
+        if self._path is None:
+            return
+        data = {h: {"mib": self._mib.get(h, 0), "oom": h in self._oom} for h in sorted(set(self._mib) | self._oom)}
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(self._mib, sort_keys=True))
-            os.replace(tmp, path)
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self._path.with_name(f"{self._path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+            tmp.write_text(json.dumps(data))
+            os.replace(tmp, self._path)
         except OSError:
             pass  # a hint not kept: the next process measures again
 
@@ -236,6 +256,12 @@ class TaskMemory:
 
 
 TASK_MEMORY = TaskMemory()
+
+
+def memory_bound(task_hash: str) -> bool:
+    """A job of the task ran out of memory beside others: in this process (:data:`MEMORY_BOUND`)
+    or, where the cache directory kept it, in one before (:data:`TASK_MEMORY`)."""
+    return MEMORY_BOUND.has(task_hash) or TASK_MEMORY.bound(task_hash)
 
 
 def gpu_capacity_mib(gpu: int | None) -> int:
@@ -400,7 +426,7 @@ class _LocalBatch:
     def would_wait(job: Job, gate: GpuGate) -> bool:
         """Whether ``job`` would wait at ``gate`` now: for room (:meth:`GpuGate.fits_now`), or,
         judged alone (:meth:`judge`), for the running jobs to end."""
-        need, bound = TASK_MEMORY.need(job.task.hash), MEMORY_BOUND.has(job.task.hash)
+        need, bound = TASK_MEMORY.need(job.task.hash), memory_bound(job.task.hash)
         if need > gate.room_mib() or (bound and not need):
             return gate.active > 0
         return not gate.fits_now(need, bound)
@@ -451,7 +477,7 @@ class _LocalBatch:
         h = job.task.hash
         shared = self.config.workers_per_gpu > 1
         need = TASK_MEMORY.need(h) if shared and gate.capacity_mib else 0
-        bound = shared and MEMORY_BOUND.has(h)
+        bound = shared and memory_bound(h)
         if shared and (need > gate.room_mib() or (bound and not need)):
             return gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
         gate.enter(stopping, need, wait_for_room=bound)
@@ -461,6 +487,7 @@ class _LocalBatch:
             gate.leave(need)
         if shared and out_of_memory(res) and not self.stopping:
             MEMORY_BOUND.add(h)
+            TASK_MEMORY.ran_out(h)
             if need:  # out of memory within its measured share: the share says nothing, alone from now on
                 TASK_MEMORY.note(h, gate.capacity_mib)
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
