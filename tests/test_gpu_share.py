@@ -4,6 +4,7 @@ measured from its start, the sharing check only from its timing."""
 from __future__ import annotations
 
 import os
+import time
 from types import SimpleNamespace
 
 from cudal1.harness.parent import gpu_share
@@ -51,3 +52,23 @@ def test_the_jobs_memory_is_its_two_processes_at_their_largest_and_sharing_waits
 def test_device_memory_is_zero_without_nvml(monkeypatch):
     monkeypatch.setattr(gpu_share, "_init", lambda: None)
     assert gpu_share.device_memory_mib(0) == 0
+
+
+def test_the_watch_thread_samples_memory_from_begin_and_sharing_from_start(monkeypatch):
+    nvml = FakeNvml()
+    nvml.nvmlDeviceGetHandleByIndex = lambda index: index
+    monkeypatch.setattr(gpu_share, "_init", lambda: nvml)
+    monkeypatch.setattr(gpu_share, "_nvml", nvml)
+    worker, candidate = os.getpid() + 10**6, os.getpid() + 2 * 10**6
+    nvml.show(**{f"p{worker}": 700, f"p{candidate}": 300})
+    watch = GpuWatch(0, worker, CandidateTree(candidate))
+    watch.begin()
+    deadline = time.monotonic() + 5
+    while not watch.sharing.job_mib and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert watch.sharing.job_mib == 1000 and watch.sharing.samples == 0
+    watch.start()  # the timing: sharing samples at once, every period_s
+    while not watch.sharing.samples and time.monotonic() < deadline:
+        time.sleep(0.005)
+    sharing = watch.stop()
+    assert sharing.samples >= 1 and sharing.checked and not sharing.others and sharing.job_mib == 1000

@@ -114,6 +114,7 @@ class GpuWatch:
         self._known: dict[int, str] = {}  # pid -> "ours" | "candidate" | "other"
         self._worker_seen = False
         self._timing = False  # set by start(): the sharing check runs
+        self._wake = threading.Event()  # start() and stop() cut the sampler's wait short
 
     def begin(self) -> None:
         """Start sampling the job's memory (once; later calls do nothing)."""
@@ -134,11 +135,13 @@ class GpuWatch:
     def start(self) -> None:
         """Check who else uses the GPU from now on (the job's timing), sampling every ``period_s``."""
         self._timing = True
+        self._wake.set()  # the first sharing sample now, not at the end of a memory sample's wait
         self.begin()
 
     def stop(self) -> Sharing:
         if self._thread is not None:
             self._stop.set()
+            self._wake.set()
             self._thread.join(timeout=2)
             self.sample()  # one last look, at the verdict
             s = self.sharing
@@ -153,7 +156,8 @@ class GpuWatch:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample()
-            self._stop.wait(self.period_s if self._timing else MEMORY_PERIOD_S)
+            self._wake.wait(self.period_s if self._timing else MEMORY_PERIOD_S)
+            self._wake.clear()
 
     def sample(self) -> None:
         nvml = _nvml
