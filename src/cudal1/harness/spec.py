@@ -82,6 +82,15 @@ class ExactCacheSpec:
 
 
 @dataclass(frozen=True)
+class KnownProbe:
+    """The degenerate-task check's finding for this batch's inputs, from an earlier worker of the
+    task (its ``task`` message, sent before any candidate code ran): a later worker of the task in
+    the batch takes it instead of running the check again."""
+
+    degenerate: str | None = None  # why the reference output is degenerate (None when it is not)
+
+
+@dataclass(frozen=True)
 class WorkerSpec:
     mode: str  # eval (the full protocol) | build (import only, no GPU) | baseline (reference vs wrapped copy)
     device: str  # cpu | cuda (the worker sees one GPU, index 0)
@@ -96,6 +105,7 @@ class WorkerSpec:
     candidate_module: str | None = None
     baseline_mode: str | None = None
     exact_cache: ExactCacheSpec | None = None
+    known_probe: KnownProbe | None = None  # the task's degenerate check, done by an earlier worker of the batch
     cwd: str | None = None  # the child's working directory: relative paths a candidate writes land there
     gpu_lease: str | None = (
         None  # lock file of the GPU's lease (shared while using it, exclusive while timing); None: none
@@ -184,11 +194,12 @@ class TaskFindings:
     degenerate: str | None = None  # why the reference output is degenerate (None when it is not)
     exact_digest: str = ""  # SHA-256 of the float64-answer file this worker wrote ('' when none)
     exact_source: str = "none"  # none | cache | computed | per-candidate (too large to keep)
+    sent: bool = False  # the worker sent them (its reference phase ended)
 
     @classmethod
     def from_message(cls, data: dict[str, Any]) -> "TaskFindings":
         return cls(degenerate=data.get("degenerate") or None, exact_digest=str(data.get("exact_digest") or ""),
-                   exact_source=str(data.get("exact_source") or "none"))
+                   exact_source=str(data.get("exact_source") or "none"), sent=True)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from cudal1.harness.spec import (
     CandidateSettings,
     CandidateSpec,
     ExactCacheSpec,
+    KnownProbe,
     PhaseLimits,
     WorkerSpec,
 )
@@ -85,6 +86,7 @@ class Evaluator:
             Path, str
         ] = {}  # float64-answer file -> digest a worker sent before candidate code ran
         self.on_timeline: Callable[[int | None, list[tuple[str, float, float]]], None] | None = None  # (gpu, phases)
+        self._probes: dict[tuple[str, str], KnownProbe] = {}  # (task hash, device) -> its degenerate check
 
     def exact_cache(self, task: Task, device: str) -> ExactCacheSpec:
         """Where the float64 answers of ``task``'s correctness inputs live for this batch, and the
@@ -95,6 +97,16 @@ class Evaluator:
         path = self.cache_root / "exact" / f"{key[:24]}.pt"
         with self._exact_lock:
             return ExactCacheSpec(str(path), self._exact_digests.get(path))
+
+    def known_probe(self, task: Task, device: str) -> KnownProbe | None:
+        """The degenerate-task check of ``task`` on this batch's inputs, once a worker sent it."""
+        with self._exact_lock:
+            return self._probes.get((task.hash, device))
+
+    def _remember_probe(self, task: Task, device: str, outcome: JobOutcome) -> None:
+        if outcome.task.sent:
+            with self._exact_lock:
+                self._probes.setdefault((task.hash, device), KnownProbe(outcome.task.degenerate))
 
     def _remember_exact(self, spec: WorkerSpec, outcome: JobOutcome) -> None:
         digest, cache = outcome.task.exact_digest, spec.exact_cache
@@ -198,6 +210,7 @@ class Evaluator:
             candidate_module=None,
             baseline_mode=job.baseline_mode,
             exact_cache=self.exact_cache(task, device) if tolerances.exact is not None else None,
+            known_probe=self.known_probe(task, device),
             cwd=str(workdir),
             gpu_lease=lease_path(self.plan.device, gpu, self.config.workers_per_gpu, self.cache_root),
             slot_dir=str(slot_dir),
@@ -215,6 +228,7 @@ class Evaluator:
             outcome = run_job(spec, candidate, _limits(self.config), gpu if device == "cuda" else None)
             if spec is not None:
                 self._remember_exact(spec, outcome)
+                self._remember_probe(job.task, device, outcome)
             if mode != "build" and self.on_timeline is not None:
                 self.on_timeline(gpu, outcome.timeline)
             return outcome

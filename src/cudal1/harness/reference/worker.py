@@ -320,7 +320,24 @@ class RefWorker(Measurement):
             ) from None
 
     def probe_task(self, ref_mod: Any, ref_model: Any) -> None:
-        """Degenerate-task check and the float64 answers, on the reference alone."""
+        """Degenerate-task check and the float64 answers, on the reference alone.  The check is an
+        earlier worker's where the parent hands it on (``spec.known_probe``: the same task on the
+        same inputs in this batch)."""
+        known = self.spec.known_probe
+        self.degenerate = known.degenerate if known is not None else self.degenerate_check(ref_mod, ref_model)
+        if self.exact is not None:
+            cache = self.spec.exact_cache
+            trials = self.cfg.correctness_trials
+            with self.reference_spans.span("answers"):
+                self.answers.prepare(self.exact, [self.input_seed + i for i in range(trials)], self.make_inputs,
+                                     cache.path if cache else None, cache.digest if cache else None)
+                self.sync()
+        self.sender.send("task", degenerate=self.degenerate, exact_digest=self.answers.digest,
+                         exact_source=self.answers.source)
+
+    def degenerate_check(self, ref_mod: Any, ref_model: Any) -> str | None:
+        """Why the reference's outputs are degenerate on this batch's inputs (None when they are
+        not): three inputs, and other weights (:mod:`cudal1.harness.reference.degenerate`)."""
         with self.reference_spans.span("probe"):
             try:
                 prints = []
@@ -343,16 +360,7 @@ class RefWorker(Measurement):
                 raise Verdict("runtime_error", f"reference failed to run: {type(exc).__name__}: {exc}",
                               "reference_error", *_oom_flag(exc)) from None
             self.sync()
-        self.degenerate = degenerate_reason(prints, other)
-        if self.exact is not None:
-            cache = self.spec.exact_cache
-            trials = self.cfg.correctness_trials
-            with self.reference_spans.span("answers"):
-                self.answers.prepare(self.exact, [self.input_seed + i for i in range(trials)], self.make_inputs,
-                                     cache.path if cache else None, cache.digest if cache else None)
-                self.sync()
-        self.sender.send("task", degenerate=self.degenerate, exact_digest=self.answers.digest,
-                         exact_source=self.answers.source)
+        return degenerate_reason(prints, other)
 
     def kernel_names(self, link: CandidateLink) -> list[str] | None:
         """CUDA kernels of one profiled candidate call (informational; None off CUDA)."""
