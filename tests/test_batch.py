@@ -343,7 +343,6 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     MemoryBoundEvaluator.running, MemoryBoundEvaluator.judged = {}, 0
     MemoryBoundEvaluator.meet = threading.Barrier(2 if share > 1 else 1)
     monkeypatch.setattr(batch, "Evaluator", MemoryBoundEvaluator)
-    monkeypatch.setattr(batch, "MEMORY_BOUND", batch.MemoryBoundTasks())
     monkeypatch.setattr(batch, "TASK_MEMORY", batch.TaskMemory())
     other = Task(name="small", source=TASK.source + "# another task\n")
     jobs = [job(f"p{i}", False) for i in range(6)]
@@ -353,7 +352,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     if share == 1:
         assert all(r.status is Status.OK and "rejudged_alone" not in r.flags for r in results)
         assert len(starts) == 6
-        assert not batch.MEMORY_BOUND.has(TASK.hash)  # with one worker per GPU an OOM says nothing of neighbours
+        assert not batch.TASK_MEMORY.bound(TASK.hash)  # with one worker per GPU an OOM says nothing of neighbours
         return
     assert [r.status for r in results] == [Status.OK] * 6, [(r.status, r.flags) for r in results]
     again = [r for r in results if "rejudged_alone" in r.flags]
@@ -365,7 +364,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
             assert runs[-1] == 0, f"{label} was judged again beside {runs[-1]} other job(s)"
     # The task is remembered: its next batch is judged alone at once, one run per job, no OOM;
     # another task still shares the GPU.
-    assert batch.MEMORY_BOUND.has(TASK.hash) and not batch.MEMORY_BOUND.has(other.hash)
+    assert batch.TASK_MEMORY.bound(TASK.hash) and not batch.TASK_MEMORY.bound(other.hash)
     fake.log.clear()
     MemoryBoundEvaluator.meet = threading.Barrier(1)
     later = run_jobs([job(f"q{i}", False) for i in range(4)], cfg, plan=DevicePlan("cpu", (None,), ""))
@@ -441,7 +440,6 @@ def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fak
     SharedMemoryEvaluator.MIB = {big.hash: 50, small.hash: 10}
     SharedMemoryEvaluator.held, SharedMemoryEvaluator.overlaps, SharedMemoryEvaluator.running = 0, [], {}
     monkeypatch.setattr(batch, "Evaluator", SharedMemoryEvaluator)
-    monkeypatch.setattr(batch, "MEMORY_BOUND", batch.MemoryBoundTasks())
     monkeypatch.setattr(batch, "TASK_MEMORY", batch.TaskMemory())
     monkeypatch.setattr(batch, "gpu_capacity_mib", lambda gpu: SharedMemoryEvaluator.CAPACITY)
     cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=3)
@@ -455,7 +453,7 @@ def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fak
     # (50 + 50 + 10 > 100) and is judged again alone, as before
     first = run_jobs(jobs("a"), cfg, plan=plan)
     assert all(r.status is Status.OK for r in first)
-    assert batch.MEMORY_BOUND.has(big.hash)
+    assert batch.TASK_MEMORY.bound(big.hash)
     assert batch.TASK_MEMORY.need(big.hash) == 58 and batch.TASK_MEMORY.need(small.hash) == 12  # 1.15x measured
     # later batches: shares of 58 and 12 in 92 of 100: one big job beside small ones, no OOM
     SharedMemoryEvaluator.overlaps = []
@@ -470,7 +468,6 @@ def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fak
     again = batch.TaskMemory()
     again.attach(tmp_path)
     assert again.need(big.hash) == 58 and again.need(small.hash) == 12 and again.bound(big.hash)
-    monkeypatch.setattr(batch, "MEMORY_BOUND", batch.MemoryBoundTasks())
     monkeypatch.setattr(batch, "TASK_MEMORY", again)
     SharedMemoryEvaluator.overlaps = []
     resumed = run_jobs(jobs("d"), cfg, plan=plan)

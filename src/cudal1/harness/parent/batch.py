@@ -6,9 +6,9 @@ jobs to :mod:`cudal1.harness.parent.ray_backend`).  A lane takes a *ready* job (
 build finished) and sleeps until a build finishes when none is; it never commits to a build that
 has not started.  With several workers per GPU, a job that ran out of memory beside its
 neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``rejudged_alone``),
-and later jobs of its task in this process are judged alone at once (:data:`MEMORY_BOUND`) —
-unless its task's memory is known (:data:`TASK_MEMORY`, measured by earlier jobs, kept in the
-cache directory across processes): then a job enters beside the others once its share fits in
+and its later jobs are judged alone at once (:data:`TASK_MEMORY`, which keeps such tasks, and
+each task's measured memory, in the cache directory across processes) — unless its memory is
+known: then a job enters beside the others once its share fits in
 the GPU's memory beside the running jobs' (:meth:`GpuGate.enter`; other jobs enter as before,
 their shares counted); a task whose share leaves no room beside another (one that ran out of
 memory within its share is given the whole GPU's) runs alone.
@@ -158,27 +158,6 @@ class GpuGate:
                 self.cond.notify_all()
 
 
-class MemoryBoundTasks:
-    """Tasks (by hash) that ran out of GPU memory beside other jobs in this process: a task's
-    memory is mostly its inputs, outputs and answers, so its later jobs (the next candidates, the
-    next round of a search) would run out the same way.  Thread-safe; lives as long as the process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._hashes: set[str] = set()
-
-    def add(self, task_hash: str) -> None:
-        with self._lock:
-            self._hashes.add(task_hash)
-
-    def has(self, task_hash: str) -> bool:
-        with self._lock:
-            return task_hash in self._hashes
-
-
-MEMORY_BOUND = MemoryBoundTasks()
-
-
 class TaskMemory:
     """The most device memory one job of each task held (MiB, its two processes together, as the
     parent's NVML watch saw them: ``figures["gpu_memory_mib"]``, :mod:`gpu_share`), and the tasks
@@ -226,7 +205,9 @@ class TaskMemory:
             self._save()
 
     def ran_out(self, task_hash: str) -> None:
-        """A job of the task ran out of memory beside other jobs."""
+        """A job of the task ran out of memory beside other jobs: a task's memory is mostly its
+        inputs, outputs and answers, so its later jobs (the next candidates, a search's next round)
+        would run out the same way."""
         with self._lock:
             if task_hash not in self._oom:
                 self._oom.add(task_hash)
@@ -258,10 +239,10 @@ class TaskMemory:
 TASK_MEMORY = TaskMemory()
 
 
-def memory_bound(task_hash: str) -> bool:
-    """A job of the task ran out of memory beside others: in this process (:data:`MEMORY_BOUND`)
-    or, where the cache directory kept it, in one before (:data:`TASK_MEMORY`)."""
-    return MEMORY_BOUND.has(task_hash) or TASK_MEMORY.bound(task_hash)
+def runs_alone(gate: GpuGate, need_mib: int, bound: bool) -> bool:
+    """Whether a job goes to ``gate``'s GPU alone (:meth:`GpuGate.alone`): its share leaves no room
+    beside another, or its task ran out of memory beside others and has no share yet."""
+    return need_mib > gate.room_mib() or (bound and not need_mib)
 
 
 def gpu_capacity_mib(gpu: int | None) -> int:
@@ -415,7 +396,7 @@ class _LocalBatch:
                 if ready:
                     longest = {i: TASK_SECONDS.get(self.jobs[i].task.hash) for i in ready}
                     gate = self.gates.get(gpu)
-                    counted = gate is not None and gate.capacity_mib and self.config.workers_per_gpu > 1
+                    counted = gate is not None and gate.capacity_mib  # 0 with one worker per GPU
                     now = {i: not self.would_wait(self.jobs[i], gate) for i in ready} if counted else {}
                     pick = max(ready, key=lambda i: (now.get(i, True), longest[i], -i))
                     self.pending.remove(pick)
@@ -426,8 +407,8 @@ class _LocalBatch:
     def would_wait(job: Job, gate: GpuGate) -> bool:
         """Whether ``job`` would wait at ``gate`` now: for room (:meth:`GpuGate.fits_now`), or,
         judged alone (:meth:`judge`), for the running jobs to end."""
-        need, bound = TASK_MEMORY.need(job.task.hash), memory_bound(job.task.hash)
-        if need > gate.room_mib() or (bound and not need):
+        need, bound = TASK_MEMORY.need(job.task.hash), TASK_MEMORY.bound(job.task.hash)
+        if runs_alone(gate, need, bound):
             return gate.active > 0
         return not gate.fits_now(need, bound)
 
@@ -468,17 +449,17 @@ class _LocalBatch:
         memory is judged again with the GPU to itself (:class:`GpuGate`); flag ``rejudged_alone``; so
         is one whose timing was ``contended`` by a process outside the judge (once: if that process
         stays, the second verdict says ``contended`` too).
-        Its task is remembered (:data:`MEMORY_BOUND`): later jobs of it go straight to the GPU
-        alone instead of paying a shared attempt first, or, where its memory was measured
-        (:data:`TASK_MEMORY`) and fits in the GPU's beside others, enter with that share; one
-        that ran out of memory within its share runs alone from then on."""
+        Its task is remembered (:data:`TASK_MEMORY`): later jobs of it go straight to the GPU
+        alone instead of paying a shared attempt first, or, where its memory was measured and
+        fits in the GPU's beside others, enter with that share (:func:`runs_alone`); one that ran
+        out of memory within its share runs alone from then on."""
         gate, stopping = self.gates[gpu], lambda: self.stopping
         job = self.jobs[i]
         h = job.task.hash
         shared = self.config.workers_per_gpu > 1
-        need = TASK_MEMORY.need(h) if shared and gate.capacity_mib else 0
-        bound = shared and memory_bound(h)
-        if shared and (need > gate.room_mib() or (bound and not need)):
+        need = TASK_MEMORY.need(h) if gate.capacity_mib else 0  # a capacity only with several workers per GPU
+        bound = shared and TASK_MEMORY.bound(h)
+        if shared and runs_alone(gate, need, bound):
             return gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
         gate.enter(stopping, need, wait_for_room=bound)
         try:
@@ -486,7 +467,6 @@ class _LocalBatch:
         finally:
             gate.leave(need)
         if shared and out_of_memory(res) and not self.stopping:
-            MEMORY_BOUND.add(h)
             TASK_MEMORY.ran_out(h)
             if need:  # out of memory within its measured share: the share says nothing, alone from now on
                 TASK_MEMORY.note(h, gate.capacity_mib)
