@@ -138,8 +138,16 @@ def task_costs(out: Path, tasks: list, config_hash: str) -> dict[str, dict[str, 
                           "construct_s": sum(seconds_in(r.phase_s, ("construct",)) for r in base),
                           "compiling_s": sum(seconds_in(r.phase_s, COMPILING_PHASES) for r in base)},
             "confirm": {"verdicts": len(again), "held_s": sum(held_s(c["phase_s"]) for c in again)},
+            "exclusive": {stage: exclusive_s(rs) for stage, rs in (("search", search), ("baselines", base))},
         }
     return costs
+
+
+def exclusive_s(results: list) -> dict[str, float]:
+    """Seconds the verdicts held the GPU's lease exclusive before timing (``figures
+    ["exclusive_before_timing_s"]``, recorded since 2026-12-04) and how many recorded it."""
+    held = [r.figures["exclusive_before_timing_s"] for r in results if "exclusive_before_timing_s" in r.figures]
+    return {"s": float(sum(held)), "verdicts": len(held)}
 
 
 def running_at_once(spans: list[tuple[float, float]]) -> dict[int, float]:
@@ -182,6 +190,8 @@ def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, An
             c["workers_per_gpu"] = b["workers_per_gpu"]
         if b.get("compile_lease"):
             c["compile_lease"] = b["compile_lease"]
+        if b.get("first_call_lease"):
+            c["first_call_lease"] = b["first_call_lease"]
     for c in calls.values():
         c["finished"] = finished_by_call.get(c["call"])
         total = sum(c["device_s"].values())
@@ -203,6 +213,10 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]],
     for task_id, c in costs.items():
         if c["baselines"]["verdicts"]:
             levels.setdefault(task_id.split("/", 1)[0] if "/" in task_id else "-", []).append(total(c))
+    exclusive: dict[str, dict[str, float]] = {}  # stage -> {s, verdicts}
+    for c in costs.values():
+        for stage, e in c.get("exclusive", {}).items():
+            _add(exclusive.setdefault(stage, {}), e)
     by_phase: dict[str, dict[str, float]] = {}  # stage -> phase -> seconds
     steps: dict[str, dict[str, float]] = {}  # phase -> step -> seconds
     for c in costs.values():
@@ -226,6 +240,7 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]],
             "baselines_compiling": med([c["baselines"].get("compiling_s", 0.0) for c in full]),
             "total": med([total(c) for c in full]),
         },
+        "exclusive_before_timing": exclusive,
         "calls": calls,
         "running_s": {str(k): v for k, v in (running or {}).items()},
         "per_task": costs,
@@ -247,6 +262,7 @@ def markdown(cost: dict[str, Any]) -> str:
         kinds = ", ".join(f"{k} {v:.0f}" for k, v in c["device_s"].items())
         workers = f", {c['workers_per_gpu']} worker(s) per GPU" if c.get("workers_per_gpu") else ""
         workers += f", compiling with the lease {c['compile_lease']}" if c.get("compile_lease") else ""
+        workers += f", first call's lease {c['first_call_lease']}" if c.get("first_call_lease") else ""
         lines.append(f"cost of call {c['call']} (levers {c['levers'] or 'n/a'}{workers}): device seconds {kinds} "
                      f"= {c['device_s_total']:.0f} for {c['finished'] if c['finished'] is not None else '?'} "
                      f"task(s) finished: {f(c['device_s_per_task'])} s per task")
@@ -257,6 +273,11 @@ def markdown(cost: dict[str, Any]) -> str:
     if cost.get("running_s"):
         lines.append("search and baseline verdicts running at once, seconds (from the store's times; the "
                      "re-timings are not in it): " + ", ".join(f"{k}: {v:.0f}" for k, v in cost["running_s"].items()))
+    ex = {k: v for k, v in (cost.get("exclusive_before_timing") or {}).items() if v.get("verdicts")}
+    if ex:
+        lines.append("the lease held exclusive before timing (what a verdict kept every other one off the GPU for, "
+                     "untimed), seconds: " + ", ".join(f"{k} {v['s']:.0f} ({v['verdicts']:.0f} verdicts)"
+                                                       for k, v in ex.items()))
     if cost.get("held_s_by_phase"):
         lines.append("lease-held seconds by phase, all tasks: " + "; ".join(
             f"{stage} " + ", ".join(f"{p} {v:.0f}" for p, v in phases.items())

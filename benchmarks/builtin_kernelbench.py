@@ -191,16 +191,19 @@ class Batches:
     """Every judged batch's BatchStats, summarized for OUT/run.json and the report; each batch
     carries its call's stamp, the GPUs it ran on, the judge workers sharing each GPU (the re-timing's
     own count for a ``confirm`` batch), whether the cost levers were on and where compiling held the
-    GPU's lease (``compile_lease``, when released), and each call the tasks
+    GPU's lease (``compile_lease``, when released), the lease a candidate's first call held
+    (``first_call_lease``, with compiling released; batches before it, from 2026-12-04 on:
+    exclusive), and each call the tasks
     finished before and after it (:mod:`builtin_cost`)."""
 
     def __init__(self, out: Path, gpus: int = 1, levers: str = "on", workers: int = 2,
-                 confirm_workers: int = 1, compile_lease: str = "held") -> None:
+                 confirm_workers: int = 1, compile_lease: str = "held", first_call_lease: str = "") -> None:
         self.path = out / "run.json"
         self.run = json.loads(self.path.read_text()) if self.path.exists() else {"batches": []}
         self.call, self.gpus, self.levers = time.strftime("%Y-%m-%dT%H:%M:%S"), gpus, levers
         self.workers, self.confirm_workers = workers, confirm_workers
         self.compile_lease = compile_lease
+        self.first_call_lease = first_call_lease if compile_lease != "held" else ""
         self.stage, self.since, self.verdicts = "search", None, 0  # what a cut call was doing, since when
 
     def begin(self, stage: str) -> None:
@@ -231,7 +234,8 @@ class Batches:
         workers = self.confirm_workers if batch["what"].startswith("confirm") else self.workers
         self.run["batches"].append({**batch, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "call": self.call,
                                     "gpus": self.gpus, "workers_per_gpu": workers, "levers": self.levers,
-                                    **({"compile_lease": self.compile_lease} if self.compile_lease != "held" else {})})
+                                    **({"compile_lease": self.compile_lease} if self.compile_lease != "held" else {}),
+                                    **({"first_call_lease": self.first_call_lease} if self.first_call_lease else {})})
         self.since, self.verdicts = time.monotonic(), 0
         self.save()
 
@@ -387,6 +391,11 @@ def main() -> int:
                          "compiles included (EvalConfig.compile_off_lease, autotune_off_lease); autotune-held, "
                          "released except autotuning compiles (docs/harness.md; the config hash is the same "
                          "either way)")
+    ap.add_argument("--first-call-lease", choices=("choosers", "exclusive"), default="choosers",
+                    help="with compiling released, the lease a candidate's first call holds: choosers, the phase's "
+                         "shared one, exclusive only while a choice is made by timing (cuDNN's benchmark mode, "
+                         "TunableOp, autotuners, a compile's GPU steps); exclusive, the whole call "
+                         "(EvalConfig.first_call_lease; the config hash is the same either way)")
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
                     help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
                          "and print the device seconds per task of each")
@@ -421,7 +430,8 @@ def main() -> int:
         judge = EvalConfig.preset(args.preset).replace(
             device=args.device, workers_per_gpu=args.workers_per_gpu, keep_samples=False,
             baseline_cache=args.levers == "on", timing_budget_s=args.timing_budget,
-            timing_trials=args.timing_trials, **LEASE_SETTINGS[args.compile_lease])
+            timing_trials=args.timing_trials, first_call_lease=args.first_call_lease,
+            **LEASE_SETTINGS[args.compile_lease])
     except ConfigError as exc:
         ap.error(str(exc))
     keep_earlier_config(out, judge, args.report_only)
@@ -436,7 +446,7 @@ def main() -> int:
         snapshot_store(out)  # the snapshot, too, no longer holds them (a packed run moves it alone)
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     batches = Batches(out, gpus=_gpus(args), levers=args.levers, workers=args.workers_per_gpu,
-                      compile_lease=COMPILE_LEASE_RECORDED[args.compile_lease],
+                      compile_lease=COMPILE_LEASE_RECORDED[args.compile_lease], first_call_lease=args.first_call_lease,
                       confirm_workers=args.confirm_workers_per_gpu)
     code = 0
     if args.drain_end is not None and (args.drain_after is None or args.drain_end <= args.drain_after):

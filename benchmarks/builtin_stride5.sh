@@ -16,11 +16,14 @@
 #                                                                   # 0: 4 x workers per GPU, at least 8; not in the
 #                                                                   # config hash)
 #   STRIDE5_CONFIRM_WORKERS=1 bash benchmarks/builtin_stride5.sh resume  # the re-timing's (default 4; timing and
-#                                                                   # the candidate's first call stay exclusive;
+#                                                                   # choices made by timing stay exclusive;
 #                                                                   # not in the config hash)
 #   STRIDE5_COMPILE_LEASE=held bash benchmarks/builtin_stride5.sh resume  # compiling under the GPU's lease
 #                                                                   # (--compile-lease held | released | autotune-held;
 #                                                                   # default released; not in the config hash)
+#   STRIDE5_FIRST_CALL=exclusive bash benchmarks/builtin_stride5.sh resume  # the candidate's whole first call
+#                                                                   # under the exclusive lease (--first-call-lease;
+#                                                                   # default choosers; not in the config hash)
 #   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
 #                                                                   # (--rejudge; their old verdicts: rejudged.jsonl;
@@ -41,8 +44,9 @@ mkdir -p "$OUT"
 step=${1:?usage: builtin_stride5.sh probe|resume}
 RUN=${STRIDE5_OUT:-benchmarks/runs/stride5}
 # The judge times each verdict to a 2 s budget of at most 50 calls per side (the preset: 4 s, 100).
-# Four workers share the GPU (at three it sat idle about 30% of each batch): timing, the candidate's
-# first call and autotuning's own timings hold its lease exclusive, compiling gives it back
+# Four workers share the GPU (at three it sat idle about 30% of each batch): timing, choices made by
+# timing (autotuners, cuDNN's benchmark mode in a candidate's first call) hold its lease exclusive,
+# compiling gives it back
 # (docs/harness.md), and the re-timing runs at four too.  The whole sample is one chunk: each stage
 # (round 1 with the anchors, round 2, baselines, re-timing) has one end where lanes run dry
 # (chunks of 20 in the third run; the fourth runs whole).
@@ -51,7 +55,7 @@ ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5
       --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-4}"
       --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-4}"
       --chunk "${STRIDE5_CHUNK:-40}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
-      --compile-lease "${STRIDE5_COMPILE_LEASE:-released}")
+      --compile-lease "${STRIDE5_COMPILE_LEASE:-released}" --first-call-lease "${STRIDE5_FIRST_CALL:-choosers}")
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in
   probe)

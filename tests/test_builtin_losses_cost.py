@@ -143,6 +143,30 @@ def test_the_whole_runs_device_seconds_per_task_and_held_seconds_by_phase(bench)
     assert "correctness phase by step, search and baselines: candidate_first 2, compare 2" in text
 
 
+def test_the_exclusive_seconds_before_timing_per_stage_and_the_first_calls_lease(bench):
+    """``figures["exclusive_before_timing_s"]`` summed per stage over the verdicts that recorded it
+    (older ones did not), and each call's ``first_call_lease`` beside its compile lease."""
+    from types import SimpleNamespace
+
+    _, cost = bench
+    rs = [SimpleNamespace(figures={"exclusive_before_timing_s": 0.5}), SimpleNamespace(figures={}),
+          SimpleNamespace(figures={"exclusive_before_timing_s": 2.0})]
+    assert cost.exclusive_s(rs) == {"s": 2.5, "verdicts": 2}
+    costs = {t: {"search": {"verdicts": 3, "held_s": 1.0}, "baselines": {"verdicts": 0, "held_s": 0.0},
+                 "confirm": {"verdicts": 0, "held_s": 0.0},
+                 "exclusive": {"search": cost.exclusive_s(rs), "baselines": {"s": 0.0, "verdicts": 0}}}
+             for t in ("level1/3", "level1/8")}
+    calls = cost.call_costs({"batches": [{"what": "baselines", "jobs": 2, "wall_s": 30.0, "call": "c1",
+                                          "compile_lease": "released, autotuning too",
+                                          "first_call_lease": "choosers"}]}, {"c1": 1})
+    summary = cost.summarize(costs, calls)
+    assert summary["exclusive_before_timing"] == {"search": {"s": 5.0, "verdicts": 4}, "baselines": {"s": 0.0,
+                                                                                                  "verdicts": 0}}
+    text = cost.markdown(summary | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
+    assert "untimed), seconds: search 5 (4 verdicts)" in text and "baselines 0" not in text
+    assert "compiling with the lease released, autotuning too, first call's lease choosers)" in text
+
+
 def test_verdicts_running_at_once_count_each_overlap_and_skip_the_gaps(bench):
     _, cost = bench
     # two lanes: a and b side by side for 4 s, b alone for 2 s (a tail), nothing for 10 s, c alone for 1 s
@@ -258,6 +282,13 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
     assert batches.run["batches"][-1]["what"] == "confirm (drained)" and batches.run["batches"][-1]["cut"]
     assert cost.call_costs(batches.run, {})[0]["device_s"]["confirm"] == 5.0 + 20.0
     assert (tmp_path / "run.json").exists()
+    assert all("first_call_lease" not in b for b in batches.run["batches"])  # compiling held: not recorded
+    (tmp_path / "r").mkdir()
+    released = builtin_kernelbench.Batches(tmp_path / "r", compile_lease="released, autotuning too",
+                                           first_call_lease="choosers")
+    released.add("search", SimpleNamespace(jobs=1, wall_s=1.0, gpu_idle_share=0.0, lease_wait_s=0.0,
+                                           lanes_unused_share=0.0))
+    assert released.run["batches"][-1]["first_call_lease"] == "choosers"
 
 
 def test_another_run_of_the_sample_compared_with_against(bench, tmp_path, monkeypatch, capsys):

@@ -502,3 +502,54 @@ def test_a_triton_autotuners_timings_are_bracketed_alone_on_the_main_thread_outs
     assert events == []
     assert compile_fx_module.compile_fx("g", []) == [3.0]  # Inductor's own: not a candidate's autotuner
     assert events == [("compiling", True, True), ("compiling", False, True)]
+
+
+def test_inductors_run_time_autotuners_are_bracketed_alone_only_under_torch_compile(monkeypatch):
+    """:data:`compiling.AUTOTUNE_STEPS` also names Inductor's choices at a kernel's first launch
+    (several configs timed, coordinate descent): this torch has each of them; they are wrapped only
+    where the candidate calls torch.compile (a Triton-only candidate's process does not import
+    Inductor's runtime for them), and a first launch outside any compile is bracketed alone."""
+    import sys
+    import types
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    inductors = [(m, p) for m, p in compiling.AUTOTUNE_STEPS if m.startswith("torch._inductor")]
+    assert len(inductors) == 3 and all(compiling._attribute(m, p) is not None for m, p in inductors)
+    fake_triton, fake_inductor = types.ModuleType("fake_triton_tuner"), types.ModuleType("torch._inductor.fake_tuner")
+
+    class Autotuner:
+        def _bench(self, config):
+            return [float(config)]
+
+    class CachingAutotuner:
+        def benchmark_all_configs(self, *args):
+            return {"a": 1.0}
+
+    fake_triton.Autotuner, fake_inductor.CachingAutotuner = Autotuner, CachingAutotuner
+    monkeypatch.setitem(sys.modules, "fake_triton_tuner", fake_triton)
+    monkeypatch.setitem(sys.modules, "torch._inductor.fake_tuner", fake_inductor)
+    for name in ("TRITON_COMPILES", "GPU_STEPS", "GPU_FIRST_STEPS", "CPU_STEPS"):
+        monkeypatch.setattr(compiling, name, ())
+    monkeypatch.setattr(compiling, "AUTOTUNE_STEPS", (("fake_triton_tuner", "Autotuner._bench"),
+                                                      ("torch._inductor.fake_tuner",
+                                                       "CachingAutotuner.benchmark_all_configs")))
+    monkeypatch.setattr(compile_fx_module, "compile_fx", lambda graph, inputs, config_patches=None:
+                        CachingAutotuner().benchmark_all_configs())
+    events: list[tuple] = []
+
+    def install(torch_compile):
+        return compiling.install(lambda on, off: events.append(("compiling", on, off)), lambda on: None,
+                                 torch_compile=torch_compile, triton=True,
+                                 alone=lambda on: events.append(("alone", on)))
+
+    assert install(False) == ["fake_triton_tuner:Autotuner._bench"]
+    assert CachingAutotuner().benchmark_all_configs() == {"a": 1.0} and events == []
+    assert install(True) == ["torch._inductor.fake_tuner:CachingAutotuner.benchmark_all_configs"]
+    assert CachingAutotuner().benchmark_all_configs() == {"a": 1.0}
+    assert events == [("alone", True), ("alone", False)]
+    events.clear()
+    compile_fx_module.compile_fx("g", [])  # inside a compile: the compile's own steps, not alone
+    assert events == [("compiling", True, True), ("compiling", False, True)]

@@ -53,7 +53,8 @@ class _LeaseProbe:
     at the lock at exactly that moment.  ``building(on)`` is what the worker does when the
     candidate's process reports an extension build outside its import."""
 
-    def __init__(self, path, probe, device: str = "cpu", compile_off_lease: bool = False):
+    def __init__(self, path, probe, device: str = "cpu", compile_off_lease: bool = False,
+                 first_call_lease: str = "exclusive"):
         from types import SimpleNamespace
 
         from cudal1.harness.lease import Lease
@@ -67,7 +68,10 @@ class _LeaseProbe:
         self.worker.compile_lease = "none"
         self.worker.compile_released = False
         self.worker.autotune_lease = ""
-        self.worker.cfg = SimpleNamespace(compile_off_lease=compile_off_lease)
+        self.worker.compile_step_lease = "none"
+        self.worker.in_first_call = False
+        self.worker.exclusive_s, self.worker.exclusive_since, self.worker.timing_began = 0.0, None, False
+        self.worker.cfg = SimpleNamespace(compile_off_lease=compile_off_lease, first_call_lease=first_call_lease)
         self.worker.spec = SimpleNamespace(device="cuda")  # the lock is real; the GPU is not needed
         self.acks = 0
         self.worker.link = SimpleNamespace(ack=self._ack)
@@ -377,20 +381,25 @@ def test_a_candidates_triton_autotuning_times_its_choices_under_the_exclusive_le
 
 
 def test_the_candidates_first_call_holds_the_lease_exclusive_and_gives_back_the_phases_own(tmp_path):
-    """With ``EvalConfig.compile_off_lease``, the candidate's first call in ``correctness`` (where
-    cuDNN's benchmark mode and Inductor's run-time autotuning make their choices by timing) holds
-    the lease exclusive; a compile inside it goes off the lease and comes back to exclusive; the
-    phase's shared lease returns when the call ends, however it ends.  Without the setting, or
-    outside ``correctness``, the lease is left as it is."""
+    """With ``EvalConfig.compile_off_lease`` and ``first_call_lease: exclusive``, the candidate's
+    first call in ``correctness`` (where cuDNN's benchmark mode and Inductor's run-time autotuning
+    make their choices by timing) holds the lease exclusive and is not watched; a compile inside it
+    goes off the lease and comes back to exclusive; the phase's shared lease returns when the call
+    ends, however it ends.  Without the setting, or outside ``correctness``, the lease is left as
+    it is."""
     import fcntl
 
     path = tmp_path / "gpu0.lock"
     w = _LeaseProbe(path, lambda name: None, compile_off_lease=True)
     w.worker.enter("correctness", "shared")
-    with w.worker.first_call_alone():
+    with w.worker.first_call() as watch:
+        assert not watch
         assert w.phases[-1] == "correctness" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
         w.compiling(True, off_lease=True)
         assert w.phases[-1] == "compile_cpu" and w.held == "none" and _try_lock(path, fcntl.LOCK_EX)
+        w.compile_gpu(True)
+        assert w.phases[-1] == "compile" and w.held == "exclusive"
+        w.compile_gpu(False)
         w.compiling(False, off_lease=True)
         assert w.phases[-1] == "correctness" and w.held == "exclusive"
         w.autotune(True)  # the candidate's own autotuner inside the call: its end keeps the call exclusive
@@ -398,14 +407,93 @@ def test_the_candidates_first_call_holds_the_lease_exclusive_and_gives_back_the_
         assert w.phases[-1] == "correctness" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
     assert w.phases[-1] == "correctness" and w.held == "shared" and _try_lock(path, fcntl.LOCK_SH)
     with pytest.raises(RuntimeError, match="the call failed"):
-        with w.worker.first_call_alone():
+        with w.worker.first_call():
             assert w.held == "exclusive"
             raise RuntimeError("the call failed")
-    assert w.held == "shared"
+    assert w.held == "shared" and not w.worker.in_first_call
     w.worker.enter("construct", "shared")
-    with w.worker.first_call_alone():
-        assert w.held == "shared"
+    assert not w.worker.watches_choosers()
+    with w.worker.first_call() as watch:
+        assert w.held == "shared" and not watch
     held = _LeaseProbe(tmp_path / "gpu1.lock", lambda name: None)  # the setting off
     held.worker.enter("correctness", "shared")
-    with held.worker.first_call_alone():
-        assert held.held == "shared"
+    with held.worker.first_call() as watch:
+        assert held.held == "shared" and not watch
+
+
+def test_under_choosers_the_first_call_goes_exclusive_only_where_a_choice_is_made_by_timing(tmp_path):
+    """With ``first_call_lease: choosers`` (the default), the candidate's first call keeps the
+    phase's shared lease and is watched for run-time choosers (so is ``construct``); the process's
+    ``autotune`` bracket (a chooser on, an autotuner timing) holds it exclusive until it closes; a
+    compile inside the call goes off the lease and its GPU steps, like an autotuning compile that
+    keeps its lease, take it exclusive, then the call resumes shared.  A compile after the first
+    call takes the phase's own lease for its steps.  Every event is answered."""
+    import fcntl
+
+    path = tmp_path / "gpu0.lock"
+    w = _LeaseProbe(path, lambda name: None, compile_off_lease=True, first_call_lease="choosers")
+    w.worker.enter("construct", "shared")
+    assert w.worker.watches_choosers()
+    w.worker.enter("correctness", "shared")
+    with w.worker.first_call() as watch:
+        assert watch and w.held == "shared" and _try_lock(path, fcntl.LOCK_SH)
+        w.autotune(True)  # cuDNN's benchmark mode turned on inside the call
+        assert w.phases[-1] == "correctness" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
+        w.autotune(False)
+        assert w.phases[-1] == "correctness" and w.held == "shared"
+        w.compiling(True, off_lease=True)
+        assert w.phases[-1] == "compile_cpu" and w.held == "none" and _try_lock(path, fcntl.LOCK_EX)
+        w.compile_gpu(True)  # matmul padding's benchmark, say
+        assert w.phases[-1] == "compile" and w.held == "exclusive" and not _try_lock(path, fcntl.LOCK_SH)
+        w.compile_gpu(False)
+        assert w.phases[-1] == "compile_cpu" and w.held == "none"
+        w.compiling(False, off_lease=True)
+        assert w.phases[-1] == "correctness" and w.held == "shared"
+        w.compiling(True, off_lease=False)  # an autotuning compile that keeps its lease: exclusive
+        assert w.phases[-1] == "compile" and w.held == "exclusive"
+        w.compile_cpu_step(True)
+        assert w.phases[-1] == "compile_cpu" and w.held == "none"
+        w.compile_cpu_step(False)
+        assert w.phases[-1] == "compile" and w.held == "exclusive"
+        w.compiling(False)
+        assert w.phases[-1] == "correctness" and w.held == "shared" and _try_lock(path, fcntl.LOCK_SH)
+    assert not w.worker.in_first_call and w.held == "shared"
+    w.compiling(True, off_lease=True)  # a later call's compile: its steps take the phase's lease
+    w.compile_gpu(True)
+    assert w.phases[-1] == "compile" and w.held == "shared"
+    w.compile_gpu(False)
+    w.compiling(False, off_lease=True)
+    assert w.phases[-1] == "correctness" and w.held == "shared" and w.acks == 14
+    w.worker.enter("timing", "exclusive")
+    assert not w.worker.watches_choosers()
+    held = _LeaseProbe(tmp_path / "gpu1.lock", lambda name: None, first_call_lease="choosers")  # lease held
+    held.worker.enter("correctness", "shared")
+    assert not held.worker.watches_choosers()
+    with held.worker.first_call() as watch:
+        assert not watch and held.held == "shared"
+
+
+
+def test_the_seconds_held_exclusive_before_timing_add_up_and_stop_at_timing(tmp_path):
+    """``exclusive_s`` (the verdict's ``figures["exclusive_before_timing_s"]``) counts each hold of
+    the exclusive lease before ``timing``, an open one up to now; timing's own hold is not counted."""
+    import time
+
+    w = _LeaseProbe(tmp_path / "gpu0.lock", lambda name: None, compile_off_lease=True, first_call_lease="choosers")
+    w.worker.enter("construct", "shared")
+    time.sleep(0.05)
+    assert w.worker.exclusive_held_s() == 0.0
+    w.worker.enter("correctness", "exclusive")
+    time.sleep(0.05)
+    assert 0.04 < w.worker.exclusive_held_s() < 1.0  # open: counted up to now
+    w.worker.enter("correctness", "shared")
+    held = w.worker.exclusive_held_s()
+    time.sleep(0.05)
+    assert w.worker.exclusive_held_s() == held
+    w.autotune(True)
+    time.sleep(0.05)
+    w.autotune(False)
+    w.worker.enter("timing", "exclusive")
+    time.sleep(0.05)
+    total = w.worker.exclusive_held_s()
+    assert 0.08 < total < 2.0 and w.worker.exclusive_held_s() == total

@@ -379,6 +379,7 @@ def test_verbose_says_what_the_judge_did_and_very_verbose_each_call():
         wall_s=9.5, build_s=1.25, phase_s={"import": 1.3, "correctness": 2.0, "timing": 5.0},
         flags=["cpu_timing"],
         correctness=Correctness(trials=5, passed=5, rule="exact", bound=1e-5),
+        figures={"host": {"speedup": 1.9}, "gpu_memory_mib": 812.0, "exclusive_before_timing_s": 0.25},
     )
     one = "\n".join(judge_detail(result, 1))
     assert "9.5 s wall, build 1.25 s; phases (s): import 1.30, correctness 2.00, timing 5.00" in one
@@ -387,3 +388,4 @@ def test_verbose_says_what_the_judge_did_and_very_verbose_each_call():
     two = "\n".join(judge_detail(result, 2))
     assert "reference calls (ms): 4.00 4.20 3.90" in two and "candidate calls (ms): 2.00 2.10 1.90" in two
     assert "correctness 5/5 trials, rule exact" in two
+    assert "gpu_memory_mib figure: 812" in two and "exclusive_before_timing_s figure: 0.25" in two  # one number each

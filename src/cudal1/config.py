@@ -306,6 +306,10 @@ class EvalConfig(Config):
     # descent) runs off the lease too, its timings and random example inputs taking it back (a baseline's:
     # exclusive); false, or a torch whose autotuning steps cudal1 does not know: it keeps its lease, giving it
     # back only while it waits for compiles elsewhere
+    first_call_lease: str = "choosers"  # with compile_off_lease on a GPU, the lease a candidate's first call holds:
+    # choosers: its phase's (shared), exclusive only while a choice is made by timing (a run-time chooser on in
+    # construct or the first call: cuDNN's benchmark mode, TunableOp's tuning; an autotuner's timings; the GPU
+    # steps of a compile inside it); exclusive: the whole call (docs/harness.md, "Compiling off the lease")
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
@@ -321,6 +325,8 @@ class EvalConfig(Config):
             raise ConfigError("correctness_trials must be between 1 and 100000")
         if self.timing_trials < 1 or self.min_timing_trials < 1:
             raise ConfigError("timing trial counts must be positive")
+        if self.first_call_lease not in ("choosers", "exclusive"):
+            raise ConfigError(f"first_call_lease must be choosers or exclusive, not {self.first_call_lease!r}")
         if self.timing_figure not in ("gpu", "host"):
             raise ConfigError(f"timing_figure must be gpu or host, not {self.timing_figure!r}")
         if not 1 <= self.timing_block <= 1000:
@@ -353,7 +359,8 @@ class EvalConfig(Config):
         ignore = {
             "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
             "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache", "cpu_binding",
-            "compile_off_lease", "autotune_off_lease",  # where compiling holds the lease; what is timed is unchanged
+            "compile_off_lease", "autotune_off_lease", "first_call_lease",  # where the lease is held; what is timed
+            # is unchanged
             "profile",  # information only: no verdict or figure depends on it
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}

@@ -188,9 +188,10 @@ class EvalResult:
     phase_s: dict[str, float] = field(default_factory=dict)  # wall seconds per worker phase
     kernels: list[str] = field(default_factory=list)  # CUDA kernels of one profiled forward
     timing_figure: str = ""  # what reference/candidate/speedup measure: gpu (device time) or host (host-inclusive)
-    figures: dict[str, dict[str, Any]] = field(
+    figures: dict[str, Any] = field(
         default_factory=dict
-    )  # gpu/host -> reference_ms, candidate_ms, speedup (gpu: also join)
+    )  # gpu/host -> reference_ms, candidate_ms, speedup (gpu: also join); information beside them, some of it
+    # one number (gpu_memory_mib, exclusive_before_timing_s)
     profile: Profiles | None = None  # measured profiles (judge --profile): information only, see cudal1.profile
 
     @property

@@ -43,7 +43,8 @@ def describe(r: EvalResult) -> str:
             f"clock {r.candidate.clock})"
         )
     other = {
-        k: v for k, v in (r.figures or {}).items() if k != (r.timing_figure or "gpu") and v.get("speedup") is not None
+        k: v for k, v in (r.figures or {}).items()
+        if k != (r.timing_figure or "gpu") and isinstance(v, dict) and v.get("speedup") is not None
     }
     for name, fig in other.items():  # the figure the speedup does not use, e.g. host-inclusive beside the GPU time
         lines.append(

@@ -66,8 +66,9 @@ def judge_detail(result: Any, verbose: int) -> list[str]:
             if timing is not None and timing.samples_ms:
                 lines.append(f"  judge: {name} calls (ms): " + " ".join(fmt(x) for x in timing.samples_ms))
         for name, fig in (result.figures or {}).items():
-            lines.append(f"  judge: {name} figure: " + ", ".join(f"{k} {fmt(v) if isinstance(v, float) else v}"
-                                                            for k, v in fig.items()))
+            parts = fig.items() if isinstance(fig, dict) else [("", fig)]  # a figure of one number
+            lines.append(f"  judge: {name} figure: " + ", ".join(
+                f"{k} {fmt(v) if isinstance(v, float) else v}".strip() for k, v in parts))
         c = result.correctness
         if c.trials:
             lines.append(f"  judge: correctness {c.passed}/{c.trials} trials, rule {c.rule}, max abs err "

@@ -218,6 +218,7 @@ class WorkerVerdict:
     traceback: str = ""
     slots: str = ""  # how inputs and outputs crossed the two processes (CUDA IPC, or host memory and why)
     reference_cost: dict[str, float] = field(default_factory=dict)  # the reference phase's spans, ms (information)
+    exclusive_s: float | None = None  # the lease held exclusive before timing, s (information; RefWorker.enter)
 
     @classmethod
     def from_message(cls, data: dict[str, Any]) -> "WorkerVerdict":
@@ -244,6 +245,7 @@ class WorkerVerdict:
             traceback=str(data.get("traceback") or ""),
             slots=str(data.get("slots") or ""),
             reference_cost=numbers_in(data.get("reference_cost")),
+            exclusive_s=numbers_in({"s": data.get("exclusive_s")}).get("s"),
         )
 
 

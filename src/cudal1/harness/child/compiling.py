@@ -37,10 +37,11 @@ steps that only wait for compiling elsewhere (:data:`CPU_STEPS`: the graph's ker
 Inductor's worker processes, an autotuned operation's choices compiled on threads) are
 bracketed by ``cpu(True)`` and ``cpu(False)``: the reference worker gives the lease back for
 them (phase ``compile_cpu``) and the compile's timings run with it again.  With ``alone``, a
-Triton autotuner's timing of each choice (:data:`AUTOTUNE_STEPS`) is bracketed by ``alone(True)``
-and ``alone(False)``: the reference worker holds the lease exclusive for it, so a candidate's
-own choices are made on a GPU that nothing else of the judge uses, as a baseline's are (the
-first call of each choice compiles inside, off the lease).  A Triton compile issues no GPU work
+Triton autotuner's timing of each choice, and (under ``torch_compile``) an Inductor kernel's
+choice among its configs at its first launch (:data:`AUTOTUNE_STEPS`), outside a span, are
+bracketed by ``alone(True)`` and ``alone(False)``: the reference worker holds the lease exclusive
+for it, so a candidate's own choices are made on a GPU that nothing else of the judge uses, as a
+baseline's are (the first call of each choice compiles inside, off the lease).  A Triton compile issues no GPU work
 (the kernel is loaded at its first launch, after the span).  Known limit: GPU work that another
 thread of the process issues while a span or a CPU step runs off the lease is not bracketed; the
 compiling thread's own queued work is drained before the lease goes.
@@ -99,10 +100,17 @@ CPU_STEPS = (
     ("torch._inductor.select_algorithm", "AlgorithmSelectorCache.make_precompile_fn", True),  # its wait: the
     # autotuning choices, compiled on threads before they are timed
 )
-# Where a Triton autotuner times one of its choices (a config): with ``alone``, bracketed by
-# ``alone(True)`` and ``alone(False)`` on the main thread outside a span (the reference worker holds the
-# lease exclusive meanwhile, so the choice is made with nothing else of the judge on the GPU).
-AUTOTUNE_STEPS = (("triton.runtime.autotuner", "Autotuner._bench"),)
+# Where a choice is made by timing at run time: a Triton autotuner timing one of its configs, and
+# Inductor's compiled kernels choosing among theirs at their first launch (several configs, coordinate
+# descent, a combo kernel's).  With ``alone``, bracketed by ``alone(True)`` and ``alone(False)`` on the
+# main thread outside a span (the reference worker holds the lease exclusive meanwhile, so the choice
+# is made with nothing else of the judge on the GPU); inside a compile they are Inductor's GPU steps.
+AUTOTUNE_STEPS = (
+    ("triton.runtime.autotuner", "Autotuner._bench"),
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.benchmark_all_configs"),
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.coordinate_descent_tuning"),
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner._combo_sequential_autotune"),
+)
 TRITON_COMPILES = (("triton.compiler", "compile"), ("triton.compiler.compiler", "compile"), ("triton", "compile"))
 TRITON_GRACE_S = 0.1  # a Triton compile still running after this opens a span off the lease (<= 0: at once)
 
@@ -111,7 +119,7 @@ _AUTOTUNING = ("max_autotune", "max_autotune_gemm", "max_autotune_pointwise", "c
 RELEASE_AUTOTUNING = False  # an autotuning compile goes off the lease too (set by :func:`install`)
 
 # One event (and its acknowledgement) on the judge's line at a time, from any thread.
-_LINE = threading.RLock()
+LINE = threading.RLock()
 
 
 def autotunes(config_patches: Any = None) -> bool:
@@ -146,7 +154,7 @@ class _Bracket:
     def run(self, applies: bool, inner: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         if self.mark is None or not applies:
             return inner(*args, **kwargs)
-        with _LINE:
+        with LINE:
             if self.active == 0:
                 self.mark(True)  # returns once the lease is as the step needs it
             elif self.paused:  # another thread's step needs the lease that a compile gave back
@@ -156,7 +164,7 @@ class _Bracket:
         try:
             return inner(*args, **kwargs)
         finally:
-            with _LINE:
+            with LINE:
                 self.active -= 1
                 if self.active == 0:
                     if self.paused:
@@ -166,14 +174,14 @@ class _Bracket:
 
     def pause(self) -> None:
         """Give the bracket's lease back while it is open (a compile inside it issues no GPU work)."""
-        with _LINE:
+        with LINE:
             if self.mark is not None and self.active and not self.paused:
                 self.paused = True
                 self.mark(False)
 
     def resume(self) -> None:
         """Take the lease back after :meth:`pause`, if the bracket is still open and paused."""
-        with _LINE:
+        with LINE:
             if self.mark is not None and self.active and self.paused:
                 self.paused = False
                 self.mark(True)
@@ -247,7 +255,7 @@ class _Span:
 
     def begin(self, off_lease: bool, mark: bool = True) -> int | None:
         """One compile starts; returns the span's number when it opened the span, else None."""
-        with _LINE:
+        with LINE:
             self.active += 1
             if self.active > 1:
                 return None
@@ -259,7 +267,7 @@ class _Span:
 
     def mark_late(self, serial: int) -> None:
         """The grace timer: mark the span if it is still the one that started it."""
-        with _LINE:
+        with LINE:
             if self.active and self.serial == serial:
                 self._mark()
 
@@ -270,7 +278,7 @@ class _Span:
             self.notify(True, self.off_lease)
 
     def end(self) -> None:
-        with _LINE:
+        with LINE:
             self.active -= 1
             if self.active == 0 and self.marked:
                 self.marked = False
@@ -330,6 +338,7 @@ def install(notify: Callable[[bool, bool], None], gpu: Callable[[bool], None] | 
     if triton:
         compiles = _install_triton(span)
         tuners = [f"{m}:{p}" for m, p in AUTOTUNE_STEPS if alone is not None
+                  and (torch_compile or not m.startswith("torch._inductor"))  # Inductor's: under torch.compile
                   and _wrap_step(m, p, span.steps.wrap_alone)]
         if compiles or tuners:
             found = (found or []) + tuners

@@ -18,6 +18,7 @@ after return) stay here as the second line that names a cheat.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import importlib.util
 import json
@@ -69,6 +70,8 @@ class CandidateProcess(CallHandlers):
         self.timer: Any = None
         self.log_path = spec.log_path
         self.in_build = False
+        self.alone_depth = 0  # open brackets asking for the exclusive lease (autotuners', the choosers' watch)
+        self.choosers: Any = None  # the run-time choosers' watch (:mod:`.choosers`), on a GPU
 
     # ---- protocol ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -106,7 +109,8 @@ class CandidateProcess(CallHandlers):
                 except Exception as exc:  # noqa: BLE001 - e.g. an IPC handle of another uid: the clean side re-stages
                     self.reply({"slot_error": f"{type(exc).__name__}: {exc}"[:500]})
                     continue
-                reply = handlers[op](request, model_new)
+                with self.watched(request):
+                    reply = handlers[op](request, model_new)
             except Refusal as r:
                 reply = r.as_reply()
             except BaseException as exc:  # noqa: BLE001 - every failure becomes a reply
@@ -157,10 +161,24 @@ class CandidateProcess(CallHandlers):
         self.lease_event("compile_cpu_step", on, drain=on)
 
     def autotune_alone(self, on: bool) -> None:
-        """A Triton autotuner times one of its choices (:data:`.compiling.AUTOTUNE_STEPS`): it starts
-        once the reference worker holds the lease exclusive, which it shares again after the
-        timings drained."""
-        self.lease_event("autotune", on, drain=not on)
+        """A choice made by timing (a Triton or Inductor autotuner's, :data:`.compiling.AUTOTUNE_STEPS`;
+        a watched request with a run-time chooser on, :mod:`.choosers`) starts once the reference
+        worker holds the lease exclusive, which it shares again after the timings drained.  The
+        brackets nest: only the outermost one's ends go out."""
+        from cudal1.harness.child.compiling import LINE
+
+        with LINE:
+            self.alone_depth += 1 if on else -1
+            if self.alone_depth == (1 if on else 0):
+                self.lease_event("autotune", on, drain=not on)
+
+    def watched(self, request: dict[str, Any]) -> Any:
+        """The request's bracket for run-time choosers: the reference worker marks the requests it
+        wants watched (``watch``: the candidate's construction and first call, under
+        ``EvalConfig.first_call_lease: choosers``)."""
+        if self.choosers is None or not request.get("watch"):
+            return contextlib.nullcontext()
+        return self.choosers.request(True)
 
     def lease_event(self, event: str, on: bool, drain: bool, **data: Any) -> None:
         """Tell the reference worker ``event`` (with this process's GPU work drained first where
@@ -204,6 +222,11 @@ class CandidateProcess(CallHandlers):
                         raise Refusal(
                             "runtime_error", f"the timing window's page cannot be mapped for the GPU: {exc}"
                         ) from None
+        if self.device.type == "cuda":
+            from cudal1.harness.child.choosers import Watch
+
+            self.choosers = Watch(self.autotune_alone)
+            self.choosers.install()  # before the candidate's code: its setters are the wrapped ones
         self.l2_start = self.persisting_l2()  # the device's own setting (nonzero by default on some GPUs)
         self.guard = RuntimeGuard()
         self.guard.watch_worker(self)

@@ -127,6 +127,8 @@ def _assemble(outcome: JobOutcome, config: EvalConfig, r: EvalResult) -> EvalRes
         r.profile = Profiles.from_dict(v.profile)
     if v.reference_cost:  # where the reference phase's wall went (information only)
         r.figures["reference_cost"] = dict(v.reference_cost)
+    if v.exclusive_s is not None:  # what it kept every other job off the GPU for, untimed (information only)
+        r.figures["exclusive_before_timing_s"] = v.exclusive_s
     corr = v.correctness
     if corr:
         r.correctness = Correctness(**{k: v for k, v in corr.items() if k in Correctness.__dataclass_fields__})

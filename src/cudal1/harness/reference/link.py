@@ -203,12 +203,16 @@ class CandidateLink:
         return True
 
     # ---- requests ---------------------------------------------------------------------------
-    def construct(self, init: list, seed: int) -> dict[str, Any]:
-        return self._retrying(lambda: ("construct", {"init": self.stage(init, self.init_slots), "seed": seed}))
+    def construct(self, init: list, seed: int, watch: bool = False) -> dict[str, Any]:
+        """``watch``: the candidate's process brackets it alone where a run-time chooser is on in it."""
+        return self._retrying(lambda: ("construct", {"init": self.stage(init, self.init_slots), "seed": seed,
+                                                     **({"watch": True} if watch else {})}))
 
-    def call(self, inputs: list, ref_out: Any, where: str, full: bool = False) -> tuple[Any, float]:
+    def call(self, inputs: list, ref_out: Any, where: str, full: bool = False,
+             watch: bool = False) -> tuple[Any, float]:
         reply = self._retrying(lambda: ("call", {"inputs": self.stage(inputs), "targets": self.targets(ref_out),
-                                                 "where": where, "full": full}))
+                                                 "where": where, "full": full,
+                                                 **({"watch": True} if watch else {})}))
         return self.outputs(reply.get("out")), float(reply.get("ms") or 0.0)
 
     def warmup(self, inputs: list, join: bool = False) -> tuple[list[float], list[float]]:

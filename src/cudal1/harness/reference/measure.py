@@ -85,9 +85,10 @@ class Measurement:
         self.sync()
         return out, (_perf() - t0) * 1e3
 
-    def first_call_alone(self) -> contextlib.AbstractContextManager[None]:
-        """The lease the candidate's first call holds (the worker narrows it; here: unchanged)."""
-        return contextlib.nullcontext()
+    def first_call(self) -> contextlib.AbstractContextManager[bool]:
+        """The candidate's first call's lease (the worker decides it), entered; yields whether the
+        candidate's process watches the call for run-time choosers (here: unchanged, no)."""
+        return contextlib.nullcontext(False)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -131,8 +132,8 @@ class Measurement:
                 self.fixed_layout = len(layouts) == 1
                 try:
                     with span("candidate_first" if i == 0 else "candidate"), \
-                            (self.first_call_alone() if i == 0 else contextlib.nullcontext()):
-                        cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2)
+                            (self.first_call() if i == 0 else contextlib.nullcontext(False)) as watch:
+                        cand_out, ms = link.call(inputs, ref_out, f"trial {i}", full=i < 2, watch=watch)
                 except Verdict as v:
                     v.extra.setdefault("correctness", corr)
                     raise

@@ -77,6 +77,11 @@ class RefWorker(Measurement):
         self.compile_resume = ""  # the phase a torch.compile compile interrupted (on_event)
         self.compile_lease = "none"  # that phase's lease
         self.compile_released = False  # the compile runs without it (EvalConfig.compile_off_lease)
+        self.compile_step_lease = "none"  # the lease its GPU steps take: the phase's, exclusive in the first call
+        self.in_first_call = False  # inside the candidate's first call (first_call)
+        self.exclusive_s = 0.0  # the lease held exclusive before timing (enter)
+        self.exclusive_since: float | None = None  # that hold's start (None: not held so)
+        self.timing_began = False
         self.autotune_lease = ""  # the lease a Triton autotuner's timings interrupted (on_autotune)
 
     # ---- protocol ---------------------------------------------------------------------------
@@ -110,7 +115,7 @@ class RefWorker(Measurement):
             phase = "construct"
             self.enter(phase, self.construct_lease())
             with torch.no_grad():
-                link.construct(self.init_inputs(ref_mod), self.cfg.seed)
+                link.construct(self.init_inputs(ref_mod), self.cfg.seed, watch=self.watches_choosers())
             phase = "correctness"
             self.phase(phase)
             with torch.no_grad():
@@ -167,8 +172,20 @@ class RefWorker(Measurement):
         self.sender.send("phase", name=name, t=time.time())
 
     def enter(self, name: str, lease: str) -> None:
+        """Hold the lease as ``lease`` for phase ``name``; the seconds it is held exclusive before
+        ``timing`` add up in ``exclusive_s`` (a figure: what this job kept every other one off the GPU
+        for while it was not being timed)."""
         assert self.lease is not None
+        self.exclusive_s, self.exclusive_since = self.exclusive_held_s(), None
         self.lease.enter(name, lease)
+        self.timing_began = self.timing_began or name == "timing"
+        if self.lease.held == "exclusive" and not self.timing_began:
+            self.exclusive_since = time.perf_counter()
+
+    def exclusive_held_s(self) -> float:
+        """``exclusive_s`` with the hold still open counted up to now."""
+        since = self.exclusive_since
+        return self.exclusive_s + (time.perf_counter() - since if since is not None else 0.0)
 
     def on_event(self, event: str, data: dict[str, Any]) -> None:
         """The candidate compiles an extension outside its import: that runs under the build
@@ -211,9 +228,14 @@ class RefWorker(Measurement):
         if on and self.current_phase in ("construct", "correctness"):
             self.compile_resume = self.current_phase
             self.compile_lease = self.lease.held if self.lease else "none"
+            # a compile inside the first call times its choices (matmul padding's, autotuning's) alone
+            alone = self.in_first_call and self.compiles_off_lease() and self.compile_lease == "shared"
+            self.compile_step_lease = "exclusive" if alone else self.compile_lease
             self.compile_released = off_lease and self.compiles_off_lease() and self.compile_lease != "none"
             if self.compile_released:
                 self.enter("compile_cpu", "none")
+            elif self.compile_step_lease != self.compile_lease:
+                self.enter("compile", self.compile_step_lease)
             else:
                 self.phase("compile")
         elif not on and self.current_phase in ("compile", "compile_cpu") and self.compile_resume:
@@ -228,27 +250,41 @@ class RefWorker(Measurement):
         """Inside a compile, between ``compile`` (the interrupted phase's lease) and ``compile_cpu``
         (none): Inductor's GPU steps in a compile off the lease, and the waits of one that keeps it."""
         if held and self.current_phase == "compile_cpu" and self.compile_resume:
-            self.enter("compile", self.compile_lease)
+            self.enter("compile", self.compile_step_lease)
         elif not held and self.current_phase == "compile":
             self.enter("compile_cpu", "none")
 
+    def watches_choosers(self) -> bool:
+        """Whether the candidate's process brackets a request of the current phase ``alone`` where a
+        run-time chooser is on in it (:mod:`cudal1.harness.child.choosers`): with
+        ``EvalConfig.first_call_lease: choosers`` and ``compile_off_lease`` on a GPU, in a phase that
+        holds the lease shared (construct, the first call)."""
+        held = self.lease.held if self.lease is not None else "none"
+        return self.cfg.first_call_lease == "choosers" and self.compiles_off_lease() and held == "shared"
+
     @contextlib.contextmanager
-    def first_call_alone(self) -> Iterator[None]:
-        """The candidate's first call, where a program makes its choices by timing if it makes
-        any (cuDNN's benchmark mode, Inductor's autotuning and coordinate descent at run time, a
-        Triton autotuner): with ``EvalConfig.compile_off_lease`` on a GPU, ``correctness`` holds
-        the lease exclusive through it, so those choices are made with nothing else of the judge
-        on the GPU, as a baseline's are (a cuDNN-autotuned candidate re-timed at three workers read
-        0.849x against 1.000x at two, H200, 2026-12-04); then the phase's own lease again.
-        Compiling inside it still goes off the lease."""
+    def first_call(self) -> Iterator[bool]:
+        """The candidate's first call in ``correctness``, where a program makes its choices by timing
+        if it makes any; yields whether the candidate's process watches it for run-time choosers.
+        With ``compile_off_lease`` on a GPU those choices are made with nothing else of the judge on
+        the GPU, as a baseline's are (a cuDNN-autotuned candidate re-timed at three workers read
+        0.849x against 1.000x at two, H200, 2026-12-04): under ``EvalConfig.first_call_lease:
+        exclusive`` the whole call holds the lease exclusive; under ``choosers`` it holds the phase's
+        and goes exclusive only for them: a run-time chooser on in the candidate's process (watched
+        there), an autotuner's timings (``autotune`` events), the GPU steps of a compile inside the
+        call.  Compiling inside it still goes off the lease.  Then the phase's own lease again."""
         lease = self.lease.held if self.lease is not None else "none"
         alone = self.compiles_off_lease() and self.current_phase == "correctness" and lease == "shared"
-        if alone:
+        whole = alone and self.cfg.first_call_lease == "exclusive"
+        watch = alone and self.watches_choosers()
+        if whole:
             self.enter("correctness", "exclusive")
+        self.in_first_call = alone
         try:
-            yield
+            yield watch
         finally:
-            if alone and self.current_phase == "correctness":
+            self.in_first_call = False
+            if whole and self.current_phase == "correctness":
                 self.enter("correctness", lease)
 
     def on_autotune(self, on: bool) -> None:
@@ -273,6 +309,7 @@ class RefWorker(Measurement):
         # The lease is held until the process exits, after this message.
         if self.link is not None:
             data["slots"] = self.link.transport()
+        data["exclusive_s"] = round(self.exclusive_held_s(), 4)
         self.sender.send("result", status=status, message=message, flags=flags, t=time.time(), **data)
 
 
