@@ -15,9 +15,17 @@ The arms run one after the other (``--arms``, default released then held): the s
 page cache warm but no compile cache of the first.  Arms: ``held`` (compiling keeps the lease),
 ``released`` (every compile off the lease, autotuning ones included: ``EvalConfig.autotune_off_lease``)
 and ``autotune-held`` (compiling off the lease except autotuning compiles, which keep it but for their
-waits on compiles elsewhere).  ``--baseline-modes`` also times the tasks' baselines under those
-torch.compile modes in each arm, after its candidates (a baseline's compile holds the lease
-exclusive where it holds it), the way a run does:
+waits on compiles elsewhere); ``first-call-exclusive`` is ``released`` with each candidate's whole first
+call under the exclusive lease (``EvalConfig.first_call_lease: exclusive``; under ``released`` only its
+choices made by timing are), and each arm reports the seconds its jobs held the lease exclusive before
+timing.  The first call's two rules on the same tasks:
+
+    python benchmarks/compile_lease_ab.py kernelbench:level2/43,88,98 --source $CUDAL1_KERNELBENCH \
+        --workers-per-gpu 4 --arms released,first-call-exclusive --out first_call_ab.json
+
+``--baseline-modes`` also times the tasks' baselines under those torch.compile modes in each arm,
+after its candidates (a baseline's compile holds the lease exclusive where it holds it), the way a
+run does:
 
     python benchmarks/compile_lease_ab.py kernelbench:level3/23,48 --source $CUDAL1_KERNELBENCH \
         --arms released,autotune-held --baseline-modes compile-max-autotune-no-cudagraphs --out ab.json
@@ -57,7 +65,10 @@ def _phase_sum(results: list[EvalResult], names: tuple[str, ...]) -> float:
 LEASE_SETTINGS = {"held": {"compile_off_lease": False, "autotune_off_lease": False},
                   "released": {"compile_off_lease": True, "autotune_off_lease": True},
                   "autotune-held": {"compile_off_lease": True, "autotune_off_lease": False}}
-ARMS = tuple(LEASE_SETTINGS)
+# The arms: those, and released with the candidate's whole first call exclusive (as before 2026-12-04, late)
+ARM_SETTINGS = {**LEASE_SETTINGS,
+                "first-call-exclusive": {**LEASE_SETTINGS["released"], "first_call_lease": "exclusive"}}
+ARMS = tuple(ARM_SETTINGS)
 
 
 def _job(r: EvalResult) -> dict[str, Any]:
@@ -70,7 +81,7 @@ def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, tr
     from cudal1.harness import evaluate_pairs, measure_baselines
 
     config = EvalConfig(device=device, workers_per_gpu=workers, cache_dir=str(root / arm), keep_samples=False,
-                        timing_budget_s=budget_s, timing_trials=trials, **LEASE_SETTINGS[arm])
+                        timing_budget_s=budget_s, timing_trials=trials, **ARM_SETTINGS[arm])
     triples = _pairs(tasks)
     t0 = time.perf_counter()
     results = evaluate_pairs([(t, c) for t, c, _ in triples], config)
@@ -90,15 +101,17 @@ def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, tr
     return {"arm": arm, "wall_s": wall, "baselines_wall_s": base_wall, "jobs": jobs,
             "compile_held_s": _phase_sum(results, ("compile",)), "compile_cpu_s": _phase_sum(results, ("compile_cpu",)),
             "lane_s": _phase_sum(results, ("lane",)), "ok": sum(r.status.value == "ok" for r in results),
+            "exclusive_s": sum(r.figures.get("exclusive_before_timing_s") or 0.0 for r in results),
             "n": len(results)}
 
 
 def compare(arms: list[dict[str, Any]]) -> list[str]:
-    lines = ["arm            wall_s  of it baselines  jobs  ok  compiling with lease s  compiling off lease s"
-             "  lease waits s"]
+    lines = ["arm                   wall_s  of it baselines  jobs  ok  compiling with lease s  compiling off lease s"
+             "  lease waits s  exclusive before timing s"]
     for a in arms:
-        lines.append(f"{a['arm']:<13}  {a['wall_s']:6.0f}  {a.get('baselines_wall_s', 0.0):15.0f}  {a['n']:4d}  "
-                     f"{a['ok']:2d}  {a['compile_held_s']:22.0f}  {a['compile_cpu_s']:21.0f}  {a['lane_s']:13.0f}")
+        lines.append(f"{a['arm']:<20}  {a['wall_s']:6.0f}  {a.get('baselines_wall_s', 0.0):15.0f}  {a['n']:4d}  "
+                     f"{a['ok']:2d}  {a['compile_held_s']:22.0f}  {a['compile_cpu_s']:21.0f}  {a['lane_s']:13.0f}"
+                     f"  {a.get('exclusive_s', 0.0):25.1f}")
     if len(arms) == 2:
         first, second = arms
         overlap = within = both = 0
@@ -127,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: the protocol only (nothing is released)")
     ap.add_argument("--arms", default="released,held",
-                    help="comma-separated, in order: held, released, autotune-held")
+                    help="comma-separated, in order: held, released, autotune-held, first-call-exclusive")
     ap.add_argument("--baseline-modes", default="",
                     help="comma-separated torch.compile modes whose baselines each arm also times "
                          "(e.g. compile-max-autotune-no-cudagraphs)")
@@ -137,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     arm_names = [a for a in args.arms.split(",") if a]
     if not arm_names or any(a not in ARMS for a in arm_names):
-        ap.error("--arms takes held, released and/or autotune-held")
+        ap.error(f"--arms takes {', '.join(ARMS)}")
     modes = tuple(m for m in args.baseline_modes.split(",") if m)
     try:
         tasks = [t for sel in args.selectors for t in load_tasks(sel, source=args.source)]

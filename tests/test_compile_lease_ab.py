@@ -42,10 +42,11 @@ def test_two_arms_compare_job_by_job():
     text = "\n".join(compile_lease_ab.compare([first, second]))
     assert "t:compiled: released 1.500  held 1.600  (intervals apart)" in text
     assert "overlapping 95% intervals: 1 of 2; within 1%: 1 of 2" in text and "released 80 against held 120" in text
+    assert text.splitlines()[1].endswith("  0.0")  # an arm from before the exclusive seconds were kept
 
 
 @pytest.mark.cpu
 def test_a_bad_arm_is_a_one_line_error():
     done = subprocess.run([sys.executable, str(SCRIPT), "kernelbench:level1/1", "--arms", "sideways"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--arms takes held, released and/or autotune-held" in done.stderr
+    assert done.returncode == 2 and "--arms takes held, released, autotune-held, first-call-exclusive" in done.stderr
