@@ -192,8 +192,8 @@ class Batches:
     carries its call's stamp, the GPUs it ran on, the judge workers sharing each GPU (the re-timing's
     own count for a ``confirm`` batch), whether the cost levers were on and where compiling held the
     GPU's lease (``compile_lease``, when released), the lease a candidate's first call held
-    (``first_call_lease``, with compiling released; batches before it, from 2026-12-04 on:
-    exclusive), and each call the tasks
+    (``first_call_lease``, with compiling released; batches without it: exclusive from fc2bad6
+    on, shared before), and each call the tasks
     finished before and after it (:mod:`builtin_cost`)."""
 
     def __init__(self, out: Path, gpus: int = 1, levers: str = "on", workers: int = 2,

@@ -65,7 +65,7 @@ def _phase_sum(results: list[EvalResult], names: tuple[str, ...]) -> float:
 LEASE_SETTINGS = {"held": {"compile_off_lease": False, "autotune_off_lease": False},
                   "released": {"compile_off_lease": True, "autotune_off_lease": True},
                   "autotune-held": {"compile_off_lease": True, "autotune_off_lease": False}}
-# The arms: those, and released with the candidate's whole first call exclusive (as before 2026-12-04, late)
+# The arms: those, and released with the candidate's whole first call exclusive (fc2bad6 to 8a4c4e8)
 ARM_SETTINGS = {**LEASE_SETTINGS,
                 "first-call-exclusive": {**LEASE_SETTINGS["released"], "first_call_lease": "exclusive"}}
 ARMS = tuple(ARM_SETTINGS)
