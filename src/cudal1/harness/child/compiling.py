@@ -41,8 +41,8 @@ Triton autotuner's timing of each choice, and (under ``torch_compile``) an Induc
 choice among its configs at its first launch (:data:`AUTOTUNE_STEPS`), outside a span, are
 bracketed by ``alone(True)`` and ``alone(False)``: the reference worker holds the lease exclusive
 for it, so a candidate's own choices are made on a GPU that nothing else of the judge uses, as a
-baseline's are (the first call of each choice compiles inside, off the lease).  A Triton compile issues no GPU work
-(the kernel is loaded at its first launch, after the span).  Known limit: GPU work that another
+baseline's are (the first call of each choice compiles inside, off the lease).  A Triton compile
+issues no GPU work (the kernel is loaded at its first launch, after the span).  Known limit: GPU work that another
 thread of the process issues while a span or a CPU step runs off the lease is not bracketed; the
 compiling thread's own queued work is drained before the lease goes.
 The callbacks block until the reference worker acknowledges (``cudal1.harness.child.worker``).
@@ -104,7 +104,7 @@ CPU_STEPS = (
 # Inductor's compiled kernels choosing among theirs at their first launch (several configs, coordinate
 # descent, a combo kernel's).  With ``alone``, bracketed by ``alone(True)`` and ``alone(False)`` on the
 # main thread outside a span (the reference worker holds the lease exclusive meanwhile, so the choice
-# is made with nothing else of the judge on the GPU); inside a compile they are Inductor's GPU steps.
+# is made with nothing else of the judge on the GPU); inside a compile the compile's own brackets apply.
 AUTOTUNE_STEPS = (
     ("triton.runtime.autotuner", "Autotuner._bench"),
     ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.benchmark_all_configs"),
