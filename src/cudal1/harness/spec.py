@@ -245,7 +245,7 @@ class WorkerVerdict:
             traceback=str(data.get("traceback") or ""),
             slots=str(data.get("slots") or ""),
             reference_cost=numbers_in(data.get("reference_cost")),
-            exclusive_s=numbers_in({"s": data.get("exclusive_s")}).get("s"),
+            exclusive_s=number_in(data.get("exclusive_s")),
         )
 
 
@@ -254,7 +254,12 @@ def numbers_in(value: Any) -> dict[str, float]:
     {} when it is not a dict."""
     if not isinstance(value, dict):
         return {}
-    return {str(k): float(v) for k, v in value.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {str(k): float(v) for k, v in value.items() if number_in(v) is not None}
+
+
+def number_in(value: Any) -> float | None:
+    """A number-valued field of a worker's message as a float; None when it is not a number."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def calls_torch_compile(spec: WorkerSpec | CandidateSpec) -> bool:

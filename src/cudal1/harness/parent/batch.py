@@ -93,6 +93,10 @@ class GpuGate:
         self.held_mib = 0  # the shares of the jobs running
         self.waiting: list[tuple[object, int]] = []  # (ticket, share) of the jobs waiting for room, in order
 
+    def share(self, need_mib: int) -> int:
+        """The share a job of ``need_mib`` counts for here: none where the GPU's memory is not known."""
+        return need_mib if self.capacity_mib else 0
+
     def room_mib(self) -> float:
         """The memory that the shares of jobs running together may fill."""
         return self.capacity_mib * MEMORY_FILL
@@ -110,7 +114,7 @@ class GpuGate:
     def fits_now(self, need_mib: int, wait_for_room: bool = False) -> bool:
         """Whether a job with this share (0: none) would enter now (:meth:`enter`)."""
         with self.cond:
-            return not self.solo and self._may_enter(None, need_mib if self.capacity_mib else 0, wait_for_room)
+            return not self.solo and self._may_enter(None, self.share(need_mib), wait_for_room)
 
     def enter(self, stopping: Callable[[], bool], need_mib: int = 0, wait_for_room: bool = False) -> None:
         """Start a job on this GPU, after any job waiting to run alone.  ``need_mib``: its share
@@ -118,7 +122,7 @@ class GpuGate:
         beside others) it waits until its share fits beside the running ones', first come first
         served; a job with a share that does not wait for room still keeps out of the room of the
         first one waiting; a job with no share enters as before."""
-        need = need_mib if self.capacity_mib else 0
+        need = self.share(need_mib)
         wait = wait_for_room and bool(need)
         ticket = object()
         with self.cond:
@@ -139,7 +143,7 @@ class GpuGate:
     def leave(self, need_mib: int = 0) -> None:
         with self.cond:
             self.active -= 1
-            self.held_mib -= need_mib if self.capacity_mib else 0
+            self.held_mib -= self.share(need_mib)
             self.cond.notify_all()
 
     def alone(self, run: Callable[[], EvalResult], stopping: Callable[[], bool]) -> EvalResult:
@@ -457,7 +461,7 @@ class _LocalBatch:
         job = self.jobs[i]
         h = job.task.hash
         shared = self.config.workers_per_gpu > 1
-        need = TASK_MEMORY.need(h) if gate.capacity_mib else 0  # a capacity only with several workers per GPU
+        need = gate.share(TASK_MEMORY.need(h))  # a capacity only with several workers per GPU
         bound = shared and TASK_MEMORY.bound(h)
         if shared and runs_alone(gate, need, bound):
             return gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)

@@ -276,7 +276,7 @@ class RefWorker(Measurement):
         lease = self.lease.held if self.lease is not None else "none"
         alone = self.compiles_off_lease() and self.current_phase == "correctness" and lease == "shared"
         whole = alone and self.cfg.first_call_lease == "exclusive"
-        watch = alone and self.watches_choosers()
+        watch = alone and not whole  # choosers: its process watches it
         if whole:
             self.enter("correctness", "exclusive")
         self.in_first_call = alone
