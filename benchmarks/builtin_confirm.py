@@ -14,6 +14,7 @@ confirmation resumes where it stopped.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
@@ -23,8 +24,16 @@ from cudal1.config import EvalConfig
 from cudal1.store import RunStore
 
 
-def _save(out: Path, done: dict[str, Any]) -> None:
+def save_confirmed(out: Path, done: dict[str, Any]) -> None:
+    """``OUT/confirm.json``, written whole, then renamed."""
     write_whole(out / "confirm.json", json.dumps(done, indent=1))
+
+
+def confirm_entry(res: Any) -> dict[str, Any]:
+    """What ``OUT/confirm.json`` keeps of a re-timing's verdict (``wall_s`` and ``phase_s``:
+    :mod:`builtin_cost`)."""
+    return {"status": res.status.value, "speedup": res.speedup, "speedup_ci": res.speedup_ci,
+            "flags": res.flags, "wall_s": res.wall_s, "phase_s": res.phase_s}
 
 
 def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: Any,
@@ -54,10 +63,12 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
     finally:
         store.close()
 
+    lock = threading.Lock()  # verdicts arrive from the lane threads
+
     def record(key: str, res: Any) -> None:
-        done[key] = {"status": res.status.value, "speedup": res.speedup, "speedup_ci": res.speedup_ci,
-                     "flags": res.flags, "wall_s": res.wall_s, "phase_s": res.phase_s}  # the last two: builtin_cost
-        _save(out, done)
+        with lock:
+            done[key] = confirm_entry(res)
+            save_confirmed(out, done)
         if tick is not None:
             tick(res)
 

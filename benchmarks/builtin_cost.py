@@ -183,7 +183,7 @@ def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, An
     for b in run.get("batches", []):
         c = calls.setdefault(b.get("call", "before"), {"call": b.get("call", "before"), "levers": b.get("levers"),
                                                        "device_s": {}, "jobs": 0, "workers_per_gpu": None})
-        kind = b["what"].split()[0]  # search | baselines | confirm (winners, modes)
+        kind = b["what"].split()[0]  # search | baselines | confirm (winners, modes) | baselines+confirm (joined)
         c["device_s"][kind] = c["device_s"].get(kind, 0.0) + b["wall_s"] * b.get("gpus", 1)
         c["jobs"] += b["jobs"]
         if kind != "confirm" and b.get("workers_per_gpu") is not None:

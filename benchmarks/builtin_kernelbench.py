@@ -18,7 +18,9 @@ cut short leaves whole tasks behind): the search (``cudal1.search.optimize`` wit
 ``BuiltinPolicy``, ``--passes`` picks and orders its passes), the baselines of ``--modes`` (the
 reference under each torch.compile mode and CUDA-graph replay, timed by the same judge), and with
 ``--confirm`` the re-timing of each task's winner and best compile mode with fresh inputs
-(:mod:`builtin_confirm`).  The report (:mod:`builtin_figures`, which defines every figure) is
+(:mod:`builtin_confirm`); the baselines and the re-timing run as one batch whose jobs join as the
+verdicts they depend on come in (``--finish joined``, :mod:`builtin_finish`; ``staged``: one
+after the other).  The report (:mod:`builtin_figures`, which defines every figure) is
 printed last and written to ``OUT/report.md`` / ``report.json``; ``OUT/report.html`` is
 ``cudal1 report OUT`` when the ``report`` extra is installed; ``OUT/run.json`` records each batch's
 GPU idle share.  ``--prepare`` only selects and traces the graph rewrites (CPU, no judge) into
@@ -70,6 +72,7 @@ import builtin_losses
 import builtin_rejudge
 from builtin_confirm import confirm
 from builtin_figures import builtin_figures, finished, markdown, task_rows
+from builtin_finish import finish
 from compile_lease_ab import LEASE_SETTINGS
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
 from cudal1.config import CONFIG_FILE, ConfigError, EvalConfig, config_changes, keep_previous_config, saved_config
@@ -207,7 +210,8 @@ class Batches:
         self.stage, self.since, self.verdicts = "search", None, 0  # what a cut call was doing, since when
 
     def begin(self, stage: str) -> None:
-        """The stage (search | baselines | confirm) the next batches belong to."""
+        """The stage (search | baselines | confirm | baselines+confirm, :data:`JOINED`) the next
+        batches belong to."""
         self.stage = stage
         if self.since is None:
             self.since = time.monotonic()
@@ -280,6 +284,7 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
     print(f"{len(tasks)} tasks on {plan.device} lanes {plan.lanes}, {judge.workers_per_gpu} worker(s) per GPU, "
           f"chunks of {size}", flush=True)
     search_cfg = SearchConfig(rounds=args.rounds, samples=args.samples, budget_minutes=args.budget_minutes)
+    joined = joins(args, modes)
     store = RunStore(out / STORE)
     try:
         rj = Judge(judge, store, plan=plan, on_event=lambda e: tick(e.result) if e.kind == "verdict" else None,
@@ -288,6 +293,10 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
             chunk = tasks[start:start + size]
             batches.begin("search")
             optimize(chunk, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
+            if joined:
+                batches.begin(JOINED)
+                finish(out, rj, chunk, modes, judge.hash(), on_result=tick, on_stats=lambda s: batches.add(JOINED, s))
+                continue
             if modes:
                 batches.begin("baselines")
                 time_baselines(out, rj, chunk, modes, judge.hash(), args.levers == "on",
@@ -301,6 +310,22 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
         optimize(tasks, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
     finally:
         store.close()
+
+
+JOINED = "baselines+confirm"  # run.json's name for a batch of --finish joined
+
+
+def joins(args: Any, modes: list[str]) -> bool:
+    """Whether the chunks' baselines and re-timing run as one batch (:mod:`builtin_finish`):
+    ``--finish joined`` with baselines, ``--confirm``, the levers on (the plan's phases) and one
+    worker count for both; said on stdout where it was asked for and cannot."""
+    if args.finish != "joined" or not modes or not args.confirm:
+        return False
+    why = ("the cost levers are off" if args.levers != "on" else
+           "the re-timing has its own worker count" if args.confirm_workers_per_gpu != args.workers_per_gpu else "")
+    if why:
+        print(f"baselines and re-timing run one after the other: {why}", flush=True)
+    return not why
 
 
 def time_baselines(out: Path, rj: Any, chunk: list, modes: list[str], config_hash: str, levers: bool,
@@ -396,6 +421,11 @@ def main() -> int:
                          "shared one, exclusive only while a choice is made by timing (cuDNN's benchmark mode, "
                          "TunableOp, autotuners, a compile's GPU steps); exclusive, the whole call "
                          "(EvalConfig.first_call_lease; the config hash is the same either way)")
+    ap.add_argument("--finish", choices=("joined", "staged"), default="joined",
+                    help="a chunk's baselines and re-timing: joined, one batch whose jobs join as the verdicts "
+                         "they depend on come in (builtin_finish.py; needs --confirm, the levers on and "
+                         "--confirm-workers-per-gpu equal to --workers-per-gpu, else staged); staged, the baseline "
+                         "phases, then the re-timing, each its own batch; the verdicts are the same either way")
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
                     help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
                          "and print the device seconds per task of each")

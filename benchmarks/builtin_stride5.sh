@@ -24,6 +24,10 @@
 #   STRIDE5_FIRST_CALL=exclusive bash benchmarks/builtin_stride5.sh resume  # the candidate's whole first call
 #                                                                   # under the exclusive lease (--first-call-lease;
 #                                                                   # default choosers; not in the config hash)
+#   STRIDE5_FINISH=staged bash benchmarks/builtin_stride5.sh resume  # baselines, then re-timing, each its own
+#                                                                   # batch (--finish; default joined: one batch
+#                                                                   # whose jobs join as their verdicts come in;
+#                                                                   # not in the config hash)
 #   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
 #                                                                   # (--rejudge; their old verdicts: rejudged.jsonl;
@@ -48,14 +52,15 @@ RUN=${STRIDE5_OUT:-benchmarks/runs/stride5}
 # timing (autotuners, cuDNN's benchmark mode in a candidate's first call) hold its lease exclusive,
 # compiling gives it back
 # (docs/harness.md), and the re-timing runs at four too.  The whole sample is one chunk: each stage
-# (round 1 with the anchors, round 2, baselines, re-timing) has one end where lanes run dry
-# (chunks of 20 in the third run; the fourth runs whole).
+# (round 1 with the anchors, round 2, then the baselines and re-timing joined in one batch) has
+# one end where lanes run dry (chunks of 20 in the third run; the fourth runs whole).
 ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5+2
       --exclude benchmarks/builtin_design_tasks.txt --rounds 2 --samples 2 --confirm
       --timing-budget 2 --timing-trials 50 --workers-per-gpu "${STRIDE5_WORKERS:-4}"
       --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-4}"
       --chunk "${STRIDE5_CHUNK:-40}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
-      --compile-lease "${STRIDE5_COMPILE_LEASE:-released}" --first-call-lease "${STRIDE5_FIRST_CALL:-choosers}")
+      --compile-lease "${STRIDE5_COMPILE_LEASE:-released}" --first-call-lease "${STRIDE5_FIRST_CALL:-choosers}"
+      --finish "${STRIDE5_FINISH:-joined}")
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in
   probe)

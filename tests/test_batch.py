@@ -255,6 +255,78 @@ def test_out_of_time_drains_only_under_a_drain_or_a_deadline():
     assert drain.admits(float("inf")) and not drain.out_of_time(False)
 
 
+def test_jobs_a_verdict_makes_possible_join_the_batch(fake, tmp_path):
+    """``follow``: each verdict may add jobs (a build among them goes to the farm); they are
+    judged in the same batch, numbered after the jobs so far; a lane with nothing pending waits
+    for the running job's follow-ups instead of ending; the stats count every job."""
+    chain = {"a": [job("a1", False), job("a2", True)], "a1": [job("a11", False)], "b": []}
+    seen: list[tuple[int, str]] = []
+    stats = []
+
+    def follow(i: int, res: EvalResult) -> list[Job]:
+        label = next(lb for lb in ("a11", "a1", "a2", "a", "b") if res.candidate_hash == by_label[lb].candidate.hash)
+        return chain.get(label, [])
+
+    by_label = {j.label: j for j in [job("a", False), job("b", False), *chain["a"], *chain["a1"]]}
+    jobs = [by_label["a"], by_label["b"]]
+    results = run_jobs(jobs, config(tmp_path, 1).replace(workers_per_gpu=2), plan=DevicePlan("cpu", (None,), ""),
+                       on_result=lambda i, r: seen.append((i, r.candidate_hash)), on_stats=stats.append,
+                       follow=follow)
+    labels = ["a", "b", "a1", "a2", "a11"]
+    assert [r.candidate_hash for r in results] == [by_label[x].candidate.hash for x in labels]
+    assert sorted(seen) == [(i, by_label[x].candidate.hash) for i, x in enumerate(labels)]
+    assert len(jobs) == 2  # the caller's list is the caller's
+    started = times(fake.log, "judge_start")
+    assert started["a2"] >= times(fake.log, "build_end")["a2"]  # built by the farm first
+    assert started["a11"] > started["a1"] > started["a"]
+    assert stats[0].jobs == 5 and sum(x.jobs for x in stats[0].lanes) == 5
+    assert [j.label for j in stats[0].per_job] == labels
+
+
+def test_follow_ups_run_in_rounds_where_a_backend_takes_fixed_batches():
+    """``in_rounds`` (Ray's backend): the first batch, then its verdicts' follow-ups as the next,
+    indices as one batch's, the rounds' stats merged into one."""
+    from cudal1.harness.parent.batchstats import BatchStats
+
+    calls: list[list[str]] = []
+
+    def run(batch_jobs, each, stats):
+        calls.append([j.label for j in batch_jobs])
+        out = []
+        for i, j in enumerate(batch_jobs):
+            res = EvalResult(status=Status.OK, task_name="t", task_hash=TASK.hash, candidate_hash=j.label)
+            each(i, res)
+            out.append(res)
+        stats(BatchStats(backend="ray", jobs=len(batch_jobs)))
+        return out
+
+    more = {"x": [job("x1", False), job("x2", False)], "x2": [job("x21", False)]}
+    seen, merged = [], []
+    results = batch.in_rounds(run, [job("x", False), job("y", False)], lambda i, r: seen.append((i, r.candidate_hash)),
+                              merged.append, lambda i, r: more.get(r.candidate_hash, []))
+    assert calls == [["x", "y"], ["x1", "x2"], ["x21"]]
+    assert [r.candidate_hash for r in results] == ["x", "y", "x1", "x2", "x21"]
+    assert seen == list(enumerate(["x", "y", "x1", "x2", "x21"]))
+    assert len(merged) == 1 and merged[0].jobs == 5
+
+
+def test_a_drain_leaves_follow_ups_unstarted(fake, tmp_path):
+    """A drain requested with the first verdict: its follow-ups join but never start, and the
+    batch raises Drained."""
+    from cudal1.harness.parent import drain
+
+    def follow(i: int, res: EvalResult) -> list[Job]:
+        drain.request()
+        return [job(f"f{i}", False)]
+
+    try:
+        with pytest.raises(drain.Drained, match=r"drained: 1 job\(s\) not started"):
+            run_jobs([job("only", False)], config(tmp_path, 1), plan=DevicePlan("cpu", (None,), ""), follow=follow)
+    finally:
+        drain.clear()
+    assert [label for e, label, _ in fake.log if e == "judge_start"] == ["only"]
+
+
 def test_builds_start_at_once_up_to_the_budget_not_the_lanes(fake, tmp_path):
     jobs = [job(f"b{i}", True) for i in range(4)]
     stats = []

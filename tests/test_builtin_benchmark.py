@@ -68,8 +68,10 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
                                                                      "diag_matmul|mode:compile-default"}
     assert report["over"]["compile-default"]["n"] == 1 and report["per_chain"]["algebraic"]["ok"] == 1
     batches = json.loads((out / "run.json").read_text())["batches"]
-    assert {"search", "confirm"} <= {b["what"] for b in batches} <= {
-        "search", "baselines", "confirm"} and all("gpu_idle_share" in b for b in batches)
+    # the baselines (none: the search's compile-default stands in) and the re-timing: one batch
+    assert {b["what"] for b in batches} == {"search", "baselines+confirm"} and all(
+        "gpu_idle_share" in b for b in batches)
+    assert "baselines and re-timing of 1 task(s) in one batch" in done.stdout
     assert all(0.0 <= b["lanes_unused_share"] <= 1.0 for b in batches)  # each lane's tail included
     assert float(report["cost"]["running_s"]["1"]) > 0  # the verdicts' spans from the store
     # the cost: every batch stamped with its call, GPUs and levers; the call's finished task counted
@@ -99,6 +101,16 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     )
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["rows"] == report["rows"]
+    # the staged code resumes what the joined batch left: here, both re-timings once more
+    (out / "confirm.json").unlink()
+    staged = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", "compile-default",
+                  "--workers-per-gpu", "1", "--preset", "fast", "--out", str(out), "--confirm", "--finish", "staged"],
+                 tmp_path)
+    assert staged.returncode == 0, staged.stderr[-3000:]
+    assert "confirming 1 winner(s) and re-timing 1 best compile mode(s)" in staged.stdout
+    assert set(json.loads((out / "confirm.json").read_text())) == {f"diag_matmul|{row['best_hash']}",
+                                                                     "diag_matmul|mode:compile-default"}
+    assert json.loads((out / "run.json").read_text())["batches"][-1]["what"] == "confirm"
 
 
 def test_another_judge_config_keeps_the_earlier_configurations_files_beside_the_new_ones(tmp_path, monkeypatch,

@@ -112,6 +112,19 @@ def test_ray_backend_judges_like_the_local_backend(cluster, judge_config, tmp_pa
 
 
 @pytest.mark.cpu
+def test_follow_ups_are_judged_on_the_cluster_as_a_next_batch(cluster, judge_config):
+    (task, first), (_, second) = pairs_of([("diag_matmul", FIX / "honest_einsum.py"),
+                                           ("diag_matmul", FIX / "no_modelnew.py")])
+    seen, stats = [], []
+    results = run_jobs([Job(task, first)], judge_config, plan=cluster.cluster_plan("cpu"),
+                       on_result=lambda i, r: seen.append((i, r.status)), on_stats=stats.append,
+                       follow=lambda i, r: [Job(task, second)] if i == 0 else [])
+    assert [r.status for r in results] == [Status.OK, Status.COMPILE_ERROR]
+    assert seen == [(0, Status.OK), (1, Status.COMPILE_ERROR)]
+    assert len(stats) == 1 and (stats[0].jobs, stats[0].batches) == (2, 2)  # two rounds, one record
+
+
+@pytest.mark.cpu
 def test_a_killed_actor_loses_no_recorded_result(cluster, judge_config, tmp_path):
     from cudal1.recorded import judge_recorded
     from cudal1.store import RunStore

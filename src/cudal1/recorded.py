@@ -102,6 +102,7 @@ class RecordedJudge:
         self._lock = threading.Lock()
         self._owned_store = False  # the store was opened here (open_store) and is closed here
         self.batch_stats: list[Any] = []  # BatchStats of every batch this object judged (candidates and baselines)
+        self._env_key: str | None = None  # environment_key(), once computed
 
     @property
     def hardware(self) -> str:
@@ -395,41 +396,65 @@ class RecordedJudge:
                       on_stats: Callable[[Any], None] | None = None) -> dict[tuple[str, str], EvalResult]:
         """:meth:`baselines` of these (task, mode) pairs, timed in their order; modes that need CUDA
         are dropped on a CPU, an unknown mode raises ``ValueError``."""
-        from cudal1.harness.baselines import check_modes
-        from cudal1.harness.parent.api import environment_key, time_baselines
+        from cudal1.harness.parent.api import time_baselines
 
-        plan = self.device_plan()
-        resolved = {m: check_modes([m], plan.device) for m in {m for _, m in pairs}}  # [] where CUDA-only on a CPU
-        env_key = environment_key(plan)
-        out: dict[tuple[str, str], EvalResult] = {}
-        todo: list[tuple[Task, str]] = []
-        for task, name in pairs:
-            if not resolved[name]:
-                continue
-            mode = resolved[name][0]
-            cached = (self.store.get_baseline(task.hash, mode, env_key, self.config_hash)
-                      if self.store is not None else None)
-            if cached is not None:
-                out[(task.hash, mode)] = cached
-            else:
-                todo.append((task, mode))
+        out, todo = self.baselines_to_time(pairs)
         wanted = {(t.hash, m) for t, m in todo}
 
         def record(res: EvalResult) -> None:
-            mode = res.candidate_hash.removeprefix("baseline:")
-            if self.store is not None and (res.task_hash, mode) in wanted:
-                self.store.record_baseline(res.task_hash, mode, env_key, self.config_hash, res)
+            if (res.task_hash, res.candidate_hash.removeprefix("baseline:")) in wanted:
+                self.keep_baseline(res)
             if on_result is not None:
                 on_result(res)
 
         timed = (
-            time_baselines(todo, self.config, plan=plan, on_result=record, on_stats=self._stats_to(on_stats))
+            time_baselines(todo, self.config, plan=self.device_plan(), on_result=record,
+                           on_stats=self._stats_to(on_stats))
             if todo
             else []
         )
         for (task, mode), res in zip(todo, timed):
             out[(task.hash, mode)] = res
         return out
+
+    def baselines_to_time(self, pairs: list[tuple[Task, str]]
+                          ) -> tuple[dict[tuple[str, str], EvalResult], list[tuple[Task, str]]]:
+        """Of these (task, mode) pairs: the store's verdicts ({(task hash, mode): result}, this
+        machine's environment and this judge's config) and, in order, the pairs left to time
+        (modes resolved; those that need CUDA dropped on a CPU; an unknown mode raises
+        ``ValueError``)."""
+        from cudal1.harness.baselines import check_modes
+
+        plan = self.device_plan()
+        resolved = {m: check_modes([m], plan.device) for m in {m for _, m in pairs}}  # [] where CUDA-only on a CPU
+        out: dict[tuple[str, str], EvalResult] = {}
+        todo: list[tuple[Task, str]] = []
+        for task, name in pairs:
+            if not resolved[name]:
+                continue
+            mode = resolved[name][0]
+            cached = (self.store.get_baseline(task.hash, mode, self.environment_key(), self.config_hash)
+                      if self.store is not None else None)
+            if cached is not None:
+                out[(task.hash, mode)] = cached
+            else:
+                todo.append((task, mode))
+        return out, todo
+
+    def keep_baseline(self, res: EvalResult) -> None:
+        """A baseline verdict (``candidate_hash`` ``baseline:MODE``) into the store, under this
+        machine's environment and this judge's config."""
+        if self.store is not None:
+            self.store.record_baseline(res.task_hash, res.candidate_hash.removeprefix("baseline:"),
+                                       self.environment_key(), self.config_hash, res)
+
+    def environment_key(self) -> str:
+        """The baselines' environment identity on this judge's plan (computed once)."""
+        from cudal1.harness.parent.api import environment_key
+
+        if self._env_key is None:
+            self._env_key = environment_key(self.device_plan())
+        return self._env_key
 
 
 def is_degenerate(pairs: list[tuple[Candidate, EvalResult]]) -> bool:

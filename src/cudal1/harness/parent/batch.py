@@ -18,8 +18,12 @@ A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no
 ``Drained`` for those it never started; under a drain's deadline a lane starts only jobs expected
 to end before it (:meth:`TaskSeconds.expected`), and once none is left the drain begins.
 ``on_result(index, result)`` is called from a lane thread as each verdict arrives, ``on_stats``
-once after the batch (:class:`~cudal1.harness.parent.batchstats.BatchStats`).  An interrupt stops every
-lane and kills running workers; their jobs leave no verdict.
+once after the batch (:class:`~cudal1.harness.parent.batchstats.BatchStats`).  ``follow(index,
+result)``, where given, is called next, from the same thread: the jobs it returns (those the
+verdict made possible) join the batch, numbered after every job so far, and the batch ends once no
+job is pending or running; a lane with nothing ready waits for them meanwhile.  Ray's backend runs
+them as a later batch (:func:`in_rounds`).  An interrupt stops every lane and kills running
+workers; their jobs leave no verdict.
 """
 
 from __future__ import annotations
@@ -48,18 +52,54 @@ def run_jobs(
     plan: DevicePlan | None = None,
     on_result: Callable[[int, EvalResult], None] | None = None,
     on_stats: Callable[[BatchStats], None] | None = None,
+    follow: Callable[[int, EvalResult], list[Job]] | None = None,
 ) -> list[EvalResult]:
     """Evaluate ``jobs``: parallel pre-builds, one timing lane per GPU.  Order is preserved.
     ``on_result(index, result)`` is called from a lane thread as each verdict arrives;
-    ``on_stats(stats)`` once, after the batch."""
+    ``on_stats(stats)`` once, after the batch.  ``follow(index, result)``: the jobs a verdict makes
+    possible, judged in the same batch (results: ``jobs``, then the followed jobs in the order
+    they were returned)."""
     plan = plan or DevicePlan.detect(config.device)
     if plan.backend == "ray":
         from cudal1.harness.parent.ray_backend import run_jobs_ray
 
+        if follow is not None:
+            return in_rounds(lambda batch, each, stats: run_jobs_ray(batch, config, plan=plan, on_result=each,
+                                                                      on_stats=stats),
+                             jobs, on_result, on_stats, follow)
         return run_jobs_ray(jobs, config, plan=plan, on_result=on_result, on_stats=on_stats)
     if plan.backend != "local":
         raise HarnessError(f"unknown backend {plan.backend!r}; known: {', '.join(BACKENDS)}")
-    return _LocalBatch(jobs, config, plan, on_result).run(on_stats)
+    return _LocalBatch(jobs, config, plan, on_result, follow).run(on_stats)
+
+
+def in_rounds(run: Callable[[list[Job], Callable[[int, EvalResult], None], Callable[[BatchStats], None]],
+                            list[EvalResult]],
+              jobs: list[Job], on_result: Callable[[int, EvalResult], None] | None,
+              on_stats: Callable[[BatchStats], None] | None,
+              follow: Callable[[int, EvalResult], list[Job]]) -> list[EvalResult]:
+    """``follow`` for a backend whose batches take a fixed list: ``run(jobs, on_result, on_stats)``
+    once for ``jobs``, then once for the jobs their verdicts returned, and so on; indices and
+    results as one batch's, ``on_stats`` once with the rounds' stats merged."""
+    from cudal1.harness.parent.batchstats import total
+
+    results: list[EvalResult] = []
+    stats: list[BatchStats] = []
+    todo = list(jobs)
+    while todo:
+        base, more = len(results), []
+
+        def each(i: int, res: EvalResult, base: int = base, more: list[Job] = more) -> None:
+            if on_result is not None:
+                on_result(base + i, res)
+            more.extend(follow(base + i, res))
+
+        results.extend(run(todo, each, stats.append))
+        todo = more
+    merged = total(stats)
+    if on_stats is not None and merged is not None:
+        on_stats(merged)
+    return results
 
 
 def out_of_memory(result: EvalResult) -> bool:
@@ -308,16 +348,19 @@ class _LocalBatch:
     """One batch on this machine: a build farm feeding one thread per timing lane."""
 
     def __init__(self, jobs: list[Job], config: EvalConfig, plan: DevicePlan,
-                 on_result: Callable[[int, EvalResult], None] | None) -> None:
+                 on_result: Callable[[int, EvalResult], None] | None,
+                 follow: Callable[[int, EvalResult], list[Job]] | None = None) -> None:
         from cudal1.harness.parent.farm import BuildBudget
 
-        self.jobs, self.config, self.plan, self.on_result = jobs, config, plan, on_result
+        self.jobs, self.config, self.plan, self.on_result = list(jobs), config, plan, on_result
+        self.follow = follow
+        self.running = 0  # jobs taken and not yet judged (their verdicts may add jobs: follow)
         self.budget = BuildBudget.detect(config.build_workers, len(plan.lanes) * config.workers_per_gpu)
         self.ev = Evaluator(config, plan, max_jobs=self.budget.max_jobs)
         self.rec = StatsRecorder("local", jobs, self.budget.workers, self.budget.max_jobs)
         self.ev.on_timeline = self.rec.gpu_phases
-        self.results: list[EvalResult | None] = [None] * len(jobs)
-        self.pending = list(range(len(jobs)))
+        self.results: list[EvalResult | None] = [None] * len(self.jobs)
+        self.pending = list(range(len(self.jobs)))
         self.ready = threading.Condition()
         self.failures: list[BaseException] = []
         self.stopping = False  # set when the batch is interrupted: lanes take nothing more, drop what runs
@@ -385,12 +428,18 @@ class _LocalBatch:
         """The pending job that is ready (no build, or its build done) whose task took longest
         so far (:data:`TASK_SECONDS`; the first such in the batch's order), of those that would not
         wait at ``gpu``'s gate now where any would not (:meth:`would_wait`); sleeps until a build
-        finishes when none is ready; None when nothing is left (or a lane failed, or a drain
-        began, or a drain's deadline leaves no pending job time to end before it)."""
+        finishes when none is ready, or, with ``follow``, until a running job's verdict adds
+        one; None when nothing is left (or a lane failed, or a drain began, or a drain's deadline
+        leaves no pending job time to end before it)."""
         with self.ready:
             while True:
-                if self.failures or self.stopping or not self.pending:
+                if self.failures or self.stopping:
                     return None
+                if not self.pending:
+                    if not self.running or self.follow is None or drain.requested():
+                        return None
+                    self.ready.wait(timeout=1.0)
+                    continue
                 fits = (set(self.pending) if not drain.bounding() else  # no drain, no deadline: every job
                         {i for i in self.pending if drain.admits(TASK_SECONDS.expected(self.jobs[i]),
                                                                  TASK_SECONDS.stand_in(self.jobs[i]))})
@@ -404,8 +453,25 @@ class _LocalBatch:
                     now = {i: not self.would_wait(self.jobs[i], gate) for i in ready} if counted else {}
                     pick = max(ready, key=lambda i: (now.get(i, True), longest[i], -i))
                     self.pending.remove(pick)
+                    self.running += 1
                     return pick
                 self.ready.wait(timeout=1.0)
+
+    def extend(self, more: list[Job]) -> None:
+        """Jobs a verdict made possible join the batch (their builds handed to the farm first)."""
+        if not more:
+            return
+        with self.ready:
+            start = len(self.jobs)
+            self.jobs.extend(more)
+            self.results.extend([None] * len(more))
+            self.rec.add_jobs(more)
+        for i, job in enumerate(more, start):
+            if job.candidate is not None and build.needs_build(job.candidate):
+                self.tickets[i] = self.farm.submit(job)
+        with self.ready:
+            self.pending.extend(range(start, start + len(more)))
+            self.ready.notify_all()
 
     @staticmethod
     def would_wait(job: Job, gate: GpuGate) -> bool:
@@ -427,13 +493,20 @@ class _LocalBatch:
                 now = time.monotonic()
                 rec.lane_wait(key, now - mark)
                 mark = now
-                ticket = self.tickets.get(i)
-                res = self.judge(i, gpu, ticket.result() if ticket is not None else None)
-                if self.stopping:  # its worker was killed by the interrupt: not a verdict
-                    break
-                self.results[i] = res
-                if self.on_result is not None:
-                    self.on_result(i, res)
+                try:
+                    ticket = self.tickets.get(i)
+                    res = self.judge(i, gpu, ticket.result() if ticket is not None else None)
+                    if self.stopping:  # its worker was killed by the interrupt: not a verdict
+                        break
+                    self.results[i] = res
+                    if self.on_result is not None:
+                        self.on_result(i, res)
+                    if self.follow is not None:
+                        self.extend(self.follow(i, res))
+                finally:
+                    with self.ready:
+                        self.running -= 1
+                        self.ready.notify_all()
                 now = time.monotonic()
                 TASK_SECONDS.note(self.jobs[i], now - mark)
                 TASK_MEMORY.note(self.jobs[i].task.hash, res.figures.get("gpu_memory_mib"))

@@ -183,6 +183,13 @@ class StatsRecorder:
         self._gpu_busy: dict[Any, list[tuple[float, float]]] = {}  # gpu -> intervals of GPU phases
         self._lease_wait = 0.0
 
+    def add_jobs(self, jobs: list[Any]) -> None:
+        """Jobs that joined the batch after it started (numbered after the others)."""
+        with self.lock:
+            start = len(self.jobs)
+            self.jobs.extend(JobTimes(start + k, job.label) for k, job in enumerate(jobs))
+            self.stats.jobs = len(self.jobs)
+
     def gpu_phases(self, gpu: Any, timeline: list[tuple[str, float, float]]) -> None:
         """One worker's phases ``(name, start, end)`` on ``gpu`` (``JobOutcome.timeline``: the
         workers' ``time.time()``, one clock for all workers of this machine)."""
