@@ -184,6 +184,7 @@ class TimingStage:
     )  # host load per block (cudal1.harness.reference.hostload.BlockLoad)
     cost_ms: dict[str, float] = field(default_factory=dict)  # where the phase's wall went (reference.spans.Spans)
     short_waits: int = 0  # timed calls (both sides) whose gate waited the short time (timer.GateWait)
+    planned_trials: int = 0  # calls a side planned from the device time, cut to the budget (0: not cut)
 
 
 @dataclass

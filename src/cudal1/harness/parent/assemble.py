@@ -226,7 +226,8 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
         if clock == "cpu_monotonic":  # the upper bound covers the handoff's cost per call (stats)
             r.speedup_ci = cpu_protocol_ci(r.speedup_ci, r.candidate.median_ms)
     if t.cost_ms:  # where the clean worker's timing phase spent its wall time (information only)
-        r.figures["cost"] = dict(t.cost_ms) | ({"short_waits": t.short_waits} if t.short_waits else {})
+        r.figures["cost"] = (dict(t.cost_ms) | ({"short_waits": t.short_waits} if t.short_waits else {})
+                             | ({"planned_trials": t.planned_trials} if t.planned_trials else {}))
     host = host_contention(t.load or {})
     if host:
         r.figures["contention"] = {"host": host}

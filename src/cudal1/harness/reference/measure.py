@@ -45,6 +45,35 @@ from cudal1.harness.wire import output_leaves
 _perf = time.perf_counter
 
 
+def recheck_count(n: int, fraction: float) -> int:
+    """How many of ``n`` timed candidate calls are re-checked: ``fraction`` of them, at least 2."""
+    return min(n, max(2, round(fraction * n)))
+
+
+def fit_to_budget(blocks: list[list[Any]], n: int, size: int, recheck: set[int], done: dict[str, int],
+                  cfg: EvalConfig, recheck_fraction: float, rng: random.Random) -> tuple[int, int, set[int]]:
+    """After the first round (one block a side): the calls a side that the timing budget holds at
+    that round's own wall per call (the calls, their inputs, the window's masking and snapshots,
+    the re-checks, the gates' waits), where that is fewer than ``n``, planned from the calls'
+    device time alone; never fewer than ``min_timing_trials`` or than the calls already timed.
+    Returns (calls a side, block size, re-checked calls): the blocks left shrink so that about five
+    more rounds follow where the calls allow; the re-checked calls keep those drawn below the new
+    count and the new last call, topped up from the calls not yet timed to the same share (no cut
+    where the calls not yet timed cannot hold the new last call and that share)."""
+    per_call_ms = sum(ms / max(1, k) for _, k, ms in blocks)  # one block of each side so far
+    fit = int(cfg.timing_budget_s * 1e3 / per_call_ms) if per_call_ms > 0 else n
+    new = min(n, max(cfg.min_timing_trials, fit, done["ref"], done["cand"]))
+    if new >= n or new - 1 < done["cand"]:  # nothing to cut, or the new last call is timed already
+        return n, size, recheck
+    kept = {i for i in recheck if i < new} | {new - 1}
+    free = sorted(set(range(done["cand"], new)) - kept)
+    want = recheck_count(new, recheck_fraction)
+    if len(kept) + len(free) < want:  # a cut never re-checks a smaller share
+        return n, size, recheck
+    kept |= set(rng.sample(free, max(0, want - len(kept))))
+    return new, max(1, min(size, (new - max(done.values())) // 5)), kept
+
+
 def output_bytes(out: Any) -> int:
     return sum(x.numel() * x.element_size() for _, x in cmp.leaves(out) if isinstance(x, torch.Tensor))
 
@@ -214,7 +243,8 @@ class Measurement:
         per_pair_s = (statistics.median(est["ref"]) + statistics.median(est["cand"])) / 1e3 + 2 * t_gen + 4e-4
         n = int(min(self.cfg.timing_trials, max(self.cfg.min_timing_trials, self.cfg.timing_budget_s / per_pair_s)))
         n = min(n, max_trials or n)
-        recheck = set(rng.sample(range(n), min(n, max(2, round(recheck_fraction * n))))) | {n - 1}
+        planned = n
+        recheck = set(rng.sample(range(n), recheck_count(n, recheck_fraction))) | {n - 1}
         rows: dict[str, list[list[Any]]] = {"ref": [], "cand": []}
         blocks: list[list[Any]] = []
         seed0 = self.input_seed + seed_offset
@@ -225,6 +255,7 @@ class Measurement:
         refs = RefWindow(self, timer, stager, page, template, refs_wait)
         template = layout_only(template)  # the output slots need its layout only, not the output itself
         load = BlockLoad(per_call=self.device.type == "cpu")
+        fitted = max_trials is not None  # the stricter pass keeps its count
         while done["ref"] < n or done["cand"] < n:
             for who in rng.sample(["ref", "cand"], 2):
                 calls = list(range(done[who], min(n, done[who] + size)))
@@ -241,13 +272,17 @@ class Measurement:
                         load.end("cand", link.pid)
                 blocks.append([who, len(calls), (_perf() - t0) * 1e3])
                 done[who] += len(calls)
+            if not fitted:  # the first round's wall per call says what the budget holds
+                fitted = True
+                n, size, recheck = fit_to_budget(blocks, n, size, recheck, done, self.cfg, recheck_fraction, rng)
         with spans.span("probe"):
             self.no_new_processes(link)
             self.address_reuse_probe(ref_model, link, seed0 + 2 * n + 1)
         return {"timing": {"clock": timer.clock, "ref": rows["ref"], "cand": rows["cand"], "blocks": blocks,
                            "overhead_ms": timer.overhead_ms, "calibration": timer.calibration, "cand_join": cand_join,
                            "sealed": sealed, "helpers": len(link.tree.helpers()), "load": load.as_dict(),
-                           "cost_ms": spans.as_dict(), "short_waits": refs_wait.shortened + cand_wait.shortened},
+                           "cost_ms": spans.as_dict(), "short_waits": refs_wait.shortened + cand_wait.shortened,
+                           "planned_trials": planned if planned != n else 0},
                 "rechecked": len(recheck)}
 
     def no_new_processes(self, link: CandidateLink) -> None:
