@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -30,10 +31,10 @@ def save_confirmed(out: Path, done: dict[str, Any]) -> None:
 
 
 def confirm_entry(res: Any) -> dict[str, Any]:
-    """What ``OUT/confirm.json`` keeps of a re-timing's verdict (``wall_s`` and ``phase_s``:
-    :mod:`builtin_cost`)."""
+    """What ``OUT/confirm.json`` keeps of a re-timing's verdict (``wall_s``, ``phase_s`` and ``at``,
+    its recording time on the wall clock: :mod:`builtin_cost`)."""
     return {"status": res.status.value, "speedup": res.speedup, "speedup_ci": res.speedup_ci,
-            "flags": res.flags, "wall_s": res.wall_s, "phase_s": res.phase_s}
+            "flags": res.flags, "wall_s": res.wall_s, "phase_s": res.phase_s, "at": time.time()}
 
 
 def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: Any,

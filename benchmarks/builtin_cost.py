@@ -17,10 +17,10 @@ Two measures, both printed with the report and written under ``cost`` in ``OUT/r
   the device seconds; they say where each task's time goes (and, per KernelBench level, which
   tasks are the expensive ones).
 
-And where the lanes ran short-handed: the seconds in which 1, 2, … search and baseline verdicts
-ran at once (:func:`running_seconds`, from the store's recording times and each verdict's wall;
-the re-timings carry no time and are left out), which shows the tails at batch boundaries on runs
-that predate ``run.json``'s per-batch ``lanes_unused_share``.
+And where the lanes ran short-handed: the seconds in which 1, 2, … verdicts ran at once
+(:func:`running_seconds`, from the store's recording times and each verdict's wall, and the
+re-timings' in ``confirm.json`` where they carry one, since 2026-12-05), which shows the tails at
+batch boundaries on runs that predate ``run.json``'s per-batch ``lanes_unused_share``.
 
 The cost levers (``--levers on``, the default) leave out the baselines a task's own verdicts make
 redundant (:mod:`builtin_baseline_plan`), and change where and how often the rest compile, never
@@ -165,14 +165,19 @@ def running_at_once(spans: list[tuple[float, float]]) -> dict[int, float]:
 
 def running_seconds(out: Path, config_hash: str) -> dict[int, float]:
     """:func:`running_at_once` over the run's search and baseline verdicts under ``config_hash``
-    (the store's recording times; the re-timings carry none): where a batch ran short-handed, its
-    tails at the boundaries included, on runs that predate ``lanes_unused_share`` too."""
+    (the store's recording times) and its re-timings that carry a recording time (``at``): where
+    a batch ran short-handed, its tails at the boundaries included, on runs that predate
+    ``lanes_unused_share`` too."""
     from cudal1.store import RunStore
 
     if not (out / "cudal1.sqlite").exists():
         return {}
     with RunStore(out / "cudal1.sqlite") as store:
-        return running_at_once(store.verdict_spans(config_hash))
+        spans = store.verdict_spans(config_hash)
+    confirmed = json.loads((out / "confirm.json").read_text()) if (out / "confirm.json").exists() else {}
+    spans += [(c["at"] - c["wall_s"], c["at"]) for c in confirmed.values()
+              if isinstance(c.get("at"), (int, float)) and isinstance(c.get("wall_s"), (int, float))]
+    return running_at_once(spans)
 
 
 def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, Any]]:
@@ -271,8 +276,8 @@ def markdown(cost: dict[str, Any]) -> str:
         lines.append(f"cost of all {len(cost['calls'])} calls: device seconds {d['total']:.0f} for {d['finished']} "
                      f"task(s) finished: {f(d['per_task'])} s per task")
     if cost.get("running_s"):
-        lines.append("search and baseline verdicts running at once, seconds (from the store's times; the "
-                     "re-timings are not in it): " + ", ".join(f"{k}: {v:.0f}" for k, v in cost["running_s"].items()))
+        lines.append("verdicts running at once, seconds (from their recording times; re-timings recorded before "
+                     "2026-12-05 are not in it): " + ", ".join(f"{k}: {v:.0f}" for k, v in cost["running_s"].items()))
     ex = {k: v for k, v in (cost.get("exclusive_before_timing") or {}).items() if v.get("verdicts")}
     if ex:
         lines.append("the lease held exclusive before timing (what a verdict kept every other one off the GPU for, "

@@ -176,8 +176,22 @@ def test_verdicts_running_at_once_count_each_overlap_and_skip_the_gaps(bench):
     summary = cost.summarize({}, [], {1: 3.5, 2: 4.0})
     assert summary["running_s"] == {"1": 3.5, "2": 4.0}
     text = cost.markdown(summary | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
-    assert "verdicts running at once, seconds (from the store's times; the re-timings are not in it): 1: 4, 2: 4" \
-        in text
+    assert "verdicts running at once, seconds (from their recording times; re-timings recorded before 2026-12-05 " \
+           "are not in it): 1: 4, 2: 4" in text
+
+
+def test_re_timings_with_a_recording_time_count_among_the_verdicts_running(bench, tmp_path):
+    """A joined batch runs re-timings beside baselines: those that carry ``at`` (since 2026-12-05)
+    are spans too; older entries without it are left out."""
+    from cudal1.store import RunStore
+
+    _, cost = bench
+    RunStore(tmp_path / "cudal1.sqlite").close()  # a store with no verdict
+    (tmp_path / "confirm.json").write_text(json.dumps({
+        "t|abc": {"status": "ok", "wall_s": 4.0, "at": 104.0}, "t|mode:cudagraph": {"status": "ok", "wall_s": 2.0,
+                                                                                     "at": 103.0},
+        "u|old": {"status": "ok", "wall_s": 9.0}}))
+    assert cost.running_seconds(tmp_path, "h") == {1: 2.0, 2: 2.0}
 
 
 def test_the_probe_says_which_speedups_stay_inside_their_intervals(bench):
