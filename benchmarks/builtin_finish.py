@@ -1,4 +1,5 @@
-"""A chunk's baselines and its re-timing as one batch (``builtin_kernelbench.py --finish joined``):
+"""A chunk's baselines and its re-timing as one batch (``builtin_kernelbench.py --finish joined``;
+without ``--confirm``, the baselines alone, whose graphed modes still join as they are due):
 each job joins the batch once the verdicts it depends on are in, so the re-timings, which are
 mostly GPU work, run while the baselines' compiles, which are mostly CPU work, leave the GPU idle,
 and the chunk's work after its search has one end where lanes run dry instead of three (the
@@ -138,8 +139,8 @@ def finish(out: Path, rj: Any, chunk: list, modes: list[str], config_hash: str, 
     jobs = work.start()
     if not jobs:
         return 0
-    print(f"baselines and re-timing of {len(chunk)} task(s) in one batch: {len(jobs)} job(s) to start with, "
-          "the rest as their verdicts come in", flush=True)
+    print(f"baselines{' and re-timing' if retime else ''} of {len(chunk)} task(s) in one batch: {len(jobs)} job(s) "
+          "to start with, the rest as their verdicts come in", flush=True)
     done = run_jobs(jobs, rj.config, plan=rj.device_plan(),
                     on_result=(lambda i, res: on_result(res)) if on_result else None,
                     on_stats=on_stats, follow=work.follow)

@@ -284,7 +284,7 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
     print(f"{len(tasks)} tasks on {plan.device} lanes {plan.lanes}, {judge.workers_per_gpu} worker(s) per GPU, "
           f"chunks of {size}", flush=True)
     search_cfg = SearchConfig(rounds=args.rounds, samples=args.samples, budget_minutes=args.budget_minutes)
-    joined = joins(args, modes)
+    joined = (JOINED if args.confirm else "baselines") if joins(args, modes) else ""  # the joined batch's name
     store = RunStore(out / STORE)
     try:
         rj = Judge(judge, store, plan=plan, on_event=lambda e: tick(e.result) if e.kind == "verdict" else None,
@@ -293,9 +293,10 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
             chunk = tasks[start:start + size]
             batches.begin("search")
             optimize(chunk, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
-            if joined:
-                batches.begin(JOINED)
-                finish(out, rj, chunk, modes, judge.hash(), on_result=tick, on_stats=lambda s: batches.add(JOINED, s))
+            if joined:  # the baselines, and with --confirm the re-timing, as one batch
+                batches.begin(joined)
+                finish(out, rj, chunk, modes, judge.hash(), retime=args.confirm, on_result=tick,
+                       on_stats=lambda s: batches.add(joined, s))
                 continue
             if modes:
                 batches.begin("baselines")
@@ -316,13 +317,15 @@ JOINED = "baselines+confirm"  # run.json's name for a batch of --finish joined
 
 
 def joins(args: Any, modes: list[str]) -> bool:
-    """Whether the chunks' baselines and re-timing run as one batch (:mod:`builtin_finish`):
-    ``--finish joined`` with baselines, ``--confirm``, the levers on (the plan's phases) and one
-    worker count for both; said on stdout where it was asked for and cannot."""
-    if args.finish != "joined" or not modes or not args.confirm:
+    """Whether a chunk's baselines (with ``--confirm``, and its re-timing) run as one batch
+    (:mod:`builtin_finish`): ``--finish joined`` with baselines, the levers on (the plan's phases)
+    and, with ``--confirm``, one worker count for both; said on stdout where it was asked for and
+    cannot."""
+    if args.finish != "joined" or not modes:
         return False
     why = ("the cost levers are off" if args.levers != "on" else
-           "the re-timing has its own worker count" if args.confirm_workers_per_gpu != args.workers_per_gpu else "")
+           "the re-timing has its own worker count"
+           if args.confirm and args.confirm_workers_per_gpu != args.workers_per_gpu else "")
     if why:
         print(f"baselines and re-timing run one after the other: {why}", flush=True)
     return not why
@@ -423,7 +426,7 @@ def main() -> int:
                          "(EvalConfig.first_call_lease; the config hash is the same either way)")
     ap.add_argument("--finish", choices=("joined", "staged"), default="joined",
                     help="a chunk's baselines and re-timing: joined, one batch whose jobs join as the verdicts "
-                         "they depend on come in (builtin_finish.py; needs --confirm, the levers on and "
+                         "they depend on come in (builtin_finish.py; needs the levers on and, with --confirm, "
                          "--confirm-workers-per-gpu equal to --workers-per-gpu, else staged); staged, the baseline "
                          "phases, then the re-timing, each its own batch; the verdicts are the same either way")
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",

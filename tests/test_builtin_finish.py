@@ -70,12 +70,12 @@ def verdict(job) -> SimpleNamespace:
                            speedup_ci=[0.9, 1.1], flags=[], wall_s=1.0, phase_s={"timing": 0.5})
 
 
-def drive(finish_mod, out: Path, judge: Judge, names: list[str], monkeypatch) -> tuple[list, list]:
+def drive(finish_mod, out: Path, judge: Judge, names: list[str], monkeypatch, retime: bool = True) -> tuple[list, list]:
     """Run the chunk's work to its end as one lane would: every job's verdict in turn, its
     follow-ups appended.  Returns (the starting jobs' labels, every job's label in judging order)."""
     monkeypatch.setattr(finish_mod, "task_rows", judge.rows)
     chunk = [SimpleNamespace(task_id=n, hash=n) for n in names]
-    work = finish_mod.Finish(out, judge, chunk, MODES, "h")
+    work = finish_mod.Finish(out, judge, chunk, MODES, "h", retime)
     jobs = work.start()
     first = [label(j) for j in jobs]
     order = []
@@ -147,6 +147,15 @@ def test_a_resumed_chunk_times_only_what_is_missing(finish_mod, tmp_path, monkey
         "done|best-done", "done|mode:compile-default", "half|best-half", "half|mode:compile-max-autotune-no-cudagraphs"}
 
 
+def test_without_re_timing_the_baselines_alone_join_by_their_phases(finish_mod, tmp_path, monkeypatch):
+    judge = Judge(tmp_path)
+    first, order = drive(finish_mod, tmp_path, judge, ["flat", "launchy"], monkeypatch, retime=False)
+    assert first == ["flat:compile-default", "launchy:compile-default", "flat:compile-max-autotune-no-cudagraphs",
+                     "launchy:compile-max-autotune-no-cudagraphs", "flat:cudagraph", "launchy:cudagraph"]
+    assert order == first + ["launchy:compile-reduce-overhead", "launchy:compile-max-autotune"]
+    assert not (tmp_path / "confirm.json").exists()
+
+
 def test_the_benchmark_joins_the_stages_only_where_one_judge_can_time_both(finish_mod, capsys):
     import builtin_kernelbench as bk
 
@@ -156,7 +165,8 @@ def test_the_benchmark_joins_the_stages_only_where_one_judge_can_time_both(finis
         return SimpleNamespace(**{**base, **kw})
 
     assert bk.joins(args(), MODES) and capsys.readouterr().out == ""
-    assert not bk.joins(args(finish="staged"), MODES) and not bk.joins(args(confirm=False), MODES)
+    assert not bk.joins(args(finish="staged"), MODES)
+    assert bk.joins(args(confirm=False, confirm_workers_per_gpu=1), MODES)  # the baselines alone: their phases
     assert not bk.joins(args(), []) and capsys.readouterr().out == ""  # nothing to join: said nowhere
     assert not bk.joins(args(confirm_workers_per_gpu=1), MODES)
     assert "one after the other: the re-timing has its own worker count" in capsys.readouterr().out
