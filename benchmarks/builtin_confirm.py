@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from builtin_baseline_plan import write_whole
-from builtin_figures import counted
+from builtin_figures import counted, retimed_key
 from cudal1.config import EvalConfig
 from cudal1.store import RunStore
 
@@ -55,11 +55,11 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
             if not counted(r):
                 continue
             task = by_id[r["task"]]
-            if r["best_hash"] and f"{task.task_id}|{r['best_hash']}" not in done:
+            if r["best_hash"] and retimed_key(task.task_id, candidate=r["best_hash"]) not in done:
                 cand = next(c for c in store.candidates(task.hash) if c.hash == r["best_hash"])
                 pairs.append((task, cand))
-                keys.append(f"{task.task_id}|{r['best_hash']}")
-            if r["best_mode"] and f"{task.task_id}|mode:{r['best_mode']}" not in done:
+                keys.append(retimed_key(task.task_id, candidate=r["best_hash"]))
+            if r["best_mode"] and retimed_key(task.task_id, mode=r["best_mode"]) not in done:
                 modes.append((task, r["best_mode"]))
     finally:
         store.close()
@@ -80,7 +80,7 @@ def confirm(out: Path, tasks: list, rows: list[dict], judge: EvalConfig, plan: A
     check_modes(sorted({m for _, m in modes}), plan.device)
     # one batch for both (its lanes take the longest task's jobs first): winners as candidates, modes as baselines
     jobs = [Job(t, c) for t, c in pairs] + [Job(t, None, m) for t, m in modes]
-    keys += [f"{t.task_id}|mode:{m}" for t, m in modes]
+    keys += [retimed_key(t.task_id, mode=m) for t, m in modes]
     run_jobs(jobs, judge, plan=plan, on_result=lambda i, res: record(keys[i], res),
              on_stats=(lambda s: on_stats("confirm", s)) if on_stats else None)
     return len(jobs)

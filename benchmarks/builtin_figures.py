@@ -81,6 +81,12 @@ def _ok(result: Any) -> bool:
     return result is not None and result.status is Status.OK and result.speedup is not None
 
 
+def retimed_key(task_id: str, *, candidate: str | None = None, mode: str | None = None) -> str:
+    """A re-timing's key in ``OUT/confirm.json``: ``TASK|CANDIDATE HASH`` for the builtin's winner,
+    ``TASK|mode:MODE`` for a compile mode."""
+    return f"{task_id}|mode:{mode}" if mode is not None else f"{task_id}|{candidate}"
+
+
 def _confirmed(c: dict | None) -> float | None:
     if c is None:
         return None
@@ -134,8 +140,8 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
             "mode_ci": {m: list(r.speedup_ci) for m, r in base.items() if _ok(r) and r.speedup_ci},
             "mode_source": source, "mode_skipped": skipped,
             "best_mode": best_mode, "best_mode_value": mode_value.get(best_mode) if best_mode else None,
-            "best_confirmed": confirmed.get(f"{t.task_id}|{best[2]}") if best else None,
-            "mode_confirmed": confirmed.get(f"{t.task_id}|mode:{best_mode}") if best_mode else None,
+            "best_confirmed": confirmed.get(retimed_key(t.task_id, candidate=best[2])) if best else None,
+            "mode_confirmed": confirmed.get(retimed_key(t.task_id, mode=best_mode)) if best_mode else None,
             "chains": [("+".join(p), r.status.value, r.speedup if _ok(r) else None) for p, r, _, _ in cands],
             "environments": sorted({f"{r.environment.gpu_name} / torch {r.environment.torch}"
                                     for r in [ref] + [c[1] for c in cands] if r is not None}),

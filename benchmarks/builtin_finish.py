@@ -30,7 +30,7 @@ from typing import Any, Callable
 
 import builtin_baseline_plan
 from builtin_confirm import confirm_entry, save_confirmed
-from builtin_figures import counted, task_rows
+from builtin_figures import counted, retimed_key, task_rows
 
 BASELINE = "baseline:"
 
@@ -86,8 +86,7 @@ class Finish:
                 if waiting:
                     return []
                 return self.advance(task, self.row(task), self.phase[task.hash] + 1)
-            key = f"{task.task_id}|mode:{mode}" if mode is not None else f"{task.task_id}|{res.candidate_hash}"
-            self.confirmed[key] = confirm_entry(res)
+            self.confirmed[retimed_key(task.task_id, candidate=res.candidate_hash, mode=mode)] = confirm_entry(res)
             save_confirmed(self.out, self.confirmed)
             return []
 
@@ -112,7 +111,7 @@ class Finish:
     def winner(self, task: Any, row: dict[str, Any]) -> list[Any]:
         from cudal1.harness import Job
 
-        if not searched_out(row) or f"{task.task_id}|{row['best_hash']}" in self.confirmed:
+        if not searched_out(row) or retimed_key(task.task_id, candidate=row["best_hash"]) in self.confirmed:
             return []
         cand = next(c for c in self.rj.store.candidates(task.hash) if c.hash == row["best_hash"])
         return [Job(task, cand)]
@@ -121,7 +120,7 @@ class Finish:
         from cudal1.harness import Job
 
         mode = row["best_mode"]
-        if not counted(row) or not mode or f"{task.task_id}|mode:{mode}" in self.confirmed:
+        if not counted(row) or not mode or retimed_key(task.task_id, mode=mode) in self.confirmed:
             return []
         return [Job(task, None, mode)]
 

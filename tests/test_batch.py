@@ -302,7 +302,9 @@ def test_follow_ups_run_in_rounds_where_a_backend_takes_fixed_batches():
 
     more = {"x": [job("x1", False), job("x2", False)], "x2": [job("x21", False)]}
     seen, merged = [], []
-    results = batch.in_rounds(run, [job("x", False), job("y", False)], lambda i, r: seen.append((i, r.candidate_hash)),
+    from cudal1.harness.parent.ray_backend import in_rounds
+
+    results = in_rounds(run, [job("x", False), job("y", False)], lambda i, r: seen.append((i, r.candidate_hash)),
                               merged.append, lambda i, r: more.get(r.candidate_hash, []))
     assert calls == [["x", "y"], ["x1", "x2"], ["x21"]]
     assert [r.candidate_hash for r in results] == ["x", "y", "x1", "x2", "x21"]

@@ -22,8 +22,8 @@ once after the batch (:class:`~cudal1.harness.parent.batchstats.BatchStats`).  `
 result)``, where given, is called next, from the same thread: the jobs it returns (those the
 verdict made possible) join the batch, numbered after every job so far, and the batch ends once no
 job is pending or running; a lane with nothing ready waits for them meanwhile.  Ray's backend runs
-them as a later batch (:func:`in_rounds`).  An interrupt stops every lane and kills running
-workers; their jobs leave no verdict.
+them as a later batch (:func:`~cudal1.harness.parent.ray_backend.in_rounds`).  An interrupt stops
+every lane and kills running workers; their jobs leave no verdict.
 """
 
 from __future__ import annotations
@@ -63,43 +63,10 @@ def run_jobs(
     if plan.backend == "ray":
         from cudal1.harness.parent.ray_backend import run_jobs_ray
 
-        if follow is not None:
-            return in_rounds(lambda batch, each, stats: run_jobs_ray(batch, config, plan=plan, on_result=each,
-                                                                      on_stats=stats),
-                             jobs, on_result, on_stats, follow)
-        return run_jobs_ray(jobs, config, plan=plan, on_result=on_result, on_stats=on_stats)
+        return run_jobs_ray(jobs, config, plan=plan, on_result=on_result, on_stats=on_stats, follow=follow)
     if plan.backend != "local":
         raise HarnessError(f"unknown backend {plan.backend!r}; known: {', '.join(BACKENDS)}")
     return _LocalBatch(jobs, config, plan, on_result, follow).run(on_stats)
-
-
-def in_rounds(run: Callable[[list[Job], Callable[[int, EvalResult], None], Callable[[BatchStats], None]],
-                            list[EvalResult]],
-              jobs: list[Job], on_result: Callable[[int, EvalResult], None] | None,
-              on_stats: Callable[[BatchStats], None] | None,
-              follow: Callable[[int, EvalResult], list[Job]]) -> list[EvalResult]:
-    """``follow`` for a backend whose batches take a fixed list: ``run(jobs, on_result, on_stats)``
-    once for ``jobs``, then once for the jobs their verdicts returned, and so on; indices and
-    results as one batch's, ``on_stats`` once with the rounds' stats merged."""
-    from cudal1.harness.parent.batchstats import total
-
-    results: list[EvalResult] = []
-    stats: list[BatchStats] = []
-    todo = list(jobs)
-    while todo:
-        base, more = len(results), []
-
-        def each(i: int, res: EvalResult, base: int = base, more: list[Job] = more) -> None:
-            if on_result is not None:
-                on_result(base + i, res)
-            more.extend(follow(base + i, res))
-
-        results.extend(run(todo, each, stats.append))
-        todo = more
-    merged = total(stats)
-    if on_stats is not None and merged is not None:
-        on_stats(merged)
-    return results
 
 
 def out_of_memory(result: EvalResult) -> bool:

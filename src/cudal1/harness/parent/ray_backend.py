@@ -47,7 +47,7 @@ import cudal1
 from cudal1.config import EvalConfig
 from cudal1.extras import require
 from cudal1.harness.parent import drain
-from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
+from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s, total
 from cudal1.harness.parent.evaluator import Evaluator
 from cudal1.harness.parent.plan import DevicePlan, HarnessError, Job
 from cudal1.types import EvalResult, Status, content_hash
@@ -233,9 +233,42 @@ def actor_pids(address: str | None, device: str) -> list[int]:
 
 def run_jobs_ray(jobs: list[Job], config: EvalConfig, *, plan: DevicePlan,
                  on_result: Callable[[int, EvalResult], None] | None = None,
-                 on_stats: Callable[[BatchStats], None] | None = None) -> list[EvalResult]:
-    """See the module docstring; the same contract as the local ``run_jobs``."""
+                 on_stats: Callable[[BatchStats], None] | None = None,
+                 follow: Callable[[int, EvalResult], list[Job]] | None = None) -> list[EvalResult]:
+    """See the module docstring; the same contract as the local ``run_jobs`` (``follow``'s jobs:
+    :func:`in_rounds`)."""
+    if follow is not None:
+        return in_rounds(lambda batch, each, stats: run_jobs_ray(batch, config, plan=plan, on_result=each,
+                                                                  on_stats=stats),
+                         jobs, on_result, on_stats, follow)
     return _RayBatch(pool(plan.ray_address, plan.device), jobs, config, on_result).run(on_stats)
+
+
+def in_rounds(run: Callable[[list[Job], Callable[[int, EvalResult], None], Callable[[BatchStats], None]],
+                            list[EvalResult]],
+              jobs: list[Job], on_result: Callable[[int, EvalResult], None] | None,
+              on_stats: Callable[[BatchStats], None] | None,
+              follow: Callable[[int, EvalResult], list[Job]]) -> list[EvalResult]:
+    """``follow`` for a backend whose batches take a fixed list: ``run(jobs, on_result, on_stats)``
+    once for ``jobs``, then once for the jobs their verdicts returned, and so on; indices and
+    results as one batch's, ``on_stats`` once with the rounds' stats merged."""
+    results: list[EvalResult] = []
+    stats: list[BatchStats] = []
+    todo = list(jobs)
+    while todo:
+        base, more = len(results), []
+
+        def each(i: int, res: EvalResult, base: int = base, more: list[Job] = more) -> None:
+            if on_result is not None:
+                on_result(base + i, res)
+            more.extend(follow(base + i, res))
+
+        results.extend(run(todo, each, stats.append))
+        todo = more
+    merged = total(stats)
+    if on_stats is not None and merged is not None:
+        on_stats(merged)
+    return results
 
 
 class _RayBatch:
