@@ -242,6 +242,21 @@ def test_task_seconds_size_a_job_by_its_own_kind(monkeypatch):
     assert seconds.get(timed.tasks["short"].hash) == 2.0 and seconds.get(timed.tasks["fresh"].hash) == 9.0
 
 
+def test_task_seconds_seeded_from_an_earlier_process_size_a_jobs_first_kind_by_its_task(monkeypatch):
+    """A seeded time counts as one judged here; a job of a kind its task never ran is sized by the
+    longest of that kind anywhere, but never below its own task's longest job."""
+    timed = _Timed(monkeypatch, long_s=0.0)
+    seconds = batch.TaskSeconds()
+    big, small = timed.tasks["long"], timed.tasks["short"]
+    seconds.seed(small.hash, "compile-max-autotune", 20.0)
+    seconds.seed(big.hash, "candidate", 100.0)
+    big_mode, small_cand = Job(big, None, "compile-max-autotune"), timed.jobs(("short", "c"))[0]
+    assert seconds.expected(big_mode) == float("inf") and seconds.stand_in(big_mode) == 100.0
+    assert seconds.expected(Job(small, None, "compile-max-autotune")) == 20.0
+    assert seconds.stand_in(small_cand) == 100.0  # no candidate of it yet: the longest candidate anywhere
+    assert seconds.get(big.hash) == 100.0 > seconds.get(small.hash) == 20.0  # the big task starts first
+
+
 def test_out_of_time_drains_only_under_a_drain_or_a_deadline():
     from cudal1.harness.parent import drain
 

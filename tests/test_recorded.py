@@ -160,3 +160,24 @@ def test_a_given_store_stays_open_and_runs_are_recorded_with_their_status(tmp_pa
         with judge.run("optimize", {"n": 3}, record=False):
             pass
         assert [store.get_run(i)["status"] for i in (1, 2)] == ["done", "interrupted"] and store.get_run(3) is None
+
+
+def test_a_resumed_judge_sizes_its_jobs_by_the_stores_recorded_wall_times(tmp_path, monkeypatch):
+    """Before judging, the store's verdicts under this config seed the batches' job sizes, once."""
+    from cudal1.harness.parent import batch
+    from cudal1.store import RunStore
+    from cudal1.types import Candidate
+
+    seconds = batch.TaskSeconds()
+    monkeypatch.setattr(batch, "TASK_SECONDS", seconds)
+    config = EvalConfig(device="cpu")
+    task = Task(name="t", source="class Model: pass\n")
+    cand = Candidate("class ModelNew: pass\n", task_hash=task.hash)
+    with RunStore(tmp_path / "run.sqlite") as store:
+        earlier = _verdict(task, cand, config)
+        earlier.wall_s = 42.0
+        store.record_evaluation(earlier)
+        judge = RecordedJudge(config, store)
+        assert judge.prime_job_seconds() == 1 and judge.prime_job_seconds() == 0  # once per judge
+        assert seconds.get(task.hash) == 42.0
+        assert RecordedJudge(config.replace(correctness_trials=9), store).prime_job_seconds() == 0  # another judge

@@ -150,6 +150,20 @@ def test_verdict_spans_are_each_verdicts_wall_before_its_recording_under_one_con
     assert store.verdict_spans("none") == []
 
 
+def test_job_seconds_are_each_verdicts_and_baselines_wall_under_one_config(store):
+    store.record_evaluation(make_result(cand="c1"))  # wall_s 3.25
+    store.record_evaluation(make_result(cand="c2", config="other"))  # another judge: not its jobs
+    unmeasured = make_result(cand="c3")
+    unmeasured.wall_s = 0.0
+    store.record_evaluation(unmeasured)  # no wall time: left out
+    env = Environment(device="cuda", gpu_name="H200", torch="2.5", cuda="12.4")
+    baseline = make_result(cand="baseline:cudagraph", env=env, speedup=None)
+    baseline.wall_s = 2.0
+    store.record_baseline("t1", "cudagraph", env.key(), "cfg", baseline)
+    assert sorted(store.job_seconds("cfg")) == [("t1", "candidate", 3.25), ("t1", "cudagraph", 2.0)]
+    assert store.job_seconds("none") == []
+
+
 def test_best_and_counts(store):
     store.record_evaluation(make_result(cand="a", speedup=1.2))
     store.record_evaluation(make_result(cand="b", speedup=3.0))

@@ -339,6 +339,19 @@ class RunStore:
                     spans.append((float(at) - wall, float(at)))
         return sorted(spans)
 
+    def job_seconds(self, config_hash: str) -> list[tuple[str, str, float]]:
+        """``(task hash, kind, wall_s)`` of every verdict and baseline recorded under
+        ``config_hash``: kind ``candidate`` for a verdict, the mode for a baseline (one without
+        ``wall_s`` is left out).  What an earlier process's jobs took, to size this one's."""
+        rows = []
+        for table, kind in (("evaluations", "'candidate'"), ("baselines", "mode")):
+            sql = f"SELECT task_hash, {kind}, result_json FROM {table} WHERE config_hash = ?"
+            for task_hash, job_kind, result_json in self._query(sql, (config_hash,)):
+                wall = json.loads(result_json).get("wall_s")
+                if isinstance(wall, (int, float)) and wall > 0:
+                    rows.append((task_hash, job_kind, float(wall)))
+        return rows
+
     def best(self, task_hash: str) -> EvalResult | None:
         """The ``ok`` verdict with the highest speedup for ``task_hash`` (earliest on ties)."""
         rows = self._query(

@@ -102,9 +102,10 @@ CPU_STEPS = (
 )
 # Where a choice is made by timing at run time: a Triton autotuner timing one of its configs, and
 # Inductor's compiled kernels choosing among theirs at their first launch (several configs, coordinate
-# descent, a combo kernel's).  With ``alone``, bracketed by ``alone(True)`` and ``alone(False)`` on the
-# main thread outside a span (the reference worker holds the lease exclusive meanwhile, so the choice
-# is made with nothing else of the judge on the GPU); inside a compile the compile's own brackets apply.
+# descent, a combo kernel's: that one is newer than torch 2.11, wrapped where present).  With
+# ``alone``, bracketed by ``alone(True)`` and ``alone(False)`` on the main thread outside a span (the
+# reference worker holds the lease exclusive meanwhile, so the choice is made with nothing else of the
+# judge on the GPU); inside a compile the compile's own brackets apply.
 AUTOTUNE_STEPS = (
     ("triton.runtime.autotuner", "Autotuner._bench"),
     ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.benchmark_all_configs"),

@@ -285,9 +285,14 @@ class TaskSeconds:
         return job.baseline_mode or "candidate"
 
     def note(self, job: Job, seconds: float) -> None:
-        kind = self.kind(job)
+        self.seed(job.task.hash, self.kind(job), seconds)
+
+    def seed(self, task_hash: str, kind: str, seconds: float) -> None:
+        """Count a job of ``kind`` (``candidate``, or a baseline mode) of the task as if judged
+        here in ``seconds``: an earlier process's recorded time (a run store's ``wall_s``), so a
+        resumed run orders and sizes its jobs by what it already knows."""
         with self._lock:
-            for key in (job.task.hash, (job.task.hash, kind), (None, kind)):
+            for key in (task_hash, (task_hash, kind), (None, kind)):
                 self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
             self._longest = max(seconds, self._longest or 0.0)
 
@@ -303,9 +308,13 @@ class TaskSeconds:
 
     def stand_in(self, job: Job) -> float:
         """For a job with no :meth:`expected` time: the longest job of its kind of any task so
-        far, else the longest job of any kind (infinite when none was judged)."""
+        far, else the longest job of any kind, and at least its task's longest job (a level-3
+        model's first max-autotune compile is not sized by a small task's); infinite when none
+        was judged."""
         with self._lock:
-            return self._seconds.get((None, self.kind(job)), math.inf if self._longest is None else self._longest)
+            kind = self._seconds.get((None, self.kind(job)), math.inf if self._longest is None else self._longest)
+            own = self._seconds.get(job.task.hash, 0.0)
+            return max(kind, own)
 
 
 TASK_SECONDS = TaskSeconds()
