@@ -140,7 +140,7 @@ def finish(out: Path, rj: Any, chunk: list, modes: list[str], config_hash: str, 
         return 0
     print(f"baselines{' and re-timing' if retime else ''} of {len(chunk)} task(s) in one batch: {len(jobs)} job(s) "
           "to start with, the rest as their verdicts come in", flush=True)
-    rj.prime_job_seconds()
+    rj.prime_batches()
     done = run_jobs(jobs, rj.config, plan=rj.device_plan(),
                     on_result=(lambda i, res: on_result(res)) if on_result else None,
                     on_stats=on_stats, follow=work.follow)

@@ -162,22 +162,25 @@ def test_a_given_store_stays_open_and_runs_are_recorded_with_their_status(tmp_pa
         assert [store.get_run(i)["status"] for i in (1, 2)] == ["done", "interrupted"] and store.get_run(3) is None
 
 
-def test_a_resumed_judge_sizes_its_jobs_by_the_stores_recorded_wall_times(tmp_path, monkeypatch):
-    """Before judging, the store's verdicts under this config seed the batches' job sizes, once."""
+def test_a_resumed_judge_schedules_by_the_stores_recorded_footprints(tmp_path, monkeypatch):
+    """Before judging, the store's verdicts under this config seed the batches' hints, once: job
+    seconds, a task's GPU memory, and that it ran out of memory beside others."""
     from cudal1.harness.parent import batch
     from cudal1.store import RunStore
     from cudal1.types import Candidate
 
-    seconds = batch.TaskSeconds()
+    seconds, memory = batch.TaskSeconds(), batch.TaskMemory()
     monkeypatch.setattr(batch, "TASK_SECONDS", seconds)
+    monkeypatch.setattr(batch, "TASK_MEMORY", memory)
     config = EvalConfig(device="cpu")
     task = Task(name="t", source="class Model: pass\n")
     cand = Candidate("class ModelNew: pass\n", task_hash=task.hash)
     with RunStore(tmp_path / "run.sqlite") as store:
         earlier = _verdict(task, cand, config)
-        earlier.wall_s = 42.0
+        earlier.wall_s, earlier.figures, earlier.flags = 42.0, {"gpu_memory_mib": 50000}, ["rejudged_alone"]
         store.record_evaluation(earlier)
         judge = RecordedJudge(config, store)
-        assert judge.prime_job_seconds() == 1 and judge.prime_job_seconds() == 0  # once per judge
+        assert judge.prime_batches() == 1 and judge.prime_batches() == 0  # once per judge
         assert seconds.get(task.hash) == 42.0
-        assert RecordedJudge(config.replace(correctness_trials=9), store).prime_job_seconds() == 0  # another judge
+        assert memory.bound(task.hash) and memory.need(task.hash) >= 50000
+        assert RecordedJudge(config.replace(correctness_trials=9), store).prime_batches() == 0  # another judge

@@ -150,18 +150,21 @@ def test_verdict_spans_are_each_verdicts_wall_before_its_recording_under_one_con
     assert store.verdict_spans("none") == []
 
 
-def test_job_seconds_are_each_verdicts_and_baselines_wall_under_one_config(store):
-    store.record_evaluation(make_result(cand="c1"))  # wall_s 3.25
+def test_recorded_jobs_are_each_verdicts_and_baselines_footprint_under_one_config(store):
+    from cudal1.store import RecordedJob
+
+    store.record_evaluation(make_result(cand="c1"))  # wall_s 3.25, no memory figure
     store.record_evaluation(make_result(cand="c2", config="other"))  # another judge: not its jobs
     unmeasured = make_result(cand="c3")
     unmeasured.wall_s = 0.0
-    store.record_evaluation(unmeasured)  # no wall time: left out
+    store.record_evaluation(unmeasured)  # neither wall time nor memory: left out
     env = Environment(device="cuda", gpu_name="H200", torch="2.5", cuda="12.4")
     baseline = make_result(cand="baseline:cudagraph", env=env, speedup=None)
-    baseline.wall_s = 2.0
+    baseline.wall_s, baseline.figures, baseline.flags = 2.0, {"gpu_memory_mib": 70000}, ["rejudged_alone"]
     store.record_baseline("t1", "cudagraph", env.key(), "cfg", baseline)
-    assert sorted(store.job_seconds("cfg")) == [("t1", "candidate", 3.25), ("t1", "cudagraph", 2.0)]
-    assert store.job_seconds("none") == []
+    assert sorted(store.recorded_jobs("cfg"), key=lambda j: j.kind) == [
+        RecordedJob("t1", "candidate", 3.25, 0, False), RecordedJob("t1", "cudagraph", 2.0, 70000, True)]
+    assert store.recorded_jobs("none") == []
 
 
 def test_best_and_counts(store):

@@ -24,7 +24,7 @@ rounds, GRPO, evaluate).  It is the only writer of candidates and verdicts to a 
   (the candidate judged once more with profiling on; only its profile is kept, the recorded
   verdict stands), so a run can profile a few programs without profiling every candidate.
 * Before it judges, a store's recorded wall times (every verdict and baseline under this config)
-  seed the batches' job sizes (:meth:`~RecordedJudge.prime_job_seconds`): a resumed run starts its
+  seed the batches' job sizes (:meth:`~RecordedJudge.prime_batches`): a resumed run starts its
   longest tasks first and a drain's deadline sizes a job by what earlier calls measured.
 * :meth:`~RecordedJudge.adopt` records a verdict judged elsewhere under the same judge config
   (another run's store) as this run's, so it is not judged again.
@@ -106,7 +106,7 @@ class RecordedJudge:
         self._owned_store = False  # the store was opened here (open_store) and is closed here
         self.batch_stats: list[Any] = []  # BatchStats of every batch this object judged (candidates and baselines)
         self._env_key: str | None = None  # environment_key(), once computed
-        self._primed = False  # prime_job_seconds() ran
+        self._primed = False  # prime_batches() ran
 
     @property
     def hardware(self) -> str:
@@ -123,18 +123,25 @@ class RecordedJudge:
             self.plan = DevicePlan.detect(self.config.device)
         return self.plan
 
-    def prime_job_seconds(self) -> int:
-        """Once per object: seed the batches' job sizes (``batch.TASK_SECONDS``) with the wall
-        time of every verdict and baseline the store holds under this config; returns how many."""
+    def prime_batches(self) -> int:
+        """Once per object: what the store's verdicts and baselines under this config took seeds
+        the batches' scheduling hints: each job's wall seconds (``batch.TASK_SECONDS``: longest
+        tasks first, a drain's deadline sizes jobs by them) and each task's GPU memory and whether
+        it was judged again alone (``batch.TASK_MEMORY``: its jobs enter with their share, or
+        alone, instead of running out of memory beside others first).  Returns how many."""
         if self._primed or self.store is None:
             return 0
-        from cudal1.harness.parent.batch import TASK_SECONDS
+        from cudal1.harness.parent.batch import TASK_MEMORY, TASK_SECONDS
 
         self._primed = True
-        rows = self.store.job_seconds(self.config_hash)
-        for task_hash, kind, seconds in rows:
-            TASK_SECONDS.seed(task_hash, kind, seconds)
-        return len(rows)
+        jobs = self.store.recorded_jobs(self.config_hash)
+        for job in jobs:
+            if job.wall_s:
+                TASK_SECONDS.seed(job.task_hash, job.kind, job.wall_s)
+            TASK_MEMORY.note(job.task_hash, job.gpu_memory_mib)
+            if job.rejudged_alone:
+                TASK_MEMORY.ran_out(job.task_hash)
+        return len(jobs)
 
     # ---- the run store ------------------------------------------------------------------
     def open_store(self, path: str | Path) -> RunStore:
@@ -265,7 +272,7 @@ class RecordedJudge:
                 self._emit(JudgeEvent("recorded", pairs[copy][0].task_id, res))
 
         if todo:
-            self.prime_job_seconds()
+            self.prime_batches()
             fresh = run_jobs([Job(*pairs[i]) for i in todo], self.config, plan=self.plan, on_result=record,
                              on_stats=self._stats_to(on_stats))
             for i, res in zip(todo, fresh):
@@ -426,7 +433,7 @@ class RecordedJudge:
                 on_result(res)
 
         if todo:
-            self.prime_job_seconds()
+            self.prime_batches()
         timed = (
             time_baselines(todo, self.config, plan=self.device_plan(), on_result=record,
                            on_stats=self._stats_to(on_stats))

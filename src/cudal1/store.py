@@ -80,6 +80,20 @@ def _speedup_column(speedup: float | None) -> float | None:
     return None if math.isnan(value) else value
 
 
+@dataclasses.dataclass(frozen=True)
+class RecordedJob:
+    """One recorded verdict's footprint (:meth:`RunStore.recorded_jobs`): its task, its kind
+    (``candidate``, or a baseline's mode), its wall seconds and GPU memory (MiB, its two processes;
+    0: not measured), and whether it was judged again alone (out of memory beside other workers,
+    or contended)."""
+
+    task_hash: str
+    kind: str
+    wall_s: float
+    gpu_memory_mib: int
+    rejudged_alone: bool
+
+
 class RunStore:
     """The SQLite run store at ``path`` (see the module docstring for the contract)."""
 
@@ -339,17 +353,22 @@ class RunStore:
                     spans.append((float(at) - wall, float(at)))
         return sorted(spans)
 
-    def job_seconds(self, config_hash: str) -> list[tuple[str, str, float]]:
-        """``(task hash, kind, wall_s)`` of every verdict and baseline recorded under
-        ``config_hash``: kind ``candidate`` for a verdict, the mode for a baseline (one without
-        ``wall_s`` is left out).  What an earlier process's jobs took, to size this one's."""
+    def recorded_jobs(self, config_hash: str) -> list[RecordedJob]:
+        """What each verdict and baseline recorded under ``config_hash`` took (:class:`RecordedJob`;
+        one with neither a wall time nor a memory figure is left out): an earlier process's jobs,
+        to size and place this one's."""
         rows = []
         for table, kind in (("evaluations", "'candidate'"), ("baselines", "mode")):
             sql = f"SELECT task_hash, {kind}, result_json FROM {table} WHERE config_hash = ?"
             for task_hash, job_kind, result_json in self._query(sql, (config_hash,)):
-                wall = json.loads(result_json).get("wall_s")
-                if isinstance(wall, (int, float)) and wall > 0:
-                    rows.append((task_hash, job_kind, float(wall)))
+                data = json.loads(result_json)
+                wall, mib = data.get("wall_s"), (data.get("figures") or {}).get("gpu_memory_mib")
+                job = RecordedJob(task_hash, job_kind,
+                                  float(wall) if isinstance(wall, (int, float)) and wall > 0 else 0.0,
+                                  int(mib) if isinstance(mib, (int, float)) and mib > 0 else 0,
+                                  "rejudged_alone" in (data.get("flags") or []))
+                if job.wall_s or job.gpu_memory_mib or job.rejudged_alone:
+                    rows.append(job)
         return rows
 
     def best(self, task_hash: str) -> EvalResult | None:
