@@ -75,7 +75,7 @@ def test_the_rounds_still_pair_and_number_at_least_six():
 def test_a_verdict_whose_calls_outrun_its_budget_times_fewer_of_them(cpu_judge_config, tmp_path):
     """Every timed output re-checked (``recheck_fraction`` 1.0: each call's wall holds a reference
     call and a comparison besides the two calls the plan counts): the count planned from the
-    calls' time (the most, 40) is cut after the first round, the verdict says so
+    calls' time (at most 40) is cut after the first round, the verdict says so
     (``figures["cost"]["planned_trials"]``), and it still has its interval and re-checks every call."""
     from cudal1.harness import evaluate
     from cudal1.tasks import load_task_file
@@ -89,6 +89,7 @@ def test_a_verdict_whose_calls_outrun_its_budget_times_fewer_of_them(cpu_judge_c
                            recheck_fraction=1.0)
     (r,) = evaluate(task, [Candidate(code, task_hash=task.hash, label="broadcast")], cfg)
     assert r.status is Status.OK, r.message
-    assert r.figures["cost"]["planned_trials"] == 40
-    assert 8 <= r.reference.trials == r.candidate.trials < 40
+    planned = r.figures["cost"]["planned_trials"]  # the most, 40, unless a busy host's calls took longer
+    assert 8 < planned <= 40
+    assert 8 <= r.reference.trials == r.candidate.trials < planned
     assert r.speedup_ci is not None and r.correctness.rechecked == r.candidate.trials
