@@ -23,9 +23,11 @@ rounds, GRPO, evaluate).  It is the only writer of candidates and verdicts to a 
 * :meth:`~RecordedJudge.profile_recorded` adds measured profiles to verdicts already recorded
   (the candidate judged once more with profiling on; only its profile is kept, the recorded
   verdict stands), so a run can profile a few programs without profiling every candidate.
-* Before it judges, a store's recorded wall times (every verdict and baseline under this config)
-  seed the batches' job sizes (:meth:`~RecordedJudge.prime_batches`): a resumed run starts its
-  longest tasks first and a drain's deadline sizes a job by what earlier calls measured.
+* Before it judges, what the store's verdicts and baselines under this config took (wall time,
+  GPU memory, a job judged again alone) seeds the batches' scheduling hints
+  (:meth:`~RecordedJudge.prime_batches`): a resumed run, even on a fresh machine, starts its
+  longest tasks first, sizes a job for a drain's deadline by what earlier calls measured, and
+  places a memory-bound task's jobs by their share instead of finding it out by an OOM.
 * :meth:`~RecordedJudge.adopt` records a verdict judged elsewhere under the same judge config
   (another run's store) as this run's, so it is not judged again.
 * The exemplar pool (:meth:`~RecordedJudge.pool`) is what the contrastive prompts are built
