@@ -224,15 +224,18 @@ class Batches:
                       "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
                       "lanes_unused_share": stats.lanes_unused_share})
 
-    def cut(self, how: str = "cut") -> None:
+    def cut(self, how: str = "cut", stats: Any = None) -> None:
         """The call was stopped inside a batch (``how``: cut, or drained: its running verdicts
         finished first): the time since the last whole batch, as a batch of the current stage
-        marked ``cut`` (its verdicts are kept; its device idle share and lease waits are not known),
-        so the call's device seconds hold all the work it did."""
+        marked ``cut`` (its verdicts are kept), so the call's device seconds hold all the work it
+        did.  A drained batch's ``stats`` (:class:`drain.Drained`) give its device idle share, lease
+        waits and unused lanes over the jobs it ran; a cut one's are not known."""
         if self.since is not None:
+            known = {"gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
+                     "lanes_unused_share": stats.lanes_unused_share} if stats is not None else {
+                "gpu_idle_share": None, "lease_wait_s": None}
             self._append({"what": f"{self.stage} ({how})", "jobs": self.verdicts,
-                          "wall_s": time.monotonic() - self.since, "gpu_idle_share": None, "lease_wait_s": None,
-                          "cut": True})
+                          "wall_s": time.monotonic() - self.since, **known, "cut": True})
 
     def _append(self, batch: dict[str, Any]) -> None:
         workers = self.confirm_workers if batch["what"].startswith("confirm") else self.workers
@@ -496,7 +499,7 @@ def main() -> int:
         drained = isinstance(exc, drain.Drained)
         print(f"\n{'drained' if drained else 'cut short'}: every verdict so far is kept; run the same command "
               "again to resume", flush=True)
-        batches.cut("drained" if drained else "cut")
+        batches.cut("drained" if drained else "cut", getattr(exc, "stats", None))
         code = 130
     finally:
         snapshot_store(out)

@@ -160,6 +160,7 @@ def test_a_drain_lets_running_jobs_finish_and_starts_no_other(fake, tmp_path):
             run_jobs(jobs, config(tmp_path, 1).replace(workers_per_gpu=2), plan=DevicePlan("cpu", (None,), ""),
                      on_result=on_result)
         assert isinstance(raised.value, KeyboardInterrupt)  # stops whatever stops on Ctrl-C
+        assert raised.value.stats is not None and raised.value.stats.wall_s > 0  # the stats of what it ran
         started = sorted(label for e, label, _ in fake.log if e == "judge_start")
         assert started == [f"p{i}" for i in sorted(got)]  # every job started was judged and handed over
         assert sorted(got) == list(range(len(got))) and len(got) <= 3  # the lanes' jobs when it came, no more

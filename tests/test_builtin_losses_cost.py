@@ -292,8 +292,11 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
                                                    lanes_unused_share=0.0))
     assert batches.run["batches"][-1]["workers_per_gpu"] == 1  # the re-timing's own count
     now[0] = 270.0
-    batches.cut("drained")  # --drain-after: its running verdicts finished before the call ended
-    assert batches.run["batches"][-1]["what"] == "confirm (drained)" and batches.run["batches"][-1]["cut"]
+    batches.cut("drained", SimpleNamespace(gpu_idle_share=0.3, lease_wait_s=1.0, lanes_unused_share=0.4))
+    drained = batches.run["batches"][-1]  # --drain-after: its running verdicts finished before the call ended
+    assert drained["what"] == "confirm (drained)" and drained["cut"]
+    assert (drained["gpu_idle_share"], drained["lanes_unused_share"]) == (0.3, 0.4)  # the drained batch's stats
+    assert cut["gpu_idle_share"] is None and "lanes_unused_share" not in cut  # a cut one's are not known
     assert cost.call_costs(batches.run, {})[0]["device_s"]["confirm"] == 5.0 + 20.0
     assert (tmp_path / "run.json").exists()
     assert all("first_call_lease" not in b for b in batches.run["batches"])  # compiling held: not recorded

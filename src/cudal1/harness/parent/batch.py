@@ -380,7 +380,11 @@ class _LocalBatch:
         if self.failures:
             raise self.failures[0]
         missing = [i for i, r in enumerate(self.results) if r is None]
-        drain.check(len(missing))
+        try:
+            drain.check(len(missing))
+        except drain.Drained as exc:  # every started job has its verdict: the stats of what ran hold
+            exc.stats = self.rec.finish()
+            raise
         if missing:
             raise HarnessError(f"internal error: no result for job(s) {missing}")
         self._record_builds()

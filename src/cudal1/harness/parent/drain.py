@@ -32,7 +32,10 @@ FIT_FACTOR, FIT_SLACK_S = 1.5, 5.0  # a job fits when FIT_FACTOR x its expected 
 
 
 class Drained(KeyboardInterrupt):
-    """A drained batch stopped with jobs it never started (every started one has its verdict)."""
+    """A drained batch stopped with jobs it never started (every started one has its verdict).
+    ``stats``: the batch's ``BatchStats`` over the jobs it ran (local backend; else None)."""
+
+    stats = None
 
 
 def request() -> None:
