@@ -231,9 +231,10 @@ class Batches:
         did.  A drained batch's ``stats`` (:class:`drain.Drained`) give its device idle share, lease
         waits and unused lanes over the jobs it ran; a cut one's are not known."""
         if self.since is not None:
-            known = {"gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
-                     "lanes_unused_share": stats.lanes_unused_share} if stats is not None else {
-                "gpu_idle_share": None, "lease_wait_s": None}
+            known: dict[str, Any] = {"gpu_idle_share": None, "lease_wait_s": None}
+            if stats is not None:
+                known = {"gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
+                         "lanes_unused_share": stats.lanes_unused_share}
             self._append({"what": f"{self.stage} ({how})", "jobs": self.verdicts,
                           "wall_s": time.monotonic() - self.since, **known, "cut": True})
 
