@@ -340,17 +340,23 @@ class RunStore:
         rows = self._query(sql + " ORDER BY id", tuple(params))
         return [_load_result(r[0]) for r in rows]
 
+    def _recorded_under(self, config_hash: str) -> Iterator[tuple[str, str, dict[str, Any], float]]:
+        """``(task hash, kind, result as a dict, recording time)`` of every verdict (kind
+        ``candidate``) and baseline (kind: its mode) recorded under ``config_hash``."""
+        for table, kind in (("evaluations", "'candidate'"), ("baselines", "mode")):
+            sql = f"SELECT task_hash, {kind}, result_json, created_at FROM {table} WHERE config_hash = ?"
+            for task_hash, job_kind, result_json, at in self._query(sql, (config_hash,)):
+                yield task_hash, job_kind, json.loads(result_json), float(at)
+
     def verdict_spans(self, config_hash: str) -> list[tuple[float, float]]:
         """``(start, end)`` on the wall clock of every verdict and baseline recorded under
         ``config_hash``: its recording time, and its ``wall_s`` before it (a verdict recorded
         again, as a reviewer's flag is, carries the later time; one without ``wall_s`` is left out)."""
         spans = []
-        for table in ("evaluations", "baselines"):
-            for result_json, at in self._query(f"SELECT result_json, created_at FROM {table} WHERE config_hash = ?",
-                                               (config_hash,)):
-                wall = json.loads(result_json).get("wall_s")
-                if isinstance(wall, (int, float)) and wall >= 0:
-                    spans.append((float(at) - wall, float(at)))
+        for _, _, data, at in self._recorded_under(config_hash):
+            wall = data.get("wall_s")
+            if isinstance(wall, (int, float)) and wall >= 0:
+                spans.append((at - wall, at))
         return sorted(spans)
 
     def recorded_jobs(self, config_hash: str) -> list[RecordedJob]:
@@ -358,17 +364,14 @@ class RunStore:
         one with neither a wall time nor a memory figure is left out): an earlier process's jobs,
         to size and place this one's."""
         rows = []
-        for table, kind in (("evaluations", "'candidate'"), ("baselines", "mode")):
-            sql = f"SELECT task_hash, {kind}, result_json FROM {table} WHERE config_hash = ?"
-            for task_hash, job_kind, result_json in self._query(sql, (config_hash,)):
-                data = json.loads(result_json)
-                wall, mib = data.get("wall_s"), (data.get("figures") or {}).get("gpu_memory_mib")
-                job = RecordedJob(task_hash, job_kind,
-                                  float(wall) if isinstance(wall, (int, float)) and wall > 0 else 0.0,
-                                  int(mib) if isinstance(mib, (int, float)) and mib > 0 else 0,
-                                  "rejudged_alone" in (data.get("flags") or []))
-                if job.wall_s or job.gpu_memory_mib or job.rejudged_alone:
-                    rows.append(job)
+        for task_hash, kind, data, _ in self._recorded_under(config_hash):
+            wall, mib = data.get("wall_s"), (data.get("figures") or {}).get("gpu_memory_mib")
+            job = RecordedJob(task_hash, kind,
+                              float(wall) if isinstance(wall, (int, float)) and wall > 0 else 0.0,
+                              int(mib) if isinstance(mib, (int, float)) and mib > 0 else 0,
+                              "rejudged_alone" in (data.get("flags") or []))
+            if job.wall_s or job.gpu_memory_mib or job.rejudged_alone:
+                rows.append(job)
         return rows
 
     def best(self, task_hash: str) -> EvalResult | None:
