@@ -180,6 +180,40 @@ def test_the_host_bound_is_looser():
     assert "mismatch" in window_check({"ref": ref, "cand": _rows(30, 20.0, 1.0, 0.5, 1, 0.5)}, "cpu_monotonic")
 
 
+@pytest.mark.parametrize("share", [0.05, 0.45])
+def test_a_contended_host_turns_a_window_excess_into_an_untrusted_verdict(share):
+    """On the CPU clock the check subtracts the judge's run-queue waits; on a contended host they
+    swing too far for an excess to be evidence (an A/A pair beside two spinning processes read
+    slacks 50 ms apart): the verdict is ``contended`` (not trusted) instead of ``rejected``.  On a
+    quiet host the same excess is rejected, and a report longer than its window is rejected on a
+    contended host too."""
+    from cudal1.config import EvalConfig
+    from cudal1.harness.parent.assemble import _timings
+    from cudal1.harness.spec import TimingStage
+    from cudal1.speedup import faster
+    from cudal1.types import EvalResult, Status
+
+    def judged(cand):
+        load = {"wait_share": {"ref": [share] * 6, "cand": [share] * 6}, "cpus": 2, "runnable": [3] * 6}
+        stage = TimingStage(clock="cpu_monotonic", ref=_rows(30, 20.0, 1.0, 0.5), cand=cand,
+                            blocks=[["ref", 30, 600.0], ["cand", 30, 600.0]], load=load)
+        r = EvalResult(Status.OK)
+        _timings(stage, EvalConfig(), r)
+        return r
+
+    r = judged(_rows(30, 20.0, 1.0, 0.5, 1, 0.5))  # 10 ms of each 20 ms call left out of its report
+    if share < 0.25:
+        assert r.status is Status.REJECTED and "timing_mismatch" in r.flags and "leaves out" in r.message
+    else:
+        assert r.status is Status.OK and "contended" in r.flags and "timing_mismatch" not in r.flags
+        assert "nor could the clean window check its reports (the clean side's window holds" in r.message
+        assert not faster(r)
+    longer = _rows(30, 20.0, 1.0, 0.5, 1)
+    longer[0][0] = longer[0][5] + 1.0  # a call reported longer than the window it ran in
+    r = judged(longer)
+    assert r.status is Status.REJECTED and "inside a clean window" in r.message
+
+
 def test_a_channels_last_output_travels_in_storage_order(tmp_path):
     """A dense output in another layout is snapshotted as its storage lies (a plain copy, the
     same work as a contiguous output's) and read back by the clean side with its strides; an

@@ -175,6 +175,21 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
     if t is None or not t.ref or not t.cand:
         return
     f = figures(t)
+    clock = t.clock or "cuda_event"
+    figure = config.timing_figure if clock == "cuda_event" else "gpu"
+    host = host_contention(t.load or {})
+    # the host's share matters to a figure the host is part of: the CPU's, the host figure, or
+    # a launch-bound call's (its GPU time follows the host's issue)
+    host_bound = clock != "cuda_event" or figure == "host" or bool(f.launch_bound)
+    # The clean window's check subtracts the judge's run-queue waits from each side's slack; on a
+    # contended host those waits swing by tens of milliseconds a call (an A/A pair on 2 busy cores
+    # read slacks 50 ms apart), so an excess there is not evidence: the verdict is contended (not
+    # trusted, judged again by a batch) instead of rejected.  A report that cannot fit the window
+    # at all (``_fit``) is rejected whatever the host did.
+    unchecked = ""
+    if (host.get("contended") and host_bound and f.window.get("mismatch")
+            and f.timing_mismatch == f.window["mismatch"]):
+        unchecked, f.timing_mismatch = f.timing_mismatch, ""
     for flag, why in (("side_stream", f.side_stream), ("timing_mismatch", f.timing_mismatch),
                       ("below_physical_limit", f.below_physics)):
         if not why:
@@ -188,8 +203,6 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
         r.flags.append("launch_bound")
         note = f"launch-bound: the host's issue time exceeds the GPU time ({f.launch_bound})"
         r.message = f"{r.message}\n{note}".strip()
-    clock = t.clock or "cuda_event"
-    figure = config.timing_figure if clock == "cuda_event" else "gpu"
     r.timing_figure = figure
     r.reference = Timing.from_samples(f.samples(figure, "ref"), clock, keep=config.keep_samples)
     r.candidate = Timing.from_samples(f.samples(figure, "cand"), clock, keep=config.keep_samples)
@@ -228,12 +241,8 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
     if t.cost_ms:  # where the clean worker's timing phase spent its wall time (information only)
         r.figures["cost"] = (dict(t.cost_ms) | ({"short_waits": t.short_waits} if t.short_waits else {})
                              | ({"planned_trials": t.planned_trials} if t.planned_trials else {}))
-    host = host_contention(t.load or {})
     if host:
         r.figures["contention"] = {"host": host}
-        # the host's share matters to a figure the host is part of: the CPU's, the host figure, or
-        # a launch-bound call's (its GPU time follows the host's issue)
-        host_bound = clock != "cuda_event" or figure == "host" or "launch_bound" in r.flags
         if host["contended"] and host_bound and r.status is Status.OK:
             r.flags.append("contended")
             share = host["wait_share"]
@@ -243,3 +252,5 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
                 f"{share['candidate']:.0%}; {host.get('runnable', 0):.3g} tasks runnable on {host['cpus']} CPUs): "
                 "the timing is not trusted"
             ).strip()
+            if unchecked:
+                r.message += f"; nor could the clean window check its reports ({unchecked})"
