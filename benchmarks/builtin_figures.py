@@ -11,7 +11,8 @@ list.  Only verdicts under the run's judge configuration count.  Definitions:
   baseline's speedup, 1.0 when it failed (without a baseline, the policy's own candidate of that
   mode alone, when it was judged).  **best compile mode**: the highest of the torch.compile
   modes (CUDA-graph replay is reported on its own).
-- Aggregates over tasks that finished (reference judged, nothing sampled but unjudged, at least
+- Aggregates over tasks that finished (reference judged, unless the search ran without the anchor:
+  ``--no-anchor``; nothing sampled but unjudged, at least
   one policy round, the baselines timed: each mode a verdict or a recorded skip) and are not
   degenerate: mean, median, geomean and fast_p (share of tasks whose
   value is above p, point values) for p = 1, 1.5, 2; per level and overall.
@@ -93,6 +94,15 @@ def _confirmed(c: dict | None) -> float | None:
     return c["speedup"] if c["status"] == "ok" and c["speedup"] else 1.0
 
 
+def anchor_judged(out: Path) -> bool:
+    """Whether the run's search judges each task's reference as itself (``OUT/config.yaml``'s
+    ``search.anchor``; runs recorded before the field existed did)."""
+    from cudal1.config import saved_config
+
+    search = (saved_config(out) or {}).get("search") or {}
+    return bool(search.get("anchor", True))
+
+
 def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list[str]], modes: list[str]) -> list[dict]:
     """One row per task of the run (see the module docstring for what each field means)."""
     try:
@@ -102,6 +112,7 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
     records = {r.task.hash: r for r in data.tasks} if data else {}
     confirmed = json.loads((out / "confirm.json").read_text()) if (out / "confirm.json").exists() else {}
     skips, done = load_skips(out), load_done(out)
+    anchored = anchor_judged(out)
     compile_modes = [m for m in modes if m in COMPILE_MODES]
     rows = []
     for t in tasks:
@@ -129,7 +140,7 @@ def task_rows(out: Path, tasks: list, config_hash: str, rules_of: dict[str, list
         best_mode = max(judged_modes, key=lambda m: mode_value[m], default=None)
         rows.append({
             "task": t.task_id, "level": t.level, "rules": rules_of.get(t.task_id, []),
-            "judged": ref is not None, "degenerate": degenerate, "pending": pending,
+            "judged": ref is not None or not anchored, "degenerate": degenerate, "pending": pending,
             "baselines_pending": pending_modes,
             "rounds": max([c[3] or 0 for c in cands], default=0), "candidates": len(cands), "verified": len(ok),
             "best": best[1].speedup if best else None, "best_passes": "+".join(best[0]) if best else None,

@@ -29,6 +29,9 @@
 #                                                                   # whose jobs join as their verdicts come in;
 #                                                                   # not in the config hash)
 #   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
+#   STRIDE5_ANCHOR=off bash benchmarks/builtin_stride5.sh resume    # the search judges no reference as itself
+#                                                                   # (--no-anchor: one job per task fewer; in the
+#                                                                   # search's identity, so only for a new run)
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
 #                                                                   # (--rejudge; their old verdicts: rejudged.jsonl;
 #                                                                   # TASK:MODE: only that baseline, timed again)
@@ -61,6 +64,7 @@ ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5
       --chunk "${STRIDE5_CHUNK:-40}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}" --first-call-lease "${STRIDE5_FIRST_CALL:-choosers}"
       --finish "${STRIDE5_FINISH:-joined}")
+[ "${STRIDE5_ANCHOR:-on}" = off ] && ARGS+=(--no-anchor)
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in
   probe)

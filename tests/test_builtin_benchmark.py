@@ -113,6 +113,27 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     assert json.loads((out / "run.json").read_text())["batches"][-1]["what"] == "confirm"
 
 
+@pytest.mark.cpu
+def test_a_run_without_the_anchor_finishes_its_tasks_on_their_candidates_alone(tmp_path):
+    """``--no-anchor``: the search judges no reference as itself (one job per task fewer), and the
+    task still finishes and enters the figures."""
+    import sqlite3
+
+    from cudal1.tasks import load_task_file
+    from cudal1.types import reference_candidate
+
+    out = tmp_path / "kb"
+    done = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", "none",
+                "--workers-per-gpu", "1", "--preset", "fast", "--out", str(out), "--no-anchor"], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["finished"] == 1 and report["unfinished"] == []
+    assert report["rows"][0]["best_passes"] == "algebraic" and report["rows"][0]["judged"]
+    with sqlite3.connect(out / "cudal1.sqlite") as db:
+        judged = {h for (h,) in db.execute("select candidate_hash from evaluations")}
+    assert len(judged) == 1 and reference_candidate(load_task_file(SMALL_DIAG)).hash not in judged
+
+
 def test_another_judge_config_keeps_the_earlier_configurations_files_beside_the_new_ones(tmp_path, monkeypatch,
                                                                                        capsys):
     """Resumed with another timing budget, the judge's config hash changes, so the run judges

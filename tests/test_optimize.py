@@ -517,3 +517,38 @@ def test_a_blind_first_round_counts_the_anchors_against_the_evaluation_budget(tm
     summary = optimize([task], _BlindNoSampling(), SearchConfig(rounds=2, samples=1, max_evaluations=1), judge,
                        tmp_path / "out")
     assert judge.batches == [["anchor"]] and summary["stopped_by"] == "evaluation budget"
+
+
+def test_without_the_anchor_the_pool_ranks_against_one():
+    def prompt(*pool: PoolEntry) -> PoolPrompt:
+        return PoolPrompt("t", "h", "system", "user", "v1", pool=pool)
+
+    slow, fast, faster = PoolEntry("a", 0.8), PoolEntry("b", 1.2), PoolEntry("c", 1.5)
+    assert prompt(slow, fast, faster).above_reference() == [faster, fast]
+    assert prompt(slow).above_reference() == []
+    # with the anchor, its own measured speedup is the line, whatever its value
+    anchor = PoolEntry("ref", 1.3, reference=True)
+    assert prompt(slow, fast, anchor, faster).above_reference() == [faster]
+
+
+@pytest.mark.cpu
+def test_a_search_without_the_anchor_judges_no_reference(tmp_path):
+    """``SearchConfig.anchor`` off: no round 0, the reference counts as 1.00x unjudged, and a
+    policy ranking against it compares with 1.0."""
+    task = load_task_file(TASK)
+    policy = _Proposer()
+    judge = _CountingJudge(judge_config(tmp_path), hardware="CPU")
+    summary = optimize([task], policy, SearchConfig(rounds=2, samples=1, anchor=False), judge, tmp_path / "out")
+    assert judge.batches == [["candidate"], ["candidate"]]
+    first, second = policy.prompts
+    assert first.pool == ()
+    proposed_hash = lambda e: Candidate(e.code, task_hash=task.hash).hash  # noqa: E731
+    (proposed,) = second.pool  # the broadcast beats the matmul under any load (see the anchored test above)
+    assert not proposed.reference and proposed.speedup > 1.0 and second.above_reference() == [proposed]
+    with RunStore(tmp_path / "out" / "cudal1.sqlite") as store:
+        assert not store.has_evaluation(task.hash, reference_candidate(task).hash, judge.config_hash)
+        assert store.has_evaluation(task.hash, proposed_hash(proposed), judge.config_hash)
+    assert summary["tasks"][0]["judged"] == 1
+    assert "anchor: false" in (tmp_path / "out" / "config.yaml").read_text()
+    # an anchored search's identity is unchanged by the field; one without it differs
+    assert "anchor" not in SearchConfig().identity() and SearchConfig(anchor=False).identity()["anchor"] is False

@@ -102,6 +102,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--no-feedback", dest="feedback", action="store_const", const=False, default=None,
                    help="do not show failed candidates' errors")
+    s.add_argument("--no-anchor", dest="anchor", action="store_const", const=False, default=None,
+                   help="do not judge the reference itself (round 0): it counts as 1.00x without a verdict, one job "
+                        "per task fewer, and the prompts show no 1.00x exemplar (for policies that do not read it, "
+                        "like builtin)")
     s.add_argument("--budget-minutes", type=float, default=None, help=_help("budget_minutes", "wall-clock budget"))
     s.add_argument(
         "--max-evaluations", type=int, default=None, help=_help("max_evaluations", "budget of judged candidates")
@@ -145,7 +149,7 @@ def search_config(args: argparse.Namespace):
     return base.replace(rounds=args.rounds, samples=args.samples, exemplars=args.exemplars, strategy=args.strategy,
                         tau=args.tau, feedback=args.feedback, budget_minutes=args.budget_minutes,
                         max_evaluations=args.max_evaluations, seed=args.search_seed,
-                        profile=True if getattr(args, "profile", None) else None)
+                        profile=True if getattr(args, "profile", None) else None, anchor=getattr(args, "anchor", None))
 
 
 def policy_config(args: argparse.Namespace, device: str):

@@ -77,11 +77,13 @@ class PoolPrompt(Prompt):
         return cls(**(base | fields))
 
     def above_reference(self) -> list[PoolEntry]:
-        """Entries measured faster than the reference anchor, best first (the whole pool, best
-        first, when the anchor is not in it)."""
+        """Entries measured faster than the reference anchor, best first; when the anchor is not
+        in the pool (a search without it: ``SearchConfig.anchor`` off), those above 1.00x, the
+        reference's own speedup."""
+        anchored = any(e.reference for e in self.pool)
         out: list[PoolEntry] = []
         for entry in reversed(self.pool):
-            if entry.reference:
+            if entry.reference or (not anchored and not (entry.speedup or 0.0) > 1.0):
                 break
             out.append(entry)
         return out

@@ -30,6 +30,7 @@ class SearchConfig(Config):
     template: str = "contrastive_v1"  # prompt template (cudal1/prompts/templates)
     seed: int = 0  # seed of exemplar sampling
     profile: bool = False  # profile the reference once and each round's best; prompts show a measured section
+    anchor: bool = True  # judge the reference itself (round 0, the 1.00x exemplar); off: it counts as 1.00x unjudged
 
     def validate(self) -> None:
         if self.rounds < 0 or self.samples < 1 or self.exemplars < 0:
@@ -51,5 +52,6 @@ class SearchConfig(Config):
     def identity(self) -> dict[str, object]:
         """The fields that shape what is searched (all but the stopping rules): a resumed run
         whose identity differs from the recorded one searches differently."""
-        # profile off is left out, so runs recorded before the field existed keep their identity
-        return {k: v for k, v in self.to_dict().items() if k not in STOPPING and (k != "profile" or v)}
+        # profile off and anchor on are left out, so runs recorded before the fields existed keep their identity
+        return {k: v for k, v in self.to_dict().items()
+                if k not in STOPPING and (k != "profile" or v) and (k != "anchor" or not v)}

@@ -5,7 +5,11 @@ a round go to the policy in one call; all candidates of a round go to the judge 
 builds overlap timing across tasks).  Round 0 judges the reference itself (``ModelNew = Model``)
 as the 1.00x anchor, in a batch of its own, or in round 1's batch when the policy's first round does
 not read it (``first_round_blind``, :mod:`cudal1.policy.base`; the builtin policy) and no profile is
-shown: one batch fewer, whose tail of idle lanes the anchors' short jobs fill.  All judging and
+shown: one batch fewer, whose tail of idle lanes the anchors' short jobs fill.  With
+``SearchConfig.anchor`` off there is no round 0: the reference counts as 1.00x without a verdict
+(a policy that ranks against it compares with 1.0: :meth:`~cudal1.policy.base.PoolPrompt.above_reference`),
+which saves each task one job (about a sixth of the builtin search's GPU time on the stride-5
+sample, H200) and the prompts one measured exemplar.  All judging and
 recording goes through one :class:`~cudal1.recorded.RecordedJudge`: every prompt sent, response
 received, parse and verdict is in the run store before the next round, so a killed run resumes
 where it stopped (same ``out`` dir): candidates sampled but not judged are judged first (with the
@@ -250,8 +254,9 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
             done = s.evaluations()
             if done:
                 judge.note(f"resuming: {done} already judged")
-            anchors = [(t, reference_candidate(t)) for t in tasks]
-            pending = [p for p in judge.pending(tasks) if p not in anchors]
+            references = [(t, reference_candidate(t)) for t in tasks]
+            anchors = references if search.anchor else []  # off: each reference counts as 1.00x unjudged
+            pending = [p for p in judge.pending(tasks) if p not in references]
             # every slot this run settles, those read back from the store included (each anchor settles
             # once, judged or read back), so a progress display counts up to its total and no further
             judge.expect(
@@ -265,7 +270,8 @@ def _search(s: Search, out: Path, extra: dict[str, Any] | None) -> dict[str, Any
             wanted = {t.hash: s.missing(t, 1) for t in tasks} if search.rounds >= 1 else {}
             coming = sum(1 for t, c in held if judge.verdict(t, c) is None)
             if not (s.anchors_in_round_one() and any(wanted.values()) and not s.out_of_budget(coming)):
-                judge.judge(held)
+                if held:
+                    judge.judge(held)
                 held = []
                 if search.profile:
                     s.profile_best()
