@@ -196,17 +196,20 @@ class Batches:
     own count for a ``confirm`` batch), whether the cost levers were on and where compiling held the
     GPU's lease (``compile_lease``, when released), the lease a candidate's first call held
     (``first_call_lease``, with compiling released; batches without it: exclusive from fc2bad6
-    on, shared before), and each call the tasks
+    on, shared before), the lease a torch.compile baseline's first call held (``baseline_lease``
+    when it was choosers; without it: exclusive), and each call the tasks
     finished before and after it (:mod:`builtin_cost`)."""
 
     def __init__(self, out: Path, gpus: int = 1, levers: str = "on", workers: int = 2,
-                 confirm_workers: int = 1, compile_lease: str = "held", first_call_lease: str = "") -> None:
+                 confirm_workers: int = 1, compile_lease: str = "held", first_call_lease: str = "",
+                 baseline_lease: str = "exclusive") -> None:
         self.path = out / "run.json"
         self.run = json.loads(self.path.read_text()) if self.path.exists() else {"batches": []}
         self.call, self.gpus, self.levers = time.strftime("%Y-%m-%dT%H:%M:%S"), gpus, levers
         self.workers, self.confirm_workers = workers, confirm_workers
         self.compile_lease = compile_lease
         self.first_call_lease = first_call_lease if compile_lease != "held" else ""
+        self.baseline_lease = baseline_lease if compile_lease != "held" else "exclusive"  # choosers needs it released
         self.stage, self.since, self.verdicts = "search", None, 0  # what a cut call was doing, since when
 
     def begin(self, stage: str) -> None:
@@ -243,7 +246,9 @@ class Batches:
         self.run["batches"].append({**batch, "at": time.strftime("%Y-%m-%d %H:%M:%S"), "call": self.call,
                                     "gpus": self.gpus, "workers_per_gpu": workers, "levers": self.levers,
                                     **({"compile_lease": self.compile_lease} if self.compile_lease != "held" else {}),
-                                    **({"first_call_lease": self.first_call_lease} if self.first_call_lease else {})})
+                                    **({"first_call_lease": self.first_call_lease} if self.first_call_lease else {}),
+                                    **({"baseline_lease": self.baseline_lease} if self.baseline_lease != "exclusive"
+                                       else {})})
         self.since, self.verdicts = time.monotonic(), 0
         self.save()
 
@@ -432,6 +437,11 @@ def main() -> int:
                          "shared one, exclusive only while a choice is made by timing (cuDNN's benchmark mode, "
                          "TunableOp, autotuners, a compile's GPU steps); exclusive, the whole call "
                          "(EvalConfig.first_call_lease; the config hash is the same either way)")
+    ap.add_argument("--baseline-lease", choices=("exclusive", "choosers"), default="exclusive",
+                    help="with compiling released, the lease a torch.compile baseline's construction and first "
+                         "call hold: exclusive, the whole phases; choosers, a candidate's rule (shared, exclusive "
+                         "only while a choice is made by timing: --first-call-lease choosers) "
+                         "(EvalConfig.baseline_lease; the config hash is the same either way)")
     ap.add_argument("--finish", choices=("joined", "staged"), default="joined",
                     help="a chunk's baselines and re-timing: joined, one batch whose jobs join as the verdicts "
                          "they depend on come in (builtin_finish.py; needs the levers on and, with --confirm, "
@@ -472,6 +482,7 @@ def main() -> int:
             device=args.device, workers_per_gpu=args.workers_per_gpu, keep_samples=False,
             baseline_cache=args.levers == "on", timing_budget_s=args.timing_budget,
             timing_trials=args.timing_trials, first_call_lease=args.first_call_lease,
+            baseline_lease=args.baseline_lease,
             **LEASE_SETTINGS[args.compile_lease])
     except ConfigError as exc:
         ap.error(str(exc))
@@ -488,6 +499,7 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     batches = Batches(out, gpus=_gpus(args), levers=args.levers, workers=args.workers_per_gpu,
                       compile_lease=COMPILE_LEASE_RECORDED[args.compile_lease], first_call_lease=args.first_call_lease,
+                      baseline_lease=args.baseline_lease,
                       confirm_workers=args.confirm_workers_per_gpu)
     code = 0
     if args.drain_end is not None and (args.drain_after is None or args.drain_end <= args.drain_after):

@@ -24,6 +24,10 @@
 #   STRIDE5_FIRST_CALL=exclusive bash benchmarks/builtin_stride5.sh resume  # the candidate's whole first call
 #                                                                   # under the exclusive lease (--first-call-lease;
 #                                                                   # default choosers; not in the config hash)
+#   STRIDE5_BASELINE_LEASE=choosers bash benchmarks/builtin_stride5.sh resume  # a torch.compile baseline's
+#                                                                   # first call under a candidate's rule
+#                                                                   # (--baseline-lease; default exclusive, the
+#                                                                   # whole call; not in the config hash)
 #   STRIDE5_FINISH=staged bash benchmarks/builtin_stride5.sh resume  # baselines, then re-timing, each its own
 #                                                                   # batch (--finish; default joined: one batch
 #                                                                   # whose jobs join as their verdicts come in;
@@ -63,7 +67,7 @@ ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5
       --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-4}"
       --chunk "${STRIDE5_CHUNK:-40}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}" --first-call-lease "${STRIDE5_FIRST_CALL:-choosers}"
-      --finish "${STRIDE5_FINISH:-joined}")
+      --finish "${STRIDE5_FINISH:-joined}" --baseline-lease "${STRIDE5_BASELINE_LEASE:-exclusive}")
 [ "${STRIDE5_ANCHOR:-on}" = off ] && ARGS+=(--no-anchor)
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in

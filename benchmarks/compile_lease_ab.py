@@ -29,6 +29,15 @@ run does:
 
     python benchmarks/compile_lease_ab.py kernelbench:level3/23,48 --source $CUDAL1_KERNELBENCH \
         --arms released,autotune-held --baseline-modes compile-max-autotune-no-cudagraphs --out ab.json
+
+``baseline-choosers`` is ``released`` with each torch.compile baseline's construction and first
+call under the candidate's rule (``EvalConfig.baseline_lease: choosers``: the shared lease,
+exclusive only while a choice is made by timing) instead of the exclusive lease throughout; its
+baselines' figures must stay inside the exclusive arm's intervals:
+
+    python benchmarks/compile_lease_ab.py kernelbench:level1/43,93 kernelbench:level3/13,48 \
+        --source $CUDAL1_KERNELBENCH --workers-per-gpu 4 --arms released,baseline-choosers \
+        --baseline-modes compile-max-autotune-no-cudagraphs,compile-max-autotune --out baseline_ab.json
 """
 
 from __future__ import annotations
@@ -65,9 +74,11 @@ def _phase_sum(results: list[EvalResult], names: tuple[str, ...]) -> float:
 LEASE_SETTINGS = {"held": {"compile_off_lease": False, "autotune_off_lease": False},
                   "released": {"compile_off_lease": True, "autotune_off_lease": True},
                   "autotune-held": {"compile_off_lease": True, "autotune_off_lease": False}}
-# The arms: those, and released with the candidate's whole first call exclusive (fc2bad6 to 8a4c4e8)
+# The arms: those, released with the candidate's whole first call exclusive (fc2bad6 to 8a4c4e8), and
+# released with a torch.compile baseline's first call under the candidate's rule (EvalConfig.baseline_lease)
 ARM_SETTINGS = {**LEASE_SETTINGS,
-                "first-call-exclusive": {**LEASE_SETTINGS["released"], "first_call_lease": "exclusive"}}
+                "first-call-exclusive": {**LEASE_SETTINGS["released"], "first_call_lease": "exclusive"},
+                "baseline-choosers": {**LEASE_SETTINGS["released"], "baseline_lease": "choosers"}}
 ARMS = tuple(ARM_SETTINGS)
 
 
@@ -140,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cpu: the protocol only (nothing is released)")
     ap.add_argument("--arms", default="released,held",
-                    help="comma-separated, in order: held, released, autotune-held, first-call-exclusive")
+                    help=f"comma-separated, in order: {', '.join(ARMS)}")
     ap.add_argument("--baseline-modes", default="",
                     help="comma-separated torch.compile modes whose baselines each arm also times "
                          "(e.g. compile-max-autotune-no-cudagraphs)")

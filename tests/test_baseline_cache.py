@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from cli_support import SMALL_DIAG
-from cudal1.config import EvalConfig
+from cudal1.config import ConfigError, EvalConfig
 from cudal1.harness.parent.evaluator import Evaluator
 from cudal1.harness.parent.plan import DevicePlan, Job
 from cudal1.tasks import load_tasks
@@ -95,12 +95,22 @@ def test_inductor_is_imported_before_the_gpu_lease_only_where_the_job_compiles(t
     assert CandidateSettings.of(EvalConfig()).compile_off_lease  # on by default since the GPU tests passed
     assert not CandidateSettings.of(EvalConfig(compile_off_lease=False)).compile_off_lease
 
-    def lease(device: str, job: CandidateSpec) -> str:
+    def lease(device: str, job: CandidateSpec, config: EvalConfig | None = None) -> str:
         on = SimpleNamespace(**{**{k: getattr(job, k) for k in ("mode", "baseline_mode", "candidate_path")},
                                 "device": device})
-        return RefWorker.construct_lease(SimpleNamespace(spec=on))  # type: ignore[arg-type]
+        worker = RefWorker.__new__(RefWorker)
+        worker.spec, worker.cfg = on, config or EvalConfig()  # type: ignore[assignment]
+        return worker.construct_lease()
 
-    assert lease("cuda", spec("baseline", "compile-max-autotune-no-cudagraphs")) == "exclusive"
+    mnac = spec("baseline", "compile-max-autotune-no-cudagraphs")
+    assert lease("cuda", mnac) == "exclusive"
+    # baseline_lease: choosers, a candidate's rule (shared; exclusive while a choice is made by timing),
+    # which needs compiling off the lease: without it the baseline keeps the exclusive lease
+    assert lease("cuda", mnac, EvalConfig(baseline_lease="choosers")) == "shared"
+    assert lease("cuda", mnac, EvalConfig(baseline_lease="choosers", compile_off_lease=False)) == "exclusive"
+    assert EvalConfig(baseline_lease="choosers").hash() == EvalConfig().hash()  # where the lease is held only
+    with pytest.raises(ConfigError, match="baseline_lease"):
+        EvalConfig(baseline_lease="shared")
     assert lease("cuda", spec("eval", source="m = torch.compile(m)\n")) == "shared"  # a candidate's choices are its own
     assert lease("cuda", spec("baseline", "cudagraph")) == "shared"
     assert lease("cuda", spec("eval", source="class ModelNew: pass\n")) == "shared"

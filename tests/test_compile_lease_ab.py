@@ -49,4 +49,15 @@ def test_two_arms_compare_job_by_job():
 def test_a_bad_arm_is_a_one_line_error():
     done = subprocess.run([sys.executable, str(SCRIPT), "kernelbench:level1/1", "--arms", "sideways"],
                           capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2 and "--arms takes held, released, autotune-held, first-call-exclusive" in done.stderr
+    assert done.returncode == 2 and ("--arms takes held, released, autotune-held, first-call-exclusive, "
+                                     "baseline-choosers") in done.stderr
+
+
+def test_the_baseline_arm_is_released_with_the_candidates_rule_for_compiled_baselines():
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import compile_lease_ab
+    from cudal1.config import EvalConfig
+
+    arm = EvalConfig(**compile_lease_ab.ARM_SETTINGS["baseline-choosers"])
+    assert arm.baseline_lease == "choosers" and arm.compile_off_lease and arm.first_call_lease == "choosers"
+    assert EvalConfig(**compile_lease_ab.ARM_SETTINGS["released"]).baseline_lease == "exclusive"

@@ -206,12 +206,17 @@ def test_policy_proposes_algebraic_first_then_composes_on_the_best():
     policy2 = BuiltinPolicy(device="cuda")
     nxt2 = policy2.generate([_prompt(source, (PoolEntry(algebraic, 0.8), anchor))], n=1)[0]
     assert nxt2[0].meta["passes"] == ["compile-default"]
-    # the anchor is known by its field, not by its text
-    unmarked = (PoolEntry(algebraic, 0.8), PoolEntry(anchor.code, 1.0))
+    # the anchor is known by its field, not by its text: unmarked, the reference's text measured at
+    # 1.3x is any entry, and the pool ranks against 1.00x (a search without the anchor)
+    unmarked = (PoolEntry(algebraic, 1.2), PoolEntry(anchor.code, 1.3))
     assert BuiltinPolicy(device="cuda").generate([_prompt(source, unmarked)], n=1)[0][0].meta["passes"] == \
         ["algebraic", "compile-default"]
-    marked = (PoolEntry(algebraic, 0.8), PoolEntry("class ModelNew(Model):\n    pass\n", 1.0, reference=True))
+    marked = (PoolEntry(algebraic, 1.2), PoolEntry("class ModelNew(Model):\n    pass\n", 1.3, reference=True))
     assert BuiltinPolicy(device="cuda").generate([_prompt(source, marked)], n=1)[0][0].meta["passes"] == \
+        ["compile-default"]
+    # without an anchor, an entry at or below 1.00x is no base
+    below = (PoolEntry(algebraic, 0.8),)
+    assert BuiltinPolicy(device="cuda").generate([_prompt(source, below)], n=1)[0][0].meta["passes"] == \
         ["compile-default"]
 
 

@@ -310,6 +310,10 @@ class EvalConfig(Config):
     # choosers: its phase's (shared), exclusive only while a choice is made by timing (a run-time chooser on in
     # construct or the first call: cuDNN's benchmark mode, TunableOp's tuning; an autotuner's timings; the GPU
     # steps of a compile inside it); exclusive: the whole call (docs/harness.md, "Compiling off the lease")
+    baseline_lease: str = "exclusive"  # on a GPU, the lease a torch.compile baseline's construct and correctness
+    # hold: exclusive, the whole phases (every choice its compile and first call make is made alone); choosers,
+    # with compile_off_lease, a candidate's rule under first_call_lease (shared, exclusive only while a choice is
+    # made by timing), so other workers' GPU phases run beside the rest of its first call
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
@@ -327,6 +331,8 @@ class EvalConfig(Config):
             raise ConfigError("timing trial counts must be positive")
         if self.first_call_lease not in ("choosers", "exclusive"):
             raise ConfigError(f"first_call_lease must be choosers or exclusive, not {self.first_call_lease!r}")
+        if self.baseline_lease not in ("choosers", "exclusive"):
+            raise ConfigError(f"baseline_lease must be choosers or exclusive, not {self.baseline_lease!r}")
         if self.timing_figure not in ("gpu", "host"):
             raise ConfigError(f"timing_figure must be gpu or host, not {self.timing_figure!r}")
         if not 1 <= self.timing_block <= 1000:
@@ -359,8 +365,8 @@ class EvalConfig(Config):
         ignore = {
             "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
             "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache", "cpu_binding",
-            "compile_off_lease", "autotune_off_lease", "first_call_lease",  # where the lease is held; what is timed
-            # is unchanged
+            # where the lease is held; what is timed is unchanged
+            "compile_off_lease", "autotune_off_lease", "first_call_lease", "baseline_lease",
             "profile",  # information only: no verdict or figure depends on it
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}

@@ -1,5 +1,6 @@
 """The candidate's first call on a GPU (``EvalConfig.first_call_lease``): under ``choosers`` it
-holds the lease exclusive only while a choice is made by timing, under ``exclusive`` the whole call.
+holds the lease exclusive only while a choice is made by timing, under ``exclusive`` the whole call;
+and a torch.compile baseline's under ``EvalConfig.baseline_lease`` (3, below).
 
 1. On this torch: the choosers' setters (cuDNN's benchmark mode, TunableOp's enable and tuning)
    and Inductor's run-time autotuners (:data:`cudal1.harness.child.compiling.AUTOTUNE_STEPS`) are
@@ -10,6 +11,9 @@ holds the lease exclusive only while a choice is made by timing, under ``exclusi
    (as the builtin's cudnn-autotune pass does) holds it from there to the call's end; a
    torch.compile'd candidate's Inductor autotuning holds it too; every verdict ``ok``
    (``figures["exclusive_before_timing_s"]``).
+3. Two max-autotune baselines side by side (a GEMM and a convolution): under ``baseline_lease:
+   choosers`` each holds the exclusive lease before timing for less than under ``exclusive`` but
+   not for nothing, and reads within 5% of its exclusive figure.
 """
 
 from __future__ import annotations
@@ -125,3 +129,56 @@ def test_only_a_first_call_that_chooses_by_timing_holds_the_lease_exclusive(tmp_
     assert ex["exclusive:plain"] > 0.0, ex  # the whole first call
     assert ex["choosers:cudnn_autotune"] > 0.001, ex  # cuDNN's benchmark mode, turned on inside the call
     assert ex["choosers:compiled_coordesc"] > 0.001, ex  # the compile's GPU steps and coordinate descent
+
+
+GEMM_TASK = '''
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(1024, 1024)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x)) * 2.0
+
+def get_inputs():
+    return [torch.randn(2048, 1024)]
+
+def get_init_inputs():
+    return []
+'''
+
+
+def test_a_compiled_baselines_first_call_under_choosers_holds_the_lease_only_for_its_choices(tmp_path):
+    """``EvalConfig.baseline_lease``: a max-autotune baseline (its GEMM's template choice and its
+    kernels' configs are chosen by timing) beside another worker's baseline.  Under ``choosers``
+    it holds the exclusive lease before timing for less time than under ``exclusive`` and for
+    more than nothing (its choices are still made alone), and its figure stays within 5% of the
+    exclusive one (choices made beside other workers moved baseline figures 6-21%, 2026-12-03)."""
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    from cudal1.config import EvalConfig
+    from cudal1.harness import measure_baselines
+    from cudal1.types import Status, Task
+
+    tasks = [Task(name="gemm_relu", source=GEMM_TASK), Task(name="conv_relu", source=COMPILED_TASK)]
+    modes = ["compile-max-autotune-no-cudagraphs"]
+    summary: dict[str, dict] = {}
+    for lease in ("exclusive", "choosers"):
+        config = EvalConfig(device="cuda", cache_dir=str(tmp_path / lease), workers_per_gpu=2, compile_off_lease=True,
+                            baseline_lease=lease, baseline_cache=False, correctness_trials=3, timing_budget_s=0.5,
+                            timing_trials=30, min_timing_trials=5)
+        for (task_hash, _), r in measure_baselines(tasks, modes, config).items():
+            name = next(t.name for t in tasks if t.hash == task_hash)
+            summary[f"{lease}:{name}"] = {"status": r.status.value, "message": r.message[:300], "speedup": r.speedup,
+                                          "ci": r.speedup_ci, "phase_s": r.phase_s,
+                                          "exclusive_s": r.figures.get("exclusive_before_timing_s")}
+    out_dir = os.environ.get("CUDAL1_GPU_TEST_OUT")
+    if out_dir:
+        Path(out_dir, "baseline_lease.json").write_text(json.dumps(summary, indent=1))
+    assert all(v["status"] == Status.OK.value for v in summary.values()), json.dumps(summary, indent=1)
+    for task in tasks:
+        held, shared = summary[f"exclusive:{task.name}"], summary[f"choosers:{task.name}"]
+        assert 0.0 < shared["exclusive_s"] < held["exclusive_s"], json.dumps(summary, indent=1)
+        assert abs(shared["speedup"] / held["speedup"] - 1) < 0.05, json.dumps(summary, indent=1)

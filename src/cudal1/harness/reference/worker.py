@@ -161,9 +161,11 @@ class RefWorker(Measurement):
         2026-12-03).  A baseline is what every candidate is compared with, so its choices are made
         on a GPU that nothing else of the judge uses.  A candidate that compiles keeps the shared
         lease (its choices are its own; the exclusive one would hold the GPU through seconds of
-        CPU-bound compiling)."""
+        CPU-bound compiling).  With ``EvalConfig.baseline_lease: choosers`` (and compiling off the
+        lease) a baseline holds the shared lease as a candidate does, and its first call goes
+        exclusive only while a choice is made by timing (:meth:`first_call`)."""
         if self.spec.device == "cuda" and self.spec.mode == "baseline" and calls_torch_compile(self.spec):
-            return "exclusive"
+            return "shared" if self.cfg.baseline_lease == "choosers" and self.compiles_off_lease() else "exclusive"
         return "shared"
 
     def phase(self, name: str) -> None:
