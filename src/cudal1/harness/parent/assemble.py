@@ -184,7 +184,7 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
     # The clean window's check subtracts the judge's run-queue waits from each side's slack; on a
     # contended host those waits swing by tens of milliseconds a call (an A/A pair on 2 busy cores
     # read slacks 50 ms apart), so an excess there is not evidence: the verdict is contended (not
-    # trusted, judged again by a batch) instead of rejected.  A report that cannot fit the window
+    # trusted: never faster or slower, cudal1.speedup) instead of rejected.  A report that cannot fit the window
     # at all (``_fit``) is rejected whatever the host did.
     unchecked = ""
     if (host.get("contended") and host_bound and f.window.get("mismatch")
