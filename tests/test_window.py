@@ -186,7 +186,7 @@ def test_a_contended_host_turns_a_window_excess_into_an_untrusted_verdict(share)
     swing too far for an excess to be evidence (an A/A pair beside two spinning processes read
     slacks 50 ms apart): the verdict is ``contended`` (not trusted) instead of ``rejected``.  On a
     quiet host the same excess is rejected, and a report longer than its window is rejected on a
-    contended host too."""
+    contended host too, as is an excess on a GPU's clock."""
     from cudal1.config import EvalConfig
     from cudal1.harness.parent.assemble import _timings
     from cudal1.harness.spec import TimingStage
@@ -212,6 +212,13 @@ def test_a_contended_host_turns_a_window_excess_into_an_untrusted_verdict(share)
     longer[0][0] = longer[0][5] + 1.0  # a call reported longer than the window it ran in
     r = judged(longer)
     assert r.status is Status.REJECTED and "inside a clean window" in r.message
+    # on a GPU's clock the same excess is rejected however loaded the host (the host figure included)
+    load = {"wait_share": {"ref": [share] * 6, "cand": [share] * 6}, "cpus": 2, "runnable": [3] * 6}
+    gpu = TimingStage(clock="cuda_event", ref=_rows(30, 1.0, 0.05), cand=_rows(30, 1.0, 0.05, seed=1, lie=0.5),
+                      blocks=[["ref", 30, 30.0], ["cand", 30, 30.0]], load=load)
+    r = EvalResult(Status.OK)
+    _timings(gpu, EvalConfig(timing_figure="host"), r)
+    assert r.status is Status.REJECTED and "timing_mismatch" in r.flags
 
 
 def test_a_channels_last_output_travels_in_storage_order(tmp_path):

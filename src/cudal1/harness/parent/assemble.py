@@ -181,13 +181,15 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
     # the host's share matters to a figure the host is part of: the CPU's, the host figure, or
     # a launch-bound call's (its GPU time follows the host's issue)
     host_bound = clock != "cuda_event" or figure == "host" or bool(f.launch_bound)
-    # The clean window's check subtracts the judge's run-queue waits from each side's slack; on a
-    # contended host those waits swing by tens of milliseconds a call (an A/A pair on 2 busy cores
-    # read slacks 50 ms apart), so an excess there is not evidence: the verdict is contended (not
-    # trusted: never faster or slower, cudal1.speedup) instead of rejected.  A report that cannot fit the window
-    # at all (``_fit``) is rejected whatever the host did.
+    # On the CPU clock the clean window's check subtracts the judge's run-queue waits from each
+    # side's slack; on a contended host those waits swing by tens of milliseconds a call (an A/A
+    # pair on 2 busy cores read slacks 50 ms apart), so an excess there is not evidence: the verdict
+    # is contended (not trusted: never faster or slower, cudal1.speedup) instead of rejected.  A
+    # report that cannot fit the window at all (``_fit``) is rejected whatever the host did, and so
+    # is any excess on a GPU's clock, whose bound is microseconds (the reward credits a contended
+    # verdict's speedup: a timing lie must not pass there by loading the host).
     unchecked = ""
-    if (host.get("contended") and host_bound and f.window.get("mismatch")
+    if (clock != "cuda_event" and host.get("contended") and f.window.get("mismatch")
             and f.timing_mismatch == f.window["mismatch"]):
         unchecked, f.timing_mismatch = f.timing_mismatch, ""
     for flag, why in (("side_stream", f.side_stream), ("timing_mismatch", f.timing_mismatch),
