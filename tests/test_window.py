@@ -193,15 +193,17 @@ def test_a_contended_host_turns_a_window_excess_into_an_untrusted_verdict(share)
     from cudal1.speedup import faster
     from cudal1.types import EvalResult, Status
 
-    def judged(cand):
-        load = {"wait_share": {"ref": [share] * 6, "cand": [share] * 6}, "cpus": 2, "runnable": [3] * 6}
-        stage = TimingStage(clock="cpu_monotonic", ref=_rows(30, 20.0, 1.0, 0.5), cand=cand,
-                            blocks=[["ref", 30, 600.0], ["cand", 30, 600.0]], load=load)
+    load = {"wait_share": {"ref": [share] * 6, "cand": [share] * 6}, "cpus": 2, "runnable": [3] * 6}
+
+    def judged(clock, block_ms, ref, cand, timing_figure="gpu"):
+        stage = TimingStage(clock=clock, ref=ref, cand=cand, blocks=[["ref", 30, block_ms], ["cand", 30, block_ms]],
+                            load=load)
         r = EvalResult(Status.OK)
-        _timings(stage, EvalConfig(), r)
+        _timings(stage, EvalConfig(timing_figure=timing_figure), r)
         return r
 
-    r = judged(_rows(30, 20.0, 1.0, 0.5, 1, 0.5))  # 10 ms of each 20 ms call left out of its report
+    # 10 ms of each 20 ms call left out of its report
+    r = judged("cpu_monotonic", 600.0, _rows(30, 20.0, 1.0, 0.5), _rows(30, 20.0, 1.0, 0.5, 1, 0.5))
     if share < 0.25:
         assert r.status is Status.REJECTED and "timing_mismatch" in r.flags and "leaves out" in r.message
     else:
@@ -210,14 +212,10 @@ def test_a_contended_host_turns_a_window_excess_into_an_untrusted_verdict(share)
         assert not faster(r)
     longer = _rows(30, 20.0, 1.0, 0.5, 1)
     longer[0][0] = longer[0][5] + 1.0  # a call reported longer than the window it ran in
-    r = judged(longer)
+    r = judged("cpu_monotonic", 600.0, _rows(30, 20.0, 1.0, 0.5), longer)
     assert r.status is Status.REJECTED and "inside a clean window" in r.message
     # on a GPU's clock the same excess is rejected however loaded the host (the host figure included)
-    load = {"wait_share": {"ref": [share] * 6, "cand": [share] * 6}, "cpus": 2, "runnable": [3] * 6}
-    gpu = TimingStage(clock="cuda_event", ref=_rows(30, 1.0, 0.05), cand=_rows(30, 1.0, 0.05, seed=1, lie=0.5),
-                      blocks=[["ref", 30, 30.0], ["cand", 30, 30.0]], load=load)
-    r = EvalResult(Status.OK)
-    _timings(gpu, EvalConfig(timing_figure="host"), r)
+    r = judged("cuda_event", 30.0, _rows(30, 1.0, 0.05), _rows(30, 1.0, 0.05, seed=1, lie=0.5), timing_figure="host")
     assert r.status is Status.REJECTED and "timing_mismatch" in r.flags
 
 
