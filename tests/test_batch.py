@@ -15,7 +15,7 @@ import pytest
 
 from cli_support import SMALL_DIAG
 from cudal1.config import EvalConfig
-from cudal1.harness.parent import batch
+from cudal1.harness.parent import batch, gpu_memory, task_seconds
 from cudal1.harness.parent.api import DevicePlan, Job, run_jobs
 from cudal1.types import Candidate, EvalResult, Status, Task
 
@@ -140,7 +140,8 @@ def test_a_lane_takes_the_job_whose_task_took_longest_first(fake, tmp_path, monk
     results = run_jobs(later, config(tmp_path, 1), plan=plan)
     assert [label for e, label, _ in fake.log if e == "judge_start"] == ["f1", "l1", "s1", "s2"]
     assert [r.candidate_hash for r in results] == [j.candidate.hash for j in later]
-    assert batch.TASK_SECONDS.get(timed.tasks["long"].hash) >= 0.4 > batch.TASK_SECONDS.get(timed.tasks["short"].hash)
+    seconds = task_seconds.TASK_SECONDS
+    assert seconds.get(timed.tasks["long"].hash) >= 0.4 > seconds.get(timed.tasks["short"].hash)
 
 
 def test_a_drain_lets_running_jobs_finish_and_starts_no_other(fake, tmp_path):
@@ -230,7 +231,7 @@ def test_task_seconds_size_a_job_by_its_own_kind(monkeypatch):
     """A baseline mode is sized by that mode's jobs of its task, never by the task's candidates;
     without one, by the longest job of its kind, else of any kind, else not at all (infinite)."""
     timed = _Timed(monkeypatch, long_s=0.0)
-    seconds = batch.TaskSeconds()
+    seconds = task_seconds.TaskSeconds()
     cand = timed.jobs(("short", "c"))[0]
     mode_a, mode_b = (Job(timed.tasks[n], None, "compile-max-autotune") for n in ("short", "fresh"))
     assert seconds.stand_in(cand) == seconds.expected(cand) == float("inf")
@@ -247,7 +248,7 @@ def test_task_seconds_seeded_from_an_earlier_process_size_a_jobs_first_kind_by_i
     """A seeded time counts as one judged here; a job of a kind its task never ran is sized by the
     longest of that kind anywhere, but never below its own task's longest job."""
     timed = _Timed(monkeypatch, long_s=0.0)
-    seconds = batch.TaskSeconds()
+    seconds = task_seconds.TaskSeconds()
     big, small = timed.tasks["long"], timed.tasks["short"]
     seconds.seed(small.hash, "compile-max-autotune", 20.0)
     seconds.seed(big.hash, "candidate", 100.0)
@@ -433,7 +434,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     MemoryBoundEvaluator.running, MemoryBoundEvaluator.judged = {}, 0
     MemoryBoundEvaluator.meet = threading.Barrier(2 if share > 1 else 1)
     monkeypatch.setattr(batch, "Evaluator", MemoryBoundEvaluator)
-    monkeypatch.setattr(batch, "TASK_MEMORY", batch.TaskMemory())
+    monkeypatch.setattr(gpu_memory, "TASK_MEMORY", gpu_memory.TaskMemory())
     other = Task(name="small", source=TASK.source + "# another task\n")
     jobs = [job(f"p{i}", False) for i in range(6)]
     cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=share)
@@ -442,7 +443,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     if share == 1:
         assert all(r.status is Status.OK and "rejudged_alone" not in r.flags for r in results)
         assert len(starts) == 6
-        assert not batch.TASK_MEMORY.bound(TASK.hash)  # with one worker per GPU an OOM says nothing of neighbours
+        assert not gpu_memory.TASK_MEMORY.bound(TASK.hash)  # with one worker per GPU an OOM says nothing of neighbours
         return
     assert [r.status for r in results] == [Status.OK] * 6, [(r.status, r.flags) for r in results]
     again = [r for r in results if "rejudged_alone" in r.flags]
@@ -454,7 +455,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
             assert runs[-1] == 0, f"{label} was judged again beside {runs[-1]} other job(s)"
     # The task is remembered: its next batch is judged alone at once, one run per job, no OOM;
     # another task still shares the GPU.
-    assert batch.TASK_MEMORY.bound(TASK.hash) and not batch.TASK_MEMORY.bound(other.hash)
+    assert gpu_memory.TASK_MEMORY.bound(TASK.hash) and not gpu_memory.TASK_MEMORY.bound(other.hash)
     fake.log.clear()
     MemoryBoundEvaluator.meet = threading.Barrier(1)
     later = run_jobs([job(f"q{i}", False) for i in range(4)], cfg, plan=DevicePlan("cpu", (None,), ""))
@@ -468,7 +469,7 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
 
 
 def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():
-    gate = batch.GpuGate()
+    gate = gpu_memory.GpuGate()
     never = lambda: False  # noqa: E731
     gate.enter(never)  # a neighbour is running
     order: list[str] = []
@@ -530,8 +531,8 @@ def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fak
     SharedMemoryEvaluator.MIB = {big.hash: 50, small.hash: 10}
     SharedMemoryEvaluator.held, SharedMemoryEvaluator.overlaps, SharedMemoryEvaluator.running = 0, [], {}
     monkeypatch.setattr(batch, "Evaluator", SharedMemoryEvaluator)
-    monkeypatch.setattr(batch, "TASK_MEMORY", batch.TaskMemory())
-    monkeypatch.setattr(batch, "gpu_capacity_mib", lambda gpu: SharedMemoryEvaluator.CAPACITY)
+    monkeypatch.setattr(gpu_memory, "TASK_MEMORY", gpu_memory.TaskMemory())
+    monkeypatch.setattr(gpu_memory, "gpu_capacity_mib", lambda gpu: SharedMemoryEvaluator.CAPACITY)
     cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=3)
     plan = DevicePlan("cpu", (None,), "")
 
@@ -543,8 +544,9 @@ def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fak
     # (50 + 50 + 10 > 100) and is judged again alone, as before
     first = run_jobs(jobs("a"), cfg, plan=plan)
     assert all(r.status is Status.OK for r in first)
-    assert batch.TASK_MEMORY.bound(big.hash)
-    assert batch.TASK_MEMORY.need(big.hash) == 58 and batch.TASK_MEMORY.need(small.hash) == 12  # 1.15x measured
+    assert gpu_memory.TASK_MEMORY.bound(big.hash)
+    memory = gpu_memory.TASK_MEMORY
+    assert memory.need(big.hash) == 58 and memory.need(small.hash) == 12  # 1.15x measured
     # later batches: shares of 58 and 12 in 92 of 100: one big job beside small ones, no OOM
     SharedMemoryEvaluator.overlaps = []
     later = run_jobs(jobs("b") + jobs("c"), cfg, plan=plan)
@@ -555,17 +557,17 @@ def test_a_memory_bound_task_with_a_measured_share_runs_beside_jobs_that_fit(fak
     assert not any(label.startswith("big") and any(b.startswith("big") for b in beside) for label, beside in started)
     # a new process (a resumed run) starts with the shares and knows the task is memory-bound,
     # from the cache directory: its first job there waits for room instead of running out of memory
-    again = batch.TaskMemory()
+    again = gpu_memory.TaskMemory()
     again.attach(tmp_path)
     assert again.need(big.hash) == 58 and again.need(small.hash) == 12 and again.bound(big.hash)
-    monkeypatch.setattr(batch, "TASK_MEMORY", again)
+    monkeypatch.setattr(gpu_memory, "TASK_MEMORY", again)
     SharedMemoryEvaluator.overlaps = []
     resumed = run_jobs(jobs("d"), cfg, plan=plan)
     assert [(r.status, r.flags) for r in resumed] == [(Status.OK, [])] * 6
 
 
 def test_gpu_gate_admits_memory_bound_jobs_by_their_shares_first_come_first_served():
-    gate = batch.GpuGate(capacity_mib=100)  # 92 for shares
+    gate = gpu_memory.GpuGate(capacity_mib=100)  # 92 for shares
     never = lambda: False  # noqa: E731
     gate.enter(never, 60)  # a job of a measured task is running
     entered: list[str] = []

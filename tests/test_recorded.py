@@ -165,13 +165,13 @@ def test_a_given_store_stays_open_and_runs_are_recorded_with_their_status(tmp_pa
 def test_a_resumed_judge_schedules_by_the_stores_recorded_footprints(tmp_path, monkeypatch):
     """Before judging, the store's verdicts under this config seed the batches' hints, once: job
     seconds, a task's GPU memory, and that it ran out of memory beside others."""
-    from cudal1.harness.parent import batch
+    from cudal1.harness.parent import gpu_memory, task_seconds
     from cudal1.store import RunStore
     from cudal1.types import Candidate
 
-    seconds, memory = batch.TaskSeconds(), batch.TaskMemory()
-    monkeypatch.setattr(batch, "TASK_SECONDS", seconds)
-    monkeypatch.setattr(batch, "TASK_MEMORY", memory)
+    seconds, memory = task_seconds.TaskSeconds(), gpu_memory.TaskMemory()
+    monkeypatch.setattr(task_seconds, "TASK_SECONDS", seconds)
+    monkeypatch.setattr(gpu_memory, "TASK_MEMORY", memory)
     config = EvalConfig(device="cpu")
     task = Task(name="t", source="class Model: pass\n")
     cand = Candidate("class ModelNew: pass\n", task_hash=task.hash)

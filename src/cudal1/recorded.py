@@ -127,13 +127,14 @@ class RecordedJudge:
 
     def prime_batches(self) -> int:
         """Once per object: what the store's verdicts and baselines under this config took seeds
-        the batches' scheduling hints: each job's wall seconds (``batch.TASK_SECONDS``: longest
+        the batches' scheduling hints: each job's wall seconds (``task_seconds.TASK_SECONDS``: longest
         tasks first, a drain's deadline sizes jobs by them) and each task's GPU memory and whether
-        it was judged again alone (``batch.TASK_MEMORY``: its jobs enter with their share, or
+        it was judged again alone (``gpu_memory.TASK_MEMORY``: its jobs enter with their share, or
         alone, instead of running out of memory beside others first).  Returns how many."""
         if self._primed or self.store is None:
             return 0
-        from cudal1.harness.parent.batch import TASK_MEMORY, TASK_SECONDS
+        from cudal1.harness.parent.gpu_memory import TASK_MEMORY
+        from cudal1.harness.parent.task_seconds import TASK_SECONDS
 
         self._primed = True
         jobs = self.store.recorded_jobs(self.config_hash)

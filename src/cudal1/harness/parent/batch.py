@@ -6,17 +6,19 @@ jobs to :mod:`cudal1.harness.parent.ray_backend`).  A lane takes a *ready* job (
 build finished) and sleeps until a build finishes when none is; it never commits to a build that
 has not started.  With several workers per GPU, a job that ran out of memory beside its
 neighbours is judged again with the GPU to itself (:class:`GpuGate`, flag ``rejudged_alone``),
-and its later jobs are judged alone at once (:data:`TASK_MEMORY`, which keeps such tasks, and
-each task's measured memory, in the cache directory across processes) — unless its memory is
-known: then a job enters beside the others once its share fits in
-the GPU's memory beside the running jobs' (:meth:`GpuGate.enter`; other jobs enter as before,
-their shares counted); a task whose share leaves no room beside another (one that ran out of
-memory within its share is given the whole GPU's) runs alone.
+and its later jobs are judged alone at once (``TASK_MEMORY`` of
+:mod:`cudal1.harness.parent.gpu_memory`, which keeps such tasks, and each task's measured memory,
+in the cache directory across processes) — unless its memory is known: then a job enters beside
+the others once its share fits in the GPU's memory beside the running jobs'
+(:meth:`GpuGate.enter`; other jobs enter as before, their shares counted); a task whose share
+leaves no room beside another (one that ran out of memory within its share is given the whole
+GPU's) runs alone.
 Among ready jobs, a lane takes the one whose task took longest so far in this process
-(:data:`TASK_SECONDS`), so a batch's long jobs do not end it with the other lanes idle.
+(``TASK_SECONDS`` of :mod:`cudal1.harness.parent.task_seconds`), so a batch's long jobs do not end
+it with the other lanes idle.
 A drain (:mod:`cudal1.harness.parent.drain`) lets running jobs finish, starts no other, and raises
 ``Drained`` for those it never started; under a drain's deadline a lane starts only jobs expected
-to end before it (:meth:`TaskSeconds.expected`), and once none is left the drain begins.
+to end before it (``TaskSeconds.expected``), and once none is left the drain begins.
 ``on_result(index, result)`` is called from a lane thread as each verdict arrives, ``on_stats``
 once after the batch (:class:`~cudal1.harness.parent.batchstats.BatchStats`).  ``follow(index,
 result)``, where given, is called next, from the same thread: the jobs it returns (those the
@@ -28,21 +30,18 @@ every lane and kills running workers; their jobs leave no verdict.
 
 from __future__ import annotations
 
-import json
-import math
-import os
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 from cudal1.config import EvalConfig
 from cudal1.harness import build
-from cudal1.harness.parent import drain
+from cudal1.harness.parent import drain, gpu_memory, task_seconds
 from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
 from cudal1.harness.parent.evaluator import Evaluator
+from cudal1.harness.parent.gpu_memory import GpuGate, out_of_memory, runs_alone
 from cudal1.harness.parent.plan import BACKENDS, DevicePlan, HarnessError, Job
-from cudal1.types import EvalResult, Status
+from cudal1.types import EvalResult
 
 
 def run_jobs(
@@ -69,257 +68,6 @@ def run_jobs(
     return _LocalBatch(jobs, config, plan, on_result, follow).run(on_stats)
 
 
-def out_of_memory(result: EvalResult) -> bool:
-    """The verdict is a failure to get memory (the candidate's or the reference's)."""
-    return result.status is Status.RUNTIME_ERROR and "oom" in result.flags
-
-
-# A job's share of its GPU's memory is its task's largest measured job times this, and the shares
-# of the jobs running together fill at most MEMORY_FILL of the GPU (the rest: other processes'
-# contexts, allocations between two samples).
-MEMORY_MARGIN = 1.15
-MEMORY_FILL = 0.92
-
-
-class GpuGate:
-    """The jobs running on one GPU, and a way to run one job with the GPU to itself.
-
-    Workers sharing a GPU (``workers_per_gpu`` > 1) share its memory too, so a job can run out of
-    memory only because of its neighbours.  Such a verdict is not the job's: :meth:`alone` lets
-    the running jobs finish, holds new ones back, and runs the job again by itself; the verdict of
-    that run stands.  With the GPU's memory known (``capacity_mib``), the shares of the running
-    jobs whose tasks' memory is known are counted, and a job of a task that ran out of memory
-    before waits until its share fits beside them (:meth:`enter`)."""
-
-    def __init__(self, capacity_mib: int = 0) -> None:
-        self.cond = threading.Condition()
-        self.active = 0  # jobs running on the GPU
-        self.solo = 0  # jobs waiting to run alone, or running alone
-        self.held_back = 0  # jobs waiting to enter because one waits to run alone, or for room
-        self.capacity_mib = capacity_mib  # 0: unknown, shares are not counted
-        self.held_mib = 0  # the shares of the jobs running
-        self.waiting: list[tuple[object, int]] = []  # (ticket, share) of the jobs waiting for room, in order
-
-    def share(self, need_mib: int) -> int:
-        """The share a job of ``need_mib`` counts for here: none where the GPU's memory is not known."""
-        return need_mib if self.capacity_mib else 0
-
-    def room_mib(self) -> float:
-        """The memory that the shares of jobs running together may fill."""
-        return self.capacity_mib * MEMORY_FILL
-
-    def _may_enter(self, ticket: object, need: int, wait: bool) -> bool:
-        if not need or not self.active:
-            return True
-        room = self.room_mib()
-        if wait and self.held_mib + need > room:
-            return False
-        if not self.waiting or self.waiting[0][0] is ticket:
-            return True
-        return self.held_mib + need + self.waiting[0][1] <= room  # the first job waiting keeps its room
-
-    def fits_now(self, need_mib: int, wait_for_room: bool = False) -> bool:
-        """Whether a job with this share (0: none) would enter now (:meth:`enter`)."""
-        with self.cond:
-            return not self.solo and self._may_enter(None, self.share(need_mib), wait_for_room)
-
-    def enter(self, stopping: Callable[[], bool], need_mib: int = 0, wait_for_room: bool = False) -> None:
-        """Start a job on this GPU, after any job waiting to run alone.  ``need_mib``: its share
-        (0: not known), counted while it runs.  With ``wait_for_room`` (its task ran out of memory
-        beside others) it waits until its share fits beside the running ones', first come first
-        served; a job with a share that does not wait for room still keeps out of the room of the
-        first one waiting; a job with no share enters as before."""
-        need = self.share(need_mib)
-        wait = wait_for_room and bool(need)
-        ticket = object()
-        with self.cond:
-            if wait:
-                self.waiting.append((ticket, need))
-            try:
-                while (self.solo or not self._may_enter(ticket, need, wait)) and not stopping():
-                    self.held_back += 1
-                    self.cond.wait(timeout=1.0)
-                    self.held_back -= 1
-            finally:
-                if wait:
-                    self.waiting.remove((ticket, need))
-            self.active += 1
-            self.held_mib += need
-            self.cond.notify_all()  # the next in line may enter now
-
-    def leave(self, need_mib: int = 0) -> None:
-        with self.cond:
-            self.active -= 1
-            self.held_mib -= self.share(need_mib)
-            self.cond.notify_all()
-
-    def alone(self, run: Callable[[], EvalResult], stopping: Callable[[], bool]) -> EvalResult:
-        """``run()`` once no other job runs on this GPU (the caller has left the gate)."""
-        with self.cond:
-            self.solo += 1
-            while self.active and not stopping():
-                self.cond.wait(timeout=1.0)
-            self.active += 1
-        try:
-            return run()
-        finally:
-            with self.cond:
-                self.active -= 1
-                self.solo -= 1
-                self.cond.notify_all()
-
-
-class TaskMemory:
-    """The most device memory one job of each task held (MiB, its two processes together, as the
-    parent's NVML watch saw them: ``figures["gpu_memory_mib"]``, :mod:`gpu_share`), and the tasks
-    that ran out of memory beside other jobs.  Kept for the process, and in
-    ``CACHE/gpu_memory.json`` (:meth:`attach`) so the next process of a resumed run starts with
-    them.  A scheduling hint only: a missing or low entry costs an OOM and a verdict judged again
-    alone, never a verdict.  Thread-safe."""
-
-    FILE = "gpu_memory.json"
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._mib: dict[str, int] = {}
-        self._oom: set[str] = set()
-        self._path: Path | None = None
-
-    def attach(self, cache_root: Path) -> None:
-        """Read and from now on keep the file under ``cache_root`` (once per process and root)."""
-        path = cache_root / self.FILE
-        with self._lock:
-            if self._path == path:
-                return
-            self._path = path
-            try:
-                saved = json.loads(path.read_text())
-            except (OSError, ValueError):
-                return
-            for h, entry in (saved.items() if isinstance(saved, dict) else []):
-                if not isinstance(entry, dict):
-                    continue
-                mib = entry.get("mib")
-                if isinstance(mib, int) and mib > self._mib.get(h, 0):
-                    self._mib[h] = mib
-                if entry.get("oom") is True:
-                    self._oom.add(h)
-
-    def note(self, task_hash: str, mib: Any) -> None:
-        """A job of the task held ``mib``: kept when it is the task's most so far."""
-        if not isinstance(mib, (int, float)) or mib <= 0:
-            return
-        with self._lock:
-            if mib <= self._mib.get(task_hash, 0):
-                return
-            self._mib[task_hash] = int(mib)
-            self._save()
-
-    def ran_out(self, task_hash: str) -> None:
-        """A job of the task ran out of memory beside other jobs: a task's memory is mostly its
-        inputs, outputs and answers, so its later jobs (the next candidates, a search's next round)
-        would run out the same way."""
-        with self._lock:
-            if task_hash not in self._oom:
-                self._oom.add(task_hash)
-                self._save()
-
-    def bound(self, task_hash: str) -> bool:
-        """Whether a job of the task ran out of memory beside other jobs, here or in a process before."""
-        with self._lock:
-            return task_hash in self._oom
-
-    def _save(self) -> None:
-        if self._path is None:
-            return
-        data = {h: {"mib": self._mib.get(h, 0), "oom": h in self._oom} for h in sorted(set(self._mib) | self._oom)}
-        try:
-            self._path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self._path.with_name(f"{self._path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self._path)
-        except OSError:
-            pass  # a hint not kept: the next process measures again
-
-    def need(self, task_hash: str) -> int:
-        """The task's share of a GPU's memory for its next job (MiB; 0 when not measured)."""
-        with self._lock:
-            return math.ceil(self._mib.get(task_hash, 0) * MEMORY_MARGIN)
-
-
-TASK_MEMORY = TaskMemory()
-
-
-def runs_alone(gate: GpuGate, need_mib: int, bound: bool) -> bool:
-    """Whether a job goes to ``gate``'s GPU alone (:meth:`GpuGate.alone`): its share leaves no room
-    beside another, or its task ran out of memory beside others and has no share yet."""
-    return need_mib > gate.room_mib() or (bound and not need_mib)
-
-
-def gpu_capacity_mib(gpu: int | None) -> int:
-    """The memory of GPU ``gpu`` (nvidia-smi's index) in MiB; 0 for the CPU or where NVML cannot say."""
-    if gpu is None:
-        return 0
-    from cudal1.harness.parent.gpu_share import device_memory_mib
-
-    return device_memory_mib(gpu)
-
-
-class TaskSeconds:
-    """The longest time a lane spent on one job of each task judged in this process, and on one
-    job of each *kind* (a candidate, or a baseline mode) of each task and of any task.  A batch
-    starts the ready job whose task took longest first (longest first: a level-3 model's job
-    started last keeps its GPU busy after the other lanes ran dry), tasks not judged yet before
-    them, in the batch's order; the order of results is the batch's either way.  A drain's
-    deadline sizes a job by its task's own jobs of its kind (:meth:`expected`; a max-autotune
-    baseline is not sized by its task's search verdicts), else by :meth:`stand_in`.
-    Thread-safe; lives as long as the process."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seconds: dict[Any, float] = {}  # task hash, (task hash, kind) and (None, kind) -> longest
-        self._longest: float | None = None  # of any job so far
-
-    @staticmethod
-    def kind(job: Job) -> str:
-        return job.baseline_mode or "candidate"
-
-    def note(self, job: Job, seconds: float) -> None:
-        self.seed(job.task.hash, self.kind(job), seconds)
-
-    def seed(self, task_hash: str, kind: str, seconds: float) -> None:
-        """Count a job of ``kind`` (``candidate``, or a baseline mode) of the task as if judged
-        here in ``seconds``: an earlier process's recorded time (a run store's ``wall_s``), so a
-        resumed run orders and sizes its jobs by what it already knows."""
-        with self._lock:
-            for key in (task_hash, (task_hash, kind), (None, kind)):
-                self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
-            self._longest = max(seconds, self._longest or 0.0)
-
-    def get(self, task_hash: str) -> float:
-        """Seconds of the task's longest job so far (infinite when none was judged)."""
-        with self._lock:
-            return self._seconds.get(task_hash, math.inf)
-
-    def expected(self, job: Job) -> float:
-        """Seconds of the longest job of this kind of this task so far (infinite when none)."""
-        with self._lock:
-            return self._seconds.get((job.task.hash, self.kind(job)), math.inf)
-
-    def stand_in(self, job: Job) -> float:
-        """For a job with no :meth:`expected` time: the longest job of its kind of any task so
-        far, else the longest job of any kind, and at least its task's longest job (a level-3
-        model's first max-autotune compile is not sized by a small task's); infinite when none
-        was judged."""
-        with self._lock:
-            kind = self._seconds.get((None, self.kind(job)), math.inf if self._longest is None else self._longest)
-            own = self._seconds.get(job.task.hash, 0.0)
-            return max(kind, own)
-
-
-TASK_SECONDS = TaskSeconds()
-
-
 class _LocalBatch:
     """One batch on this machine: a build farm feeding one thread per timing lane."""
 
@@ -343,9 +91,9 @@ class _LocalBatch:
         self.farm: Any = None
         self.tickets: dict[int, Any] = {}  # job -> farm.Ticket
         shared = config.workers_per_gpu > 1  # one job per GPU: no neighbour's memory to count
-        self.gates = {gpu: GpuGate(gpu_capacity_mib(gpu) if shared else 0) for gpu in plan.lanes}
+        self.gates = {gpu: GpuGate(gpu_memory.gpu_capacity_mib(gpu) if shared else 0) for gpu in plan.lanes}
         if shared:
-            TASK_MEMORY.attach(config.cache_root())
+            gpu_memory.TASK_MEMORY.attach(config.cache_root())
 
     def run(self, on_stats: Callable[[BatchStats], None] | None) -> list[EvalResult]:
         from cudal1.harness.parent.farm import BuildFarm
@@ -406,7 +154,7 @@ class _LocalBatch:
 
     def take(self, gpu: int | None = None) -> int | None:
         """The pending job that is ready (no build, or its build done) whose task took longest
-        so far (:data:`TASK_SECONDS`; the first such in the batch's order), of those that would not
+        so far (``TASK_SECONDS``; the first such in the batch's order), of those that would not
         wait at ``gpu``'s gate now where any would not (:meth:`would_wait`); sleeps until a build
         finishes when none is ready, or, with ``follow``, until a running job's verdict adds
         one; None when nothing is left (or a lane failed, or a drain began, or a drain's deadline
@@ -421,13 +169,13 @@ class _LocalBatch:
                     self.ready.wait(timeout=1.0)
                     continue
                 fits = (set(self.pending) if not drain.bounding() else  # no drain, no deadline: every job
-                        {i for i in self.pending if drain.admits(TASK_SECONDS.expected(self.jobs[i]),
-                                                                 TASK_SECONDS.stand_in(self.jobs[i]))})
+                        {i for i in self.pending if drain.admits(task_seconds.TASK_SECONDS.expected(self.jobs[i]),
+                                                                 task_seconds.TASK_SECONDS.stand_in(self.jobs[i]))})
                 if drain.out_of_time(bool(fits)):
                     return None  # a drain, or a deadline nothing left fits before
                 ready = [i for i in self.pending if (i not in self.tickets or self.tickets[i].done) and i in fits]
                 if ready:
-                    longest = {i: TASK_SECONDS.get(self.jobs[i].task.hash) for i in ready}
+                    longest = {i: task_seconds.TASK_SECONDS.get(self.jobs[i].task.hash) for i in ready}
                     gate = self.gates.get(gpu)
                     counted = gate is not None and gate.capacity_mib  # 0 with one worker per GPU
                     now = {i: not self.would_wait(self.jobs[i], gate) for i in ready} if counted else {}
@@ -457,7 +205,7 @@ class _LocalBatch:
     def would_wait(job: Job, gate: GpuGate) -> bool:
         """Whether ``job`` would wait at ``gate`` now: for room (:meth:`GpuGate.fits_now`), or,
         judged alone (:meth:`judge`), for the running jobs to end."""
-        need, bound = TASK_MEMORY.need(job.task.hash), TASK_MEMORY.bound(job.task.hash)
+        need, bound = gpu_memory.TASK_MEMORY.need(job.task.hash), gpu_memory.TASK_MEMORY.bound(job.task.hash)
         if runs_alone(gate, need, bound):
             return gate.active > 0
         return not gate.fits_now(need, bound)
@@ -488,8 +236,8 @@ class _LocalBatch:
                         self.running -= 1
                         self.ready.notify_all()
                 now = time.monotonic()
-                TASK_SECONDS.note(self.jobs[i], now - mark)
-                TASK_MEMORY.note(self.jobs[i].task.hash, res.figures.get("gpu_memory_mib"))
+                task_seconds.TASK_SECONDS.note(self.jobs[i], now - mark)
+                gpu_memory.TASK_MEMORY.note(self.jobs[i].task.hash, res.figures.get("gpu_memory_mib"))
                 rec.judged(key, i, now - mark, worker_build_s=in_worker_build_s(res))
                 mark = now
         except BaseException as exc:  # noqa: BLE001 - re-raised after the join
@@ -506,7 +254,7 @@ class _LocalBatch:
         memory is judged again with the GPU to itself (:class:`GpuGate`); flag ``rejudged_alone``; so
         is one whose timing was ``contended`` by a process outside the judge (once: if that process
         stays, the second verdict says ``contended`` too).
-        Its task is remembered (:data:`TASK_MEMORY`): later jobs of it go straight to the GPU
+        Its task is remembered (``TASK_MEMORY``): later jobs of it go straight to the GPU
         alone instead of paying a shared attempt first, or, where its memory was measured and
         fits in the GPU's beside others, enter with that share (:func:`runs_alone`); one that ran
         out of memory within its share runs alone from then on."""
@@ -514,8 +262,8 @@ class _LocalBatch:
         job = self.jobs[i]
         h = job.task.hash
         shared = self.config.workers_per_gpu > 1
-        need = gate.share(TASK_MEMORY.need(h))  # a capacity only with several workers per GPU
-        bound = shared and TASK_MEMORY.bound(h)
+        need = gate.share(gpu_memory.TASK_MEMORY.need(h))  # a capacity only with several workers per GPU
+        bound = shared and gpu_memory.TASK_MEMORY.bound(h)
         if shared and runs_alone(gate, need, bound):
             return gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
         gate.enter(stopping, need, wait_for_room=bound)
@@ -524,9 +272,9 @@ class _LocalBatch:
         finally:
             gate.leave(need)
         if shared and out_of_memory(res) and not self.stopping:
-            TASK_MEMORY.ran_out(h)
+            gpu_memory.TASK_MEMORY.ran_out(h)
             if need:  # out of memory within its measured share: the share says nothing, alone from now on
-                TASK_MEMORY.note(h, gate.capacity_mib)
+                gpu_memory.TASK_MEMORY.note(h, gate.capacity_mib)
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
         elif (res.figures.get("contention") or {}).get(

@@ -1,0 +1,70 @@
+"""How long each task's jobs took in this process: the batch's order and a drain's sizing.
+
+Contract: :data:`TASK_SECONDS` (:class:`TaskSeconds`) keeps the longest job of each task, and of
+each kind of job, seen by this process's batches (or seeded from a run store's recorded times);
+:mod:`cudal1.harness.parent.batch` starts the longest first and sizes jobs against a drain's
+deadline with it.  A scheduling hint only: it never changes a verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+from cudal1.harness.parent.plan import Job
+
+
+class TaskSeconds:
+    """The longest time a lane spent on one job of each task judged in this process, and on one
+    job of each *kind* (a candidate, or a baseline mode) of each task and of any task.  A batch
+    starts the ready job whose task took longest first (longest first: a level-3 model's job
+    started last keeps its GPU busy after the other lanes ran dry), tasks not judged yet before
+    them, in the batch's order; the order of results is the batch's either way.  A drain's
+    deadline sizes a job by its task's own jobs of its kind (:meth:`expected`; a max-autotune
+    baseline is not sized by its task's search verdicts), else by :meth:`stand_in`.
+    Thread-safe; lives as long as the process."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seconds: dict[Any, float] = {}  # task hash, (task hash, kind) and (None, kind) -> longest
+        self._longest: float | None = None  # of any job so far
+
+    @staticmethod
+    def kind(job: Job) -> str:
+        return job.baseline_mode or "candidate"
+
+    def note(self, job: Job, seconds: float) -> None:
+        self.seed(job.task.hash, self.kind(job), seconds)
+
+    def seed(self, task_hash: str, kind: str, seconds: float) -> None:
+        """Count a job of ``kind`` (``candidate``, or a baseline mode) of the task as if judged
+        here in ``seconds``: an earlier process's recorded time (a run store's ``wall_s``), so a
+        resumed run orders and sizes its jobs by what it already knows."""
+        with self._lock:
+            for key in (task_hash, (task_hash, kind), (None, kind)):
+                self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
+            self._longest = max(seconds, self._longest or 0.0)
+
+    def get(self, task_hash: str) -> float:
+        """Seconds of the task's longest job so far (infinite when none was judged)."""
+        with self._lock:
+            return self._seconds.get(task_hash, math.inf)
+
+    def expected(self, job: Job) -> float:
+        """Seconds of the longest job of this kind of this task so far (infinite when none)."""
+        with self._lock:
+            return self._seconds.get((job.task.hash, self.kind(job)), math.inf)
+
+    def stand_in(self, job: Job) -> float:
+        """For a job with no :meth:`expected` time: the longest job of its kind of any task so
+        far, else the longest job of any kind, and at least its task's longest job (a level-3
+        model's first max-autotune compile is not sized by a small task's); infinite when none
+        was judged."""
+        with self._lock:
+            kind = self._seconds.get((None, self.kind(job)), math.inf if self._longest is None else self._longest)
+            own = self._seconds.get(job.task.hash, 0.0)
+            return max(kind, own)
+
+
+TASK_SECONDS = TaskSeconds()
