@@ -2,8 +2,8 @@
 
 Each seed is a fresh ``cudal1 train grpo --smoke`` process (its ``--config`` is the smoke preset
 with ``seed`` changed, plus any ``--set KEY=VALUE``).  ``--prime each`` (default): every run primes
-its own tiny model, as the command does (the tokenizer's training and the CPU's threads make
-primings differ slightly); ``--prime once``: all runs start from one primed model (built under
+its own tiny model, as the command does (with one CPU thread, the default here, every run
+primes the same model); ``--prime once``: all runs start from one primed model (built under
 ``OUT/prime``, copied into each run as the learning test's ``seed_primed`` does), so seeds differ
 only in GRPO's sampling, the exemplar draws and the CPU's timing noise.  Per seed
 it reads ``metrics.jsonl`` and prints: reward_mean over the first three steps and the last third,

@@ -78,6 +78,31 @@ def test_sft_step_changes_parameters_and_masks_the_prompt(tmp_path):
     assert not completion.error
 
 
+def test_the_smoke_tokenizer_is_the_same_in_every_process(tmp_path):
+    """The smoke's tiny model is built from the same texts in every process: its tokenizer's added
+    tokens (the fixed lines) must not take their ids from a set's hash-seeded order, or each run
+    (and the test session's priming) starts from a different model."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import hashlib, sys\n"
+        "from cudal1.train.smoke import fixed_strings, priming_records, smoke_task\n"
+        "from cudal1.train.smoke.tiny import train_tokenizer\n"
+        "records = priming_records(smoke_task(), 32)\n"
+        "tok = train_tokenizer([m['content'] for r in records for m in r['messages']], 2048, fixed_strings(records))\n"
+        "tok.save_pretrained(sys.argv[1])\n"
+    )
+    digests = []
+    for seed in ("1", "2"):
+        out = tmp_path / f"tok{seed}"
+        env = {**os.environ, "PYTHONHASHSEED": seed}
+        subprocess.run([sys.executable, "-c", script, str(out)], check=True, env=env, timeout=300)
+        digests.append((out / "tokenizer.json").read_text())
+    assert digests[0] == digests[1]
+
+
 def test_grpo_smoke_learns_to_prefer_fast_verified_programs(tmp_path, monkeypatch, capsys, seed_primed):
     monkeypatch.setenv("CUDAL1_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "grpo"

@@ -44,7 +44,8 @@ def _qwen2_regex() -> str:
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, fixed: Iterable[str] = ()):
     """A byte-level BPE ``PreTrainedTokenizerFast`` trained on ``texts`` (pad ``<|endoftext|>``,
     eos ``<|im_end|>``, ChatML chat template).  Each string of ``fixed`` (e.g. the prompt
-    template's constant sentences) becomes one added token, so fixed prose costs one position."""
+    template's constant sentences) becomes one added token, so fixed prose costs one position.
+    The same texts give the same tokenizer in every process (no hash-seeded order)."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -65,8 +66,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 2048, fixed: Iterabl
                                    pad_token="<|endoftext|>", unk_token=None)
     from tokenizers import AddedToken
 
+    # longest first, ties by the string: the token ids must not follow the set's (hash-seeded) order,
+    # or each process would build a different model from the same texts
     fast.add_tokens(
-        [AddedToken(f, special=False, normalized=False) for f in sorted(set(fixed), key=len, reverse=True) if f]
+        [AddedToken(f, special=False, normalized=False) for f in sorted(set(fixed), key=lambda f: (-len(f), f)) if f]
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.padding_side = "left"
