@@ -5,6 +5,8 @@
 * GRPO (the learning test): the ``--smoke`` run — a tiny policy primed on fast, slow, wrong and
   cheating programs, rewarded by the judge — raises ``reward_mean``; every rollout is in the run
   store; the parameters moved; ``metrics.jsonl`` carries the contract's keys.
+* The tiny model's tokenizer is the same in every process (hash seeds), so every run primes the
+  same model.
 """
 
 from __future__ import annotations
@@ -87,20 +89,20 @@ def test_the_smoke_tokenizer_is_the_same_in_every_process(tmp_path):
     import sys
 
     script = (
-        "import hashlib, sys\n"
+        "import sys\n"
         "from cudal1.train.smoke import fixed_strings, priming_records, smoke_task\n"
         "from cudal1.train.smoke.tiny import train_tokenizer\n"
         "records = priming_records(smoke_task(), 32)\n"
         "tok = train_tokenizer([m['content'] for r in records for m in r['messages']], 2048, fixed_strings(records))\n"
         "tok.save_pretrained(sys.argv[1])\n"
     )
-    digests = []
+    saved = []
     for seed in ("1", "2"):
         out = tmp_path / f"tok{seed}"
         env = {**os.environ, "PYTHONHASHSEED": seed}
         subprocess.run([sys.executable, "-c", script, str(out)], check=True, env=env, timeout=300)
-        digests.append((out / "tokenizer.json").read_text())
-    assert digests[0] == digests[1]
+        saved.append((out / "tokenizer.json").read_text())
+    assert saved[0] == saved[1]
 
 
 def test_grpo_smoke_learns_to_prefer_fast_verified_programs(tmp_path, monkeypatch, capsys, seed_primed):
