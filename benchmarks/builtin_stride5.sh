@@ -27,7 +27,8 @@
 #   STRIDE5_BASELINE_LEASE=choosers bash benchmarks/builtin_stride5.sh resume  # a torch.compile baseline's
 #                                                                   # first call under a candidate's rule
 #                                                                   # (--baseline-lease; default exclusive, the
-#                                                                   # whole call; not in the config hash)
+#                                                                   # whole call; not in the config hash; not safe
+#                                                                   # yet: docs/harness.md)
 #   STRIDE5_FINISH=staged bash benchmarks/builtin_stride5.sh resume  # baselines, then re-timing, each its own
 #                                                                   # batch (--finish; default joined: one batch
 #                                                                   # whose jobs join as their verdicts come in;

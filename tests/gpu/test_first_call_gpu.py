@@ -10,7 +10,9 @@ and a torch.compile baseline's under ``EvalConfig.baseline_lease`` (3, below).
    call under ``exclusive``; a candidate that turns cuDNN's benchmark mode on inside its forward
    (as the builtin's cudnn-autotune pass does) holds it from there to the call's end; a
    torch.compile'd candidate's Inductor autotuning holds it too; every verdict ``ok``
-   (``figures["exclusive_before_timing_s"]``).
+   (``figures["exclusive_before_timing_s"]``); and the cuDNN-autotuned candidate reads within 10%
+   of its figure under ``exclusive`` (cuDNN's choice made beside other workers' GPU work moved
+   such a figure 15-25%: 0.849x against 1.000x, 0.753x against 1.001x; H200, 2026-12-04/05).
 3. Two max-autotune baselines side by side (a GEMM and a convolution): under ``baseline_lease:
    choosers`` each holds the exclusive lease before timing for less than under ``exclusive`` but
    not for nothing, and reads within 5% of its exclusive figure.
@@ -129,6 +131,8 @@ def test_only_a_first_call_that_chooses_by_timing_holds_the_lease_exclusive(tmp_
     assert ex["exclusive:plain"] > 0.0, ex  # the whole first call
     assert ex["choosers:cudnn_autotune"] > 0.001, ex  # cuDNN's benchmark mode, turned on inside the call
     assert ex["choosers:compiled_coordesc"] > 0.001, ex  # the compile's GPU steps and coordinate descent
+    chosen, whole = summary["choosers:cudnn_autotune"]["speedup"], summary["exclusive:cudnn_autotune"]["speedup"]
+    assert chosen >= 0.9 * whole, json.dumps(summary, indent=1)  # its choice made alone under both rules
 
 
 GEMM_TASK = '''
