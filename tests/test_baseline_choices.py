@@ -1,6 +1,6 @@
 """benchmarks/baseline_choices.py: reading Inductor's autotuning cache (kept choice, best extern and
-Triton times), the table, one repetition through the real subprocess harness on the CPU, and a bad
-rule."""
+Triton times), the table, each rule's batches and lease with the judge stood in (a compile on the
+CPU costs ~20 s and no lease applies there), and a bad rule."""
 
 from __future__ import annotations
 
@@ -43,19 +43,34 @@ def test_the_autotuning_cache_gives_each_operations_kept_choice_and_best_times(t
     assert "0.126" in line and "triton_convolution2d-abc" in line and "0.041 / 0.032" in line
 
 
-@pytest.mark.cpu
-def test_a_repetition_judges_each_rules_baselines_and_reads_their_caches(tmp_path):
-    out = tmp_path / "choices.json"
-    done = subprocess.run([sys.executable, str(SCRIPT), str(SMALL_DIAG), "--device", "cpu", "--modes",
-                           "compile-default", "--rules", "exclusive,alone", "--reps", "1", "--workers-per-gpu", "1",
-                           "--timing-budget", "0.3", "--timing-trials", "10", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    rows = json.loads(out.read_text())
-    assert [(r["rule"], r["rep"], r["mode"], r["status"]) for r in rows] == [
-        ("exclusive", 0, "compile-default", "ok"), ("alone", 0, "compile-default", "ok")], json.dumps(rows)[-3000:]
-    assert all(r["choices"] == [] for r in rows)  # compile-default autotunes nothing
-    assert "no autotuned operation" in done.stdout
+def test_each_rule_judges_its_batches_under_its_lease_and_reads_each_tasks_own_cache(tmp_path, monkeypatch):
+    import cudal1.harness as harness
+    from cudal1.harness.build import baseline_dir
+    from cudal1.types import EvalResult, Status, Task
+
+    tasks = [Task(name=n, source=f"# {n}\nclass Model: pass\n") for n in ("conv", "gemm")]
+    mode = "compile-max-autotune-no-cudagraphs"
+    batches = []
+
+    def judged(batch, modes, config, plan=None):  # stands in for the judge: one verdict per job, a cache per task
+        batches.append(([t.name for t in batch], config.baseline_lease, config.baseline_cache, config.workers_per_gpu))
+        for t in batch:
+            cache = baseline_dir(Path(config.cache_dir), t.source, plan.arch_list) / "inductor" / "cache"
+            cache.mkdir(parents=True)
+            (cache / "h").write_text(json.dumps({t.name: {"k": {"p": {f"aten_{t.name}": 0.04, "triton_x": 0.03}}}}))
+        return {(t.hash, m): EvalResult(status=Status.OK, speedup=0.5, figures={"exclusive_before_timing_s": 1.5})
+                for t in batch for m in modes}
+
+    monkeypatch.setattr(harness, "measure_baselines", judged)
+    alone = baseline_choices.run_rule("alone", tasks, [mode], 2, tmp_path / "a", 0.5, 30, device="cpu")
+    together = baseline_choices.run_rule("exclusive", tasks, [mode], 2, tmp_path / "b", 0.5, 30, device="cpu")
+    assert batches == [(["conv"], "choosers", True, 2), (["gemm"], "choosers", True, 2),
+                       (["conv", "gemm"], "exclusive", True, 2)]
+    for rows in (alone, together):
+        assert [(r["task"], r["mode"], r["speedup"], r["exclusive_s"]) for r in rows] == [
+            ("conv", mode, 0.5, 1.5), ("gemm", mode, 0.5, 1.5)]
+        assert [[o["op"] for o in r["choices"]] for r in rows] == [["conv"], ["gemm"]]  # each task's own cache
+        assert all(r["choices"][0]["kept"] == "triton_x" for r in rows)
 
 
 @pytest.mark.cpu
