@@ -88,14 +88,17 @@ def run_rule(rule: str, tasks: list[Task], modes: list[str], workers: int, root:
     return rows
 
 
+def _ms(value: float | None) -> str:
+    return "None" if value is None else f"{round(value, 4)}"
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [f"{'rule':<9} {'rep':>3}  {'task':<34} {'speedup':>8} {'excl s':>7}  op: kept (ms), best aten / triton"]
     for row in rows:
         speed = f"{row['speedup']:.3f}" if row["speedup"] else row["status"]
         excl = f"{row['exclusive_s']:.1f}" if isinstance(row["exclusive_s"], float) else "-"
         ops = "; ".join(f"{o['op']}: {o['kept'][:40]} ({o['kept_ms']:.4f}), "
-                        f"{o['extern_ms'] if o['extern_ms'] is None else round(o['extern_ms'], 4)} / "
-                        f"{o['template_ms'] if o['template_ms'] is None else round(o['template_ms'], 4)}"
+                        f"{_ms(o['extern_ms'])} / {_ms(o['template_ms'])}"
                         for o in row["choices"]) or "no autotuned operation"
         lines.append(f"{row['rule']:<9} {row['rep']:>3}  {row['task'][:34]:<34} {speed:>8} {excl:>7}  {ops}")
     return lines
