@@ -10,7 +10,9 @@ choice in ms), each autotuned operation's kept choice (the fastest), its best ``
 time and its best Triton template time; and the baseline's speedup and the seconds it held the
 lease exclusive before timing.  Rule ``alone`` is ``choosers`` with each task judged by itself
 (no neighbour): a choice that moves under ``choosers`` but not ``alone`` was made beside a
-neighbour's GPU work.
+neighbour's GPU work.  Each job's phase timeline (``JobOutcome.timeline``, seconds from its
+batch's start) is kept too, with what its neighbours were doing while it was in phase ``compile``
+(the GPU steps of its compile, where its choices are timed) and in its first ``correctness``.
 
     python benchmarks/baseline_choices.py kernelbench:level1/63 kernelbench:level2/63 \\
         --source $CUDAL1_KERNELBENCH --reps 2 --out $OUT/baseline_choices.json
@@ -21,12 +23,13 @@ Prints a table per job and repetition; the JSON has every choice's time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from cudal1.config import EvalConfig
 from cudal1.harness.build import baseline_dir
@@ -61,6 +64,42 @@ def autotuned_choices(cache: Path) -> list[dict[str, Any]]:
     return ops
 
 
+@contextlib.contextmanager
+def recording_timelines() -> Iterator[dict[tuple[str, str], list[tuple[str, float, float]]]]:
+    """Each baseline job's phase timeline, by (task hash, mode), while the block runs: the judge's
+    job runner (``Evaluator._run``) wrapped, and restored after."""
+    from cudal1.harness.parent.evaluator import Evaluator
+
+    timelines: dict[tuple[str, str], list[tuple[str, float, float]]] = {}
+    inner = Evaluator._run
+
+    def run(self: Any, job: Any, *args: Any, **kwargs: Any) -> Any:
+        outcome = inner(self, job, *args, **kwargs)
+        if job.baseline_mode:
+            timelines[(job.task.hash, job.baseline_mode)] = list(outcome.timeline)
+        return outcome
+
+    Evaluator._run = run  # type: ignore[method-assign]
+    try:
+        yield timelines
+    finally:
+        Evaluator._run = inner  # type: ignore[method-assign]
+
+
+def beside(own: list[tuple[str, float, float]], others: list[list[tuple[str, float, float]]],
+           phases: tuple[str, ...] = ("compile", "correctness")) -> dict[str, float]:
+    """Seconds of each neighbour phase that overlapped this job's ``phases``, summed over neighbours."""
+    seen: dict[str, float] = {}
+    for name, a, b in own:
+        if name not in phases:
+            continue
+        for timeline in others:
+            for other, c, d in timeline:
+                if (overlap := min(b, d) - max(a, c)) > 0:
+                    seen[other] = round(seen.get(other, 0.0) + overlap, 3)
+    return seen
+
+
 def run_rule(rule: str, tasks: list[Task], modes: list[str], workers: int, root: Path,
              budget_s: float, trials: int, device: str = "cuda") -> list[dict[str, Any]]:
     """One repetition of one rule, from an empty cache root; a row per (task, mode)."""
@@ -74,9 +113,12 @@ def run_rule(rule: str, tasks: list[Task], modes: list[str], workers: int, root:
     batches = [[t] for t in tasks] if rule == "alone" else [tasks]
     rows: list[dict[str, Any]] = []
     for batch in batches:
-        t0 = time.perf_counter()
-        results = measure_baselines(batch, modes, config, plan=plan)
+        t0, start = time.perf_counter(), time.time()
+        with recording_timelines() as timelines:
+            results = measure_baselines(batch, modes, config, plan=plan)
         wall = time.perf_counter() - t0
+        relative = {key: [(name, round(a - start, 3), round(b - start, 3)) for name, a, b in line]
+                    for key, line in timelines.items()}
         for task in batch:
             ops = autotuned_choices(baseline_dir(root, task.source, plan.arch_list) / "inductor")
             for mode in modes:
@@ -84,7 +126,10 @@ def run_rule(rule: str, tasks: list[Task], modes: list[str], workers: int, root:
                 rows.append({"rule": rule, "task": task.name, "mode": mode, "status": r.status.value,
                              "speedup": r.speedup, "ci": list(r.speedup_ci) if r.speedup_ci else None,
                              "exclusive_s": r.figures.get("exclusive_before_timing_s"), "batch_wall_s": wall,
-                             "phase_s": r.phase_s, "message": (r.message or "")[:200], "choices": ops})
+                             "phase_s": r.phase_s, "message": (r.message or "")[:200], "choices": ops,
+                             "timeline": relative.get((task.hash, mode), []),
+                             "beside": beside(relative.get((task.hash, mode), []),
+                                              [v for k, v in relative.items() if k != (task.hash, mode)])})
     return rows
 
 
@@ -101,6 +146,9 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
                         f"{_ms(o['extern_ms'])} / {_ms(o['template_ms'])}"
                         for o in row["choices"]) or "no autotuned operation"
         lines.append(f"{row['rule']:<9} {row['rep']:>3}  {row['task'][:34]:<34} {speed:>8} {excl:>7}  {ops}")
+        if row.get("beside"):
+            lines.append(f"{'':<14}neighbours during its compile and correctness: "
+                         + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(row["beside"].items(), key=lambda kv: -kv[1])))
     return lines
 
 

@@ -73,6 +73,36 @@ def test_each_rule_judges_its_batches_under_its_lease_and_reads_each_tasks_own_c
         assert all(r["choices"][0]["kept"] == "triton_x" for r in rows)
 
 
+def test_a_jobs_neighbours_are_counted_only_while_it_compiles_or_checks(tmp_path):
+    own = [("setup", 0.0, 1.0), ("compile", 1.0, 3.0), ("correctness", 3.0, 4.0), ("timing", 4.0, 9.0)]
+    other = [("import", 0.0, 2.0), ("compile_cpu", 2.0, 3.5), ("timing", 3.5, 9.0)]
+    assert baseline_choices.beside(own, [other]) == {"import": 1.0, "compile_cpu": 1.5, "timing": 0.5}
+    assert baseline_choices.beside(own, []) == {}
+    row = {"rule": "choosers", "rep": 0, "task": "conv", "speedup": 0.5, "status": "ok", "exclusive_s": 1.0,
+           "choices": [], "beside": {"timing": 0.5, "compile_cpu": 1.5}}
+    assert baseline_choices.table([row])[2].endswith("compile_cpu 1.50s, timing 0.50s")
+
+
+def test_timelines_are_recorded_by_task_hash_and_mode_and_the_runner_is_restored():
+    from types import SimpleNamespace
+
+    from cudal1.harness.parent.evaluator import Evaluator
+
+    original = Evaluator._run
+    outcome = SimpleNamespace(timeline=[("compile", 1.0, 2.0)])
+    try:
+        Evaluator._run = lambda self, job, *a, **k: outcome  # the job runner stood in
+        stood_in = Evaluator._run
+        with baseline_choices.recording_timelines() as timelines:
+            task = SimpleNamespace(name="conv", hash="c0")
+            assert Evaluator._run(None, SimpleNamespace(task=task, baseline_mode="compile-default")) is outcome
+            Evaluator._run(None, SimpleNamespace(task=task, baseline_mode=None))  # a candidate: not a baseline
+        assert timelines == {("c0", "compile-default"): [("compile", 1.0, 2.0)]}
+        assert Evaluator._run is stood_in
+    finally:
+        Evaluator._run = original
+
+
 @pytest.mark.cpu
 def test_an_unknown_rule_is_one_line_and_exit_2():
     done = subprocess.run([sys.executable, str(SCRIPT), str(SMALL_DIAG), "--rules", "exclusive,loose"],
