@@ -49,18 +49,20 @@ def autotuned_choices(cache: Path) -> list[dict[str, Any]]:
             table = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        for op, by_inputs in table.items():
-            for inputs, by_precision in by_inputs.items():
-                for precision, times in by_precision.items():
-                    valid = {k: float(v) for k, v in times.items() if isinstance(v, (int, float)) and v < float("inf")}
-                    if not valid:
-                        continue
-                    kept = min(valid, key=valid.get)
-                    extern = [v for k, v in valid.items() if not k.startswith("triton")]
-                    template = [v for k, v in valid.items() if k.startswith("triton")]
-                    ops.append({"op": op, "inputs": inputs[:120], "precision": precision, "kept": kept[:160],
-                                "kept_ms": valid[kept], "extern_ms": min(extern) if extern else None,
-                                "template_ms": min(template) if template else None, "times": valid})
+        if isinstance(table, dict) and isinstance(table.get("cache"), dict):
+            table = table["cache"]  # torch 2.11's file: {"cache": {operation: ...}}
+        for op, by_inputs in table.items() if isinstance(table, dict) else ():
+            for path_keys, times in _timings(by_inputs, ()):
+                valid = {k: float(v) for k, v in times.items() if v < float("inf")}
+                if not valid:
+                    continue
+                kept = min(valid, key=valid.get)
+                extern = [v for k, v in valid.items() if not k.startswith("triton")]
+                template = [v for k, v in valid.items() if k.startswith("triton")]
+                ops.append({"op": op, "inputs": str(path_keys[0] if path_keys else "")[:120],
+                            "precision": "/".join(map(str, path_keys[1:])), "kept": kept[:160],
+                            "kept_ms": valid[kept], "extern_ms": min(extern) if extern else None,
+                            "template_ms": min(template) if template else None, "times": valid})
     return ops
 
 
@@ -98,6 +100,16 @@ def beside(own: list[tuple[str, float, float]], others: list[list[tuple[str, flo
                 if (overlap := min(b, d) - max(a, c)) > 0:
                     seen[other] = round(seen.get(other, 0.0) + overlap, 3)
     return seen
+
+
+def _timings(node: Any, keys: tuple) -> list[tuple[tuple, dict[str, float]]]:
+    """The (keys on the way, {choice: ms}) tables nested anywhere under ``node``: a dict whose
+    values are all numbers is one; other values (strings, lists) are passed over."""
+    if not isinstance(node, dict):
+        return []
+    if node and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in node.values()):
+        return [(keys, node)]
+    return [found for k, v in node.items() for found in _timings(v, keys + (k,))]
 
 
 def run_rule(rule: str, tasks: list[Task], modes: list[str], workers: int, root: Path,

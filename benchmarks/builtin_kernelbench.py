@@ -456,8 +456,8 @@ def main() -> int:
                          "call (nothing in flight is lost; a hard limit, e.g. timeout's, stays the backstop)")
     ap.add_argument("--drain-end", type=float, default=None, metavar="E",
                     help="with --drain-after: a deadline from the start: a verdict starts only if expected to end by "
-                         "E (its task's longest verdict of its kind so far in this call x1.5 + 5 s; without one, "
-                         "the longest of its kind, and after --drain-after never), also after S")
+                         "E (its task's longest verdict of its kind so far x1.5 + 5 s; without one, the upper "
+                         "quartile of its kind over tasks, and after --drain-after never), also after S")
     ap.add_argument(
         "--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)"
     )

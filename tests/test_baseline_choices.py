@@ -30,12 +30,16 @@ def test_the_autotuning_cache_gives_each_operations_kept_choice_and_best_times(t
         "mm": {"[(2048, 1024)]": {"highest": {"aten_mm-": 0.020}}},
     }))
     (cache / "not-json").write_text("{")
+    (cache / "9f8e").write_text(json.dumps({"cache": {"bmm": {"[(8, 64, 64)]": {"highest": {  # torch 2.11's layout
+        "aten_bmm-": 0.011, "triton_bmm-x": 0.013}}}}}))
     ops = {o["op"]: o for o in baseline_choices.autotuned_choices(tmp_path / "inductor")}
     conv = ops["convolution"]
     assert conv["kept"] == "triton_convolution2d-abc" and conv["kept_ms"] == 0.032
     assert conv["extern_ms"] == 0.041 and conv["template_ms"] == 0.032
     assert "triton_convolution2d-bad" not in conv["times"]  # a failed choice is not a time
     assert ops["mm"]["template_ms"] is None and ops["mm"]["extern_ms"] == 0.020
+    assert ops["bmm"]["kept"] == "aten_bmm-" and ops["bmm"]["inputs"] == "[(8, 64, 64)]"
+    assert ops["bmm"]["precision"] == "highest"
     assert baseline_choices.autotuned_choices(tmp_path / "absent") == []
     row = {"rule": "choosers", "rep": 0, "task": "conv", "speedup": 0.126, "status": "ok", "exclusive_s": 5.0,
            "choices": [conv]}

@@ -206,9 +206,11 @@ def test_a_drain_window_still_starts_the_jobs_that_fit_in_its_time_left(fake, tm
 def test_a_deadline_starts_no_job_that_cannot_end_before_it_and_drains_once_none_can(fake, tmp_path, monkeypatch):
     """``drain.after(s, end=E)`` bounds every start by E at once, before the drain at s: a job
     whose task's jobs of its kind took too long never starts, nor one of a fresh task sized by the
-    longest job of its kind; once nothing pending fits, the batch drains itself well before s."""
+    upper quartile of its kind (of two tasks: the longer); once nothing pending fits, the batch
+    drains itself well before s."""
     from cudal1.harness.parent import drain
 
+    monkeypatch.setattr(task_seconds, "TASK_SECONDS", task_seconds.TaskSeconds())  # other tests' tasks left out
     timed = _Timed(monkeypatch, long_s=1.5)
     monkeypatch.setattr(drain, "FIT_SLACK_S", 0.1)
     plan = DevicePlan("cpu", (None,), "")
@@ -229,7 +231,8 @@ def test_a_deadline_starts_no_job_that_cannot_end_before_it_and_drains_once_none
 
 def test_task_seconds_size_a_job_by_its_own_kind(monkeypatch):
     """A baseline mode is sized by that mode's jobs of its task, never by the task's candidates;
-    without one, by the longest job of its kind, else of any kind, else not at all (infinite)."""
+    without one, by its kind's upper quartile over tasks, else the longest job of any kind, else
+    not at all (infinite)."""
     timed = _Timed(monkeypatch, long_s=0.0)
     seconds = task_seconds.TaskSeconds()
     cand = timed.jobs(("short", "c"))[0]
@@ -257,6 +260,25 @@ def test_task_seconds_seeded_from_an_earlier_process_size_a_jobs_first_kind_by_i
     assert seconds.expected(Job(small, None, "compile-max-autotune")) == 20.0
     assert seconds.stand_in(small_cand) == 100.0  # no candidate of it yet: the longest candidate anywhere
     assert seconds.get(big.hash) == 100.0 > seconds.get(small.hash) == 20.0  # the big task starts first
+
+
+def test_one_tasks_outlier_does_not_size_every_other_tasks_first_job_of_its_kind(monkeypatch):
+    """The stand-in is the kind's upper quartile over tasks (nearest rank), not its longest: one
+    task's 490 s baseline among 50 s ones leaves a fresh task's job sized at 50 s, so a 545 s
+    call can still start it; its own task's longest job still bounds it from below."""
+    from cudal1.types import Task
+
+    timed = _Timed(monkeypatch, long_s=0.0)
+    seconds = task_seconds.TaskSeconds()
+    mode = "compile-max-autotune-no-cudagraphs"
+    judged = [Task(name=f"t{i}", source=f"# t{i}\n") for i in range(8)]
+    for i, task in enumerate(judged):
+        seconds.seed(task.hash, mode, 490.0 if i == 0 else 20.0 + 5 * i)  # 25..55 s, and one outlier
+    fresh, big = timed.tasks["fresh"], timed.tasks["long"]
+    assert seconds.stand_in(Job(fresh, None, mode)) == 50.0  # the 6th of 8 sorted: 25 30 35 40 45 50 55 490
+    seconds.seed(big.hash, "candidate", 120.0)
+    assert seconds.stand_in(Job(big, None, mode)) == 120.0  # its own search verdicts are longer
+    assert seconds.expected(Job(judged[0], None, mode)) == 490.0  # a task's own time stays its own
 
 
 def test_out_of_time_drains_only_under_a_drain_or_a_deadline():

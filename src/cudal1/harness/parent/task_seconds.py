@@ -1,7 +1,7 @@
 """How long each task's jobs took in this process: the batch's order and a drain's sizing.
 
 Contract: :data:`TASK_SECONDS` (:class:`TaskSeconds`) keeps the longest job of each task, and of
-each kind of job, seen by this process's batches (or seeded from a run store's recorded times);
+each kind of job of each task, seen by this process's batches (or seeded from a run store's recorded times);
 :mod:`cudal1.harness.parent.batch` starts the longest first and sizes jobs against a drain's
 deadline with it.  A scheduling hint only: it never changes a verdict.
 """
@@ -14,20 +14,25 @@ from typing import Any
 
 from cudal1.harness.parent.plan import Job
 
+UPPER_QUARTILE = 0.75  # the stand-in's rank among a kind's per-task times (nearest rank)
+
 
 class TaskSeconds:
     """The longest time a lane spent on one job of each task judged in this process, and on one
-    job of each *kind* (a candidate, or a baseline mode) of each task and of any task.  A batch
+    job of each *kind* (a candidate, or a baseline mode) of each task.  A batch
     starts the ready job whose task took longest first (longest first: a level-3 model's job
     started last keeps its GPU busy after the other lanes ran dry), tasks not judged yet before
     them, in the batch's order; the order of results is the batch's either way.  A drain's
     deadline sizes a job by its task's own jobs of its kind (:meth:`expected`; a max-autotune
-    baseline is not sized by its task's search verdicts), else by :meth:`stand_in`.
+    baseline is not sized by its task's search verdicts), else by :meth:`stand_in` (the kind's
+    upper quartile over tasks: a job it undersizes is cut by the call's limit and judged again
+    in the next call, while sizing every job by the kind's single longest could keep every
+    later call from starting any job of that kind).
     Thread-safe; lives as long as the process."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seconds: dict[Any, float] = {}  # task hash, (task hash, kind) and (None, kind) -> longest
+        self._seconds: dict[Any, float] = {}  # task hash and (task hash, kind) -> longest
         self._longest: float | None = None  # of any job so far
 
     @staticmethod
@@ -42,7 +47,7 @@ class TaskSeconds:
         here in ``seconds``: an earlier process's recorded time (a run store's ``wall_s``), so a
         resumed run orders and sizes its jobs by what it already knows."""
         with self._lock:
-            for key in (task_hash, (task_hash, kind), (None, kind)):
+            for key in (task_hash, (task_hash, kind)):
                 self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
             self._longest = max(seconds, self._longest or 0.0)
 
@@ -57,14 +62,21 @@ class TaskSeconds:
             return self._seconds.get((job.task.hash, self.kind(job)), math.inf)
 
     def stand_in(self, job: Job) -> float:
-        """For a job with no :meth:`expected` time: the longest job of its kind of any task so
-        far, else the longest job of any kind, and at least its task's longest job (a level-3
-        model's first max-autotune compile is not sized by a small task's); infinite when none
-        was judged."""
+        """For a job with no :meth:`expected` time: the upper quartile of its kind's jobs over the
+        tasks judged so far (each task's longest; one task's outlier, such as a 490 s max-autotune
+        baseline of a level-3 model, does not size every other task's), else the longest job of
+        any kind, and at least its task's longest job (a level-3 model's first max-autotune
+        compile is not sized by a small task's); infinite when none was judged."""
+        kind = self.kind(job)
         with self._lock:
-            kind = self._seconds.get((None, self.kind(job)), math.inf if self._longest is None else self._longest)
+            per_task = sorted(v for k, v in self._seconds.items()
+                              if isinstance(k, tuple) and k[1] == kind)
+            if per_task:
+                typical = per_task[math.ceil(UPPER_QUARTILE * len(per_task)) - 1]
+            else:
+                typical = math.inf if self._longest is None else self._longest
             own = self._seconds.get(job.task.hash, 0.0)
-            return max(kind, own)
+            return max(typical, own)
 
 
 TASK_SECONDS = TaskSeconds()
