@@ -8,6 +8,7 @@ deadline with it.  A scheduling hint only: it never changes a verdict.
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 from typing import Any
@@ -33,6 +34,8 @@ class TaskSeconds:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seconds: dict[Any, float] = {}  # task hash and (task hash, kind) -> longest
+        self._by_kind: dict[str, list[float]] = {}  # kind -> each task's longest, sorted
+        self._typical: dict[str, float] = {}  # kind -> its upper quartile (kept as times are noted)
         self._longest: float | None = None  # of any job so far
 
     @staticmethod
@@ -47,9 +50,15 @@ class TaskSeconds:
         here in ``seconds``: an earlier process's recorded time (a run store's ``wall_s``), so a
         resumed run orders and sizes its jobs by what it already knows."""
         with self._lock:
+            before = self._seconds.get((task_hash, kind))
             for key in (task_hash, (task_hash, kind)):
                 self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
             self._longest = max(seconds, self._longest or 0.0)
+            times = self._by_kind.setdefault(kind, [])
+            if before is not None:
+                times.remove(before)
+            bisect.insort(times, self._seconds[(task_hash, kind)])
+            self._typical[kind] = times[math.ceil(UPPER_QUARTILE * len(times)) - 1]
 
     def get(self, task_hash: str) -> float:
         """Seconds of the task's longest job so far (infinite when none was judged)."""
@@ -67,16 +76,9 @@ class TaskSeconds:
         baseline of a level-3 model, does not size every other task's), else the longest job of
         any kind, and at least its task's longest job (a level-3 model's first max-autotune
         compile is not sized by a small task's); infinite when none was judged."""
-        kind = self.kind(job)
         with self._lock:
-            per_task = sorted(v for k, v in self._seconds.items()
-                              if isinstance(k, tuple) and k[1] == kind)
-            if per_task:
-                typical = per_task[math.ceil(UPPER_QUARTILE * len(per_task)) - 1]
-            else:
-                typical = math.inf if self._longest is None else self._longest
-            own = self._seconds.get(job.task.hash, 0.0)
-            return max(typical, own)
+            typical = self._typical.get(self.kind(job), math.inf if self._longest is None else self._longest)
+            return max(typical, self._seconds.get(job.task.hash, 0.0))
 
 
 TASK_SECONDS = TaskSeconds()
