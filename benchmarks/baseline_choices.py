@@ -134,14 +134,13 @@ def run_rule(rule: str, tasks: list[Task], modes: list[str], workers: int, root:
         for task in batch:
             ops = autotuned_choices(baseline_dir(root, task.source, plan.arch_list) / "inductor")
             for mode in modes:
-                r = results[(task.hash, mode)]
+                r, own = results[(task.hash, mode)], relative.get((task.hash, mode), [])
                 rows.append({"rule": rule, "task": task.name, "mode": mode, "status": r.status.value,
                              "speedup": r.speedup, "ci": list(r.speedup_ci) if r.speedup_ci else None,
                              "exclusive_s": r.figures.get("exclusive_before_timing_s"), "batch_wall_s": wall,
                              "phase_s": r.phase_s, "message": (r.message or "")[:200], "choices": ops,
-                             "timeline": relative.get((task.hash, mode), []),
-                             "beside": beside(relative.get((task.hash, mode), []),
-                                              [v for k, v in relative.items() if k != (task.hash, mode)])})
+                             "timeline": own,
+                             "beside": beside(own, [v for k, v in relative.items() if k != (task.hash, mode)])})
     return rows
 
 

@@ -14,8 +14,8 @@ and a torch.compile baseline's under ``EvalConfig.baseline_lease`` (3, below).
    of its figure under ``exclusive`` (cuDNN's choice made beside other workers' GPU work moved
    such a figure 15-25%: 0.849x against 1.000x, 0.753x against 1.001x; H200, 2026-12-04/05).
 3. Two max-autotune baselines side by side (a GEMM and a convolution): under ``baseline_lease:
-   choosers`` each holds the exclusive lease before timing for less than under ``exclusive`` but
-   not for nothing, and reads within 5% of its exclusive figure.
+   choosers`` the two hold the exclusive lease before timing for less in all than under
+   ``exclusive``, each for more than nothing, and each reads within 5% of its exclusive figure.
 """
 
 from __future__ import annotations

@@ -34,8 +34,7 @@ class TaskSeconds:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seconds: dict[Any, float] = {}  # task hash and (task hash, kind) -> longest
-        self._by_kind: dict[str, list[float]] = {}  # kind -> each task's longest, sorted
-        self._typical: dict[str, float] = {}  # kind -> its upper quartile (kept as times are noted)
+        self._by_kind: dict[str, list[float]] = {}  # kind -> each task's longest, sorted as noted
         self._longest: float | None = None  # of any job so far
 
     @staticmethod
@@ -58,7 +57,6 @@ class TaskSeconds:
             if before is not None:
                 times.remove(before)
             bisect.insort(times, self._seconds[(task_hash, kind)])
-            self._typical[kind] = times[math.ceil(UPPER_QUARTILE * len(times)) - 1]
 
     def get(self, task_hash: str) -> float:
         """Seconds of the task's longest job so far (infinite when none was judged)."""
@@ -77,7 +75,11 @@ class TaskSeconds:
         any kind, and at least its task's longest job (a level-3 model's first max-autotune
         compile is not sized by a small task's); infinite when none was judged."""
         with self._lock:
-            typical = self._typical.get(self.kind(job), math.inf if self._longest is None else self._longest)
+            times = self._by_kind.get(self.kind(job))
+            if times:
+                typical = times[math.ceil(UPPER_QUARTILE * len(times)) - 1]
+            else:
+                typical = math.inf if self._longest is None else self._longest
             return max(typical, self._seconds.get(job.task.hash, 0.0))
 
 
