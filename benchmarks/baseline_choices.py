@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -138,6 +139,9 @@ def run_rule(rule: str, tasks: list[Task], modes: list[str], workers: int, root:
                 rows.append({"rule": rule, "task": task.name, "mode": mode, "status": r.status.value,
                              "speedup": r.speedup, "ci": list(r.speedup_ci) if r.speedup_ci else None,
                              "exclusive_s": r.figures.get("exclusive_before_timing_s"), "batch_wall_s": wall,
+                             "short_waits": (r.figures.get("cost") or {}).get("short_waits", 0),
+                             "gpu_ms": (r.figures.get("gpu") or {}).get("candidate_ms"),
+                             "host_ms": (r.figures.get("host") or {}).get("candidate_ms"),
                              "phase_s": r.phase_s, "message": (r.message or "")[:200], "choices": ops,
                              "timeline": own,
                              "beside": beside(own, [v for k, v in relative.items() if k != (task.hash, mode)])})
@@ -149,14 +153,17 @@ def _ms(value: float | None) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:
-    lines = [f"{'rule':<9} {'rep':>3}  {'task':<34} {'speedup':>8} {'excl s':>7}  op: kept (ms), best aten / triton"]
+    lines = [f"{'rule':<9} {'rep':>3}  {'task':<34} {'speedup':>8} {'excl s':>7} {'blocked':>7} {'gpu ms':>8} "
+             f"{'host ms':>8}  op: kept (ms), best aten / triton"]
     for row in rows:
         speed = f"{row['speedup']:.3f}" if row["speedup"] else row["status"]
         excl = f"{row['exclusive_s']:.1f}" if isinstance(row["exclusive_s"], float) else "-"
         ops = "; ".join(f"{o['op']}: {o['kept'][:40]} ({o['kept_ms']:.4f}), "
                         f"{_ms(o['extern_ms'])} / {_ms(o['template_ms'])}"
                         for o in row["choices"]) or "no autotuned operation"
-        lines.append(f"{row['rule']:<9} {row['rep']:>3}  {row['task'][:34]:<34} {speed:>8} {excl:>7}  {ops}")
+        gpu, host = _ms(row.get("gpu_ms")), _ms(row.get("host_ms"))
+        lines.append(f"{row['rule']:<9} {row['rep']:>3}  {row['task'][:34]:<34} {speed:>8} {excl:>7} "
+                     f"{row.get('short_waits') or 0:>7} {gpu:>8} {host:>8}  {ops}")
         if row.get("beside"):
             lines.append(f"{'':<14}neighbours during its compile and correctness: "
                          + ", ".join(f"{k} {v:.2f}s" for k, v in sorted(row["beside"].items(), key=lambda kv: -kv[1])))
@@ -175,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timing-trials", type=int, default=30)
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"), help="cpu: the wiring only (no lease)")
     ap.add_argument("--out", default="baseline_choices.json")
+    ap.add_argument("--keep", default="", help="copy each repetition's cache root under this folder")
     args = ap.parse_args(argv)
     rules = [r for r in args.rules.split(",") if r]
     if unknown := [r for r in rules if r not in RULES]:
@@ -189,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
                 for row in run_rule(rule, tasks, modes, args.workers_per_gpu, Path(tmp) / f"{rule}-{rep}",
                                     args.timing_budget, args.timing_trials, args.device):
                     rows.append({**row, "rep": rep})
+                if args.keep:
+                    shutil.copytree(Path(tmp) / f"{rule}-{rep}", Path(args.keep) / f"{rule}-{rep}", dirs_exist_ok=True)
                 Path(args.out).write_text(json.dumps(rows, indent=1))  # kept as it goes
     print("\n".join(table(rows)))
     return 0

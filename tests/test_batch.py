@@ -490,6 +490,77 @@ def test_a_job_out_of_memory_beside_neighbours_is_judged_again_alone(fake, tmp_p
     assert any("rejudged_alone" in r.flags for r in shared)  # it tried the shared GPU first, as any task does
 
 
+class BlockedBesideEvaluator(MemoryBoundEvaluator):
+    """Judged beside another job, a side's timed calls are all blocked (``figures["blocked_calls"]``:
+    the candidate's, or with ``reference_blocks`` the reference's, which then blocks alone too);
+    alone, none are unless the reference blocks by itself."""
+
+    reference_blocks = False
+
+    def evaluate_job(self, j: Job, gpu, prebuilt) -> EvalResult:
+        res = super().evaluate_job(j, gpu, prebuilt)
+        beside = res.status is Status.RUNTIME_ERROR
+        res.status, res.flags, res.message, res.speedup = Status.OK, [], "", 0.2 if beside else 1.5
+        side = "reference" if self.reference_blocks else "candidate" if beside else None
+        if side:
+            res.figures["blocked_calls"] = {"reference": 0, "candidate": 0, side: 40,
+                                            "calls": {"reference": 40, "candidate": 40}}
+        return res
+
+
+@pytest.mark.parametrize("reference_blocks", [False, True])
+def test_a_verdict_whose_calls_were_blocked_beside_neighbours_is_judged_again_alone(fake, tmp_path, monkeypatch,
+                                                                                     reference_blocks):
+    """A side's calls mostly blocked beside other jobs (their GPU figure holds host time): the job is
+    judged again with the GPU to itself, that verdict stands, and the first one's figures are kept
+    beside it.  A reference that blocks alone too is remembered: later verdicts of its task are not
+    judged again for it."""
+    from cudal1.harness.parent import blocked
+
+    BlockedBesideEvaluator.running, BlockedBesideEvaluator.judged = {}, 0
+    BlockedBesideEvaluator.meet = threading.Barrier(2)
+    BlockedBesideEvaluator.reference_blocks = reference_blocks
+    monkeypatch.setattr(batch, "Evaluator", BlockedBesideEvaluator)
+    monkeypatch.setattr(gpu_memory, "TASK_MEMORY", gpu_memory.TaskMemory())
+    monkeypatch.setattr(blocked, "REFERENCE_BLOCKS", blocked.ReferenceBlocks())
+    monkeypatch.setattr(batch, "REFERENCE_BLOCKS", blocked.REFERENCE_BLOCKS)
+    cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=3)
+    results = run_jobs([job(f"p{i}", False) for i in range(6)], cfg, plan=DevicePlan("cpu", (None,), ""))
+    again = [r for r in results if "rejudged_alone" in r.flags]
+    assert again, "three workers on one device never judged two jobs together"
+    for r in again:
+        assert r.figures["rejudged_alone"]["speedup"] == 0.2
+        assert r.figures["rejudged_alone"]["blocked_calls"]
+        assert ("reference" if reference_blocks else "candidate") in r.figures["rejudged_alone"]["because"]
+        assert (r.speedup, "blocked_calls" in r.figures) == (1.5, reference_blocks)
+    starts = [label for e, label, _ in fake.log if e == "judge_start"]
+    assert len(starts) == 6 + len(again)
+    if reference_blocks:  # remembered once alone: only jobs already judged beside it are judged again
+        assert len(again) <= 3 and TASK.hash in blocked.REFERENCE_BLOCKS
+        fake.log.clear()
+        later = run_jobs([job(f"q{i}", False) for i in range(4)], cfg, plan=DevicePlan("cpu", (None,), ""))
+        assert not any("rejudged_alone" in r.flags for r in later)
+        assert len([e for e, _, _ in fake.log if e == "judge_start"]) == 4
+    else:
+        assert TASK.hash not in blocked.REFERENCE_BLOCKS
+        assert all(r.speedup == 1.5 for r in results)
+
+
+def test_blocked_side_needs_most_of_a_sides_calls_and_an_ok_verdict():
+    from cudal1.harness.parent.blocked import blocked_side
+
+    def verdict(ref: int, cand: int, status=Status.OK) -> EvalResult:
+        return EvalResult(status=status, figures={"blocked_calls": {
+            "reference": ref, "candidate": cand, "calls": {"reference": 40, "candidate": 40}}})
+
+    assert blocked_side(verdict(0, 20)) == "candidate"
+    assert blocked_side(verdict(20, 19)) == "reference"
+    assert blocked_side(verdict(40, 40)) == "candidate"
+    assert blocked_side(verdict(3, 19)) is None
+    assert blocked_side(verdict(0, 40, Status.RUNTIME_ERROR)) is None
+    assert blocked_side(EvalResult(status=Status.OK)) is None
+
+
 def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():
     gate = gpu_memory.GpuGate()
     never = lambda: False  # noqa: E731

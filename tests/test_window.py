@@ -282,3 +282,26 @@ def test_a_side_that_blocks_every_call_waits_less_after_two_and_figures_nothing_
     for _ in range(4):
         cpu.saw(True)
     assert cpu.wait_s() == pytest.approx(0.188) and cpu.shortened == 0
+
+
+def test_blocked_calls_are_counted_per_side_on_the_gpu_clock():
+    """Each side's blocked calls (row[3]: the gate opened without the call) are kept in
+    ``figures["blocked_calls"]`` with each side's number of calls; none blocked, no figure."""
+    from cudal1.config import EvalConfig
+    from cudal1.harness.parent.assemble import _timings
+    from cudal1.harness.spec import TimingStage
+    from cudal1.types import EvalResult, Status
+
+    def judged(cand_blocked: int) -> EvalResult:
+        cand = _rows(30, 2.0, 0.05, seed=1)
+        for row in cand[:cand_blocked]:
+            row[3] = True
+        stage = TimingStage(clock="cuda_event", ref=_rows(30, 2.0, 0.05), cand=cand,
+                            blocks=[["ref", 30, 70.0], ["cand", 30, 70.0]])
+        r = EvalResult(Status.OK)
+        _timings(stage, EvalConfig(), r)
+        return r
+
+    assert judged(18).figures["blocked_calls"] == {"reference": 0, "candidate": 18,
+                                                   "calls": {"reference": 30, "candidate": 30}}
+    assert "blocked_calls" not in judged(0).figures

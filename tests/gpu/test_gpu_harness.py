@@ -187,6 +187,8 @@ def test_calls_that_wait_for_the_device_inside_are_timed_with_shorter_gate_waits
     calls = r.figures["gpu"]["window"]["calls"] if "window" in r.figures.get("gpu", {}) else 0
     assert calls == 0, r.figures  # every call blocked: no window to check
     assert r.figures["cost"].get("short_waits", 0) >= 10, r.figures["cost"]
+    blocked = r.figures["blocked_calls"]  # each side's, counted apart
+    assert blocked["reference"] >= 10 and blocked["candidate"] >= 10, blocked
 
 
 @pytest.mark.gpu

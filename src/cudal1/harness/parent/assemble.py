@@ -243,6 +243,10 @@ def _timings(t: TimingStage | None, config: EvalConfig, r: EvalResult) -> None:
     if t.cost_ms:  # where the clean worker's timing phase spent its wall time (information only)
         r.figures["cost"] = (dict(t.cost_ms) | ({"short_waits": t.short_waits} if t.short_waits else {})
                              | ({"planned_trials": t.planned_trials} if t.planned_trials else {}))
+    blocked = {side: sum(1 for row in rows if len(row) > 3 and row[3]) for side, rows in
+               (("reference", t.ref), ("candidate", t.cand))}
+    if clock == "cuda_event" and any(blocked.values()):  # their GPU figure holds host time (timer.GateWait)
+        r.figures["blocked_calls"] = blocked | {"calls": {"reference": len(t.ref), "candidate": len(t.cand)}}
     if host:
         r.figures["contention"] = {"host": host}
         if host["contended"] and host_bound and r.status is Status.OK:

@@ -38,6 +38,7 @@ from cudal1.config import EvalConfig
 from cudal1.harness import build
 from cudal1.harness.parent import drain, gpu_memory, task_seconds
 from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
+from cudal1.harness.parent.blocked import REFERENCE_BLOCKS, blocked_side, worth_judging_alone
 from cudal1.harness.parent.evaluator import Evaluator
 from cudal1.harness.parent.gpu_memory import GpuGate, out_of_memory, runs_alone
 from cudal1.harness.parent.plan import BACKENDS, DevicePlan, HarnessError, Job
@@ -253,7 +254,8 @@ class _LocalBatch:
         """Job ``i``'s verdict on ``gpu``.  With several workers per GPU, a job that ran out of
         memory is judged again with the GPU to itself (:class:`GpuGate`); flag ``rejudged_alone``; so
         is one whose timing was ``contended`` by a process outside the judge (once: if that process
-        stays, the second verdict says ``contended`` too).
+        stays, the second verdict says ``contended`` too), and one whose timed calls on a side were
+        mostly blocked (:mod:`.blocked`: their GPU figure holds host time; once).
         Its task is remembered (``TASK_MEMORY``): later jobs of it go straight to the GPU
         alone instead of paying a shared attempt first, or, where its memory was measured and
         fits in the GPU's beside others, enter with that share (:func:`runs_alone`); one that ran
@@ -282,6 +284,14 @@ class _LocalBatch:
         ) and not self.stopping:  # another process used the GPU: once more, alone
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
             res.flags.append("rejudged_alone")
+        elif shared and (side := worth_judging_alone(res, h)) and not self.stopping:
+            first = {"because": f"the {side}'s timed calls were blocked beside other jobs",
+                     "blocked_calls": res.figures.get("blocked_calls"), "speedup": res.speedup}
+            res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
+            if blocked_side(res) == "reference":
+                REFERENCE_BLOCKS.note(h)  # its reference blocks by itself: not judged again for it
+            res.flags.append("rejudged_alone")
+            res.figures["rejudged_alone"] = first
         return res
 
     def _record_builds(self) -> None:
