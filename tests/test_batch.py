@@ -515,15 +515,11 @@ def test_a_verdict_whose_calls_were_blocked_beside_neighbours_is_judged_again_al
     judged again with the GPU to itself, that verdict stands, and the first one's figures are kept
     beside it.  A reference that blocks alone too is remembered: later verdicts of its task are not
     judged again for it."""
-    from cudal1.harness.parent import blocked
-
     BlockedBesideEvaluator.running, BlockedBesideEvaluator.judged = {}, 0
     BlockedBesideEvaluator.meet = threading.Barrier(2)
     BlockedBesideEvaluator.reference_blocks = reference_blocks
     monkeypatch.setattr(batch, "Evaluator", BlockedBesideEvaluator)
     monkeypatch.setattr(gpu_memory, "TASK_MEMORY", gpu_memory.TaskMemory())
-    monkeypatch.setattr(blocked, "REFERENCE_BLOCKS", blocked.ReferenceBlocks())
-    monkeypatch.setattr(batch, "REFERENCE_BLOCKS", blocked.REFERENCE_BLOCKS)
     cfg = EvalConfig(device="cpu", cache_dir=str(tmp_path), build_workers=1, workers_per_gpu=3)
     results = run_jobs([job(f"p{i}", False) for i in range(6)], cfg, plan=DevicePlan("cpu", (None,), ""))
     again = [r for r in results if "rejudged_alone" in r.flags]
@@ -536,13 +532,16 @@ def test_a_verdict_whose_calls_were_blocked_beside_neighbours_is_judged_again_al
     starts = [label for e, label, _ in fake.log if e == "judge_start"]
     assert len(starts) == 6 + len(again)
     if reference_blocks:  # remembered once alone: only jobs already judged beside it are judged again
-        assert len(again) <= 3 and TASK.hash in blocked.REFERENCE_BLOCKS
+        assert len(again) <= 3 and gpu_memory.TASK_MEMORY.reference_blocks(TASK.hash)
+        kept = gpu_memory.TaskMemory()  # the next process of a resumed run reads it from the cache
+        kept.attach(tmp_path)
+        assert kept.reference_blocks(TASK.hash)
         fake.log.clear()
         later = run_jobs([job(f"q{i}", False) for i in range(4)], cfg, plan=DevicePlan("cpu", (None,), ""))
         assert not any("rejudged_alone" in r.flags for r in later)
         assert len([e for e, _, _ in fake.log if e == "judge_start"]) == 4
     else:
-        assert TASK.hash not in blocked.REFERENCE_BLOCKS
+        assert not gpu_memory.TASK_MEMORY.reference_blocks(TASK.hash)
         assert all(r.speedup == 1.5 for r in results)
 
 

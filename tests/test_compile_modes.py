@@ -517,7 +517,7 @@ def test_inductors_run_time_autotuners_are_bracketed_alone_only_under_torch_comp
     from cudal1.harness.child import compiling
 
     inductors = [(m, p) for m, p in compiling.AUTOTUNE_STEPS if m.startswith("torch._inductor")]
-    assert len(inductors) == 3 and all(compiling._attribute(m, p) is not None for m, p in inductors)
+    assert len(inductors) == 2 and all(compiling._attribute(m, p) is not None for m, p in inductors)
     fake_triton, fake_inductor = types.ModuleType("fake_triton_tuner"), types.ModuleType("torch._inductor.fake_tuner")
 
     class Autotuner:
@@ -553,3 +553,54 @@ def test_inductors_run_time_autotuners_are_bracketed_alone_only_under_torch_comp
     events.clear()
     compile_fx_module.compile_fx("g", [])  # inside a compile: the compile's own steps, not alone
     assert events == [("compiling", True, True), ("compiling", False, True)]
+
+
+def test_a_kernel_launch_that_times_nothing_opens_no_alone_bracket(monkeypatch):
+    """Inductor's tuning entry points run on launches that make no choice (a Triton template under
+    coordinate descent calls ``coordinate_descent_tuning`` on every launch, which returns at once):
+    only the timing of a config (``CachingAutotuner.bench``) is bracketed, so such a launch neither
+    drains the GPU nor asks for the lease; a launch that tunes gets one bracket per timing, and
+    ``benchmark_all_configs`` one over all of its timings (the brackets nest)."""
+    import sys
+    import types
+
+    import torch._inductor.compile_fx as compile_fx_module
+
+    from cudal1.harness.child import compiling
+
+    fake = types.ModuleType("torch._inductor.fake_heuristics")
+
+    class CachingAutotuner:
+        tunes = False
+
+        def bench(self, launcher):
+            return float(launcher)
+
+        def coordinate_descent_tuning(self, launcher):
+            if not self.tunes:
+                return launcher
+            return min((launcher, launcher + 1), key=self.bench)
+
+        def benchmark_all_configs(self):
+            return {c: self.bench(c) for c in (1, 2, 3)}
+
+    fake.CachingAutotuner = CachingAutotuner
+    monkeypatch.setitem(sys.modules, "torch._inductor.fake_heuristics", fake)
+    for name in ("TRITON_COMPILES", "GPU_STEPS", "GPU_FIRST_STEPS", "CPU_STEPS"):
+        monkeypatch.setattr(compiling, name, ())
+    steps = tuple(("torch._inductor.fake_heuristics", p) for m, p in compiling.AUTOTUNE_STEPS
+                  if m.startswith("torch._inductor"))
+    monkeypatch.setattr(compiling, "AUTOTUNE_STEPS", steps)
+    monkeypatch.setattr(compile_fx_module, "compile_fx", lambda graph, inputs, config_patches=None: None)
+    events: list[bool] = []
+    compiling.install(lambda on, off: None, lambda on: None, torch_compile=True, triton=True, alone=events.append)
+    tuner = CachingAutotuner()
+    for _ in range(5):  # a template's launches: nothing timed, no bracket
+        assert tuner.coordinate_descent_tuning(7) == 7
+    assert events == []
+    tuner.tunes = True
+    assert tuner.coordinate_descent_tuning(7) == 7
+    assert events == [True, False, True, False]  # one per timing
+    events.clear()
+    assert tuner.benchmark_all_configs() == {1: 1.0, 2: 2.0, 3: 3.0}
+    assert events == [True, False]  # one over the three timings

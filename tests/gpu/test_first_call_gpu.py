@@ -73,10 +73,7 @@ def test_the_choosers_setters_and_inductors_run_time_autotuners_are_found_on_thi
         monkeypatch.setattr(torch._C, name, getattr(torch._C, name))
     prop = type(sys.modules["torch.backends.cudnn"]).__dict__["benchmark"]
     monkeypatch.setattr(prop, "setter", prop.setter)
-    # combo kernels' sequential autotuning is newer than torch 2.11 (absent there, nothing to wrap)
-    newer = {("torch._inductor.runtime.triton_heuristics", "CachingAutotuner._combo_sequential_autotune")}
-    missing = [f"{m}:{p}" for m, p in compiling.AUTOTUNE_STEPS
-               if (m, p) not in newer and compiling._attribute(m, p) is None]
+    missing = [f"{m}:{p}" for m, p in compiling.AUTOTUNE_STEPS if compiling._attribute(m, p) is None]
     assert not missing, missing
     events: list[bool] = []
     watch = choosers.Watch(events.append)

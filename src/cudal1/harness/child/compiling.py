@@ -38,7 +38,8 @@ Inductor's worker processes, an autotuned operation's choices compiled on thread
 bracketed by ``cpu(True)`` and ``cpu(False)``: the reference worker gives the lease back for
 them (phase ``compile_cpu``) and the compile's timings run with it again.  With ``alone``, a
 Triton autotuner's timing of each choice, and (under ``torch_compile``) an Inductor kernel's
-choice among its configs at its first launch (:data:`AUTOTUNE_STEPS`), outside a span, are
+timings of its configs at its first launch (:data:`AUTOTUNE_STEPS`; a launch that times nothing
+opens no bracket), outside a span, are
 bracketed by ``alone(True)`` and ``alone(False)``: the reference worker holds the lease exclusive
 for it, so a candidate's own choices are made on a GPU that nothing else of the judge uses, as a
 baseline's are (the first call of each choice compiles inside, off the lease).  A Triton compile
@@ -101,16 +102,20 @@ CPU_STEPS = (
     # autotuning choices, compiled on threads before they are timed
 )
 # Where a choice is made by timing at run time: a Triton autotuner timing one of its configs, and
-# Inductor's compiled kernels choosing among theirs at their first launch (several configs, coordinate
-# descent, a combo kernel's: that one is newer than torch 2.11, wrapped where present).  With
-# ``alone``, bracketed by ``alone(True)`` and ``alone(False)`` on the main thread outside a span (the
-# reference worker holds the lease exclusive meanwhile, so the choice is made with nothing else of the
-# judge on the GPU); inside a compile the compile's own brackets apply.
+# Inductor's compiled kernels timing theirs at their first launch (several configs at once; one config
+# at a time, as coordinate descent and a combo kernel's sequential tuning do).  Not Inductor's tuning
+# entry points themselves: a kernel that never tunes (a Triton template under max-autotune's
+# coordinate descent) calls ``coordinate_descent_tuning`` on every launch and it returns at once
+# (torch 2.11), and a bracket's end drains the GPU, so each such launch waited for the device inside
+# a timed call (two max-autotune baselines read 0.22x and 2.0x where 1.49x and 3.06x were right, every
+# timed call blocked, H200, 2026-12-05).  With ``alone``, bracketed by ``alone(True)`` and
+# ``alone(False)`` on the main thread outside a span (the reference worker holds the lease exclusive
+# meanwhile, so the choice is made with nothing else of the judge on the GPU); inside a compile the
+# compile's own brackets apply; brackets nest (``benchmark_all_configs`` holds one over its timings).
 AUTOTUNE_STEPS = (
     ("triton.runtime.autotuner", "Autotuner._bench"),
     ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.benchmark_all_configs"),
-    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.coordinate_descent_tuning"),
-    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner._combo_sequential_autotune"),
+    ("torch._inductor.runtime.triton_heuristics", "CachingAutotuner.bench"),
 )
 TRITON_COMPILES = (("triton.compiler", "compile"), ("triton.compiler.compiler", "compile"), ("triton", "compile"))
 TRITON_GRACE_S = 0.1  # a Triton compile still running after this opens a span off the lease (<= 0: at once)

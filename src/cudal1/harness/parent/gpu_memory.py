@@ -135,6 +135,7 @@ class TaskMemory:
         self._lock = threading.Lock()
         self._mib: dict[str, int] = {}
         self._oom: set[str] = set()
+        self._blocks: set[str] = set()  # tasks whose reference's timed calls were blocked alone (.blocked)
         self._path: Path | None = None
 
     def attach(self, cache_root: Path) -> None:
@@ -156,6 +157,8 @@ class TaskMemory:
                     self._mib[h] = mib
                 if entry.get("oom") is True:
                     self._oom.add(h)
+                if entry.get("reference_blocks") is True:
+                    self._blocks.add(h)
 
     def note(self, task_hash: str, mib: Any) -> None:
         """A job of the task held ``mib``: kept when it is the task's most so far."""
@@ -181,10 +184,21 @@ class TaskMemory:
         with self._lock:
             return task_hash in self._oom
 
+    def reference_blocks(self, task_hash: str, note: bool = False) -> bool:
+        """Whether the task's reference's timed calls were blocked with the GPU to itself (it waits
+        for the device by itself: :mod:`cudal1.harness.parent.blocked`); ``note``: they were."""
+        with self._lock:
+            if note and task_hash not in self._blocks:
+                self._blocks.add(task_hash)
+                self._save()
+            return task_hash in self._blocks
+
     def _save(self) -> None:
         if self._path is None:
             return
-        data = {h: {"mib": self._mib.get(h, 0), "oom": h in self._oom} for h in sorted(set(self._mib) | self._oom)}
+        data = {h: {"mib": self._mib.get(h, 0), "oom": h in self._oom}
+                | ({"reference_blocks": True} if h in self._blocks else {})
+                for h in sorted(set(self._mib) | self._oom | self._blocks)}
         try:
             self._path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self._path.with_name(f"{self._path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
