@@ -440,8 +440,8 @@ def main() -> int:
     ap.add_argument("--baseline-lease", choices=("exclusive", "choosers"), default="exclusive",
                     help="with compiling released, the lease a torch.compile baseline's construction and first "
                          "call hold: exclusive, the whole phases; choosers, a candidate's rule (shared, exclusive "
-                         "only while a choice is made by timing: --first-call-lease choosers; kept off until a "
-                         "slow max-autotune choice seen under both rules is explained, docs/harness.md) "
+                         "only while a choice is made by timing: --first-call-lease choosers; kept off until its "
+                         "GPU test passes on an H200 again, docs/harness.md) "
                          "(EvalConfig.baseline_lease; the config hash is the same either way)")
     ap.add_argument("--finish", choices=("joined", "staged"), default="joined",
                     help="a chunk's baselines and re-timing: joined, one batch whose jobs join as the verdicts "

@@ -313,9 +313,8 @@ class EvalConfig(Config):
     baseline_lease: str = "exclusive"  # on a GPU, the lease a torch.compile baseline's construct and correctness
     # hold: exclusive, the whole phases (every choice its compile and first call make is made alone); choosers,
     # with compile_off_lease, a candidate's rule under first_call_lease (shared, exclusive only while a choice is
-    # made by timing), so other workers' GPU phases run beside the rest of its first call (stays off: a baseline's
-    # max-autotune choice read up to 6.9x slower now and then on an H200, once under it, once under exclusive;
-    # docs/harness.md, known limit)
+    # made by timing), so other workers' GPU phases run beside the rest of its first call (stays off until its GPU
+    # test passes on an H200 again: its one failure fits a judge fault fixed since; docs/harness.md)
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
