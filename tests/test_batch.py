@@ -545,19 +545,25 @@ def test_a_verdict_whose_calls_were_blocked_beside_neighbours_is_judged_again_al
         assert all(r.speedup == 1.5 for r in results)
 
 
-def test_blocked_side_needs_most_of_a_sides_calls_and_an_ok_verdict():
-    from cudal1.harness.parent.blocked import blocked_side
+def test_a_blocked_side_needs_most_of_its_calls_an_ok_verdict_and_a_reference_not_known_to_block(monkeypatch):
+    from cudal1.harness.parent.blocked import blocked_sides, worth_judging_alone
 
     def verdict(ref: int, cand: int, status=Status.OK) -> EvalResult:
         return EvalResult(status=status, figures={"blocked_calls": {
             "reference": ref, "candidate": cand, "calls": {"reference": 40, "candidate": 40}}})
 
-    assert blocked_side(verdict(0, 20)) == "candidate"
-    assert blocked_side(verdict(20, 19)) == "reference"
-    assert blocked_side(verdict(40, 40)) == "candidate"
-    assert blocked_side(verdict(3, 19)) is None
-    assert blocked_side(verdict(0, 40, Status.RUNTIME_ERROR)) is None
-    assert blocked_side(EvalResult(status=Status.OK)) is None
+    assert blocked_sides(verdict(0, 20)) == ("candidate",)
+    assert blocked_sides(verdict(20, 19)) == ("reference",)
+    assert blocked_sides(verdict(40, 40)) == ("candidate", "reference")
+    assert blocked_sides(verdict(3, 19)) == ()
+    assert blocked_sides(verdict(0, 40, Status.RUNTIME_ERROR)) == ()
+    assert blocked_sides(EvalResult(status=Status.OK)) == ()
+    monkeypatch.setattr(gpu_memory, "TASK_MEMORY", gpu_memory.TaskMemory())
+    assert worth_judging_alone(verdict(40, 40), "t") == "candidate"
+    gpu_memory.TASK_MEMORY.reference_blocks("t", note=True)  # its reference blocks by itself
+    assert worth_judging_alone(verdict(40, 40), "t") is None
+    assert worth_judging_alone(verdict(40, 0), "t") is None
+    assert worth_judging_alone(verdict(0, 40), "t") == "candidate"  # only the candidate's: its own figure
 
 
 def test_gpu_gate_holds_new_jobs_back_while_one_waits_to_run_alone():

@@ -38,7 +38,7 @@ from cudal1.config import EvalConfig
 from cudal1.harness import build
 from cudal1.harness.parent import drain, gpu_memory, task_seconds
 from cudal1.harness.parent.batchstats import BatchStats, StatsRecorder, in_worker_build_s
-from cudal1.harness.parent.blocked import blocked_side, worth_judging_alone
+from cudal1.harness.parent.blocked import blocked_sides, worth_judging_alone
 from cudal1.harness.parent.evaluator import Evaluator
 from cudal1.harness.parent.gpu_memory import GpuGate, out_of_memory, runs_alone
 from cudal1.harness.parent.plan import BACKENDS, DevicePlan, HarnessError, Job
@@ -288,7 +288,7 @@ class _LocalBatch:
             first = {"because": f"the {side}'s timed calls were blocked beside other jobs",
                      "blocked_calls": res.figures.get("blocked_calls"), "speedup": res.speedup}
             res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
-            if blocked_side(res) == "reference":  # its reference blocks by itself: not judged again for it
+            if "reference" in blocked_sides(res):  # its reference blocks by itself: not judged again for it
                 gpu_memory.TASK_MEMORY.reference_blocks(h, note=True)
             res.flags.append("rejudged_alone")
             res.figures["rejudged_alone"] = first

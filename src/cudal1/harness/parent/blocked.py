@@ -10,11 +10,11 @@ mostly blocked, judged beside other jobs, is judged once more alone
 saw stays in ``figures["rejudged_alone"]``.  A program whose calls block alone keeps that figure:
 it is the program's own.
 
-Contract: :func:`blocked_side` names the side (``reference`` or ``candidate``) whose timed calls
-were at least :data:`BLOCKED_SHARE` blocked (``figures["blocked_calls"]``), the candidate's first.
+Contract: :func:`blocked_sides` names the sides (``candidate``, ``reference``) whose timed calls
+were at least :data:`BLOCKED_SHARE` blocked (``figures["blocked_calls"]``).
 ``TASK_MEMORY`` (:mod:`.gpu_memory`, kept in the cache directory across processes) remembers the
 tasks whose reference's calls were blocked even alone (a reference that waits for the device by
-itself), so their later verdicts are not judged again for it.
+itself), so their later verdicts whose reference's calls block are not judged again.
 """
 
 from __future__ import annotations
@@ -25,23 +25,22 @@ from cudal1.types import EvalResult, Status
 BLOCKED_SHARE = 0.5  # of a side's timed calls
 
 
-def blocked_side(result: EvalResult) -> str | None:
-    """The side whose timed calls were mostly blocked in an ``ok`` verdict, else None."""
+def blocked_sides(result: EvalResult) -> tuple[str, ...]:
+    """The sides (``candidate``, ``reference``) whose timed calls were mostly blocked in an ``ok``
+    verdict."""
     if result.status is not Status.OK:
-        return None
+        return ()
     counts = result.figures.get("blocked_calls") or {}
     calls = counts.get("calls") or {}
-    for side in ("candidate", "reference"):
-        n, total = counts.get(side) or 0, calls.get(side) or 0
-        if total and n >= BLOCKED_SHARE * total:
-            return side
-    return None
+    return tuple(side for side in ("candidate", "reference")
+                 if (total := calls.get(side) or 0) and (counts.get(side) or 0) >= BLOCKED_SHARE * total)
 
 
 def worth_judging_alone(result: EvalResult, task_hash: str) -> str | None:
-    """The side to judge again alone for, or None: a blocked side, unless it is the reference of a
-    task whose reference blocks by itself."""
-    side = blocked_side(result)
-    if side == "reference" and gpu_memory.TASK_MEMORY.reference_blocks(task_hash):
+    """The side to judge again alone for, or None: a blocked side (the candidate's first), unless
+    the reference's calls are blocked too and its task's reference blocks by itself (both sides'
+    figures then hold host time, each judged beside the same neighbours)."""
+    sides = blocked_sides(result)
+    if "reference" in sides and gpu_memory.TASK_MEMORY.reference_blocks(task_hash):
         return None
-    return side
+    return sides[0] if sides else None

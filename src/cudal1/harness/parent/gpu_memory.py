@@ -123,8 +123,9 @@ class GpuGate:
 
 class TaskMemory:
     """The most device memory one job of each task held (MiB, its two processes together, as the
-    parent's NVML watch saw them: ``figures["gpu_memory_mib"]``, :mod:`gpu_share`), and the tasks
-    that ran out of memory beside other jobs.  Kept for the process, and in
+    parent's NVML watch saw them: ``figures["gpu_memory_mib"]``, :mod:`gpu_share`), the tasks
+    that ran out of memory beside other jobs, and the tasks whose reference's timed calls were
+    blocked with the GPU to itself (:mod:`.blocked`).  Kept for the process, and in
     ``CACHE/gpu_memory.json`` (:meth:`attach`) so the next process of a resumed run starts with
     them.  A scheduling hint only: a missing or low entry costs an OOM and a verdict judged again
     alone, never a verdict.  Thread-safe."""
