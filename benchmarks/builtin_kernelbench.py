@@ -34,7 +34,8 @@ verdicts make redundant) and
 ``--cost-probe N`` times N finished tasks' baselines with them on and off, outside the store.
 ``--rejudge TASK`` (repeatable) takes a task's verdicts, baselines and re-timings under the current
 judge config out of the run into ``OUT/rejudged.jsonl``, so this call judges its recorded programs
-again (:mod:`builtin_rejudge`: for verdicts a since-fixed judge problem decided).
+again (:mod:`builtin_rejudge`: for verdicts a since-fixed judge problem decided; ``TASK:MODE`` and
+``TASK:baselines`` time baselines again, ``all`` names every task).
 
 Resuming: the run store is kept as ``OUT/cudal1.sqlite.gz`` and the rewrite cache as
 ``OUT/rewrites.tgz`` (restored when the plain files are missing or older; rewritten at the end of
@@ -418,7 +419,8 @@ def main() -> int:
     ap.add_argument("--report-only", action="store_true", help="the report of OUT, judging nothing")
     ap.add_argument("--rejudge", action="append", default=[], metavar="TASK",
                     help="judge this task's recorded programs again with the current judge (repeatable; its "
-                         "earlier verdicts go to OUT/rejudged.jsonl); TASK:MODE times only that baseline again")
+                         "earlier verdicts go to OUT/rejudged.jsonl); TASK:MODE times only that baseline again, "
+                         "TASK:baselines every baseline of it; TASK all: every task of the run")
     ap.add_argument("--rejudge-reason", default="", help="why, recorded with each --rejudge entry")
     ap.add_argument("--reselect", action="store_true", help="apply the selection rules again")
     ap.add_argument("--levers", choices=("on", "off"), default="on",

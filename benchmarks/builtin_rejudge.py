@@ -14,7 +14,12 @@ judge.  Its responses and candidates stay: the same programs are judged, not a n
 instead: only that mode's baseline leaves the store, with the task's re-timings and finished mark
 (its best compile mode may change), so the next call times that mode and re-times the task; its
 verdicts and other baselines stay.  For a baseline a judge limit cut short (a compile past the
-120 s call limit before torch.compile's compiling got the build deadline).
+120 s call limit before torch.compile's compiling got the build deadline).  ``TASK:baselines``
+times every baseline of the task again the same way (its verdicts stay: a search's own
+``compile-default`` verdict, where it stands in for that baseline, is not a baseline and stays);
+``all`` for TASK (``all:baselines``, ``all:MODE``, ``all``) names every task of the run: for
+measuring what the baselines and re-timings cost under a changed judge, the search's verdicts
+kept.
 
 Nothing is lost: each entry's removed rows are appended as one JSON line to ``OUT/rejudged.jsonl``
 (task, mode where one was named, time, config hash, reason, and the rows) before the files are
@@ -32,6 +37,8 @@ import builtin_baseline_plan as plan
 from cudal1.store import RunStore
 
 LOG = "rejudged.jsonl"
+BASELINES = "baselines"  # TASK:baselines: every baseline of the task timed again
+ALL = "all"  # every task of the run
 
 
 def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reason: str = "") -> list[dict[str, Any]]:
@@ -43,13 +50,14 @@ def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reaso
 
     by_id = {t.task_id: t for t in tasks}
     wanted = [tuple(i.split(":", 1)) if ":" in i else (i, "") for i in task_ids]
-    unknown = [i for i, _ in wanted if i not in by_id]
+    unknown = [i for i, _ in wanted if i not in by_id and i != ALL]
     if unknown:
         raise ValueError(f"--rejudge: not a task of this run: {', '.join(unknown)}")
     modes = (*COMPILE_MODES, CUDA_GRAPH)
-    bad = [m for _, m in wanted if m and m not in modes]
+    bad = [m for _, m in wanted if m and m not in modes and m != BASELINES]
     if bad:
-        raise ValueError(f"--rejudge: not a baseline mode: {', '.join(bad)} (known: {', '.join(modes)})")
+        raise ValueError(f"--rejudge: not a baseline mode: {', '.join(bad)} (known: {', '.join(modes)}, {BASELINES})")
+    wanted = [(t.task_id, m) for i, m in wanted for t in (tasks if i == ALL else [by_id[i]])]
     store_path = out / "cudal1.sqlite"
     confirm_path = out / "confirm.json"
     entries = []
@@ -79,7 +87,8 @@ def rejudge(out: Path, tasks: list, task_ids: list[str], config_hash: str, reaso
                 plan.write_whole(out / plan.SKIPS, json.dumps(skips, indent=1, sort_keys=True))
                 plan.write_whole(out / plan.DONE, json.dumps(sorted(done - {entry["task"]}), indent=0))
 
-            store.take_verdicts(by_id[task_id].hash, config_hash, keep=keep, baseline_modes=[mode] if mode else None)
+            which = list(modes) if mode == BASELINES else [mode] if mode else None
+            store.take_verdicts(by_id[task_id].hash, config_hash, keep=keep, baseline_modes=which)
             entries.append(entry)
     finally:
         store.close()
@@ -90,7 +99,8 @@ def summary(entry: dict[str, Any]) -> str:
     """One line per re-judged task (or baseline) for the call's log."""
     if entry.get("mode"):
         statuses = ", ".join(str(b["result"].get("status")) for b in entry["baselines"]) or "none"
-        return (f"timing {entry['task']}'s {entry['mode']} baseline again: took out {len(entry['baselines'])} "
+        what = "baselines" if entry["mode"] == BASELINES else f"{entry['mode']} baseline"
+        return (f"timing {entry['task']}'s {what} again: took out {len(entry['baselines'])} "
                 f"baseline(s) ({statuses}), {len(entry['confirm'])} re-timing(s); kept in {LOG}")
     statuses = ", ".join(f"{e['status']}" for e in entry["evaluations"]) or "none"
     return (f"re-judging {entry['task']}: took out {len(entry['evaluations'])} verdict(s) ({statuses}), "

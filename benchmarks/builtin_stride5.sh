@@ -39,7 +39,9 @@
 #                                                                   # search's identity, so only for a new run)
 #   STRIDE5_REJUDGE="level1/63" bash benchmarks/builtin_stride5.sh resume  # judge these tasks' programs again first
 #                                                                   # (--rejudge; their old verdicts: rejudged.jsonl;
-#                                                                   # TASK:MODE: only that baseline, timed again)
+#                                                                   # TASK:MODE: only that baseline, timed again;
+#                                                                   # TASK:baselines all of its baselines; all:baselines
+#                                                                   # every task's, the search's verdicts kept)
 #
 # probe: the baselines of the run's first 3 finished tasks (every mode, then the re-timing of each
 #        one's best compile mode), from empty caches with the levers on, then off, outside the run

@@ -112,6 +112,29 @@ def test_one_baseline_timed_again_leaves_the_verdicts_and_other_baselines(bench,
         rj.rejudge(tmp_path, [t1, t2], [f"{t1.task_id}:eager-ish"], "cfg")
 
 
+def test_every_tasks_baselines_timed_again_leave_every_verdict(bench, tmp_path):
+    """``all:baselines``: every baseline of every task leaves the store (with the re-timings and
+    finished marks), every verdict and skip stays; one log entry per task."""
+    _, rj = bench
+    t1, t2 = a_run(tmp_path, bench)
+    with RunStore(tmp_path / "cudal1.sqlite") as store:
+        store.record_baseline(t1.hash, "cudagraph", "env", "cfg", verdict(t1, "baseline", "cfg", speedup=0.9))
+    entries = rj.rejudge(tmp_path, [t1, t2], ["all:baselines"], "cfg", "the judge fixed")
+    assert [e["task"] for e in entries] == [t1.task_id, t2.task_id] and {e["mode"] for e in entries} == {"baselines"}
+    assert rj.summary(entries[0]) == (f"timing {t1.task_id}'s baselines again: took out 2 baseline(s) (ok, ok), "
+                                      f"2 re-timing(s); kept in {rj.LOG}")
+    with RunStore(tmp_path / "cudal1.sqlite") as store:
+        for t in (t1, t2):
+            assert len(store.evaluations(t.hash)) == 3
+            assert store.get_baseline(t.hash, "compile-default", "env", "cfg") is None
+        assert store.get_baseline(t1.hash, "cudagraph", "env", "cfg") is None
+    assert json.loads((tmp_path / "baselines_done.json").read_text()) == []
+    assert json.loads((tmp_path / "confirm.json").read_text()) == {}
+    assert set(json.loads((tmp_path / "baseline_skips.json").read_text())) == {t1.task_id, t2.task_id}
+    with pytest.raises(ValueError, match="not a baseline mode: base"):
+        rj.rejudge(tmp_path, [t1, t2], ["all:base"], "cfg")
+
+
 @pytest.mark.cpu
 def test_a_task_the_run_does_not_hold_changes_nothing(bench, tmp_path):
     _, rj = bench
