@@ -2,12 +2,13 @@
 timer holds the GPU while the host issues a call, so a call that waits for the device (a
 synchronize, a blocking copy, a ``cudaFree``) is *blocked* there and its GPU figure includes
 host time (``short_waits`` in a result's cost figures).  This runs the program outside the judge,
-in one process per (task, mode) with its own Inductor cache (``--cache`` reuses a judge's cache
-root, so the same compiled code and autotuning choices load), and reports per program:
+in one process per (task, mode) with its own Inductor cache (``--judge-cache`` reuses a judge's
+cache root, so the same compiled code and autotuning choices load), and reports per program:
 
 - ``issue_ms``: the host's time to issue one call (median of 10, nothing queued ahead);
-- ``behind_ms``: the same with a ``--behind-ms`` spin kernel queued ahead on the stream: a call
-  that waits for the device takes about that long to issue;
+- ``behind_ms``: the same with a ``--behind-ms`` spin kernel queued ahead on the stream (the
+  judge's timer's own, ``CudaTimer.spin``; ``spin_ms`` what it ran): a call that waits for the
+  device takes about that long to issue;
 - ``waits``: the CUDA runtime/driver calls of one call issued behind the spin that took over half
   of it (name, ms, the Python frames above it), from ``torch.profiler``;
 - ``api``: every CUDA API name seen in one plain call, with its count;
@@ -65,13 +66,33 @@ def _frames(event: Any, depth: int = 6) -> list[str]:
     return out
 
 
+def _is_cuda_api(name: str) -> bool:
+    return name.startswith(("cuda", "cu")) and not name.startswith("cudal1")
+
+
+def _events_ms(fn: Any, n: int) -> list[float]:
+    """CUDA-event time of ``n`` calls of ``fn``, back to back."""
+    import torch
+
+    ends = []
+    for _ in range(n):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        ends.append((s, e))
+    torch.cuda.synchronize()
+    return [s.elapsed_time(e) for s, e in ends]
+
+
 def probe(task_name: str, source: str | None, mode: str, behind_ms: float) -> dict[str, Any]:
     """One program in this process (its cache is the environment's)."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
     from cudal1.harness.baselines import wrap_baseline
-    from cudal1.harness.process_start import set_math_mode
+    from cudal1.harness.process_start import load_module, set_math_mode
+    from cudal1.harness.timer import CudaTimer
     from cudal1.tasks import load_tasks
 
     set_math_mode("strict")
@@ -79,13 +100,13 @@ def probe(task_name: str, source: str | None, mode: str, behind_ms: float) -> di
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "task_module.py"
         path.write_text(task.source)
-        from cudal1.harness.process_start import load_module
-
         mod = load_module(str(path), "task_module")
     torch.manual_seed(0)
     model = mod.Model(*mod.get_init_inputs()).cuda().eval()
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x for x in mod.get_inputs()]
     program = wrap_baseline(mode, model, torch.device("cuda")) if mode != "eager" else model
+    timer = CudaTimer(torch.device("cuda"), flush_l2=False)
+    spin_ns = int(behind_ms * 1e6)
     row: dict[str, Any] = {"task": task.name, "mode": mode}
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -96,48 +117,30 @@ def probe(task_name: str, source: str | None, mode: str, behind_ms: float) -> di
             program(*inputs)
         torch.cuda.synchronize()
 
-        def issue(ahead_ms: float) -> float:
+        def issue(behind: bool) -> float:
             torch.cuda.synchronize()
-            if ahead_ms:
-                torch.cuda._sleep(int(ahead_ms * 1e6 * 1.98))  # cycles at about 1.98 GHz
+            if behind:
+                timer.spin(spin_ns)
             t = time.perf_counter()
             program(*inputs)
             dt = (time.perf_counter() - t) * 1e3
             torch.cuda.synchronize()
             return dt
 
-        spin = [issue(behind_ms) for _ in range(3)]
-        spin_alone = []
-        for _ in range(3):  # how long the spin itself runs here
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            torch.cuda._sleep(int(behind_ms * 1e6 * 1.98))
-            e.record()
-            torch.cuda.synchronize()
-            spin_alone.append(s.elapsed_time(e))
-        row["issue_ms"] = round(statistics.median(issue(0) for _ in range(10)), 3)
-        row["behind_ms"] = [round(x, 2) for x in spin]
-        row["spin_ms"] = round(statistics.median(spin_alone), 2)
-        ends = []
-        for _ in range(20):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            program(*inputs)
-            e.record()
-            ends.append((s, e))
-        torch.cuda.synchronize()
-        row["gpu_ms"] = round(statistics.median(s.elapsed_time(e) for s, e in ends), 4)
+        row["behind_ms"] = [round(issue(True), 2) for _ in range(3)]
+        row["spin_ms"] = round(statistics.median(_events_ms(lambda: timer.spin(spin_ns), 3)), 2)
+        row["issue_ms"] = round(statistics.median(issue(False) for _ in range(10)), 3)
+        row["gpu_ms"] = round(statistics.median(_events_ms(lambda: program(*inputs), 20)), 4)
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             program(*inputs)
             torch.cuda.synchronize()
         api: dict[str, int] = {}
         for ev in prof.events():
-            if ev.name.startswith(("cuda", "cu")) and not ev.name.startswith("cudal1"):
+            if _is_cuda_api(ev.name):
                 api[ev.name] = api.get(ev.name, 0) + 1
         row["api"] = dict(sorted(api.items(), key=lambda kv: -kv[1]))
-        torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            torch.cuda._sleep(int(behind_ms * 1e6 * 1.98))
+            timer.spin(spin_ns)
             with record_function("cudal1_call"):
                 program(*inputs)
             torch.cuda.synchronize()
@@ -147,7 +150,7 @@ def probe(task_name: str, source: str | None, mode: str, behind_ms: float) -> di
         for ev in events:
             ms = ev.cpu_time_total / 1e3
             inside = call is not None and call.time_range.start <= ev.time_range.start <= call.time_range.end
-            if inside and ev.name.startswith(("cuda", "cu")) and ms > behind_ms / 2:
+            if inside and _is_cuda_api(ev.name) and ms > behind_ms / 2:
                 waits.append({"api": ev.name, "ms": round(ms, 2), "under": _frames(ev)})
         row["waits"] = waits
     return row

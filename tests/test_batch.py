@@ -560,7 +560,7 @@ def test_a_blocked_side_needs_most_of_its_calls_an_ok_verdict_and_a_reference_no
     assert blocked_sides(EvalResult(status=Status.OK)) == ()
     monkeypatch.setattr(gpu_memory, "TASK_MEMORY", gpu_memory.TaskMemory())
     assert worth_judging_alone(verdict(40, 40), "t") == "candidate"
-    gpu_memory.TASK_MEMORY.reference_blocks("t", note=True)  # its reference blocks by itself
+    gpu_memory.TASK_MEMORY.reference_blocked_alone("t")  # its reference blocks by itself
     assert worth_judging_alone(verdict(40, 40), "t") is None
     assert worth_judging_alone(verdict(40, 0), "t") is None
     assert worth_judging_alone(verdict(0, 40), "t") == "candidate"  # only the candidate's: its own figure

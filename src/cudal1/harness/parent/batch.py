@@ -266,8 +266,11 @@ class _LocalBatch:
         shared = self.config.workers_per_gpu > 1
         need = gate.share(gpu_memory.TASK_MEMORY.need(h))  # a capacity only with several workers per GPU
         bound = shared and gpu_memory.TASK_MEMORY.bound(h)
-        if shared and runs_alone(gate, need, bound):
+        def alone() -> EvalResult:
             return gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
+
+        if shared and runs_alone(gate, need, bound):
+            return alone()
         gate.enter(stopping, need, wait_for_room=bound)
         try:
             res = self.ev.evaluate_job(job, gpu, prebuilt)
@@ -277,19 +280,19 @@ class _LocalBatch:
             gpu_memory.TASK_MEMORY.ran_out(h)
             if need:  # out of memory within its measured share: the share says nothing, alone from now on
                 gpu_memory.TASK_MEMORY.note(h, gate.capacity_mib)
-            res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
+            res = alone()
             res.flags.append("rejudged_alone")
         elif (res.figures.get("contention") or {}).get(
             "gpu"
         ) and not self.stopping:  # another process used the GPU: once more, alone
-            res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
+            res = alone()
             res.flags.append("rejudged_alone")
         elif shared and (side := worth_judging_alone(res, h)) and not self.stopping:
             first = {"because": f"the {side}'s timed calls were blocked beside other jobs",
                      "blocked_calls": res.figures.get("blocked_calls"), "speedup": res.speedup}
-            res = gate.alone(lambda: self.ev.evaluate_job(job, gpu, prebuilt), stopping)
+            res = alone()
             if "reference" in blocked_sides(res):  # its reference blocks by itself: not judged again for it
-                gpu_memory.TASK_MEMORY.reference_blocks(h, note=True)
+                gpu_memory.TASK_MEMORY.reference_blocked_alone(h)
             res.flags.append("rejudged_alone")
             res.figures["rejudged_alone"] = first
         return res

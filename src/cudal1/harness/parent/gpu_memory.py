@@ -185,13 +185,17 @@ class TaskMemory:
         with self._lock:
             return task_hash in self._oom
 
-    def reference_blocks(self, task_hash: str, note: bool = False) -> bool:
-        """Whether the task's reference's timed calls were blocked with the GPU to itself (it waits
-        for the device by itself: :mod:`cudal1.harness.parent.blocked`); ``note``: they were."""
+    def reference_blocked_alone(self, task_hash: str) -> None:
+        """The task's reference's timed calls were blocked with the GPU to itself: it waits for the
+        device by itself (:mod:`cudal1.harness.parent.blocked`)."""
         with self._lock:
-            if note and task_hash not in self._blocks:
+            if task_hash not in self._blocks:
                 self._blocks.add(task_hash)
                 self._save()
+
+    def reference_blocks(self, task_hash: str) -> bool:
+        """Whether the task's reference blocked alone, here or in a process before."""
+        with self._lock:
             return task_hash in self._blocks
 
     def _save(self) -> None:
