@@ -175,10 +175,7 @@ class TaskMemory:
         """A job of the task ran out of memory beside other jobs: a task's memory is mostly its
         inputs, outputs and answers, so its later jobs (the next candidates, a search's next round)
         would run out the same way."""
-        with self._lock:
-            if task_hash not in self._oom:
-                self._oom.add(task_hash)
-                self._save()
+        self._mark(self._oom, task_hash)
 
     def bound(self, task_hash: str) -> bool:
         """Whether a job of the task ran out of memory beside other jobs, here or in a process before."""
@@ -188,15 +185,19 @@ class TaskMemory:
     def reference_blocked_alone(self, task_hash: str) -> None:
         """The task's reference's timed calls were blocked with the GPU to itself: it waits for the
         device by itself (:mod:`cudal1.harness.parent.blocked`)."""
-        with self._lock:
-            if task_hash not in self._blocks:
-                self._blocks.add(task_hash)
-                self._save()
+        self._mark(self._blocks, task_hash)
 
     def reference_blocks(self, task_hash: str) -> bool:
         """Whether the task's reference blocked alone, here or in a process before."""
         with self._lock:
             return task_hash in self._blocks
+
+    def _mark(self, tasks: set[str], task_hash: str) -> None:
+        """Add the task to one of the kept sets (saved when it is new)."""
+        with self._lock:
+            if task_hash not in tasks:
+                tasks.add(task_hash)
+                self._save()
 
     def _save(self) -> None:
         if self._path is None:
