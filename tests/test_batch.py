@@ -231,8 +231,8 @@ def test_a_deadline_starts_no_job_that_cannot_end_before_it_and_drains_once_none
 
 def test_task_seconds_size_a_job_by_its_own_kind(monkeypatch):
     """A baseline mode is sized by that mode's jobs of its task, never by the task's candidates;
-    without one, by its kind's upper quartile over tasks, else the longest job of any kind, else
-    not at all (infinite)."""
+    without one, by its kind's upper quartile over tasks, else the tasks' longest jobs' upper
+    quartile, else not at all (infinite)."""
     timed = _Timed(monkeypatch, long_s=0.0)
     seconds = task_seconds.TaskSeconds()
     cand = timed.jobs(("short", "c"))[0]
@@ -240,7 +240,7 @@ def test_task_seconds_size_a_job_by_its_own_kind(monkeypatch):
     assert seconds.stand_in(cand) == seconds.expected(cand) == float("inf")
     seconds.note(cand, 2.0)
     assert seconds.expected(cand) == 2.0 and seconds.expected(mode_a) == float("inf")
-    assert seconds.stand_in(mode_a) == 2.0  # no baseline judged yet: the longest job of any kind
+    assert seconds.stand_in(mode_a) == 2.0  # no baseline judged yet: the tasks' longest jobs
     seconds.note(mode_b, 9.0)
     seconds.note(mode_b, 7.0)
     assert seconds.expected(mode_b) == 9.0 and seconds.stand_in(mode_a) == 9.0 and seconds.stand_in(cand) == 2.0
@@ -279,6 +279,26 @@ def test_one_tasks_outlier_does_not_size_every_other_tasks_first_job_of_its_kind
     seconds.seed(big.hash, "candidate", 120.0)
     assert seconds.stand_in(Job(big, None, mode)) == 120.0  # its own search verdicts are longer
     assert seconds.expected(Job(judged[0], None, mode)) == 490.0  # a task's own time stays its own
+
+
+def test_one_tasks_outlier_does_not_size_every_job_of_a_kind_no_task_ran_yet():
+    """A kind no task ran yet (a graphed max-autotune baseline after every no-cudagraphs one) is
+    sized by the upper quartile of the tasks' longest jobs, not by the single longest: one level-3
+    model's 353 s baseline among 10-60 s tasks leaves a fresh kind's job of a small task sized at
+    the small tasks' figure (a 420 s call starts it), while that model's own job stays sized by
+    its 353 s."""
+    from cudal1.types import Task
+
+    seconds = task_seconds.TaskSeconds()
+    judged = [Task(name=f"t{i}", source=f"# t{i}\n") for i in range(8)]
+    for i, task in enumerate(judged):
+        seconds.seed(task.hash, "compile-max-autotune-no-cudagraphs", 353.0 if i == 0 else 5.0 * i)
+        seconds.seed(task.hash, "candidate", 10.0 + i)  # a task's longest is its longest of any kind
+    graphed = "compile-max-autotune"
+    assert seconds.stand_in(Job(judged[3], None, graphed)) == 30.0  # 6th of 8: 11 12 15 20 25 30 35 353
+    assert seconds.stand_in(Job(judged[0], None, graphed)) == 353.0
+    seconds.note(Job(judged[1], None, graphed), 40.0)
+    assert seconds.stand_in(Job(judged[2], None, graphed)) == 40.0  # now sized by its own kind
 
 
 def test_out_of_time_drains_only_under_a_drain_or_a_deadline():

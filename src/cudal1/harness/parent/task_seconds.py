@@ -35,7 +35,7 @@ class TaskSeconds:
         self._lock = threading.Lock()
         self._seconds: dict[Any, float] = {}  # task hash and (task hash, kind) -> longest
         self._by_kind: dict[str, list[float]] = {}  # kind -> each task's longest, sorted as noted
-        self._longest: float | None = None  # of any job so far
+        self._by_task: list[float] = []  # each task's longest job of any kind, sorted
 
     @staticmethod
     def kind(job: Job) -> str:
@@ -49,14 +49,12 @@ class TaskSeconds:
         here in ``seconds``: an earlier process's recorded time (a run store's ``wall_s``), so a
         resumed run orders and sizes its jobs by what it already knows."""
         with self._lock:
-            before = self._seconds.get((task_hash, kind))
-            for key in (task_hash, (task_hash, kind)):
-                self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
-            self._longest = max(seconds, self._longest or 0.0)
-            times = self._by_kind.setdefault(kind, [])
-            if before is not None:
-                times.remove(before)
-            bisect.insort(times, self._seconds[(task_hash, kind)])
+            for key, times in ((task_hash, self._by_task), ((task_hash, kind), self._by_kind.setdefault(kind, []))):
+                before = self._seconds.get(key)
+                self._seconds[key] = max(seconds, before or 0.0)
+                if before is not None:
+                    times.remove(before)
+                bisect.insort(times, self._seconds[key])
 
     def get(self, task_hash: str) -> float:
         """Seconds of the task's longest job so far (infinite when none was judged)."""
@@ -71,15 +69,16 @@ class TaskSeconds:
     def stand_in(self, job: Job) -> float:
         """For a job with no :meth:`expected` time: the upper quartile of its kind's jobs over the
         tasks judged so far (each task's longest; one task's outlier, such as a 490 s max-autotune
-        baseline of a level-3 model, does not size every other task's), else the longest job of
-        any kind, and at least its task's longest job (a level-3 model's first max-autotune
-        compile is not sized by a small task's); infinite when none was judged."""
+        baseline of a level-3 model, does not size every other task's), else (no job of its kind
+        yet) the upper quartile of the tasks' longest jobs of any kind (that outlier does not keep
+        every job of a new kind from starting in a call shorter than 1.5 x its time either), and at
+        least its task's longest job (a level-3 model's first max-autotune compile is not sized by
+        a small task's); infinite when none was judged."""
         with self._lock:
-            times = self._by_kind.get(self.kind(job))
-            if times:
-                typical = times[math.ceil(UPPER_QUARTILE * len(times)) - 1]
-            else:
-                typical = math.inf if self._longest is None else self._longest
+            times = self._by_kind.get(self.kind(job)) or self._by_task
+            if not times:
+                return math.inf
+            typical = times[math.ceil(UPPER_QUARTILE * len(times)) - 1]
             return max(typical, self._seconds.get(job.task.hash, 0.0))
 
 
