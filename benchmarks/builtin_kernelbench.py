@@ -145,6 +145,28 @@ def restore_store(out: Path) -> None:
             shutil.copyfileobj(src, dst)
 
 
+def judged_gpus(out: Path) -> set[str]:
+    """The GPU names of the environments the run's store recorded (empty: no store, or no GPU verdict)."""
+    store = out / STORE
+    if not store.exists():
+        return set()
+    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
+    try:
+        blobs = [blob for (blob,) in conn.execute("SELECT json FROM environments")]
+    except sqlite3.OperationalError:  # a store made before the table: nothing recorded
+        return set()
+    finally:
+        conn.close()
+    return {name for name in (json.loads(blob).get("gpu_name") for blob in blobs) if name}
+
+
+def this_gpu() -> str | None:
+    """This machine's first GPU's name (None: no GPU)."""
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+
+
 def snapshot_store(out: Path) -> None:
     """A consistent copy of the store (SQLite's backup API), gzipped next to it."""
     store = out / STORE
@@ -463,6 +485,10 @@ def main() -> int:
     ap.add_argument(
         "--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)"
     )
+    ap.add_argument("--other-gpu", action="store_true",
+                    help="resume a run on a GPU other than the one its verdicts were judged on (without it such a "
+                         "call stops at once: every verdict of the run would be judged again on this GPU, beside "
+                         "the earlier GPU's, and its figures would mix neither)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` stops it like Ctrl-C: store kept
     out = Path(args.out)
@@ -479,6 +505,12 @@ def main() -> int:
         snapshot_rewrites(out)
         return 0
     restore_store(out)
+    if not (args.report_only or args.prepare or args.other_gpu) and args.device == "cuda":
+        here, before = this_gpu(), judged_gpus(out)
+        if before and here not in before:
+            print(f"error: {out} was judged on {', '.join(sorted(before))}, this machine has {here or 'no GPU'}: "
+                  "resume it there, or pass --other-gpu to judge the run again here", file=sys.stderr)
+            return 2
     faulthandler.dump_traceback_later(STALL_S, repeat=True)  # a stalled run shows where it stands
     try:
         judge = EvalConfig.preset(args.preset).replace(

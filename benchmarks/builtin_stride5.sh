@@ -34,6 +34,8 @@
 #                                                                   # whose jobs join as their verdicts come in;
 #                                                                   # not in the config hash)
 #   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
+#   STRIDE5_OTHER_GPU=1 bash benchmarks/builtin_stride5.sh resume  # go on on a GPU other than the run's (without
+#                                                                   # it such a call stops at once, rc 2: --other-gpu)
 #   STRIDE5_ANCHOR=off bash benchmarks/builtin_stride5.sh resume    # the search judges no reference as itself
 #                                                                   # (--no-anchor: one job per task fewer; in the
 #                                                                   # search's identity, so only for a new run)
@@ -72,6 +74,7 @@ ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}" --first-call-lease "${STRIDE5_FIRST_CALL:-choosers}"
       --finish "${STRIDE5_FINISH:-joined}" --baseline-lease "${STRIDE5_BASELINE_LEASE:-exclusive}")
 [ "${STRIDE5_ANCHOR:-on}" = off ] && ARGS+=(--no-anchor)
+[ -n "${STRIDE5_OTHER_GPU:-}" ] && ARGS+=(--other-gpu)
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in
   probe)
@@ -92,7 +95,7 @@ case "$step" in
     [ "${STRIDE5_DRAIN:-60}" -gt 20 ] && DRAIN+=(--drain-end $((SECONDS_ - 15)))
     timeout -s INT "$SECONDS_" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" "${REJUDGE[@]}" "${DRAIN[@]}" \
       >"$OUT/stride5_resume.log" 2>&1
-    echo "resume rc=$? (130: drained or cut short, 124: cut by the timeout; whole tasks kept either way)"
+    echo "resume rc=$? (130: drained or cut short, 124: cut by the timeout; whole tasks kept either way; 2: another GPU)"
     grep -E '^(re-judging|tasks [0-9]|cost|Where a compile)' "$OUT/stride5_resume.log"
     tail -22 "$OUT/stride5_resume.log"
     ;;

@@ -282,11 +282,10 @@ def test_one_tasks_outlier_does_not_size_every_other_tasks_first_job_of_its_kind
 
 
 def test_one_tasks_outlier_does_not_size_every_job_of_a_kind_no_task_ran_yet():
-    """A kind no task ran yet (a graphed max-autotune baseline after every no-cudagraphs one) is
-    sized by the upper quartile of the tasks' longest jobs, not by the single longest: one level-3
-    model's 353 s baseline among 10-60 s tasks leaves a fresh kind's job of a small task sized at
-    the small tasks' figure (a 420 s call starts it), while that model's own job stays sized by
-    its 353 s."""
+    """A kind no task ran yet (CUDA-graph replay after every compiled baseline) is sized by the
+    upper quartile of the tasks' longest jobs, not by the single longest: one level-3 model's 353 s
+    baseline among 10-60 s tasks leaves a fresh kind's job of a small task sized at the small
+    tasks' figure (a 420 s call starts it), while that model's own job stays sized by its 353 s."""
     from cudal1.types import Task
 
     seconds = task_seconds.TaskSeconds()
@@ -294,11 +293,28 @@ def test_one_tasks_outlier_does_not_size_every_job_of_a_kind_no_task_ran_yet():
     for i, task in enumerate(judged):
         seconds.seed(task.hash, "compile-max-autotune-no-cudagraphs", 353.0 if i == 0 else 5.0 * i)
         seconds.seed(task.hash, "candidate", 10.0 + i)  # a task's longest is its longest of any kind
-    graphed = "compile-max-autotune"
-    assert seconds.stand_in(Job(judged[3], None, graphed)) == 30.0  # 6th of 8: 11 12 15 20 25 30 35 353
-    assert seconds.stand_in(Job(judged[0], None, graphed)) == 353.0
-    seconds.note(Job(judged[1], None, graphed), 40.0)
-    assert seconds.stand_in(Job(judged[2], None, graphed)) == 40.0  # now sized by its own kind
+    fresh = "cudagraph"
+    assert seconds.stand_in(Job(judged[3], None, fresh)) == 30.0  # 6th of 8: 11 12 15 20 25 30 35 353
+    assert seconds.stand_in(Job(judged[0], None, fresh)) == 353.0
+    seconds.note(Job(judged[1], None, fresh), 40.0)
+    assert seconds.stand_in(Job(judged[2], None, fresh)) == 40.0  # now sized by its own kind
+
+
+def test_a_graphed_compile_mode_is_sized_by_its_ungraphed_twin_on_its_task():
+    """compile-max-autotune after its task's compile-max-autotune-no-cudagraphs (the same compile,
+    its autotuning reused from the task's cache): sized by the twin's time alone, not by the
+    task's longest job, so a level-3 model's 353 s twin leaves it 353 s, not a call's whole length
+    of its slowest search verdict; a task without the twin is sized as any other."""
+    from cudal1.types import Task
+
+    seconds = task_seconds.TaskSeconds()
+    model, small = Task(name="model", source="# m\n"), Task(name="small", source="# s\n")
+    seconds.seed(model.hash, "candidate", 500.0)
+    seconds.seed(model.hash, "compile-max-autotune-no-cudagraphs", 353.0)
+    seconds.seed(small.hash, "compile-default", 12.0)
+    assert seconds.stand_in(Job(model, None, "compile-max-autotune")) == 353.0
+    assert seconds.stand_in(Job(small, None, "compile-reduce-overhead")) == 12.0
+    assert seconds.stand_in(Job(small, None, "compile-max-autotune")) == 500.0  # no twin: the tasks' longest
 
 
 def test_out_of_time_drains_only_under_a_drain_or_a_deadline():

@@ -160,3 +160,44 @@ def test_another_judge_config_keeps_the_earlier_configurations_files_beside_the_
     write_config_file(tmp_path, judge=cheaper)  # the new configuration's run, then a third one
     bk.keep_earlier_config(tmp_path, first, False)
     assert "timing_budget_s: 0.5" in (tmp_path / "config.2.yaml").read_text()
+
+
+def test_a_run_judged_on_one_gpu_is_not_resumed_on_another_unless_asked(tmp_path, monkeypatch, capsys):
+    """A resumed call on a GPU other than the one the run's verdicts name stops at once with one
+    line (rc 2) before judging anything: it would judge every verdict again on this GPU, and a
+    lent machine of the wrong kind costs its whole call otherwise.  ``--other-gpu`` goes on."""
+    import sqlite3
+
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import builtin_kernelbench as bk
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / SMALL_DIAG.name).write_text(SMALL_DIAG.read_text())
+    out = tmp_path / "run"
+    assert bk.judged_gpus(out) == set()  # nothing judged yet: any GPU starts it
+    out.mkdir()
+    with sqlite3.connect(out / bk.STORE) as db:
+        db.execute("CREATE TABLE environments (key TEXT PRIMARY KEY, json TEXT)")
+        db.executemany("INSERT INTO environments VALUES (?, ?)",
+                       [("a", json.dumps({"gpu_name": "NVIDIA H200"})),
+                        ("b", json.dumps({"device": "cpu", "gpu_name": None}))])
+    db.close()
+    assert bk.judged_gpus(out) == {"NVIDIA H200"}
+    monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H100 80GB HBM3")
+    judged = []
+    monkeypatch.setattr(bk, "search", lambda *a, **k: judged.append(a))
+    monkeypatch.setattr(sys, "argv", ["builtin_kernelbench.py", str(suite), "--out", str(out), "--modes", "none"])
+    assert bk.main() == 2 and judged == []
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: {out} was judged on NVIDIA H200, this machine has NVIDIA H100 80GB HBM3: resume it there, "
+                   "or pass --other-gpu to judge the run again here"]
+    monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H200")
+    monkeypatch.setattr(bk, "report", lambda *a, **k: None)
+    monkeypatch.setattr(bk, "_finished", lambda *a, **k: 0)
+    monkeypatch.setattr(bk, "_gpus", lambda args: 1)
+    monkeypatch.setattr(bk.faulthandler, "dump_traceback_later", lambda *a, **k: None)  # pytest's stderr has no fileno
+    assert bk.main() == 0 and len(judged) == 1  # the same GPU: it goes on
+    monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(sys, "argv", [*sys.argv, "--other-gpu"])
+    assert bk.main() == 0 and len(judged) == 2

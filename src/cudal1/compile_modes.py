@@ -44,6 +44,10 @@ COMPILE_MODES: dict[str, CompileMode] = {
                     "torch.compile, max-autotune (autotuned Triton/GEMM templates, CUDA graphs)", False),
     )
 }
+# Each graphed mode's compile without CUDA graphs: the same Inductor compile (its autotuning too),
+# then captured; a task's baselines that share one compile cache reuse the twin's work.
+UNGRAPHED_TWIN = {"compile-reduce-overhead": "compile-default",
+                  "compile-max-autotune": "compile-max-autotune-no-cudagraphs"}
 CUDA_GRAPH = "cudagraph"  # whole-forward CUDA-graph capture with static buffers (cuda_graph.CudaGraphReplay)
 CUDA_GRAPH_DESCRIPTION = "whole-forward CUDA-graph capture with static buffers"
 EAGER = "eager"  # the model as written (baselines only)

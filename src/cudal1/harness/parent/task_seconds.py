@@ -13,6 +13,7 @@ import math
 import threading
 from typing import Any
 
+from cudal1.compile_modes import UNGRAPHED_TWIN
 from cudal1.harness.parent.plan import Job
 
 UPPER_QUARTILE = 0.75  # the stand-in's rank among a kind's per-task times (nearest rank)
@@ -73,8 +74,15 @@ class TaskSeconds:
         yet) the upper quartile of the tasks' longest jobs of any kind (that outlier does not keep
         every job of a new kind from starting in a call shorter than 1.5 x its time either), and at
         least its task's longest job (a level-3 model's first max-autotune compile is not sized by
-        a small task's); infinite when none was judged."""
+        a small task's); infinite when none was judged.  A graphed compile mode whose ungraphed twin
+        (:data:`cudal1.compile_modes.UNGRAPHED_TWIN`) ran on the task is sized by the twin's time
+        alone: the same compile, its autotuning reused from the task's shared cache where the twin
+        ran first (level3/23's graphed max-autotune took 29 s after its twin's 72 s), so a
+        level-3 model's 353 s twin does not keep it from ever fitting a call."""
+        twin = UNGRAPHED_TWIN.get(self.kind(job))
         with self._lock:
+            if twin is not None and (job.task.hash, twin) in self._seconds:
+                return self._seconds[(job.task.hash, twin)]
             times = self._by_kind.get(self.kind(job)) or self._by_task
             if not times:
                 return math.inf
