@@ -481,7 +481,8 @@ def main() -> int:
     ap.add_argument("--drain-end", type=float, default=None, metavar="E",
                     help="with --drain-after: a deadline from the start: a verdict starts only if expected to end by "
                          "E (its task's longest verdict of its kind so far x1.5 + 5 s; without one, the upper "
-                         "quartile of its kind over tasks, and after --drain-after never), also after S")
+                         "quartile of its kind over tasks, and after --drain-after never; one longer than E with "
+                         "its margin, in E's first tenth if it fits without), also after S")
     ap.add_argument(
         "--pack", default=None, help="also write the run directory's state to this tar.gz (e.g. $OUT/state.tgz)"
     )

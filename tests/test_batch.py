@@ -180,6 +180,7 @@ def test_a_drain_window_still_starts_the_jobs_that_fit_in_its_time_left(fake, tm
 
     timed = _Timed(monkeypatch, long_s=1.5)
     monkeypatch.setattr(drain, "FIT_SLACK_S", 0.1)
+    monkeypatch.setattr(drain, "START_SHARE", 0.0)  # no early start for a job too long for the window
     plan = DevicePlan("cpu", (None,), "")
     assert drain.admits(float("inf"))
     run_jobs(timed.jobs(("short", "s0"), ("long", "l0")), config(tmp_path, 1), plan=plan)
@@ -213,6 +214,7 @@ def test_a_deadline_starts_no_job_that_cannot_end_before_it_and_drains_once_none
     monkeypatch.setattr(task_seconds, "TASK_SECONDS", task_seconds.TaskSeconds())  # other tests' tasks left out
     timed = _Timed(monkeypatch, long_s=1.5)
     monkeypatch.setattr(drain, "FIT_SLACK_S", 0.1)
+    monkeypatch.setattr(drain, "START_SHARE", 0.0)  # no early start for a job too long for the window
     plan = DevicePlan("cpu", (None,), "")
     run_jobs(timed.jobs(("short", "s0"), ("long", "l0")), config(tmp_path, 1), plan=plan)
     fake.log.clear()
@@ -315,6 +317,28 @@ def test_a_graphed_compile_mode_is_sized_by_its_ungraphed_twin_on_its_task():
     assert seconds.stand_in(Job(model, None, "compile-max-autotune")) == 353.0
     assert seconds.stand_in(Job(small, None, "compile-reduce-overhead")) == 12.0
     assert seconds.stand_in(Job(small, None, "compile-max-autotune")) == 500.0  # no twin: the tasks' longest
+
+
+def test_a_job_too_long_for_any_window_with_its_margin_starts_early_in_one_if_its_time_alone_fits(monkeypatch):
+    """A job whose FIT_FACTOR x seconds + slack exceed the whole window (deadline from its setting)
+    would start in no call, and its run never finish: in the window's first START_SHARE it starts
+    where its seconds alone fit the time left; later, and for a job too long even without the
+    margin, the usual rule holds."""
+    from cudal1.harness.parent import drain
+
+    monkeypatch.setattr(drain, "FIT_SLACK_S", 0.1)
+    monkeypatch.setattr(drain, "START_SHARE", 0.2)
+    try:
+        drain.after(3.9, end=4.0).cancel()  # a deadline 4 s from now, no drain
+        assert drain.admits(3.0)  # 4.6 s with its margin: more than the window, its 3.1 s fit
+        assert drain.admits(float("inf"), 3.0)  # sized by a stand-in, the same
+        assert not drain.admits(3.95)  # too long even without its margin
+        assert drain.admits(2.0)  # 3.1 s: fits the usual way
+        time.sleep(1.0)  # past the window's first 0.8 s
+        assert not drain.admits(3.0) and not drain.admits(2.5)  # 4.6 s, 3.85 s: not in the 3 s left
+        assert drain.admits(1.5)
+    finally:
+        drain.clear()
 
 
 def test_out_of_time_drains_only_under_a_drain_or_a_deadline():

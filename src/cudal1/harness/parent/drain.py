@@ -15,7 +15,8 @@ The CLI requests one on SIGUSR1.
 at ``seconds``: from now on the local backend starts only a job that :func:`admits` (its expected
 seconds, with a margin, fit before the deadline), so no job starts that a hard stop at ``E`` plus a
 little would cut and lose; a job with no expected time yet (nothing like it judged in this process)
-is sized by the caller's stand-in until the drain, and never starts after it.  Once nothing left
+is sized by the caller's stand-in until the drain, and never starts after it; one too long for
+any window with its margin starts only early in one (:func:`admits`).  Once nothing left
 fits, the batch requests the drain itself (:func:`out_of_time`): time only runs out.  Ray's backend
 honours the drain alone, not the deadline.
 """
@@ -27,8 +28,9 @@ import threading
 import time
 
 _REQUESTED = threading.Event()
-_DEADLINE: list[float] = []  # monotonic time by which a started job should have ended (empty: none)
+_DEADLINE: list[float] = []  # [monotonic time it was set, time by which a started job should have ended]
 FIT_FACTOR, FIT_SLACK_S = 1.5, 5.0  # a job fits when FIT_FACTOR x its expected seconds + FIT_SLACK_S are left
+START_SHARE = 0.1  # a job whose margin fits no window starts only in this first share of one (see admits)
 
 
 class Drained(KeyboardInterrupt):
@@ -58,7 +60,10 @@ def admits(expected_s: float, stand_in_s: float = math.inf) -> bool:
     """Whether a job expected to take ``expected_s`` seconds may start now.  Without a deadline:
     unless a drain was requested.  With one: when ``FIT_FACTOR`` x its seconds + ``FIT_SLACK_S``
     fit in the time left; a job with no expected time (``inf``) is sized by ``stand_in_s`` before
-    the drain (none either: it starts) and never starts after it."""
+    the drain (none either: it starts) and never starts after it.  A job whose margin is longer
+    than the whole window (set to deadline) would never start in any call, and its run never
+    finish: it starts in the window's first ``START_SHARE`` if its seconds alone fit the time left
+    (level3/23's 353 s max-autotune compile, x 1.5 + 5 s = 535 s, in a 540 s call's 525 s window)."""
     if not _DEADLINE:
         return not _REQUESTED.is_set()
     if not math.isfinite(expected_s):
@@ -67,7 +72,12 @@ def admits(expected_s: float, stand_in_s: float = math.inf) -> bool:
         if not math.isfinite(stand_in_s):
             return True
         expected_s = stand_in_s
-    return FIT_FACTOR * expected_s + FIT_SLACK_S <= _DEADLINE[0] - time.monotonic()
+    set_at, end = _DEADLINE
+    now, need = time.monotonic(), FIT_FACTOR * expected_s + FIT_SLACK_S
+    if need <= end - now:
+        return True
+    window = end - set_at
+    return need > window and now - set_at <= START_SHARE * window and expected_s + FIT_SLACK_S <= end - now
 
 
 def bounding() -> bool:
@@ -91,7 +101,8 @@ def after(seconds: float, end: float | None = None) -> threading.Timer:
     ``end`` (seconds from now, later than ``seconds``), a deadline from now on, by which every job
     started should have ended (:func:`admits`)."""
     if end is not None and end > seconds:
-        _DEADLINE[:] = [time.monotonic() + end]
+        now = time.monotonic()
+        _DEADLINE[:] = [now, now + end]
     timer = threading.Timer(max(0.0, seconds), request)
     timer.daemon = True
     timer.start()

@@ -76,9 +76,9 @@ class TaskSeconds:
         least its task's longest job (a level-3 model's first max-autotune compile is not sized by
         a small task's); infinite when none was judged.  A graphed compile mode whose ungraphed twin
         (:data:`cudal1.compile_modes.UNGRAPHED_TWIN`) ran on the task is sized by the twin's time
-        alone: the same compile, its autotuning reused from the task's shared cache where the twin
-        ran first (level3/23's graphed max-autotune took 29 s after its twin's 72 s), so a
-        level-3 model's 353 s twin does not keep it from ever fitting a call."""
+        alone, not by the task's longest job: the same compile, about as long on an empty cache and
+        shorter where the twin's autotuning is in the task's shared cache (level3/23's graphed
+        max-autotune took 29 s after its twin's 72 s, H200)."""
         twin = UNGRAPHED_TWIN.get(self.kind(job))
         with self._lock:
             if twin is not None and (job.task.hash, twin) in self._seconds:
