@@ -147,17 +147,12 @@ def restore_store(out: Path) -> None:
 
 def judged_gpus(out: Path) -> set[str]:
     """The GPU names of the environments the run's store recorded (empty: no store, or no GPU verdict)."""
-    store = out / STORE
-    if not store.exists():
+    from cudal1.store import RunStore
+
+    if not (out / STORE).exists():
         return set()
-    conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-    try:
-        blobs = [blob for (blob,) in conn.execute("SELECT json FROM environments")]
-    except sqlite3.OperationalError:  # a store made before the table: nothing recorded
-        return set()
-    finally:
-        conn.close()
-    return {name for name in (json.loads(blob).get("gpu_name") for blob in blobs) if name}
+    with RunStore(out / STORE) as store:
+        return {env["gpu_name"] for env in store.environments() if env.get("gpu_name")}
 
 
 def this_gpu() -> str | None:

@@ -88,6 +88,7 @@ def test_evaluation_round_trip(store):
     assert store.get_evaluation("t1", "c1", "other") is None
     env = store.get_environment(r.environment.key())
     assert env is not None and env["gpu_name"] == "H200"
+    assert store.environments() == [env]  # every environment recorded: the one
 
 
 def test_upsert_replaces_and_keeps_id(store):

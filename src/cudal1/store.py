@@ -455,6 +455,10 @@ class RunStore:
         rows = self._query("SELECT json FROM environments WHERE key = ?", (key,))
         return json.loads(rows[0][0]) if rows else None
 
+    def environments(self) -> list[dict[str, Any]]:
+        """Every environment a verdict or baseline was recorded under, as dicts."""
+        return [json.loads(blob) for (blob,) in self._query("SELECT json FROM environments")]
+
     # -- runs ----------------------------------------------------------------------------------
 
     def start_run(self, kind: str, config: dict[str, Any]) -> int:
