@@ -8,7 +8,6 @@ deadline with it.  A scheduling hint only: it never changes a verdict.
 
 from __future__ import annotations
 
-import bisect
 import math
 import threading
 from typing import Any
@@ -35,8 +34,6 @@ class TaskSeconds:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._seconds: dict[Any, float] = {}  # task hash and (task hash, kind) -> longest
-        self._by_kind: dict[str, list[float]] = {}  # kind -> each task's longest, sorted as noted
-        self._by_task: list[float] = []  # each task's longest job of any kind, sorted
 
     @staticmethod
     def kind(job: Job) -> str:
@@ -50,12 +47,8 @@ class TaskSeconds:
         here in ``seconds``: an earlier process's recorded time (a run store's ``wall_s``), so a
         resumed run orders and sizes its jobs by what it already knows."""
         with self._lock:
-            for key, times in ((task_hash, self._by_task), ((task_hash, kind), self._by_kind.setdefault(kind, []))):
-                before = self._seconds.get(key)
-                self._seconds[key] = max(seconds, before or 0.0)
-                if before is not None:
-                    times.remove(before)
-                bisect.insort(times, self._seconds[key])
+            for key in (task_hash, (task_hash, kind)):
+                self._seconds[key] = max(seconds, self._seconds.get(key, 0.0))
 
     def get(self, task_hash: str) -> float:
         """Seconds of the task's longest job so far (infinite when none was judged)."""
@@ -79,11 +72,13 @@ class TaskSeconds:
         alone, not by the task's longest job: the same compile, about as long on an empty cache and
         shorter where the twin's autotuning is in the task's shared cache (level3/23's graphed
         max-autotune took 29 s after its twin's 72 s, H200)."""
-        twin = UNGRAPHED_TWIN.get(self.kind(job))
+        kind = self.kind(job)
+        twin = UNGRAPHED_TWIN.get(kind)
         with self._lock:
             if twin is not None and (job.task.hash, twin) in self._seconds:
                 return self._seconds[(job.task.hash, twin)]
-            times = self._by_kind.get(self.kind(job)) or self._by_task
+            times = (sorted(v for k, v in self._seconds.items() if isinstance(k, tuple) and k[1] == kind)
+                     or sorted(v for k, v in self._seconds.items() if not isinstance(k, tuple)))
             if not times:
                 return math.inf
             typical = times[math.ceil(UPPER_QUARTILE * len(times)) - 1]
