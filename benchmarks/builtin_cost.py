@@ -44,6 +44,7 @@ must leave the figures inside their confidence intervals.  The result goes to
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 import statistics
@@ -54,7 +55,7 @@ from typing import Any, Collection
 
 import builtin_baseline_plan
 from builtin_baseline_plan import GRAPHED_SIBLING
-from builtin_figures import counted
+from builtin_figures import counted, finished
 from builtin_figures import summarize as figures_of
 from cudal1.harness.parent.batchstats import GPU_PHASES
 
@@ -207,8 +208,41 @@ def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, An
     return list(calls.values())
 
 
+STAGE_SCOPES = {"search": ("verdicts",), "baselines": ("verdicts", "baselines")}  # what a re-judge's scope replaces
+
+
+def _stage(what: str) -> str:
+    """A batch's stage: ``search``, or ``baselines`` for the baselines, the re-timings and the two
+    joined (``baselines+confirm``)."""
+    return "search" if what.split()[0] == "search" else "baselines"
+
+
+def standing(run: dict, replaced: list[dict[str, Any]], task_ids: Collection[str], finished: int) -> dict[str, Any]:
+    """The device seconds of the batches whose verdicts the run's figures stand on, per task
+    finished.  A batch's verdicts are all gone when, after the batch ended, re-judges
+    (``builtin_rejudge.replaced``) took out its stage's verdicts of *every* task of the run (the
+    ``all`` forms): its seconds are left out, as work the run then did again.  A re-judge of some
+    tasks or of one baseline mode leaves the batches it touched counted whole (their share of
+    them is not recorded), so the figure errs high; so does a batch without its end time (``at``)."""
+    whole = set(task_ids)
+    times = [(dt.datetime.fromisoformat(e["at"]), e["task"], e["scope"]) for e in replaced]
+    kept_s = left_s = 0.0
+    left = 0
+    for b in run.get("batches", []):
+        seconds = b["wall_s"] * b.get("gpus", 1)
+        end = dt.datetime.fromisoformat(b["at"]) if b.get("at") else None
+        scopes = STAGE_SCOPES[_stage(b["what"])]
+        covered = {task for at, task, scope in times if end is not None and at >= end and scope in scopes}
+        if whole and covered >= whole:
+            left_s, left = left_s + seconds, left + 1
+        else:
+            kept_s += seconds
+    return {"device_s": kept_s, "finished": finished, "per_task": kept_s / finished if finished else None,
+            "unfinished": len(whole) - finished, "replaced_s": left_s, "replaced_batches": left}
+
+
 def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]],
-              running: dict[int, float] | None = None) -> dict[str, Any]:
+              running: dict[int, float] | None = None, standing: dict[str, Any] | None = None) -> dict[str, Any]:
     def med(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None
 
@@ -230,7 +264,9 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]],
         for totals, key in ((by_phase, "phases"), (steps, "steps")):
             for name, sums in c.get(key, {}).items():
                 _add(totals.setdefault(name, {}), sums)
-    finished = sum(c["finished"] or 0 for c in calls)
+    # the tasks finished now; without that count, the calls' finishings (a task re-judged and finished
+    # again counts twice there)
+    finished = standing["finished"] if standing else sum(c["finished"] or 0 for c in calls)
     device_s = sum(c["device_s_total"] for c in calls)
     return {
         "tasks": len(full),
@@ -249,6 +285,7 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]],
         },
         "exclusive_before_timing": exclusive,
         "calls": calls,
+        **({"standing": standing} if standing else {}),
         "running_s": {str(k): v for k, v in (running or {}).items()},
         "per_task": costs,
     }
@@ -278,6 +315,14 @@ def markdown(cost: dict[str, Any]) -> str:
     if d and len(cost["calls"]) > 1:
         lines.append(f"cost of all {len(cost['calls'])} calls: device seconds {d['total']:.0f} for {d['finished']} "
                      f"task(s) finished: {f(d['per_task'])} s per task")
+    st = cost.get("standing")
+    if st and st["replaced_batches"]:
+        lines.append(f"cost of the verdicts the figures stand on: device seconds {st['device_s']:.0f} for "
+                     f"{st['finished']} task(s) finished: {f(st['per_task'])} s per task"
+                     + (f" ({st['unfinished']} task(s) unfinished, their work so far included)" if st["unfinished"]
+                        else "")
+                     + f"; left out, {st['replaced_s']:.0f} device s of {st['replaced_batches']} batch(es) whose "
+                       "verdicts a later re-judge of every task took out")
     if cost.get("running_s"):
         lines.append("verdicts running at once, seconds (from their recording times; re-timings recorded before "
                      "2026-12-05 are not in it): " + ", ".join(f"{k}: {v:.0f}" for k, v in cost["running_s"].items()))
@@ -423,6 +468,10 @@ def _value(probe_pass: dict[str, Any], task: str, mode: str) -> str:
 # ---- two judge configurations of one run ------------------------------------------------------------
 
 
+def _n_finished(report: dict[str, Any]) -> int:
+    return sum(1 for r in report["rows"] if finished(r))
+
+
 def _finished_rows(report: dict[str, Any]) -> dict[str, dict]:
     return {r["task"]: r for r in report["rows"] if counted(r)}
 
@@ -475,9 +524,12 @@ def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
         "figures": {name: {k: same[k] for k in ("best", "over_best_compile_mode")}
                     for name, rep, rows in (("before", before, a), ("now", now, b))
                     for same in [figures_of([rows[t] for t in both], rep.get("modes") or [])["retimed"]]},
-        "device_s_per_task": {"before": old_s / len(a) if a else None,
-                              "now": new_s / len(b) if b and new_calls else None,
-                              "before_tasks": len(a), "now_tasks": len(b), "now_calls": len(new_calls)},
+        # per task finished, degenerate ones included (their search and baselines ran too)
+        "device_s_per_task": {"before": old_s / n_before if (n_before := _n_finished(before)) else None,
+                              "now": new_s / n_now if (n_now := _n_finished(now)) and new_calls else None,
+                              "before_tasks": n_before, "now_tasks": n_now, "now_calls": len(new_calls),
+                              **({"now_standing": st["per_task"], "now_standing_tasks": st["finished"]}
+                                 if (st := now["cost"].get("standing")) and st["replaced_batches"] else {})},
         "held_s_per_task": {"before": statistics.median([held(before, t) for t in both]) if both else None,
                             "now": statistics.median([held(now, t) for t in both]) if both else None},
     }
@@ -494,7 +546,9 @@ def compare_markdown(c: dict[str, Any], what: str = "the judge's two configurati
 
     lines = [f"{what} on the {len(c['tasks'])} task(s) finished under both:",
              f"  device s per task: before {f(d['before'])} ({d['before_tasks']} tasks), now {f(d['now'])} "
-             f"({d['now_calls']} call(s), {d['now_tasks']} tasks finished; work on unfinished tasks included)",
+             f"({d['now_calls']} call(s), {d['now_tasks']} tasks finished; work on unfinished tasks included)"
+             + (f"; on the verdicts its figures stand on (batches a re-judge of every task replaced left out) "
+                f"{f(d['now_standing'])} ({d['now_standing_tasks']} tasks finished)" if "now_standing" in d else ""),
              f"  lease-held s per task (median): before {f(h['before'])}, now {f(h['now'])}",
              f"  before: {fig(g['before'])}", f"  now:    {fig(g['now'])}",
              f"  measurements with overlapping 95% intervals: {ag['overlapping']} of {ag['compared']}, within 1% "

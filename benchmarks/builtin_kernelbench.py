@@ -636,7 +636,10 @@ def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: lis
     summary["rejudged"] = builtin_rejudge.recorded(out)
     summary["cost"] = builtin_cost.summarize(builtin_cost.task_costs(out, tasks, judge.hash()),
                                              builtin_cost.call_costs(batches.run, batches.finished_by_call()),
-                                             builtin_cost.running_seconds(out, judge.hash()))
+                                             builtin_cost.running_seconds(out, judge.hash()),
+                                             builtin_cost.standing(batches.run, builtin_rejudge.replaced(out),
+                                                                   [t.task_id for t in tasks],
+                                                                   sum(1 for r in summary["rows"] if finished(r))))
     (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
     extra = builtin_losses.markdown(summary["losses"], summary["finished"]) + "\n\n" + \
         builtin_cost.markdown(summary["cost"])

@@ -107,6 +107,20 @@ def summary(entry: dict[str, Any]) -> str:
             f"{len(entry['baselines'])} baseline(s), {len(entry['confirm'])} re-timing(s); kept in {LOG}")
 
 
+def replaced(out: Path) -> list[dict[str, Any]]:
+    """What each entry of ``OUT/rejudged.jsonl`` took out, for the run's cost: its time (``at``),
+    task, and ``scope``: ``verdicts`` (the whole task: search verdicts, baselines, re-timings),
+    ``baselines`` (its baselines and re-timings) or ``mode`` (one baseline, with the task's
+    re-timings)."""
+    path = out / LOG
+    if not path.exists():
+        return []
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [{"at": e["at"], "task": e["task"],
+             "scope": "verdicts" if not e.get("mode") else BASELINES if e["mode"] == BASELINES else "mode"}
+            for e in entries]
+
+
 def recorded(out: Path) -> list[dict[str, Any]]:
     """What ``OUT/rejudged.jsonl`` says was judged again, for the report: task, when, why, and
     how many verdicts it took out (their rows stay in the file)."""

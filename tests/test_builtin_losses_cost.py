@@ -143,6 +143,42 @@ def test_the_whole_runs_device_seconds_per_task_and_held_seconds_by_phase(bench)
     assert "correctness phase by step, search and baselines: candidate_first 2, compare 2" in text
 
 
+def test_batches_whose_verdicts_a_re_judge_of_every_task_took_out_leave_the_runs_cost(bench):
+    """``standing``: a baselines batch that ended before every task's baselines were taken out is
+    left out; one after it, one re-judged for some tasks only, one without an end time and a
+    search batch (its verdicts kept by a baselines re-judge) stay counted.  The whole run's line
+    divides by the tasks finished now, not by the calls' finishings."""
+    _, cost = bench
+    run = {"batches": [
+        {"jobs": 1, "what": "search", "wall_s": 100.0, "call": "c1", "at": "2026-12-05 10:00:00"},
+        {"jobs": 1, "what": "baselines+confirm (drained)", "wall_s": 50.0, "call": "c1", "at": "2026-12-05 10:05:00"},
+        {"jobs": 1, "what": "baselines", "wall_s": 7.0, "call": "c0"},  # no end time: kept
+        {"jobs": 1, "what": "confirm winners", "wall_s": 20.0, "call": "c2", "gpus": 2, "at": "2026-12-05 11:00:00"},
+        {"jobs": 1, "what": "baselines+confirm", "wall_s": 30.0, "call": "c3", "at": "2026-12-05 13:00:00"},
+        {"jobs": 1, "what": "baselines+confirm", "wall_s": 4.0, "call": "c4", "at": "2026-12-05 14:00:00"},
+    ]}
+    replaced = [{"at": "2026-12-05T10:30:00", "task": "a", "scope": "mode"},  # one mode only: covers nothing
+                {"at": "2026-12-05T12:00:00", "task": "a", "scope": "baselines"},
+                {"at": "2026-12-05T12:00:01", "task": "b", "scope": "verdicts"},
+                {"at": "2026-12-05T13:30:00", "task": "a", "scope": "baselines"}]  # one task of two: covers nothing
+    st = cost.standing(run, replaced, ["a", "b"], 1)
+    assert st == {"device_s": 100.0 + 7.0 + 30.0 + 4.0, "finished": 1, "per_task": 141.0, "unfinished": 1,
+                  "replaced_s": 50.0 + 40.0, "replaced_batches": 2}
+    assert cost.standing(run, [], ["a", "b"], 2)["replaced_batches"] == 0
+    whole = [{"at": "2026-12-05T12:00:00", "task": t, "scope": "verdicts"} for t in ("a", "b")]
+    assert cost.standing(run, whole, ["a", "b"], 2)["device_s"] == 30.0 + 4.0 + 7.0  # the search's too
+    calls = cost.call_costs(run, {"c1": 2, "c3": 1, "c4": 1})  # a task finished twice across calls
+    summary = cost.summarize({}, calls, standing=st)
+    assert summary["device_s"] == {"total": 231.0, "finished": 1, "per_task": 231.0}
+    text = cost.markdown(summary | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
+    assert ("cost of the verdicts the figures stand on: device seconds 141 for 1 task(s) finished: 141 s per task "
+            "(1 task(s) unfinished, their work so far included); left out, 90 device s of 2 batch(es) whose "
+            "verdicts a later re-judge of every task took out") in text
+    quiet = cost.markdown(cost.summarize({}, calls, standing=cost.standing(run, [], ["a", "b"], 2))
+                          | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
+    assert "stand on" not in quiet  # nothing left out: the whole run's line says it all
+
+
 def test_the_exclusive_seconds_before_timing_per_stage_and_the_first_calls_lease(bench):
     """``figures["exclusive_before_timing_s"]`` summed per stage over the verdicts that recorded it
     (older ones did not), and each call's ``first_call_lease`` beside its compile lease."""
@@ -331,6 +367,15 @@ def test_another_run_of_the_sample_compared_with_against(bench, tmp_path, monkey
     assert cost.main() == 0
     text = capsys.readouterr().out
     assert text.startswith("two runs of the sample on the 1 task(s)") and "before 100 (1 tasks), now 100" in text
+    assert "stand on" not in text
+    report = json.loads((second / "report.json").read_text())  # its first call's work was re-judged since
+    report["cost"]["standing"] = {"device_s": 40.0, "finished": 1, "per_task": 40.0, "unfinished": 0,
+                                  "replaced_s": 60.0, "replaced_batches": 1}
+    (second / "report.json").write_text(json.dumps(report))
+    assert cost.main() == 0
+    text = capsys.readouterr().out
+    assert ("now 100 (1 call(s), 1 tasks finished; work on unfinished tasks included); on the verdicts its figures "
+            "stand on (batches a re-judge of every task replaced left out) 40 (1 tasks finished)") in text
     monkeypatch.setattr(sys, "argv", ["builtin_cost.py", str(second), "--against", str(tmp_path / "none")])
     with pytest.raises(SystemExit):
         cost.main()

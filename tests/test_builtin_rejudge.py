@@ -135,6 +135,21 @@ def test_every_tasks_baselines_timed_again_leave_every_verdict(bench, tmp_path):
         rj.rejudge(tmp_path, [t1, t2], ["all:base"], "cfg")
 
 
+def test_what_each_re_judge_took_out_is_read_back_for_the_runs_cost(bench, tmp_path):
+    """``replaced``: one entry per log line, with its time, task and scope (a whole task, its
+    baselines, or one baseline mode); no log, no entries."""
+    _, rj = bench
+    assert rj.replaced(tmp_path) == []
+    t1, t2 = a_run(tmp_path, bench)
+    rj.rejudge(tmp_path, [t1, t2], ["all:baselines"], "cfg")
+    rj.rejudge(tmp_path, [t1, t2], [t1.task_id], "cfg")
+    rj.rejudge(tmp_path, [t1, t2], [f"{t2.task_id}:cudagraph"], "cfg")
+    got = rj.replaced(tmp_path)
+    assert [(e["task"], e["scope"]) for e in got] == [(t1.task_id, "baselines"), (t2.task_id, "baselines"),
+                                                     (t1.task_id, "verdicts"), (t2.task_id, "mode")]
+    assert all(isinstance(e["at"], str) and "T" in e["at"] for e in got)
+
+
 @pytest.mark.cpu
 def test_a_task_the_run_does_not_hold_changes_nothing(bench, tmp_path):
     _, rj = bench
