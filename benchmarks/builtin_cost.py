@@ -6,7 +6,10 @@ Two measures, both printed with the report and written under ``cost`` in ``OUT/r
 - **device seconds per task** (the issue's "H200 time per task"): for each call of the benchmark,
   the wall time of its judged batches (search, baselines, re-timing) times the GPUs they ran on
   (``OUT/run.json``), divided by the tasks that call finished.  Batches recorded before the GPU
-  count was kept are counted as one GPU (the stride-5 run's were: one H200).
+  count was kept are counted as one GPU (the stride-5 run's were: one H200).  And the same on the
+  verdicts the figures stand on (:func:`standing`): where ``--rejudge`` took out a stage's
+  verdicts of every task (``all``, ``all:baselines``), the batches that stage ran before are left
+  out, as work done again; per task finished now, degenerate ones included.
 - **lease-held seconds per task**: from every verdict of the task (the store's search and
   baseline verdicts, ``confirm.json``'s re-timings where they carry them), the seconds its worker
   held the GPU's lease (the phases of :data:`cudal1.harness.parent.batchstats.GPU_PHASES`), and of
