@@ -52,6 +52,20 @@ def phases(modes: list[str]) -> list[list[str]]:
     return [p for p in (first, [m for m in modes if m in GRAPHED_SIBLING]) if p]
 
 
+#: The compile mode the builtin policy proposes in round 1 wherever torch.compile applies (on all
+#: 39 stride-5 tasks, H200, 2026-12-05): its verdict stands in for the baseline (:func:`searched`).
+SEARCHED_FIRST = ("compile-default",)
+
+
+def ahead(modes: list[str]) -> list[str]:
+    """The baseline modes timed in the search's first batch (``builtin_kernelbench.py
+    --baselines-along``): the modes that need nothing of the search, those of the first phase
+    (:func:`phases`) but :data:`SEARCHED_FIRST`.  A task whose search then judges one of them
+    itself keeps the baseline (the row takes a baseline first); a task whose search did not judge
+    :data:`SEARCHED_FIRST` has that baseline timed after its search, as before."""
+    return [m for m in modes if m not in GRAPHED_SIBLING and m not in SEARCHED_FIRST]
+
+
 def searched(row: dict[str, Any], mode: str) -> bool:
     """``mode`` is a torch.compile mode, and the search judged the reference under it alone and
     that verdict verified."""

@@ -20,10 +20,12 @@ reference under each torch.compile mode and CUDA-graph replay, timed by the same
 ``--confirm`` the re-timing of each task's winner and best compile mode with fresh inputs
 (:mod:`builtin_confirm`); the baselines and the re-timing run as one batch whose jobs join as the
 verdicts they depend on come in (``--finish joined``, :mod:`builtin_finish`; ``staged``: one
-after the other).  The report (:mod:`builtin_figures`, which defines every figure) is
-printed last and written to ``OUT/report.md`` / ``report.json``; ``OUT/report.html`` is
-``cudal1 report OUT`` when the ``report`` extra is installed; ``OUT/run.json`` records each batch's
-GPU idle share.  ``--prepare`` only selects and traces the graph rewrites (CPU, no judge) into
+after the other), and the baselines that need nothing of the search run in its first batch
+(``--baselines-along``, :func:`builtin_baseline_plan.ahead`).  The report
+(:mod:`builtin_figures`, which defines every figure) is printed last and written to
+``OUT/report.md`` / ``report.json``; ``OUT/report.html`` is ``cudal1 report OUT`` when the
+``report`` extra is installed; ``OUT/run.json`` records each batch's GPU idle share.
+``--prepare`` only selects and traces the graph rewrites (CPU, no judge) into
 ``OUT/rewrites``; ``--report-only`` judges nothing; ``--pack FILE`` writes the run directory's state
 (selection, store snapshot, confirmations, rewrites, reports) to one tar.gz, for a machine that
 returns few files.  The report also names, for every finished task a compile mode won, why the
@@ -240,10 +242,11 @@ class Batches:
     def verdict(self) -> None:
         self.verdicts += 1
 
-    def add(self, what: str, stats) -> None:
+    def add(self, what: str, stats, along: int = 0) -> None:
+        """A judged batch; ``along``: how many of its jobs were baselines timed in a search's batch."""
         self._append({"what": what, "jobs": stats.jobs, "wall_s": stats.wall_s,
                       "gpu_idle_share": stats.gpu_idle_share, "lease_wait_s": stats.lease_wait_s,
-                      "lanes_unused_share": stats.lanes_unused_share})
+                      "lanes_unused_share": stats.lanes_unused_share, **({"along": along} if along else {})})
 
     def cut(self, how: str = "cut", stats: Any = None) -> None:
         """The call was stopped inside a batch (``how``: cut, or drained: its running verdicts
@@ -283,7 +286,7 @@ class Batches:
 
 
 def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) -> None:
-    from cudal1.harness import DevicePlan
+    from cudal1.harness import DevicePlan, Job
     from cudal1.policy.builtin import BuiltinPolicy
     from cudal1.recorded import RecordedJudge
     from cudal1.search import SearchConfig, optimize
@@ -301,10 +304,20 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
         print(f"[{time.monotonic() - t0:6.0f}s] {count[0]:4d} {r.task_name[:44]:44s} {r.status.value:14s} "
               f"{'-' if r.speedup is None else round(r.speedup, 3)} {','.join(r.flags)}", flush=True)
 
-    class Judge(RecordedJudge):  # every batch's stats to run.json
+    class Judge(RecordedJudge):  # every batch's stats to run.json; baselines along with the first (below)
+        along: list = []  # Jobs of baselines for the next batch
+
         def judge(self, pairs, **kw):
-            kw.setdefault("on_stats", lambda s: batches.add("search", s))
+            jobs, self.along = self.along, []
+            n = len(jobs)
+            kw.setdefault("on_stats", lambda s: batches.add("search", s, along=n))
+            if jobs:
+                kw["along"] = (jobs, self.keep_along)
             return super().judge(pairs, **kw)
+
+        def keep_along(self, res) -> None:
+            self.keep_baseline(res)
+            tick(res)
 
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     size = args.chunk or max(8, 4 * len(plan.lanes) * judge.workers_per_gpu)
@@ -320,7 +333,11 @@ def search(args, out: Path, tasks: list, judge: EvalConfig, batches: Batches) ->
         for start in range(0, len(tasks), size):
             chunk = tasks[start:start + size]
             batches.begin("search")
+            if args.baselines_along == "on" and args.levers == "on":  # their compiles beside the search's GPU work
+                _, ahead = rj.baselines_to_time([(t, m) for m in builtin_baseline_plan.ahead(modes) for t in chunk])
+                rj.along = [Job(t, None, m) for t, m in ahead]
             optimize(chunk, policy, search_cfg, rj, out, record={"benchmark": "builtin_kernelbench"})
+            rj.along = []  # a search that judged nothing left them to the baselines' batch
             if joined:  # the baselines, and with --confirm the re-timing, as one batch
                 batches.begin(joined)
                 finish(out, rj, chunk, modes, judge.hash(), retime=args.confirm, on_result=tick,
@@ -467,6 +484,12 @@ def main() -> int:
                          "they depend on come in (builtin_finish.py; needs the levers on and, with --confirm, "
                          "--confirm-workers-per-gpu equal to --workers-per-gpu, else staged); staged, the baseline "
                          "phases, then the re-timing, each its own batch; the verdicts are the same either way")
+    ap.add_argument("--baselines-along", choices=("on", "off"), default="on",
+                    help="with the levers on, time the baselines that need nothing of the search (the first "
+                         "phase's modes but compile-default, whose search verdict stands in: "
+                         "builtin_baseline_plan.ahead) in each chunk's first search batch, their compiles beside "
+                         "the candidates' GPU work (run.json: the batch's `along`); off, after the search; the "
+                         "verdicts are the same either way")
     ap.add_argument("--cost-probe", type=int, default=0, metavar="N",
                     help="time the baselines of N finished tasks with the levers on, then off (outside the store), "
                          "and print the device seconds per task of each")

@@ -33,6 +33,10 @@
 #                                                                   # batch (--finish; default joined: one batch
 #                                                                   # whose jobs join as their verdicts come in;
 #                                                                   # not in the config hash)
+#   STRIDE5_ALONG=off bash benchmarks/builtin_stride5.sh resume      # the baselines that need nothing of the
+#                                                                   # search after it, not in its first batch
+#                                                                   # (--baselines-along; default on; not in
+#                                                                   # the config hash)
 #   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
 #   STRIDE5_OTHER_GPU=1 bash benchmarks/builtin_stride5.sh resume  # go on on a GPU other than the run's (without
 #                                                                   # it such a call stops at once, rc 2: --other-gpu)
@@ -72,7 +76,8 @@ ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5
       --confirm-workers-per-gpu "${STRIDE5_CONFIRM_WORKERS:-4}"
       --chunk "${STRIDE5_CHUNK:-40}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}" --first-call-lease "${STRIDE5_FIRST_CALL:-choosers}"
-      --finish "${STRIDE5_FINISH:-joined}" --baseline-lease "${STRIDE5_BASELINE_LEASE:-exclusive}")
+      --finish "${STRIDE5_FINISH:-joined}" --baseline-lease "${STRIDE5_BASELINE_LEASE:-exclusive}"
+      --baselines-along "${STRIDE5_ALONG:-on}")
 [ "${STRIDE5_ANCHOR:-on}" = off ] && ARGS+=(--no-anchor)
 [ -n "${STRIDE5_OTHER_GPU:-}" ] && ARGS+=(--other-gpu)
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"

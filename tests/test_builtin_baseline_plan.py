@@ -44,6 +44,14 @@ def test_graphed_modes_are_timed_after_the_rest(plan):
     assert plan.phases(["compile-max-autotune"]) == [["compile-max-autotune"]]
 
 
+def test_the_modes_timed_in_the_searchs_batch_need_nothing_of_the_search(plan):
+    """Neither a graphed mode (it waits for the task's ``cudagraph`` verdict) nor the mode the
+    builtin proposes in its first round (its own verdict stands in)."""
+    assert plan.ahead(MODES) == ["compile-max-autotune-no-cudagraphs", "cudagraph"]
+    assert plan.ahead(["compile-default"]) == [] and plan.ahead([]) == []
+    assert plan.ahead(["compile-max-autotune", "compile-reduce-overhead"]) == []
+
+
 def test_graphed_modes_are_skipped_only_where_cuda_graph_replay_measurably_did_not_pay(plan):
     rows = [row("slow", (0.89, 0.88, 0.91)), row("noisy", (0.99, 0.95, 1.02)), row("pays", (1.4, 1.3, 1.5)),
             row("untimed"), row("failed", (0, 0, 0), status="runtime_error")]

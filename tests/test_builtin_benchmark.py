@@ -53,31 +53,35 @@ def test_selection_rules_offsets_and_exclusions(tmp_path, monkeypatch):
 @pytest.mark.cpu
 def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path):
     out = tmp_path / "kb"
-    done = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", "compile-default",
+    modes = "compile-default,compile-max-autotune-no-cudagraphs"
+    done = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", modes,
                 "--workers-per-gpu", "1", "--preset", "fast", "--out", str(out), "--confirm"], tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["finished"] == 1 and report["unfinished"] == [] and report["degenerate"] == []
     row = report["rows"][0]
     # how much faster depends on the machine's load; that the algebraic rewrite won, verified and
-    # re-timed, and that the compile baseline was timed by the same judge, does not
+    # re-timed, and that the compile baselines were timed by the same judge, does not
     assert row["best_passes"] == "algebraic" and row["best"] > 0
-    assert row["mode_status"] == {"compile-default": "ok"} and row["best_mode"] == "compile-default"
+    assert row["mode_status"] == {"compile-default": "ok", "compile-max-autotune-no-cudagraphs": "ok"}
+    assert row["mode_source"] == dict.fromkeys(modes.split(","), "baseline")  # one sample: algebraic alone
     assert row["best_confirmed"]["status"] == "ok" and row["mode_confirmed"]["status"] == "ok"
     assert set(json.loads((out / "confirm.json").read_text())) == {f"diag_matmul|{row['best_hash']}",
-                                                                     "diag_matmul|mode:compile-default"}
+                                                                     f"diag_matmul|mode:{row['best_mode']}"}
     assert report["over"]["compile-default"]["n"] == 1 and report["per_chain"]["algebraic"]["ok"] == 1
     batches = json.loads((out / "run.json").read_text())["batches"]
-    # the baselines (none: the search's compile-default stands in) and the re-timing: one batch
+    # the max-autotune baseline in the search's batch (--baselines-along); compile-default's after
+    # the search (it may have stood in), with the re-timing: one batch
     assert {b["what"] for b in batches} == {"search", "baselines+confirm"} and all(
         "gpu_idle_share" in b for b in batches)
+    assert [b.get("along", 0) for b in batches] == [1, 0] and batches[0]["jobs"] == 3  # anchor, candidate, baseline
     assert "baselines and re-timing of 1 task(s) in one batch" in done.stdout
     assert all(0.0 <= b["lanes_unused_share"] <= 1.0 for b in batches)  # each lane's tail included
     assert float(report["cost"]["running_s"]["1"]) > 0  # the verdicts' spans from the store
     # the cost: every batch stamped with its call, GPUs and levers; the call's finished task counted
     assert {(b["call"], b["gpus"], b["levers"]) for b in batches} == {(batches[0]["call"], 1, "on")}
     assert [c["finished"] for c in report["cost"]["calls"]] == [1] and report["cost"]["tasks"] == 1
-    assert report["cost"]["per_task"]["diag_matmul"]["baselines"]["verdicts"] == 1
+    assert report["cost"]["per_task"]["diag_matmul"]["baselines"]["verdicts"] == 2
     assert report["cost"]["per_task"]["diag_matmul"]["confirm"]["verdicts"] == 2  # re-timings carry their phases
     assert report["losses"] == [] or report["losses"][0]["reason"] in ("host", "slower", "no_pass")
     assert "cost, lease-held seconds per task" in done.stdout and "Where a compile mode beat" in done.stdout
@@ -92,24 +96,19 @@ def test_benchmark_searches_times_modes_confirms_snapshots_and_reports(tmp_path)
     # the gzipped store is the run: without the plain file, a report-only call restores and reads it
     (out / "cudal1.sqlite").unlink()
     assert (out / "rewrites.tgz").exists() and (out / "cudal1.sqlite.gz").exists()
-    again = run(
-        [
-            str(SMALL_DIAG), "--device", "cpu", "--modes", "compile-default", "--preset", "fast", "--out",
-            str(out), "--report-only",
-        ],
-        tmp_path,
-    )
+    again = run([str(SMALL_DIAG), "--device", "cpu", "--modes", modes, "--preset", "fast", "--out", str(out),
+                 "--report-only"], tmp_path)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads((out / "report.json").read_text())["rows"] == report["rows"]
     # the staged code resumes what the joined batch left: here, both re-timings once more
     (out / "confirm.json").unlink()
-    staged = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", "compile-default",
+    staged = run([str(SMALL_DIAG), "--rounds", "1", "--samples", "1", "--device", "cpu", "--modes", modes,
                   "--workers-per-gpu", "1", "--preset", "fast", "--out", str(out), "--confirm", "--finish", "staged"],
                  tmp_path)
     assert staged.returncode == 0, staged.stderr[-3000:]
     assert "confirming 1 winner(s) and re-timing 1 best compile mode(s)" in staged.stdout
     assert set(json.loads((out / "confirm.json").read_text())) == {f"diag_matmul|{row['best_hash']}",
-                                                                     "diag_matmul|mode:compile-default"}
+                                                                     f"diag_matmul|mode:{row['best_mode']}"}
     assert json.loads((out / "run.json").read_text())["batches"][-1]["what"] == "confirm"
 
 

@@ -115,6 +115,43 @@ def test_an_identical_pair_settles_when_its_original_does(monkeypatch):
     assert events[:3] == [("verdict", a.hash), ("recorded", a.hash), ("judged", "A = 1\n")]
 
 
+def test_jobs_along_share_the_pairs_batch_and_go_to_their_own_callback(monkeypatch):
+    """``judge(along=...)``: the extra jobs run in the pairs' batch, after them in its list; each
+    result goes to the caller's callback, not to the store nor the returned verdicts; they run
+    even when every pair was recorded already."""
+    import cudal1.harness as harness
+    from cudal1.harness import Job
+    from cudal1.types import Candidate, EvalResult, Status
+
+    batches: list[list[str]] = []
+
+    def run_jobs(jobs, config, plan=None, on_result=None, on_stats=None):
+        batches.append([job.label for job in jobs])
+        out = []
+        for i, job in enumerate(jobs):
+            res = EvalResult(status=Status.OK, task_hash=job.task.hash,
+                             candidate_hash=job.candidate.hash if job.candidate else f"baseline:{job.baseline_mode}")
+            on_result(i, res)
+            out.append(res)
+        return out
+
+    monkeypatch.setattr(harness, "run_jobs", run_jobs)
+    task = Task("t", "class Model: pass\n")
+    a = Candidate("A = 1\n", task_hash=task.hash, label="a")
+    judge = RecordedJudge(EvalConfig(device="cpu"))
+    kept: list[str] = []
+    along = ([Job(task, None, "compile-max-autotune-no-cudagraphs"), Job(task, None, "cudagraph")],
+             lambda res: kept.append(res.candidate_hash))
+    results = judge.judge([(task, a)], along=along)
+    assert batches == [["a", "compile-max-autotune-no-cudagraphs", "cudagraph"]]
+    assert [r.candidate_hash for r in results] == [a.hash] and judge.judged == 1
+    assert kept == ["baseline:compile-max-autotune-no-cudagraphs", "baseline:cudagraph"]
+    judge.judge([(task, a)], along=([Job(task, None, "cudagraph")], kept.append))  # a's verdict is recorded
+    assert batches[-1] == ["cudagraph"] and len(kept) == 3 and judge.judged == 1
+    judge.judge([(task, a)])
+    assert len(batches) == 2  # nothing to judge, nothing along: no batch
+
+
 def _verdict(task: Task, cand, config: EvalConfig, speedup: float = 2.0):
     from cudal1.types import EvalResult, Status
 

@@ -56,7 +56,7 @@ from cudal1.config import EvalConfig
 from cudal1.types import Candidate, EvalResult, Exemplar, Status, Task, reference_candidate
 
 if TYPE_CHECKING:
-    from cudal1.harness import DevicePlan
+    from cudal1.harness import DevicePlan, Job
     from cudal1.store import RunStore
 
 Reviewer = Callable[[Task, Candidate], "str | None"]
@@ -236,10 +236,14 @@ class RecordedJudge:
                 self._verdicts[key] = found
         return found
 
-    def judge(self, pairs: list[tuple[Task, Candidate]], *,
-              on_stats: Callable[[Any], None] | None = None) -> list[EvalResult]:
+    def judge(self, pairs: list[tuple[Task, Candidate]], *, on_stats: Callable[[Any], None] | None = None,
+              along: tuple[list[Job], Callable[[EvalResult], None]] | None = None) -> list[EvalResult]:
         """Judge ``pairs`` (see the module docstring); ``on_stats`` gets the judged batch's
-        ``BatchStats`` (not called when everything was recorded already)."""
+        ``BatchStats`` (not called when nothing was judged).  ``along``: more jobs for the same
+        batch, and the callback each of their results goes to as it arrives (from a lane thread;
+        nothing of them is recorded here, nor returned): e.g. baselines, whose compiles are mostly
+        CPU work, in lanes that the pairs' GPU work leaves waiting.  They run even when every
+        pair was recorded already; a drain leaves those it did not start unjudged."""
         from cudal1.harness import Job, run_jobs
 
         results: list[EvalResult | None] = [None] * len(pairs)
@@ -263,7 +267,12 @@ class RecordedJudge:
         for i, j in copies:
             copies_of.setdefault(j, []).append(i)
 
+        extra, extra_done = along if along else ([], None)
+
         def record(index: int, res: EvalResult) -> None:
+            if index >= len(todo):
+                extra_done(res)
+                return
             task, cand = pairs[todo[index]]
             with self._lock:
                 self._verdicts[(task.hash, cand.hash)] = res
@@ -274,10 +283,10 @@ class RecordedJudge:
             for copy in copies_of.get(todo[index], []):  # an identical pair settles as its original does
                 self._emit(JudgeEvent("recorded", pairs[copy][0].task_id, res))
 
-        if todo:
+        if todo or extra:
             self.prime_batches()
-            fresh = run_jobs([Job(*pairs[i]) for i in todo], self.config, plan=self.plan, on_result=record,
-                             on_stats=self._stats_to(on_stats))
+            fresh = run_jobs([Job(*pairs[i]) for i in todo] + list(extra), self.config, plan=self.plan,
+                             on_result=record, on_stats=self._stats_to(on_stats))
             for i, res in zip(todo, fresh):
                 results[i] = res
                 self._verdicts[(pairs[i][0].hash, pairs[i][1].hash)] = res
