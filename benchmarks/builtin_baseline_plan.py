@@ -15,8 +15,8 @@ that leave a task's figures where they were (on with ``--levers on``, the defaul
   What CUDA-graph replay can still remove is the device's own gap between kernel launches; what it
   adds is the copy of every input into the graph's static buffers.  ``compile-reduce-overhead``
   and ``compile-max-autotune`` are ``compile-default`` and ``compile-max-autotune-no-cudagraphs``
-  (the same Inductor kernels) replayed as a graph (:data:`GRAPHED_SIBLING`).  So when CUDA-graph
-  replay of the eager reference reads measurably below eager (the upper end of its 95% interval
+  (the same Inductor kernels) replayed as a graph (:data:`cudal1.compile_modes.UNGRAPHED_TWIN`).
+  So when CUDA-graph replay of the eager reference reads measurably below eager (the upper end of its 95% interval
   under 1.0), replaying Inductor's kernels, no more of them than eager launches, does not pay
   either, and those two modes are not timed: each would read below its sibling.  On the stride-5
   run's 8 tasks timed before this lever, CUDA-graph replay read below eager on all 8
@@ -36,11 +36,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
+from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH, UNGRAPHED_TWIN
 
-#: A torch.compile mode replayed as CUDA graphs -> the same mode's kernels launched one by one.
-GRAPHED_SIBLING = {"compile-reduce-overhead": "compile-default",
-                   "compile-max-autotune": "compile-max-autotune-no-cudagraphs"}
 SKIPS = "baseline_skips.json"
 DONE = "baselines_done.json"  # the tasks whose baselines have all run (a sorted list of task ids)
 
@@ -48,8 +45,8 @@ DONE = "baselines_done.json"  # the tasks whose baselines have all run (a sorted
 def phases(modes: list[str]) -> list[list[str]]:
     """``modes`` in the order they are timed: those the graph rule does not depend on, then the
     graphed compile modes (empty phases dropped)."""
-    first = [m for m in modes if m not in GRAPHED_SIBLING]
-    return [p for p in (first, [m for m in modes if m in GRAPHED_SIBLING]) if p]
+    first = [m for m in modes if m not in UNGRAPHED_TWIN]
+    return [p for p in (first, [m for m in modes if m in UNGRAPHED_TWIN]) if p]
 
 
 #: The compile mode the builtin policy proposes in round 1 wherever torch.compile applies (on all
@@ -63,7 +60,7 @@ def ahead(modes: list[str]) -> list[str]:
     (:func:`phases`) but :data:`SEARCHED_FIRST`.  A task whose search then judges one of them
     itself keeps the baseline (the row takes a baseline first); a task whose search did not judge
     :data:`SEARCHED_FIRST` has that baseline timed after its search, as before."""
-    return [m for m in modes if m not in GRAPHED_SIBLING and m not in SEARCHED_FIRST]
+    return [m for m in modes if m not in UNGRAPHED_TWIN and m not in SEARCHED_FIRST]
 
 
 def searched(row: dict[str, Any], mode: str) -> bool:
@@ -88,11 +85,11 @@ def skip_reason(row: dict[str, Any], mode: str) -> str | None:
     """Why ``mode``'s baseline need not be timed for this task's row, or None when it must be."""
     if searched(row, mode):
         return "the search's own verdict of this mode stands in"
-    if mode in GRAPHED_SIBLING and graphs_pay(row) is False:
+    if mode in UNGRAPHED_TWIN and graphs_pay(row) is False:
         ci = (row.get("mode_ci") or {}).get(CUDA_GRAPH)
         return (f"CUDA-graph replay of the reference read {row['modes'][CUDA_GRAPH]:.3f}x"
                 + (f" (95% CI up to {ci[1]:.3f})" if ci else "")
-                + f": graphs do not pay here, so this is {GRAPHED_SIBLING[mode]} with a replay that does not pay")
+                + f": graphs do not pay here, so this is {UNGRAPHED_TWIN[mode]} with a replay that does not pay")
     return None
 
 

@@ -57,9 +57,9 @@ from pathlib import Path
 from typing import Any, Collection
 
 import builtin_baseline_plan
-from builtin_baseline_plan import GRAPHED_SIBLING
 from builtin_figures import counted, finished
 from builtin_figures import summarize as figures_of
+from cudal1.compile_modes import UNGRAPHED_TWIN
 from cudal1.harness.parent.batchstats import GPU_PHASES
 
 COMPILE_PHASES = ("construct", "compile", "compile_cpu", "correctness")
@@ -456,8 +456,8 @@ def probe_markdown(p: dict[str, Any]) -> str:
         for task, why in sorted(skipped.items()):
             for mode, reason in sorted(why.items()):
                 lines.append(f"    {task}|{mode}: off {_value(off, task, mode)}"
-                             + (f", its sibling {GRAPHED_SIBLING[mode]} {_value(off, task, GRAPHED_SIBLING[mode])}"
-                                if mode in GRAPHED_SIBLING else "") + f"; {reason}")
+                             + (f", its sibling {UNGRAPHED_TWIN[mode]} {_value(off, task, UNGRAPHED_TWIN[mode])}"
+                                if mode in UNGRAPHED_TWIN else "") + f"; {reason}")
     return "\n".join(lines)
 
 
