@@ -134,3 +134,25 @@ def test_the_timing_phase_sizes_output_slots_from_a_layout_that_holds_no_memory(
     from_layout = output_targets(layout, SlotPool(torch.device("cpu"), tmp_path / "b"), [])
     assert [{k: v for k, v in t.items() if k != "slot"} for t in from_layout] == \
         [{k: v for k, v in t.items() if k != "slot"} for t in from_real]
+
+
+def test_the_reference_window_lets_go_of_its_output_targets_and_input_buffers_when_released():
+    """After the timed calls the reference window's output targets and masked-input buffers are
+    dropped (``RefWindow.release``) before the address-reuse probe allocates its own: on an 80 GB
+    H100 a baseline of level1/19 (6 GiB tensors) ran out of memory in that probe alone, the worker
+    holding them (2026-12-05)."""
+    import weakref
+
+    from cudal1.harness.reference.refwindow import RefWindow
+
+    class Owner:
+        device = torch.device("cpu")
+
+    refs = RefWindow(Owner(), None, None, None, {"y": torch.ones(64)}, None)
+    buffer = refs._buffer(0, 256)
+    held = [weakref.ref(refs.targets[0]), weakref.ref(buffer)]
+    del buffer
+    assert all(r() is not None for r in held)
+    refs.release()
+    assert refs.targets == [] and refs.buffers == []
+    assert all(r() is None for r in held)

@@ -275,6 +275,7 @@ class Measurement:
             if not fitted:  # the first round's wall per call says what the budget holds
                 fitted = True
                 n, size, recheck = fit_to_budget(blocks, n, size, recheck, done, self.cfg, recheck_fraction, rng)
+        refs.release()
         with spans.span("probe"):
             self.no_new_processes(link)
             self.address_reuse_probe(ref_model, link, seed0 + 2 * n + 1)
@@ -366,7 +367,11 @@ class Measurement:
     def address_reuse_probe(self, ref_model: Any, link: CandidateLink, seed: int) -> None:
         """Untimed: the candidate is called twice on the *same* input tensors with new values
         written into them in between; a result cache keyed on addresses (or CUDA graphs replayed
-        without copying the inputs) returns the first call's output and fails the re-check."""
+        without copying the inputs) returns the first call's output and fails the re-check.
+        The caching allocator's free blocks go back to the driver first: the probe's second input
+        slots are raw allocations, which cannot use them."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
         first, second = self.make_inputs(seed), self.make_inputs(seed + 1)
         ref_out, _ = self.run_model(ref_model, cmp.clone_tree(second))
         out = link.reuse(first, second, ref_out)

@@ -44,6 +44,12 @@ class RefWindow:
                         for x in output_leaves(template) if isinstance(x, torch.Tensor)]
         self.buffers: list[torch.Tensor] = []
 
+    def release(self) -> None:
+        """Drop the output targets and masked-input buffers: they serve the timed calls only, and on
+        a task of 6 GiB tensors they are 12 GiB that the address-reuse probe after them needs (an
+        80 GB H100 ran out of memory there with them held, 2026-12-05)."""
+        self.targets, self.buffers = [], []
+
     def _buffer(self, lane: int, nbytes: int) -> torch.Tensor:
         while len(self.buffers) <= lane:
             self.buffers.append(torch.empty(0, dtype=torch.uint8, device=self.device))
