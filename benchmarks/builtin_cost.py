@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Collection
 
 import builtin_baseline_plan
-from builtin_figures import counted, finished
+from builtin_figures import counted, n_finished
 from builtin_figures import summarize as figures_of
 from cudal1.compile_modes import UNGRAPHED_TWIN
 from cudal1.harness.parent.batchstats import GPU_PHASES
@@ -471,10 +471,6 @@ def _value(probe_pass: dict[str, Any], task: str, mode: str) -> str:
 # ---- two judge configurations of one run ------------------------------------------------------------
 
 
-def _n_finished(report: dict[str, Any]) -> int:
-    return sum(1 for r in report["rows"] if finished(r))
-
-
 def _finished_rows(report: dict[str, Any]) -> dict[str, dict]:
     return {r["task"]: r for r in report["rows"] if counted(r)}
 
@@ -528,8 +524,8 @@ def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
                     for name, rep, rows in (("before", before, a), ("now", now, b))
                     for same in [figures_of([rows[t] for t in both], rep.get("modes") or [])["retimed"]]},
         # per task finished, degenerate ones included (their search and baselines ran too)
-        "device_s_per_task": {"before": old_s / n_before if (n_before := _n_finished(before)) else None,
-                              "now": new_s / n_now if (n_now := _n_finished(now)) and new_calls else None,
+        "device_s_per_task": {"before": old_s / n_before if (n_before := n_finished(before["rows"])) else None,
+                              "now": new_s / n_now if (n_now := n_finished(now["rows"])) and new_calls else None,
                               "before_tasks": n_before, "now_tasks": n_now, "now_calls": len(new_calls),
                               **({"now_standing": st["per_task"], "now_standing_tasks": st["finished"]}
                                  if (st := now["cost"].get("standing")) and st["replaced_batches"] else {})},

@@ -174,6 +174,12 @@ def finished(row: dict) -> bool:
     return row["judged"] and not row["pending"] and bool(row["rounds"]) and not row.get("baselines_pending")
 
 
+def n_finished(rows: list[dict]) -> int:
+    """How many of ``rows`` are :func:`finished`, degenerate ones included (their search and
+    baselines ran too: what a run's cost per task divides by)."""
+    return sum(1 for r in rows if finished(r))
+
+
 def counted(row: dict) -> bool:
     """The task enters the figures: finished and not degenerate."""
     return finished(row) and not row["degenerate"]

@@ -74,7 +74,7 @@ import builtin_cost
 import builtin_losses
 import builtin_rejudge
 from builtin_confirm import confirm
-from builtin_figures import builtin_figures, finished, markdown, task_rows
+from builtin_figures import builtin_figures, markdown, n_finished, task_rows
 from builtin_finish import finish
 from compile_lease_ab import LEASE_SETTINGS
 from cudal1.compile_modes import COMPILE_MODES, CUDA_GRAPH
@@ -627,7 +627,7 @@ def _gpus(args) -> int:
 
 def _finished(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str]) -> int:
     rows = task_rows(out, tasks, judge.hash(), rules_of, modes)
-    return sum(1 for r in rows if finished(r))
+    return n_finished(rows)
 
 
 def cost_probe(args, out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: list[str]) -> None:
@@ -662,7 +662,7 @@ def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: lis
                                              builtin_cost.running_seconds(out, judge.hash()),
                                              builtin_cost.standing(batches.run, builtin_rejudge.replaced(out),
                                                                    [t.task_id for t in tasks],
-                                                                   sum(1 for r in summary["rows"] if finished(r))))
+                                                                   n_finished(summary["rows"])))
     (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
     extra = builtin_losses.markdown(summary["losses"], summary["finished"]) + "\n\n" + \
         builtin_cost.markdown(summary["cost"])
