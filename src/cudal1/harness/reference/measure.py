@@ -123,6 +123,11 @@ class Measurement:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
+    def release_cached_memory(self) -> None:
+        """The caching allocator's free blocks go back to the driver (CUDA only; untimed)."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
     def poison(self) -> None:
         if self.cfg.poison_freed_memory:
             poison_free_blocks(self.device)
@@ -370,8 +375,7 @@ class Measurement:
         without copying the inputs) returns the first call's output and fails the re-check.
         The caching allocator's free blocks go back to the driver first: the probe's second input
         slots are raw allocations, which cannot use them."""
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.release_cached_memory()
         first, second = self.make_inputs(seed), self.make_inputs(seed + 1)
         ref_out, _ = self.run_model(ref_model, cmp.clone_tree(second))
         out = link.reuse(first, second, ref_out)

@@ -328,8 +328,7 @@ class RefWorker(Measurement):
 
             bind_threads_for_cpu_timing()
         self.l2_start = self.persisting_l2()  # before the candidate exists
-        release = torch.cuda.empty_cache if self.device.type == "cuda" else (lambda: None)
-        self.lease = Lease(self.spec.gpu_lease, self.phase, self.sync, release)
+        self.lease = Lease(self.spec.gpu_lease, self.phase, self.sync, self.release_cached_memory)
         from cudal1.harness.envinfo import collect_environment
 
         self.sender.send("env", **collect_environment(self.device))
