@@ -276,6 +276,22 @@ def cpu_judge_config():
     return make
 
 
+@pytest.fixture(scope="session")
+def judged_broadcast(tmp_path_factory: pytest.TempPathFactory):
+    """``cudal1 judge --json`` of the bundled broadcast candidate against the small diag_matmul under
+    the small CPU config (``cli_support.small_config``), run once: the CompletedProcess that every
+    test asserting on this plain verdict reads (its contract keys, and no profile without
+    ``--profile``)."""
+    from cli_support import cli_env, run_cli, small_config
+
+    tmp = tmp_path_factory.mktemp("judged-broadcast")
+    config = tmp / "small.yaml"
+    config.write_text(small_config(timeout_s=60.0))
+    candidate = REPO_ROOT / "examples" / "candidates" / "diag_matmul_broadcast.py"
+    return run_cli(["judge", "--reference", SMALL_DIAG, "--candidate", candidate, "--config", config, "--json"],
+                   cli_env(tmp / "cache"), tmp)
+
+
 @pytest.fixture
 def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_root: Path):
     """``run(device, share)``: judge ``2 * share`` copies of the bundled diag_matmul candidate with
