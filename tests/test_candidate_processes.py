@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from cli_support import small_config
 from cudal1.harness.child.seal import seal_program
 from cudal1.harness.proctree import CandidateTree, state_of
 from proc_support import left_running
@@ -374,9 +375,12 @@ def test_the_judges_processes_keep_idle_openmp_threads_asleep(tmp_path, cpu_judg
 def test_minus_v_shows_each_phase_of_a_job_as_it_starts(tmp_path):
     """``cudal1 judge -v`` logs the job's phases live (logger ``cudal1.judge``), not only the
     verdict's summary afterwards."""
+    config = tmp_path / "small.yaml"
+    config.write_text(small_config())  # the phases are the default config's; their trials fewer
     done = subprocess.run([sys.executable, "-m", "cudal1.cli.main", "judge", "-v", "--device", "cpu",
                            "--reference", str(REPO / "tests/fixtures/small_tasks/diag_matmul.py"),
-                           "--candidate", str(REPO / "examples/candidates/diag_matmul_broadcast.py")],
+                           "--candidate", str(REPO / "examples/candidates/diag_matmul_broadcast.py"),
+                           "--config", str(config)],
                           capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO / "src"), "CUDAL1_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 0, done.stderr[-2000:]

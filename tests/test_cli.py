@@ -55,10 +55,8 @@ def explain(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.cpu
-def test_eval_json_ok(tmp_path, cli_env, config_file):
-    proc = run_cli(
-        ["judge", "--reference", DIAG, "--candidate", BROADCAST, "--config", config_file, "--json"], cli_env, tmp_path
-    )
+def test_eval_json_ok(judged_broadcast):
+    proc = judged_broadcast  # judge --reference DIAG --candidate BROADCAST --config SMALL_CONFIG --json
     assert proc.returncode == 0, explain(proc)
     out = last_json(proc.stdout)
     assert CONTRACT_KEYS <= set(out)

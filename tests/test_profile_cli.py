@@ -62,9 +62,8 @@ def test_judge_profile_json_carries_both_programs_and_the_task_figures(tmp_path,
         assert p["bandwidth_share"] is None  # no peak bandwidth on the CPU
 
 
-def test_without_profile_nothing_is_profiled(tmp_path, env, config):
-    proc = run_cli(["judge", "--reference", SMALL_DIAG, "--candidate", BROADCAST, "--config", config, "--json"],
-                   env, tmp_path)
+def test_without_profile_nothing_is_profiled(judged_broadcast):
+    proc = judged_broadcast  # judge --reference SMALL_DIAG --candidate BROADCAST --config (small) --json
     assert proc.returncode == 0, _explain(proc)
     out = last_json(proc.stdout)
     assert out["status"] == "ok" and out["profile"] is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import json
 import types
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -47,7 +48,9 @@ def outputs(mod: types.ModuleType, cls: str, seed: int = 0) -> torch.Tensor:
 
 @pytest.fixture(scope="module")
 def outcomes():
-    return {p.name: rewrite_task(p.read_text()) for p in TASKS}
+    """Each task's outcome; their tracing children (each imports torch, ~3 s) run two at a time."""
+    with ThreadPoolExecutor(2) as pool:
+        return dict(zip((p.name for p in TASKS), pool.map(lambda p: rewrite_task(p.read_text()), TASKS)))
 
 
 @pytest.mark.cpu
@@ -178,7 +181,8 @@ def test_variants_of_one_task_share_one_child_and_match_single_runs(tmp_path, mo
     monkeypatch.setattr(rw, "_run_child", lambda *a: children.append(a) or real(*a))
     together = rw.rewrite_variants(source, variants, cache_dir=tmp_path / "c1")
     assert len(children) == 1  # one process: traced once, the shared prefix applied once
-    alone = [rewrite_task(source, v, cache=False) for v in variants]
+    with ThreadPoolExecutor(2) as pool:  # one child each
+        alone = list(pool.map(lambda v: rewrite_task(source, v, cache=False), variants))
     assert together == alone
     assert together[0].applied == ["simplify", "fold-linear"] and together[1].applied == ["simplify"]
     assert not together[2].ok and together[2].error == "no rewrite applies"
@@ -250,10 +254,11 @@ def test_triton_fusion_is_its_own_candidate_after_the_algebraic_rewrites(tmp_pat
 
     source = (FIXTURES / "residual_scale.py").read_text().replace(
         "        return x + original", "        x = x + original\n        return torch.tanh(torch.sigmoid(x) * 2.0)")
-    code = compose(source, None, "triton-fusion")
+    with ThreadPoolExecutor(2) as pool:  # each traces in a child of its own
+        code, plain = pool.map(lambda name: compose(source, None, name), ("triton-fusion", "algebraic"))
     assert code is not None and passes_in(code) == ["triton-fusion"] and "@triton.jit" in code
     assert "fold-linear" in code and "sigmoid → mul → tanh" in code  # both stages named in the docstring
-    assert "@triton.jit" not in compose(source, None, "algebraic")  # the plain rewrite stays a separate candidate
+    assert "@triton.jit" not in plain  # the plain rewrite stays a separate candidate
     policy = BuiltinPolicy(device="cuda")
     got = [c.meta["passes"] for c in policy.generate([_prompt(source)], n=3)[0]]
     assert got == [["algebraic"], ["compile-default"], ["triton-fusion"]]
