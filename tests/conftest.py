@@ -111,6 +111,28 @@ def deepspeed_cpu_ops() -> None:
         raise RuntimeError(f"building DeepSpeed's CPU op failed: {proc.stderr[-2000:]}")
 
 
+HF_OFFLINE_FLAGS = {"huggingface_hub.constants": ("HF_HUB_OFFLINE",),
+                    "datasets.config": ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+
+
+@pytest.fixture
+def hf_hub_imported_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``huggingface_hub`` and ``datasets`` imported while the hub counted as online (flags and
+    environment as without ``HF_HUB_OFFLINE``), as where an earlier test imported them: they read
+    the offline flags once, at import, so ``tasks.load_task_hf``'s switch to offline mode must
+    reach those flags too.  Its switch lasts for the process; after the test, the environment and
+    the flags are as before."""
+    pytest.importorskip("datasets")
+    import importlib
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    for module, names in HF_OFFLINE_FLAGS.items():
+        imported = importlib.import_module(module)
+        for name in names:
+            monkeypatch.setattr(imported, name, False)
+
+
 @pytest.fixture(scope="session")
 def primed_smoke_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ``--smoke`` GRPO/SSL stages' primed tiny model (``smoke_stages.primed_model``: a short
