@@ -14,6 +14,10 @@ leading comment block is its header::
     # xfail: <reason>     optional: a known judge gap; the expectation is the *correct* verdict
     # max-speedup: <x>    optional: an ``ok`` verdict must not be credited a larger speedup (cheats
                           that only slow the reference must end at their true speed)
+    # timeout: <s>        optional: the judge's per-phase limit (EvalConfig.timeout_s) for this
+                          fixture, instead of the module's ``corpus_config``'s (a hang need not wait
+                          out the headroom the slowest honest fixture needs); such fixtures are
+                          judged apart from the rest, one batch per limit
     # cpu-too             optional (GPU fixtures): the guard does not depend on the device, so the
                           CPU corpus judges it too
 
@@ -21,9 +25,10 @@ A test module that holds a corpus sets ``CORPUS`` (fixture paths), ``CORPUS_TASK
 task file) and optionally ``CORPUS_SELECT`` (entry -> bool: which parsed entries it judges), and
 defines a module-scoped ``corpus_config`` fixture (the judge's EvalConfig).  It then
 gets ``corpus`` (name -> :class:`CorpusEntry`), ``corpus_results`` (name -> EvalResult, all judged
-in one ``evaluate_pairs`` batch) and, for a test taking a ``corpus_name`` argument, one test per
-fixture (xfail-marked where the header says so); ``expected_verdict(entry, result)`` says what is
-wrong with a verdict ("" when it matches).  Names are file stems.
+in one ``evaluate_pairs`` batch but those with a ``# timeout:`` line) and, for a test taking a
+``corpus_name`` argument, one test per fixture (xfail-marked where the header says so);
+``expected_verdict(entry, result)`` says what is wrong with a verdict ("" when it matches).  Names
+are file stems.
 """
 
 from __future__ import annotations
@@ -111,6 +116,28 @@ def deepspeed_cpu_ops() -> None:
         raise RuntimeError(f"building DeepSpeed's CPU op failed: {proc.stderr[-2000:]}")
 
 
+HF_OFFLINE_FLAGS = {"huggingface_hub.constants": ("HF_HUB_OFFLINE",),
+                    "datasets.config": ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+
+
+@pytest.fixture
+def hf_hub_imported_online(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``huggingface_hub`` and ``datasets`` imported while the hub counted as online (flags and
+    environment as without ``HF_HUB_OFFLINE``), as where an earlier test imported them: they read
+    the offline flags once, at import, so ``tasks.load_task_hf``'s switch to offline mode must
+    reach those flags too.  Its switch lasts for the process; after the test, the environment and
+    the flags are as before."""
+    pytest.importorskip("datasets")
+    import importlib
+
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    for module, names in HF_OFFLINE_FLAGS.items():
+        imported = importlib.import_module(module)
+        for name in names:
+            monkeypatch.setattr(imported, name, False)
+
+
 @pytest.fixture(scope="session")
 def primed_smoke_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The ``--smoke`` GRPO/SSL stages' primed tiny model (``smoke_stages.primed_model``: a short
@@ -140,7 +167,7 @@ def seed_primed(primed_smoke_model: Path):
 
 _EXPECT = re.compile(r"#\s*expect:\s*(.+?)\s*$")
 _ALTERNATIVE = re.compile(r"^([a-z_]+)(?:\s+([a-z0-9_]+))?$")
-_FIELD = re.compile(r"#\s*(task|xfail|max-speedup):\s*(.+?)\s*$")
+_FIELD = re.compile(r"#\s*(task|xfail|max-speedup|timeout):\s*(.+?)\s*$")
 
 
 @dataclass(frozen=True)
@@ -151,6 +178,7 @@ class CorpusEntry:
     xfail: str | None  # known judge gap, from '# xfail:'
     cpu_too: bool  # '# cpu-too'
     max_speedup: float | None = None  # '# max-speedup: X': an ``ok`` verdict must not be credited more
+    timeout_s: float | None = None  # '# timeout: S': its own per-phase limit; None = corpus_config's
 
     @property
     def name(self) -> str:
@@ -191,7 +219,10 @@ def read_corpus_entry(path: Path) -> CorpusEntry:
         if task is None:
             raise ValueError(f"{path}: '# task: {fields['task']}' is neither in {path.parent} nor in the repository")
     bound = float(fields["max-speedup"]) if "max-speedup" in fields else None
-    return CorpusEntry(path, tuple(expect), task, fields.get("xfail"), cpu_too, bound)
+    timeout_s = float(fields["timeout"]) if "timeout" in fields else None
+    if timeout_s is not None and not timeout_s > 0:
+        raise ValueError(f"{path}: '# timeout: {fields['timeout']}' is not a positive number of seconds")
+    return CorpusEntry(path, tuple(expect), task, fields.get("xfail"), cpu_too, bound, timeout_s)
 
 
 def _module_corpus(module: Any) -> dict[str, CorpusEntry]:
@@ -225,7 +256,9 @@ def corpus(request: pytest.FixtureRequest) -> dict[str, CorpusEntry]:
 
 @pytest.fixture(scope="module")
 def corpus_results(request: pytest.FixtureRequest, corpus: dict[str, CorpusEntry]) -> dict[str, Any]:
-    """Every entry of the module's corpus judged in one batch, each against its own task."""
+    """Every entry of the module's corpus judged, each against its own task: in one batch with the
+    module's ``corpus_config``, but for entries with their own ``# timeout:``, judged after it in one
+    batch per limit (that config with ``timeout_s`` replaced)."""
     from cudal1.harness import evaluate_pairs
     from cudal1.tasks import load_task_file
     from cudal1.types import Candidate
@@ -234,15 +267,22 @@ def corpus_results(request: pytest.FixtureRequest, corpus: dict[str, CorpusEntry
     default = request.module.CORPUS_TASK
     entries = list(corpus.values())
     tasks = {t: load_task_file(t) for t in {e.task or default for e in entries}}
-    pairs = []
-    for e in entries:
-        task = tasks[e.task or default]
-        pairs.append((task, Candidate(e.path.read_text(), task_hash=task.hash, label=e.name)))
-    results = evaluate_pairs(pairs, config)
-    assert len(results) == len(pairs), "evaluate_pairs() must return one result per pair, in order"
-    for (task, cand), r in zip(pairs, results):
-        assert r.task_hash == task.hash and r.candidate_hash == cand.hash, "results are out of input order"
-    return {e.name: r for e, r in zip(entries, results)}
+    limits = sorted({e.timeout_s for e in entries if e.timeout_s is not None})
+    judged: dict[str, Any] = {}
+    for limit in [None, *limits]:
+        group = [e for e in entries if e.timeout_s == limit]
+        if not group:
+            continue
+        pairs = []
+        for e in group:
+            task = tasks[e.task or default]
+            pairs.append((task, Candidate(e.path.read_text(), task_hash=task.hash, label=e.name)))
+        results = evaluate_pairs(pairs, config if limit is None else config.replace(timeout_s=limit))
+        assert len(results) == len(pairs), "evaluate_pairs() must return one result per pair, in order"
+        for (task, cand), r in zip(pairs, results):
+            assert r.task_hash == task.hash and r.candidate_hash == cand.hash, "results are out of input order"
+        judged.update((e.name, r) for e, r in zip(group, results))
+    return {e.name: judged[e.name] for e in entries}
 
 
 def expected_verdict(entry: CorpusEntry, result: Any) -> str:

@@ -38,6 +38,10 @@ class TestFlags:
             assert name == name.lower() and " " not in name
             assert text
 
+    def test_load_dependent_flags_are_registered(self):
+        assert flags.LOAD_DEPENDENT <= set(flags.FLAGS)
+        assert "timing_mismatch" not in flags.LOAD_DEPENDENT  # a verdict's reason is compared, always
+
 
 def readme_flags(text: str) -> list[str]:
     """Flag names in the first column of the table under the README's ``## Flags`` heading."""

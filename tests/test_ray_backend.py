@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cli_support import SMALL_DIAG
+from cudal1.flags import LOAD_DEPENDENT
 from cudal1.harness import DevicePlan, Job, run_jobs
 from cudal1.tasks import load_task_file
 from cudal1.types import Candidate, Status
@@ -96,13 +97,16 @@ def test_ray_backend_judges_like_the_local_backend(cluster, judge_config, tmp_pa
     assert (
         "build_cached" in remote[-1].flags and "build_cached" in local[-1].flags
     )  # the second shared the first's build
-    for a, b in zip(local, remote):
+    for (_, cand), a, b in zip(pairs, local, remote):
         assert type(a) is type(b) and set(a.to_dict()) == set(b.to_dict())
         assert (a.task_hash, a.candidate_hash, a.config_hash, a.phase) == (
             b.task_hash, b.candidate_hash, b.config_hash, b.phase,
         )
-        noise = {"high_variance", "strict_verified", "contended"}  # what the host's load at that moment decides
-        assert set(a.flags) - noise == set(b.flags) - noise
+        verdict = [(r.correctness.passed == r.correctness.trials, r.correctness.failing_trial, r.correctness.rule)
+                   for r in (a, b)]
+        assert verdict[0] == verdict[1], (cand.label, verdict)
+        # every flag but those the host's load at that moment decides (statuses compared above)
+        assert set(a.flags) - LOAD_DEPENDENT == set(b.flags) - LOAD_DEPENDENT, (cand.label, a.flags, b.flags)
     s = ray_stats[0]
     assert s.backend == "ray" and s.jobs == 7 and s.retries == 0
     for stats in (s, local_stats[0]):

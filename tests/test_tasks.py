@@ -426,6 +426,19 @@ def test_load_task_hf_without_datasets(monkeypatch: pytest.MonkeyPatch, request:
         load_task_hf("ScalingIntelligence/KernelBench", level=1)
 
 
+def test_load_task_hf_offline_reaches_imported_hub(monkeypatch: pytest.MonkeyPatch, hf_hub_imported_online) -> None:
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(T, "_hub_reachable", lambda: False)
+    with pytest.raises(TaskError, match="the Hugging Face hub is not reachable") as e:
+        load_task_hf("cudal1-tests/never-published", level=1)
+    assert "\n" not in str(e.value)
+    # read once, at import, by the packages: without these the requests were retried ~20 s
+    assert huggingface_hub.constants.is_offline_mode() and huggingface_hub.constants.HF_HUB_OFFLINE is True
+    assert datasets.config.HF_HUB_OFFLINE is True and datasets.config.HF_DATASETS_OFFLINE is True
+
+
 # --- front door ----------------------------------------------------------------------------
 
 

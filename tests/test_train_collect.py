@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -124,19 +123,9 @@ def test_train_usage_errors_are_one_line(capsys, tmp_path):
     assert "bogus" in capsys.readouterr().err
 
 
-def _hub_offline(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The Hugging Face hub offline, as on a machine without it, also where an earlier test imported
-    ``huggingface_hub`` (it reads ``HF_HUB_OFFLINE`` once, at import: set later, as
-    ``tasks.load_task_hf`` sets it, the requests were retried for ~20 s before failing)."""
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for module in ("huggingface_hub.constants", "datasets.config"):
-        if module in sys.modules:
-            monkeypatch.setattr(sys.modules[module], "HF_HUB_OFFLINE", True)
-
-
-def test_grpo_eval_needs_eval_tasks(capsys, tmp_path, monkeypatch):
+def test_grpo_eval_needs_eval_tasks(capsys, tmp_path, monkeypatch, hf_hub_imported_online):
     pytest.importorskip("trl")
-    _hub_offline(monkeypatch)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # a machine without the hub
     task_file = tmp_path / "diag_scale.py"
     task_file.write_text(smoke.TASK_SOURCE)
     base = ["train", "grpo", "--suite", str(task_file), "--model", str(tmp_path / "m"), "--device", "cpu",

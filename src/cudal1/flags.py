@@ -2,6 +2,7 @@
 
 Names are a stable contract (``cudal1 judge --json`` carries them): add new ones, never rename.
 Informational flags describe a candidate; the others explain a ``rejected``/``incorrect`` verdict.
+:data:`LOAD_DEPENDENT` names those that the machine's load while timing decides.
 """
 
 from __future__ import annotations
@@ -49,6 +50,17 @@ FLAGS: dict[str, str] = {
     "rejudged_alone": "judged again with the GPU to itself: it ran out of device memory beside other workers, or its "
                       "timing was contended",
 }
+
+# Flags that the host's or the GPU's load while the candidate was timed decides, not the candidate:
+# judged twice (another backend, a re-judge), the same candidate may get one of them only once.
+# Comparisons of two judgings of one candidate leave them out; a verdict-explaining flag is never one.
+LOAD_DEPENDENT: frozenset[str] = frozenset((
+    "contended",  # another process or thread held the GPU or a CPU the timed threads waited for
+    "high_variance",  # the spread of the timed calls
+    "launch_bound",  # the host's issue time against the GPU time (on a CPU clock, both are host time)
+    "strict_verified",  # the second pass runs only above a measured speedup
+    "rejudged_alone",  # out of memory or contended beside the other workers of the moment
+))
 
 
 def check(name: str) -> str:

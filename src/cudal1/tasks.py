@@ -33,6 +33,7 @@ import ast
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -240,7 +241,7 @@ def load_task_hf(dataset_name: str, level: int | None = None) -> list[Task]:
     require(f"loading {dataset_name!r}", "datasets", extra="hf")
     offline = not _hub_reachable()
     if offline:  # read the local cache only, instead of minutes of retried requests
-        os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+        _hub_offline()
     import logging
 
     import datasets  # optional dependency, imported only here
@@ -272,6 +273,21 @@ def load_task_hf(dataset_name: str, level: int | None = None) -> list[Task]:
     if not tasks:
         raise TaskError(f"no tasks in HF dataset {dataset_name!r}")
     return sorted(tasks, key=_sort_key)
+
+
+def _hub_offline() -> None:
+    """Switch the Hugging Face hub to offline mode for the rest of the process (so a later call
+    also skips the reachability probe): ``$HF_HUB_OFFLINE`` and ``$HF_DATASETS_OFFLINE`` for a
+    later import of ``huggingface_hub`` / ``datasets``, and the flags they read from them once, at
+    import, where they are already imported (they never read the environment again: left alone,
+    each request was retried for ~20 s before failing)."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
+    for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
+                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+        imported = sys.modules.get(module)
+        for name in names:
+            if imported is not None and hasattr(imported, name):
+                setattr(imported, name, True)
 
 
 def _hub_reachable(timeout_s: float = 3.0) -> bool:
