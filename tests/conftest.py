@@ -116,10 +116,6 @@ def deepspeed_cpu_ops() -> None:
         raise RuntimeError(f"building DeepSpeed's CPU op failed: {proc.stderr[-2000:]}")
 
 
-HF_OFFLINE_FLAGS = {"huggingface_hub.constants": ("HF_HUB_OFFLINE",),
-                    "datasets.config": ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
-
-
 @pytest.fixture
 def hf_hub_imported_online(monkeypatch: pytest.MonkeyPatch) -> None:
     """``huggingface_hub`` and ``datasets`` imported while the hub counted as online (flags and
@@ -130,9 +126,11 @@ def hf_hub_imported_online(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("datasets")
     import importlib
 
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+    from cudal1.tasks import HUB_OFFLINE_FLAGS
+
+    for name in {n for names in HUB_OFFLINE_FLAGS.values() for n in names}:
         monkeypatch.delenv(name, raising=False)
-    for module, names in HF_OFFLINE_FLAGS.items():
+    for module, names in HUB_OFFLINE_FLAGS.items():
         imported = importlib.import_module(module)
         for name in names:
             monkeypatch.setattr(imported, name, False)

@@ -275,17 +275,24 @@ def load_task_hf(dataset_name: str, level: int | None = None) -> list[Task]:
     return sorted(tasks, key=_sort_key)
 
 
+# The offline switches the Hugging Face packages read from the environment once, at import:
+# module -> its flags (each also the name of the environment variable it is read from).
+HUB_OFFLINE_FLAGS: dict[str, tuple[str, ...]] = {
+    "huggingface_hub.constants": ("HF_HUB_OFFLINE",),
+    "datasets.config": ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"),
+}
+
+
 def _hub_offline() -> None:
     """Switch the Hugging Face hub to offline mode for the rest of the process (so a later call
-    also skips the reachability probe): ``$HF_HUB_OFFLINE`` and ``$HF_DATASETS_OFFLINE`` for a
-    later import of ``huggingface_hub`` / ``datasets``, and the flags they read from them once, at
-    import, where they are already imported (they never read the environment again: left alone,
-    each request was retried for ~20 s before failing)."""
-    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = "1"
-    for module, names in (("huggingface_hub.constants", ("HF_HUB_OFFLINE",)),
-                          ("datasets.config", ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))):
+    also skips the reachability probe): the environment variables for a later import of
+    ``huggingface_hub`` / ``datasets``, and :data:`HUB_OFFLINE_FLAGS` where they are already
+    imported (they never read the environment again: left alone, each request was retried for
+    ~20 s before failing)."""
+    for module, names in HUB_OFFLINE_FLAGS.items():
         imported = sys.modules.get(module)
         for name in names:
+            os.environ[name] = "1"
             if imported is not None and hasattr(imported, name):
                 setattr(imported, name, True)
 
