@@ -164,6 +164,13 @@ def this_gpu() -> str | None:
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
 
 
+def this_gpu_gib() -> float | None:
+    """This machine's first GPU's memory in GiB (None: no GPU)."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / 2**30 if torch.cuda.is_available() else None
+
+
 def snapshot_store(out: Path) -> None:
     """A consistent copy of the store (SQLite's backup API), gzipped next to it."""
     store = out / STORE
@@ -508,6 +515,10 @@ def main() -> int:
                     help="resume a run on a GPU other than the one its verdicts were judged on (without it such a "
                          "call stops at once: every verdict of the run would be judged again on this GPU, beside "
                          "the earlier GPU's, and its figures would mix neither)")
+    ap.add_argument("--min-gpu-gib", type=float, default=None, metavar="GIB",
+                    help="stop at once, before judging anything, on a GPU with less memory than GIB: for a sample "
+                         "whose largest tasks do not fit a smaller card even judged alone (they would end out of "
+                         "memory, and the figures would lose them)")
     args = ap.parse_args()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` stops it like Ctrl-C: store kept
     out = Path(args.out)
@@ -530,6 +541,12 @@ def main() -> int:
             print(f"error: {out} was judged on {', '.join(sorted(before))}, this machine has {here or 'no GPU'}: "
                   "resume it there, or pass --other-gpu to judge the run again here", file=sys.stderr)
             return 2
+    judging_here = not (args.report_only or args.prepare) and args.device == "cuda"
+    gib = (this_gpu_gib() or 0.0) if judging_here and args.min_gpu_gib is not None else None
+    if gib is not None and gib < args.min_gpu_gib:
+        print(f"error: this sample needs a GPU of at least {args.min_gpu_gib:g} GiB (--min-gpu-gib), this machine's "
+              f"{this_gpu() or 'no GPU'} has {gib:.1f} GiB: its largest tasks would end out of memory", file=sys.stderr)
+        return 2
     faulthandler.dump_traceback_later(STALL_S, repeat=True)  # a stalled run shows where it stands
     try:
         judge = EvalConfig.preset(args.preset).replace(

@@ -38,6 +38,10 @@
 #                                                                   # (--baselines-along; default on; not in
 #                                                                   # the config hash)
 #   STRIDE5_OUT=benchmarks/runs/stride5b bash benchmarks/builtin_stride5.sh resume  # another run's state
+#   STRIDE5_MIN_GPU_GIB=0 bash benchmarks/builtin_stride5.sh resume  # judge on a card of less than 100 GiB
+#                                                                   # (without it such a call stops at once, rc 2:
+#                                                                   # --min-gpu-gib; level1/38 and level1/63 ran out
+#                                                                   # of memory judged alone on an 80 GB H100)
 #   STRIDE5_OTHER_GPU=1 bash benchmarks/builtin_stride5.sh resume  # go on on a GPU other than the run's (without
 #                                                                   # it such a call stops at once, rc 2: --other-gpu)
 #   STRIDE5_ANCHOR=off bash benchmarks/builtin_stride5.sh resume    # the search judges no reference as itself
@@ -80,6 +84,7 @@ ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5
       --baselines-along "${STRIDE5_ALONG:-on}")
 [ "${STRIDE5_ANCHOR:-on}" = off ] && ARGS+=(--no-anchor)
 [ -n "${STRIDE5_OTHER_GPU:-}" ] && ARGS+=(--other-gpu)
+[ "${STRIDE5_MIN_GPU_GIB:-100}" != 0 ] && ARGS+=(--min-gpu-gib "${STRIDE5_MIN_GPU_GIB:-100}")
 [ -f "$RUN/cudal1.sqlite.gz" ] || echo "warning: no stride-5 state in $RUN: the run starts afresh"
 case "$step" in
   probe)
@@ -100,7 +105,7 @@ case "$step" in
     [ "${STRIDE5_DRAIN:-60}" -gt 20 ] && DRAIN+=(--drain-end $((SECONDS_ - 15)))
     timeout -s INT "$SECONDS_" python3 benchmarks/builtin_kernelbench.py "${ARGS[@]}" "${REJUDGE[@]}" "${DRAIN[@]}" \
       >"$OUT/stride5_resume.log" 2>&1
-    echo "resume rc=$? (130: drained or cut short, 124: cut by the timeout; whole tasks kept either way; 2: another GPU)"
+    echo "resume rc=$? (130: drained or cut short, 124: cut by the timeout; whole tasks kept either way; 2: another GPU, or one too small)"
     grep -E '^(re-judging|tasks [0-9]|cost|Where a compile)' "$OUT/stride5_resume.log"
     tail -22 "$OUT/stride5_resume.log"
     ;;

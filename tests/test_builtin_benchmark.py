@@ -203,3 +203,39 @@ def test_a_run_judged_on_one_gpu_is_not_resumed_on_another_unless_asked(tmp_path
     monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(sys, "argv", [*sys.argv, "--other-gpu"])
     assert bk.main() == 0 and len(judged) == 2
+
+
+def test_a_sample_too_large_for_the_gpu_stops_before_judging(tmp_path, monkeypatch, capsys):
+    """``--min-gpu-gib``: on a card with less memory a call stops at once with one line (rc 2),
+    ``--other-gpu`` or not, before judging anything (the stride-5 sample's level1/38 and level1/63
+    ran out of memory alone on an 80 GB H100); a card with enough goes on, and a report judges nothing."""
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import builtin_kernelbench as bk
+
+    suite = tmp_path / "suite"
+    suite.mkdir()
+    (suite / SMALL_DIAG.name).write_text(SMALL_DIAG.read_text())
+    out = tmp_path / "run"
+    judged = []
+    monkeypatch.setattr(bk, "search", lambda *a, **k: judged.append(a))
+    monkeypatch.setattr(bk, "report", lambda *a, **k: None)
+    monkeypatch.setattr(bk, "_finished", lambda *a, **k: 0)
+    monkeypatch.setattr(bk, "_gpus", lambda args: 1)
+    monkeypatch.setattr(bk.faulthandler, "dump_traceback_later", lambda *a, **k: None)
+    monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(bk, "this_gpu_gib", lambda: 79.18)
+    argv = ["builtin_kernelbench.py", str(suite), "--out", str(out), "--modes", "none", "--device", "cuda",
+            "--min-gpu-gib", "100"]
+    for extra in ([], ["--other-gpu"]):
+        monkeypatch.setattr(sys, "argv", argv + extra)
+        assert bk.main() == 2 and judged == []
+        assert capsys.readouterr().err.strip().splitlines() == [
+            "error: this sample needs a GPU of at least 100 GiB (--min-gpu-gib), this machine's NVIDIA H100 80GB "
+            "HBM3 has 79.2 GiB: its largest tasks would end out of memory"]
+    monkeypatch.setattr(bk, "this_gpu_gib", lambda: None)  # no GPU at all: the same stop
+    monkeypatch.setattr(bk, "this_gpu", lambda: None)
+    monkeypatch.setattr(sys, "argv", argv)
+    assert bk.main() == 2 and judged == [] and "this machine's no GPU has 0.0 GiB" in capsys.readouterr().err
+    monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H200")
+    monkeypatch.setattr(bk, "this_gpu_gib", lambda: 139.8)
+    assert bk.main() == 0 and len(judged) == 1
