@@ -164,19 +164,32 @@ def test_another_judge_config_keeps_the_earlier_configurations_files_beside_the_
     assert "timing_budget_s: 0.5" in (tmp_path / "config.2.yaml").read_text()
 
 
-def test_a_run_judged_on_one_gpu_is_not_resumed_on_another_unless_asked(tmp_path, monkeypatch, capsys):
-    """A resumed call on a GPU other than the one the run's verdicts name stops at once with one
-    line (rc 2) before judging anything: it would judge every verdict again on this GPU, and a
-    lent machine of the wrong kind costs its whole call otherwise.  ``--other-gpu`` goes on."""
-    import sqlite3
-
+def _guarded_main(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The script's module with its judging stubbed out (``judged`` gets one entry per call that
+    reaches the search), a one-task suite and a run folder: for the checks ``main`` makes before
+    judging."""
     monkeypatch.syspath_prepend(str(SCRIPT.parent))
     import builtin_kernelbench as bk
 
     suite = tmp_path / "suite"
     suite.mkdir()
     (suite / SMALL_DIAG.name).write_text(SMALL_DIAG.read_text())
-    out = tmp_path / "run"
+    judged: list = []
+    monkeypatch.setattr(bk, "search", lambda *a, **k: judged.append(a))
+    monkeypatch.setattr(bk, "report", lambda *a, **k: None)
+    monkeypatch.setattr(bk, "_finished", lambda *a, **k: 0)
+    monkeypatch.setattr(bk, "_gpus", lambda args: 1)
+    monkeypatch.setattr(bk.faulthandler, "dump_traceback_later", lambda *a, **k: None)  # pytest's stderr has no fileno
+    return bk, suite, tmp_path / "run", judged
+
+
+def test_a_run_judged_on_one_gpu_is_not_resumed_on_another_unless_asked(tmp_path, monkeypatch, capsys):
+    """A resumed call on a GPU other than the one the run's verdicts name stops at once with one
+    line (rc 2) before judging anything: it would judge every verdict again on this GPU, and a
+    lent machine of the wrong kind costs its whole call otherwise.  ``--other-gpu`` goes on."""
+    import sqlite3
+
+    bk, suite, out, judged = _guarded_main(tmp_path, monkeypatch)
     assert bk.judged_gpus(out) == set()  # nothing judged yet: any GPU starts it
     out.mkdir()
     with sqlite3.connect(out / bk.STORE) as db:
@@ -187,18 +200,12 @@ def test_a_run_judged_on_one_gpu_is_not_resumed_on_another_unless_asked(tmp_path
     db.close()
     assert bk.judged_gpus(out) == {"NVIDIA H200"}
     monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H100 80GB HBM3")
-    judged = []
-    monkeypatch.setattr(bk, "search", lambda *a, **k: judged.append(a))
     monkeypatch.setattr(sys, "argv", ["builtin_kernelbench.py", str(suite), "--out", str(out), "--modes", "none"])
     assert bk.main() == 2 and judged == []
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {out} was judged on NVIDIA H200, this machine has NVIDIA H100 80GB HBM3: resume it there, "
                    "or pass --other-gpu to judge the run again here"]
     monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H200")
-    monkeypatch.setattr(bk, "report", lambda *a, **k: None)
-    monkeypatch.setattr(bk, "_finished", lambda *a, **k: 0)
-    monkeypatch.setattr(bk, "_gpus", lambda args: 1)
-    monkeypatch.setattr(bk.faulthandler, "dump_traceback_later", lambda *a, **k: None)  # pytest's stderr has no fileno
     assert bk.main() == 0 and len(judged) == 1  # the same GPU: it goes on
     monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(sys, "argv", [*sys.argv, "--other-gpu"])
@@ -209,19 +216,7 @@ def test_a_sample_too_large_for_the_gpu_stops_before_judging(tmp_path, monkeypat
     """``--min-gpu-gib``: on a card with less memory a call stops at once with one line (rc 2),
     ``--other-gpu`` or not, before judging anything (the stride-5 sample's level1/38 and level1/63
     ran out of memory alone on an 80 GB H100); a card with enough goes on, and a report judges nothing."""
-    monkeypatch.syspath_prepend(str(SCRIPT.parent))
-    import builtin_kernelbench as bk
-
-    suite = tmp_path / "suite"
-    suite.mkdir()
-    (suite / SMALL_DIAG.name).write_text(SMALL_DIAG.read_text())
-    out = tmp_path / "run"
-    judged = []
-    monkeypatch.setattr(bk, "search", lambda *a, **k: judged.append(a))
-    monkeypatch.setattr(bk, "report", lambda *a, **k: None)
-    monkeypatch.setattr(bk, "_finished", lambda *a, **k: 0)
-    monkeypatch.setattr(bk, "_gpus", lambda args: 1)
-    monkeypatch.setattr(bk.faulthandler, "dump_traceback_later", lambda *a, **k: None)
+    bk, suite, out, judged = _guarded_main(tmp_path, monkeypatch)
     monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(bk, "this_gpu_gib", lambda: 79.18)
     argv = ["builtin_kernelbench.py", str(suite), "--out", str(out), "--modes", "none", "--device", "cuda",
