@@ -535,18 +535,20 @@ def main() -> int:
         snapshot_rewrites(out)
         return 0
     restore_store(out)
-    if not (args.report_only or args.prepare or args.other_gpu) and args.device == "cuda":
+    judging_here = not args.report_only and args.device == "cuda"  # --prepare returned above
+    if judging_here and not args.other_gpu:
         here, before = this_gpu(), judged_gpus(out)
         if before and here not in before:
             print(f"error: {out} was judged on {', '.join(sorted(before))}, this machine has {here or 'no GPU'}: "
                   "resume it there, or pass --other-gpu to judge the run again here", file=sys.stderr)
             return 2
-    judging_here = not (args.report_only or args.prepare) and args.device == "cuda"
-    gib = (this_gpu_gib() or 0.0) if judging_here and args.min_gpu_gib is not None else None
-    if gib is not None and gib < args.min_gpu_gib:
-        print(f"error: this sample needs a GPU of at least {args.min_gpu_gib:g} GiB (--min-gpu-gib), this machine's "
-              f"{this_gpu() or 'no GPU'} has {gib:.1f} GiB: its largest tasks would end out of memory", file=sys.stderr)
-        return 2
+    if judging_here and args.min_gpu_gib is not None:
+        gib = this_gpu_gib() or 0.0
+        if gib < args.min_gpu_gib:
+            print(f"error: this sample needs a GPU of at least {args.min_gpu_gib:g} GiB (--min-gpu-gib), this "
+                  f"machine's {this_gpu() or 'no GPU'} has {gib:.1f} GiB: its largest tasks would end out of memory",
+                  file=sys.stderr)
+            return 2
     faulthandler.dump_traceback_later(STALL_S, repeat=True)  # a stalled run shows where it stands
     try:
         judge = EvalConfig.preset(args.preset).replace(
