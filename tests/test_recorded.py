@@ -221,3 +221,29 @@ def test_a_resumed_judge_schedules_by_the_stores_recorded_footprints(tmp_path, m
         assert seconds.get(task.hash) == 42.0
         assert memory.bound(task.hash) and memory.need(task.hash) >= 50000
         assert RecordedJudge(config.replace(correctness_trials=9), store).prime_batches() == 0  # another judge
+
+
+@pytest.mark.parametrize("side", ["reference", "candidate"])
+def test_a_resumed_judge_knows_a_reference_that_blocked_alone_and_no_memory_bound_task(tmp_path, monkeypatch, side):
+    """A stored verdict judged again alone for calls blocked beside other jobs, whose reference's
+    calls were blocked in that verdict too, tells a fresh machine that the task's reference blocks
+    by itself (its later verdicts are not judged again for it); a candidate blocked alone says
+    nothing of the task.  Neither makes the task one that ran out of memory."""
+    from cudal1.harness.parent import gpu_memory
+    from cudal1.store import RunStore
+    from cudal1.types import Candidate
+
+    memory = gpu_memory.TaskMemory()
+    monkeypatch.setattr(gpu_memory, "TASK_MEMORY", memory)
+    config = EvalConfig(device="cpu")
+    task = Task(name="t", source="class Model: pass\n")
+    with RunStore(tmp_path / "run.sqlite") as store:
+        earlier = _verdict(task, Candidate("class ModelNew: pass\n", task_hash=task.hash), config)
+        earlier.wall_s, earlier.flags = 6.0, ["rejudged_alone"]
+        earlier.figures = {"gpu_memory_mib": 6000,
+                           "blocked_calls": {"calls": {"candidate": 14, "reference": 14}, "candidate": 0, side: 14},
+                           "rejudged_alone": {"because": f"the {side}'s timed calls were blocked beside other jobs"}}
+        store.record_evaluation(earlier)
+        assert RecordedJudge(config, store).prime_batches() == 1
+    assert memory.reference_blocks(task.hash) is (side == "reference")
+    assert not memory.bound(task.hash)

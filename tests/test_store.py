@@ -168,6 +168,24 @@ def test_recorded_jobs_are_each_verdicts_and_baselines_footprint_under_one_confi
     assert store.recorded_jobs("none") == []
 
 
+def test_a_recorded_job_says_it_was_judged_again_for_blocked_calls_and_what_blocked(store):
+    """A verdict judged again alone because its timed calls were blocked beside other jobs keeps
+    that reason and the blocked counts of the verdict that stands; a failed verdict's counts are
+    not read."""
+    counts = {"calls": {"candidate": 10, "reference": 10}, "candidate": 0, "reference": 10}
+    blocked = make_result(cand="c1")
+    blocked.flags = ["rejudged_alone"]
+    blocked.figures = {"blocked_calls": counts, "rejudged_alone": {"because": "the reference's timed calls were "
+                                                                   "blocked beside other jobs", "speedup": 0.4}}
+    store.record_evaluation(blocked)
+    failed = make_result(cand="c2", status=Status.RUNTIME_ERROR, speedup=None)
+    failed.figures = {"blocked_calls": counts}
+    store.record_evaluation(failed)
+    jobs = {j.rejudged_alone: j for j in store.recorded_jobs("cfg")}
+    assert jobs[True].rejudged_for_blocked_calls and jobs[True].blocked_calls == counts
+    assert not jobs[False].rejudged_for_blocked_calls and jobs[False].blocked_calls is None
+
+
 def test_best_and_counts(store):
     store.record_evaluation(make_result(cand="a", speedup=1.2))
     store.record_evaluation(make_result(cand="b", speedup=3.0))

@@ -129,10 +129,14 @@ class RecordedJudge:
         """Once per object: what the store's verdicts and baselines under this config took seeds
         the batches' scheduling hints: each job's wall seconds (``task_seconds.TASK_SECONDS``: longest
         tasks first, a drain's deadline sizes jobs by them) and each task's GPU memory and whether
-        it was judged again alone (``gpu_memory.TASK_MEMORY``: its jobs enter with their share, or
-        alone, instead of running out of memory beside others first).  Returns how many."""
+        it was judged again alone (``gpu_memory.TASK_MEMORY``): one that ran out of memory beside
+        others enters with its share, or alone, instead of running out first; one whose
+        reference's timed calls were blocked in its verdict judged alone has a reference that
+        blocks by itself, so its later verdicts are not judged again for it
+        (:mod:`cudal1.harness.parent.blocked`).  Returns how many."""
         if self._primed or self.store is None:
             return 0
+        from cudal1.harness.parent.blocked import sides_blocked
         from cudal1.harness.parent.gpu_memory import TASK_MEMORY
         from cudal1.harness.parent.task_seconds import TASK_SECONDS
 
@@ -142,8 +146,10 @@ class RecordedJudge:
             if job.wall_s:
                 TASK_SECONDS.seed(job.task_hash, job.kind, job.wall_s)
             TASK_MEMORY.note(job.task_hash, job.gpu_memory_mib)
-            if job.rejudged_alone:
+            if job.rejudged_alone and not job.rejudged_for_blocked_calls:  # out of memory (or contended)
                 TASK_MEMORY.ran_out(job.task_hash)
+            elif job.rejudged_alone and "reference" in sides_blocked(job.blocked_calls):
+                TASK_MEMORY.reference_blocked_alone(job.task_hash)
         return len(jobs)
 
     # ---- the run store ------------------------------------------------------------------

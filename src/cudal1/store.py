@@ -84,14 +84,18 @@ def _speedup_column(speedup: float | None) -> float | None:
 class RecordedJob:
     """One recorded verdict's footprint (:meth:`RunStore.recorded_jobs`): its task, its kind
     (``candidate``, or a baseline's mode), its wall seconds and GPU memory (MiB, its two processes;
-    0: not measured), and whether it was judged again alone (out of memory beside other workers,
-    or contended)."""
+    0: not measured), whether it was judged again alone (out of memory beside other workers,
+    contended, or its timed calls blocked beside them) and, where it was for blocked calls
+    (``figures["rejudged_alone"]``), that; and an ``ok`` verdict's blocked timed calls
+    (``figures["blocked_calls"]``; None otherwise)."""
 
     task_hash: str
     kind: str
     wall_s: float
     gpu_memory_mib: int
     rejudged_alone: bool
+    rejudged_for_blocked_calls: bool = False
+    blocked_calls: dict[str, Any] | None = None
 
 
 class RunStore:
@@ -365,11 +369,14 @@ class RunStore:
         to size and place this one's."""
         rows = []
         for task_hash, kind, data, _ in self._recorded_under(config_hash):
-            wall, mib = data.get("wall_s"), (data.get("figures") or {}).get("gpu_memory_mib")
+            figures = data.get("figures") or {}
+            wall, mib, blocked = data.get("wall_s"), figures.get("gpu_memory_mib"), figures.get("blocked_calls")
             job = RecordedJob(task_hash, kind,
                               float(wall) if isinstance(wall, (int, float)) and wall > 0 else 0.0,
                               int(mib) if isinstance(mib, (int, float)) and mib > 0 else 0,
-                              "rejudged_alone" in (data.get("flags") or []))
+                              "rejudged_alone" in (data.get("flags") or []),
+                              isinstance(figures.get("rejudged_alone"), dict),
+                              blocked if data.get("status") == "ok" and isinstance(blocked, dict) else None)
             if job.wall_s or job.gpu_memory_mib or job.rejudged_alone:
                 rows.append(job)
         return rows

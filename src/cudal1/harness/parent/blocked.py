@@ -14,7 +14,8 @@ Contract: :func:`blocked_sides` names the sides (``candidate``, ``reference``) w
 were at least :data:`BLOCKED_SHARE` blocked (``figures["blocked_calls"]``).
 ``TASK_MEMORY`` (:mod:`.gpu_memory`, kept in the cache directory across processes) remembers the
 tasks whose reference's calls were blocked even alone (a reference that waits for the device by
-itself), so their later verdicts whose reference's calls block are not judged again.
+itself), so their later verdicts whose reference's calls block are not judged again; a resumed
+run's store tells a fresh machine the same (:meth:`cudal1.recorded.RecordedJudge.prime_batches`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,12 @@ def blocked_sides(result: EvalResult) -> tuple[str, ...]:
     verdict."""
     if result.status is not Status.OK:
         return ()
-    counts = result.figures.get("blocked_calls") or {}
+    return sides_blocked(result.figures.get("blocked_calls"))
+
+
+def sides_blocked(counts: dict | None) -> tuple[str, ...]:
+    """:func:`blocked_sides` of an ``ok`` verdict's ``figures["blocked_calls"]`` (a stored one's too)."""
+    counts = counts or {}
     calls = counts.get("calls") or {}
     return tuple(side for side in ("candidate", "reference")
                  if (total := calls.get(side) or 0) and (counts.get(side) or 0) >= BLOCKED_SHARE * total)
