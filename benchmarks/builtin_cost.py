@@ -23,7 +23,9 @@ Two measures, both printed with the report and written under ``cost`` in ``OUT/r
 And where the lanes ran short-handed: the seconds in which 1, 2, … verdicts ran at once
 (:func:`running_seconds`, from the store's recording times and each verdict's wall, and the
 re-timings' in ``confirm.json`` where they carry one, since 2026-12-05), which shows the tails at
-batch boundaries on runs that predate ``run.json``'s per-batch ``lanes_unused_share``.
+batch boundaries on runs that predate ``run.json``'s per-batch ``lanes_unused_share``; and which
+verdicts ran by themselves (:func:`alone_seconds`: a batch's or a call's last long job, or one
+judged again with the GPU to itself), the seconds in which the other lanes had nothing.
 
 The cost levers (``--levers on``, the default) leave out the baselines a task's own verdicts make
 redundant (:mod:`builtin_baseline_plan`), and change where and how often the rest compile, never
@@ -54,7 +56,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Collection
+from typing import Any, Collection, Iterator
 
 import builtin_baseline_plan
 from builtin_figures import counted, n_finished
@@ -154,17 +156,57 @@ def exclusive_s(results: list) -> dict[str, float]:
     return {"s": float(sum(held)), "verdicts": len(held)}
 
 
+def _stretches(spans: list[tuple[float, float]]) -> Iterator[tuple[float, frozenset[int]]]:
+    """``(seconds, indices of the spans running)`` for each stretch of time in which at least one
+    of ``spans`` (``(start, end, …)``) ran; one that starts as another ends never overlaps it."""
+    edges = sorted([(sp[0], 1, i) for i, sp in enumerate(spans)] + [(sp[1], -1, i) for i, sp in enumerate(spans)],
+                   key=lambda e: (e[0], e[1]))
+    running: set[int] = set()
+    last = None
+    for t, step, i in edges:
+        if running and last is not None and t > last:
+            yield t - last, frozenset(running)
+        (running.add if step == 1 else running.discard)(i)
+        last = t
+
+
 def running_at_once(spans: list[tuple[float, float]]) -> dict[int, float]:
     """Seconds in which ``k`` of ``spans`` ran at once, for each ``k`` of at least 1 (the time with
     none running, between calls and during the re-timings, is left out)."""
-    edges = sorted([(a, 1) for a, _ in spans] + [(b, -1) for _, b in spans], key=lambda e: (e[0], e[1]))
     out: dict[int, float] = {}
-    running, last = 0, None
-    for t, step in edges:
-        if running and last is not None and t > last:
-            out[running] = out.get(running, 0.0) + (t - last)
-        running, last = running + step, t
+    for seconds, running in _stretches(spans):
+        out[len(running)] = out.get(len(running), 0.0) + seconds
     return dict(sorted(out.items()))
+
+
+def running_alone(spans: list[tuple[float, float, Any]]) -> dict[Any, float]:
+    """Seconds in which each span's label (``(start, end, label)``) was the only one running: what
+    kept the other lanes idle at a batch's or a call's end, or judged with the GPU to itself."""
+    out: dict[Any, float] = {}
+    for seconds, running in _stretches(spans):
+        if len(running) == 1:
+            label = spans[next(iter(running))][2]
+            out[label] = out.get(label, 0.0) + seconds
+    return out
+
+
+def _spans(out: Path, config_hash: str, names: dict[str, str] | None = None) -> list[tuple[float, float, Any]]:
+    """``(start, end, (task, kind, judged again alone))`` of the run's search and baseline verdicts
+    under ``config_hash`` (the store's recording times; ``names``: task id by task hash) and of its
+    re-timings that carry a recording time (``at``; kind ``re-timing``)."""
+    from cudal1.store import RunStore
+
+    if not (out / "cudal1.sqlite").exists():
+        return []
+    with RunStore(out / "cudal1.sqlite") as store:
+        spans: list[tuple[float, float, Any]] = [
+            (v.start, v.end, ((names or {}).get(v.task_hash, v.task_hash[:12]), v.kind, v.rejudged_alone))
+            for v in store.verdict_spans(config_hash)]
+    confirmed = json.loads((out / "confirm.json").read_text()) if (out / "confirm.json").exists() else {}
+    spans += [(c["at"] - c["wall_s"], c["at"], (key.split("|", 1)[0], "re-timing", False))
+              for key, c in confirmed.items()
+              if isinstance(c.get("at"), (int, float)) and isinstance(c.get("wall_s"), (int, float))]
+    return spans
 
 
 def running_seconds(out: Path, config_hash: str) -> dict[int, float]:
@@ -172,16 +214,15 @@ def running_seconds(out: Path, config_hash: str) -> dict[int, float]:
     (the store's recording times) and its re-timings that carry a recording time (``at``): where
     a batch ran short-handed, its tails at the boundaries included, on runs that predate
     ``lanes_unused_share`` too."""
-    from cudal1.store import RunStore
+    return running_at_once([sp[:2] for sp in _spans(out, config_hash)])
 
-    if not (out / "cudal1.sqlite").exists():
-        return {}
-    with RunStore(out / "cudal1.sqlite") as store:
-        spans = store.verdict_spans(config_hash)
-    confirmed = json.loads((out / "confirm.json").read_text()) if (out / "confirm.json").exists() else {}
-    spans += [(c["at"] - c["wall_s"], c["at"]) for c in confirmed.values()
-              if isinstance(c.get("at"), (int, float)) and isinstance(c.get("wall_s"), (int, float))]
-    return running_at_once(spans)
+
+def alone_seconds(out: Path, config_hash: str, names: dict[str, str]) -> list[dict[str, Any]]:
+    """:func:`running_alone` over the same verdicts, longest first: ``{task, kind, s,
+    rejudged_alone}`` for each verdict kind of a task that ran by itself for at least 0.5 s."""
+    alone = running_alone(_spans(out, config_hash, names))
+    return [{"task": task, "kind": kind, "s": round(s, 1), "rejudged_alone": again}
+            for (task, kind, again), s in sorted(alone.items(), key=lambda kv: -kv[1]) if s >= 0.5]
 
 
 def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, Any]]:
@@ -245,7 +286,8 @@ def standing(run: dict, replaced: list[dict[str, Any]], task_ids: Collection[str
 
 
 def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]],
-              running: dict[int, float] | None = None, standing: dict[str, Any] | None = None) -> dict[str, Any]:
+              running: dict[int, float] | None = None, standing: dict[str, Any] | None = None,
+              alone: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     def med(xs: list[float]) -> float | None:
         return statistics.median(xs) if xs else None
 
@@ -290,6 +332,7 @@ def summarize(costs: dict[str, dict[str, Any]], calls: list[dict[str, Any]],
         "calls": calls,
         **({"standing": standing} if standing else {}),
         "running_s": {str(k): v for k, v in (running or {}).items()},
+        "alone_s": alone or [],
         "per_task": costs,
     }
 
@@ -329,6 +372,14 @@ def markdown(cost: dict[str, Any]) -> str:
     if cost.get("running_s"):
         lines.append("verdicts running at once, seconds (from their recording times; re-timings recorded before "
                      "2026-12-05 are not in it): " + ", ".join(f"{k}: {v:.0f}" for k, v in cost["running_s"].items()))
+    if cost.get("alone_s"):
+        alone = cost["alone_s"]
+        again = sum(a["s"] for a in alone if a["rejudged_alone"])
+        retimed = sum(a["s"] for a in alone if a["kind"] == "re-timing")
+        lines.append(f"one verdict running by itself, seconds: {sum(a['s'] for a in alone):.0f} (verdicts judged "
+                     f"again alone {again:.0f}, re-timings {retimed:.0f}); longest: " + ", ".join(
+                         f"{a['task']} {a['kind']}{' (judged again alone)' if a['rejudged_alone'] else ''} {a['s']:.0f}"
+                         for a in alone[:6]))
     ex = {k: v for k, v in (cost.get("exclusive_before_timing") or {}).items() if v.get("verdicts")}
     if ex:
         lines.append("the lease held exclusive before timing (what a verdict kept every other one off the GPU for, "

@@ -681,7 +681,9 @@ def report(out: Path, tasks: list, judge: EvalConfig, rules_of: dict, modes: lis
                                              builtin_cost.running_seconds(out, judge.hash()),
                                              builtin_cost.standing(batches.run, builtin_rejudge.replaced(out),
                                                                    [t.task_id for t in tasks],
-                                                                   n_finished(summary["rows"])))
+                                                                   n_finished(summary["rows"])),
+                                             builtin_cost.alone_seconds(out, judge.hash(),
+                                                                        {t.hash: t.task_id for t in tasks}))
     (out / "report.json").write_text(json.dumps(summary, indent=1, default=str))
     extra = builtin_losses.markdown(summary["losses"], summary["finished"]) + "\n\n" + \
         builtin_cost.markdown(summary["cost"])

@@ -232,6 +232,40 @@ def test_re_timings_with_a_recording_time_count_among_the_verdicts_running(bench
     assert cost.running_seconds(tmp_path, "h") == {1: 2.0, 2: 2.0}
 
 
+def test_which_verdicts_ran_by_themselves_and_for_how_long(bench, tmp_path, monkeypatch):
+    """The seconds each verdict kind of a task was the only one running (the other lanes idle),
+    from the store's times and the re-timings', longest first, named by task id; the report's line
+    adds up those judged again alone and the re-timings."""
+    import cudal1.store as store_module
+    from cudal1.store import RunStore
+    from cudal1.types import EvalResult, Status
+
+    _, cost = bench
+    assert cost.running_alone([(0.0, 4.0, "a"), (0.0, 6.0, "b"), (16.0, 17.0, "c"), (17.0, 17.5, "d")]) == \
+        {"b": 2.0, "c": 1.0, "d": 0.5}
+    clock = iter([10.0, 30.0, 31.0])
+    monkeypatch.setattr(store_module.time, "time", lambda: next(clock))
+
+    def verdict(cand: str, wall: float, flags: list[str]) -> EvalResult:
+        return EvalResult(status=Status.OK, task_name="t", task_hash="h1", candidate_hash=cand, message="",
+                          flags=flags, speedup=1.0, wall_s=wall, config_hash="cfg")
+
+    with RunStore(tmp_path / "cudal1.sqlite") as store:
+        store.record_evaluation(verdict("c1", 10.0, []))  # 0-10
+        store.record_evaluation(verdict("c2", 28.0, []))  # 2-30: 20 s by itself
+        store.record_evaluation(verdict("c3", 1.0, ["rejudged_alone"]))  # 30-31
+    (tmp_path / "confirm.json").write_text(json.dumps({"level1/1|abc": {"status": "ok", "wall_s": 4.0, "at": 35.0}}))
+    alone = cost.alone_seconds(tmp_path, "cfg", {"h1": "level1/1"})
+    assert alone == [{"task": "level1/1", "kind": "candidate", "s": 22.0, "rejudged_alone": False},
+                     {"task": "level1/1", "kind": "re-timing", "s": 4.0, "rejudged_alone": False},
+                     {"task": "level1/1", "kind": "candidate", "s": 1.0, "rejudged_alone": True}]
+    assert cost.running_seconds(tmp_path, "cfg") == {1: 27.0, 2: 8.0}
+    summary = cost.summarize({}, [], None, None, alone)
+    text = cost.markdown(summary | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
+    assert ("one verdict running by itself, seconds: 27 (verdicts judged again alone 1, re-timings 4); longest: "
+            "level1/1 candidate 22, level1/1 re-timing 4, level1/1 candidate (judged again alone) 1") in text
+
+
 def test_the_probe_says_which_speedups_stay_inside_their_intervals(bench):
     _, cost = bench
     on = {"t|compile-default": {"status": "ok", "speedup": 1.02, "speedup_ci": [1.00, 1.04]},

@@ -147,7 +147,8 @@ def test_verdict_spans_are_each_verdicts_wall_before_its_recording_under_one_con
     baseline = make_result(cand="baseline:cudagraph", env=env, speedup=None)
     baseline.wall_s = 2.0
     store.record_baseline("t1", "cudagraph", env.key(), "cfg", baseline)  # recorded at 110
-    assert store.verdict_spans("cfg") == [(96.75, 100.0), (108.0, 110.0)]
+    assert store.verdict_spans("cfg") == [(96.75, 100.0, "t1", "candidate", False),
+                                          (108.0, 110.0, "t1", "cudagraph", False)]
     assert store.verdict_spans("none") == []
 
 

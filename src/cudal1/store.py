@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from .store_schema import SCHEMA, SCHEMA_VERSION
 from .types import Candidate, EvalResult, Status, Task
@@ -78,6 +78,17 @@ def _speedup_column(speedup: float | None) -> float | None:
         return None
     value = float(speedup)
     return None if math.isnan(value) else value
+
+
+class VerdictSpan(NamedTuple):
+    """When one recorded verdict ran (:meth:`RunStore.verdict_spans`; wall-clock seconds): its
+    task, its kind (``candidate``, or a baseline's mode) and whether it was judged again alone."""
+
+    start: float
+    end: float
+    task_hash: str
+    kind: str
+    rejudged_alone: bool
 
 
 @dataclasses.dataclass(frozen=True)
@@ -352,15 +363,16 @@ class RunStore:
             for task_hash, job_kind, result_json, at in self._query(sql, (config_hash,)):
                 yield task_hash, job_kind, json.loads(result_json), float(at)
 
-    def verdict_spans(self, config_hash: str) -> list[tuple[float, float]]:
-        """``(start, end)`` on the wall clock of every verdict and baseline recorded under
-        ``config_hash``: its recording time, and its ``wall_s`` before it (a verdict recorded
-        again, as a reviewer's flag is, carries the later time; one without ``wall_s`` is left out)."""
+    def verdict_spans(self, config_hash: str) -> list[VerdictSpan]:
+        """When every verdict and baseline recorded under ``config_hash`` ran (:class:`VerdictSpan`,
+        by start): its recording time, and its ``wall_s`` before it (a verdict recorded again, as a
+        reviewer's flag is, carries the later time; one without ``wall_s`` is left out)."""
         spans = []
-        for _, _, data, at in self._recorded_under(config_hash):
+        for task_hash, kind, data, at in self._recorded_under(config_hash):
             wall = data.get("wall_s")
             if isinstance(wall, (int, float)) and wall >= 0:
-                spans.append((at - wall, at))
+                spans.append(VerdictSpan(at - wall, at, task_hash, kind,
+                                         "rejudged_alone" in (data.get("flags") or [])))
         return sorted(spans)
 
     def recorded_jobs(self, config_hash: str) -> list[RecordedJob]:
