@@ -156,7 +156,7 @@ def exclusive_s(results: list) -> dict[str, float]:
     return {"s": float(sum(held)), "verdicts": len(held)}
 
 
-def _stretches(spans: list[tuple[float, float]]) -> Iterator[tuple[float, frozenset[int]]]:
+def _stretches(spans: list[tuple[Any, ...]]) -> Iterator[tuple[float, frozenset[int]]]:
     """``(seconds, indices of the spans running)`` for each stretch of time in which at least one
     of ``spans`` (``(start, end, …)``) ran; one that starts as another ends never overlaps it."""
     edges = sorted([(sp[0], 1, i) for i, sp in enumerate(spans)] + [(sp[1], -1, i) for i, sp in enumerate(spans)],
