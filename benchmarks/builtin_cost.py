@@ -244,6 +244,8 @@ def call_costs(run: dict, finished_by_call: dict[str, int]) -> list[dict[str, An
             c["first_call_lease"] = b["first_call_lease"]
         if b.get("baseline_lease"):
             c["baseline_lease"] = b["baseline_lease"]
+        if b.get("lease_order"):
+            c["lease_order"] = b["lease_order"]
     for c in calls.values():
         c["finished"] = finished_by_call.get(c["call"])
         total = sum(c["device_s"].values())
@@ -354,6 +356,7 @@ def markdown(cost: dict[str, Any]) -> str:
         workers += f", compiling with the lease {c['compile_lease']}" if c.get("compile_lease") else ""
         workers += f", first call's lease {c['first_call_lease']}" if c.get("first_call_lease") else ""
         workers += f", a compiled baseline's {c['baseline_lease']}" if c.get("baseline_lease") else ""
+        workers += f", the lease {c['lease_order']}" if c.get("lease_order") else ""
         lines.append(f"cost of call {c['call']} (levers {c['levers'] or 'n/a'}{workers}): device seconds {kinds} "
                      f"= {c['device_s_total']:.0f} for {c['finished'] if c['finished'] is not None else '?'} "
                      f"task(s) finished: {f(c['device_s_per_task'])} s per task")

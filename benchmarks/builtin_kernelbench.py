@@ -224,12 +224,13 @@ class Batches:
     GPU's lease (``compile_lease``, when released), the lease a candidate's first call held
     (``first_call_lease``, with compiling released; batches without it: exclusive from fc2bad6
     on, shared before), the lease a torch.compile baseline's first call held (``baseline_lease``
-    when it was choosers; without it: exclusive), and each call the tasks
-    finished before and after it (:mod:`builtin_cost`)."""
+    when it was choosers; without it: exclusive), the lease's order (``lease_order`` when it was
+    choices-first; without it: any), and each call the tasks finished before and after it
+    (:mod:`builtin_cost`)."""
 
     def __init__(self, out: Path, gpus: int = 1, levers: str = "on", workers: int = 2,
                  confirm_workers: int = 1, compile_lease: str = "held", first_call_lease: str = "",
-                 baseline_lease: str = "exclusive") -> None:
+                 baseline_lease: str = "exclusive", lease_order: str = "any") -> None:
         self.path = out / "run.json"
         self.run = json.loads(self.path.read_text()) if self.path.exists() else {"batches": []}
         self.call, self.gpus, self.levers = time.strftime("%Y-%m-%dT%H:%M:%S"), gpus, levers
@@ -237,6 +238,7 @@ class Batches:
         self.compile_lease = compile_lease
         self.first_call_lease = first_call_lease if compile_lease != "held" else ""
         self.baseline_lease = baseline_lease if compile_lease != "held" else "exclusive"  # choosers needs it released
+        self.lease_order = lease_order
         self.stage, self.since, self.verdicts = "search", None, 0  # what a cut call was doing, since when
 
     def begin(self, stage: str) -> None:
@@ -276,7 +278,8 @@ class Batches:
                                     **({"compile_lease": self.compile_lease} if self.compile_lease != "held" else {}),
                                     **({"first_call_lease": self.first_call_lease} if self.first_call_lease else {}),
                                     **({"baseline_lease": self.baseline_lease} if self.baseline_lease != "exclusive"
-                                       else {})})
+                                       else {}),
+                                    **({"lease_order": self.lease_order} if self.lease_order != "any" else {})})
         self.since, self.verdicts = time.monotonic(), 0
         self.save()
 
@@ -486,6 +489,12 @@ def main() -> int:
                          "only while a choice is made by timing: --first-call-lease choosers; kept off until its "
                          "GPU test passes on an H200 again, docs/harness.md) "
                          "(EvalConfig.baseline_lease; the config hash is the same either way)")
+    ap.add_argument("--lease-order", choices=("any", "choices-first"), default="any",
+                    help="who gets the GPU's lease first among its waiters: any, flock's (a worker waiting for it "
+                         "exclusive waits until no shared holder is left); choices-first, a waiter for it exclusive "
+                         "to make a choice by timing (an autotuning compile's steps) stops new holders until it is "
+                         "served (EvalConfig.lease_order; not measured on a GPU yet; the config hash is the same "
+                         "either way)")
     ap.add_argument("--finish", choices=("joined", "staged"), default="joined",
                     help="a chunk's baselines and re-timing: joined, one batch whose jobs join as the verdicts "
                          "they depend on come in (builtin_finish.py; needs the levers on and, with --confirm, "
@@ -555,7 +564,7 @@ def main() -> int:
             device=args.device, workers_per_gpu=args.workers_per_gpu, keep_samples=False,
             baseline_cache=args.levers == "on", timing_budget_s=args.timing_budget,
             timing_trials=args.timing_trials, first_call_lease=args.first_call_lease,
-            baseline_lease=args.baseline_lease,
+            baseline_lease=args.baseline_lease, lease_order=args.lease_order,
             **LEASE_SETTINGS[args.compile_lease])
     except ConfigError as exc:
         ap.error(str(exc))
@@ -572,7 +581,7 @@ def main() -> int:
     modes = [m for m in args.modes.split(",") if m and m != "none"]
     batches = Batches(out, gpus=_gpus(args), levers=args.levers, workers=args.workers_per_gpu,
                       compile_lease=COMPILE_LEASE_RECORDED[args.compile_lease], first_call_lease=args.first_call_lease,
-                      baseline_lease=args.baseline_lease,
+                      baseline_lease=args.baseline_lease, lease_order=args.lease_order,
                       confirm_workers=args.confirm_workers_per_gpu)
     code = 0
     if args.drain_end is not None and (args.drain_after is None or args.drain_end <= args.drain_after):

@@ -29,6 +29,11 @@
 #                                                                   # (--baseline-lease; default exclusive, the
 #                                                                   # whole call; not in the config hash; not safe
 #                                                                   # yet: docs/harness.md)
+#   STRIDE5_LEASE_ORDER=choices-first bash benchmarks/builtin_stride5.sh resume  # a worker waiting for the
+#                                                                   # GPU's lease exclusive to make a choice by
+#                                                                   # timing stops new holders until it is served
+#                                                                   # (--lease-order; default any, flock's; not
+#                                                                   # in the config hash; not measured yet)
 #   STRIDE5_FINISH=staged bash benchmarks/builtin_stride5.sh resume  # baselines, then re-timing, each its own
 #                                                                   # batch (--finish; default joined: one batch
 #                                                                   # whose jobs join as their verdicts come in;
@@ -81,7 +86,7 @@ ARGS=(kernelbench:level1 kernelbench:level2 kernelbench:level3 --subset stride:5
       --chunk "${STRIDE5_CHUNK:-40}" --out "$RUN" --pack "$OUT/stride5_state.tgz"
       --compile-lease "${STRIDE5_COMPILE_LEASE:-released}" --first-call-lease "${STRIDE5_FIRST_CALL:-choosers}"
       --finish "${STRIDE5_FINISH:-joined}" --baseline-lease "${STRIDE5_BASELINE_LEASE:-exclusive}"
-      --baselines-along "${STRIDE5_ALONG:-on}")
+      --baselines-along "${STRIDE5_ALONG:-on}" --lease-order "${STRIDE5_LEASE_ORDER:-any}")
 [ "${STRIDE5_ANCHOR:-on}" = off ] && ARGS+=(--no-anchor)
 [ -n "${STRIDE5_OTHER_GPU:-}" ] && ARGS+=(--other-gpu)
 [ "${STRIDE5_MIN_GPU_GIB:-100}" != 0 ] && ARGS+=(--min-gpu-gib "${STRIDE5_MIN_GPU_GIB:-100}")

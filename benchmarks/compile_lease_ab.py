@@ -38,6 +38,18 @@ baselines' figures must stay inside the exclusive arm's intervals:
     python benchmarks/compile_lease_ab.py kernelbench:level1/43,93 kernelbench:level3/13,48 \
         --source $CUDAL1_KERNELBENCH --workers-per-gpu 4 --arms released,baseline-choosers \
         --baseline-modes compile-max-autotune-no-cudagraphs,compile-max-autotune --out baseline_ab.json
+
+``choices-first`` is ``released`` with the lease's order ``choices-first``
+(``EvalConfig.lease_order``, harness/lease.py): a waiter for the exclusive lease to make a
+choice by timing (a max-autotune baseline's autotuning steps) stops new holders until it is
+served.  Its lease waits and wall against ``released``, figures inside each other's intervals:
+
+    python benchmarks/compile_lease_ab.py kernelbench:level3/23,48 kernelbench:level2/43,88 \\
+        --source $CUDAL1_KERNELBENCH --workers-per-gpu 4 --arms released,choices-first \\
+        --baseline-modes compile-max-autotune-no-cudagraphs --along --out order_ab.json
+
+(``--along``: the baselines in the candidates' batch, as a run times them, each baseline's
+lease waits printed.)
 """
 
 from __future__ import annotations
@@ -75,10 +87,12 @@ LEASE_SETTINGS = {"held": {"compile_off_lease": False, "autotune_off_lease": Fal
                   "released": {"compile_off_lease": True, "autotune_off_lease": True},
                   "autotune-held": {"compile_off_lease": True, "autotune_off_lease": False}}
 # The arms: those, released with the candidate's whole first call exclusive (fc2bad6 to 8a4c4e8), and
-# released with a torch.compile baseline's first call under the candidate's rule (EvalConfig.baseline_lease)
+# released with a torch.compile baseline's first call under the candidate's rule (EvalConfig.baseline_lease),
+# and released with the lease's order choices-first (EvalConfig.lease_order)
 ARM_SETTINGS = {**LEASE_SETTINGS,
                 "first-call-exclusive": {**LEASE_SETTINGS["released"], "first_call_lease": "exclusive"},
-                "baseline-choosers": {**LEASE_SETTINGS["released"], "baseline_lease": "choosers"}}
+                "baseline-choosers": {**LEASE_SETTINGS["released"], "baseline_lease": "choosers"},
+                "choices-first": {**LEASE_SETTINGS["released"], "lease_order": "choices-first"}}
 ARMS = tuple(ARM_SETTINGS)
 
 
@@ -88,13 +102,15 @@ def _job(r: EvalResult) -> dict[str, Any]:
 
 
 def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, trials: int,
-            device: str = "cuda", baseline_modes: tuple[str, ...] = ()) -> dict[str, Any]:
+            device: str = "cuda", baseline_modes: tuple[str, ...] = (), along: bool = False) -> dict[str, Any]:
     from cudal1.harness import evaluate_pairs, measure_baselines
 
     config = EvalConfig(device=device, workers_per_gpu=workers, cache_dir=str(root / arm), keep_samples=False,
                         timing_budget_s=budget_s, timing_trials=trials, **ARM_SETTINGS[arm])
     triples = _pairs(tasks)
     t0 = time.perf_counter()
+    if baseline_modes and along:
+        return _along(arm, tasks, triples, baseline_modes, config, t0)
     results = evaluate_pairs([(t, c) for t, c, _ in triples], config)
     jobs = {f"{t.name}:{label}": _job(r) for (t, _, label), r in zip(triples, results)}
     base_wall = 0.0
@@ -116,6 +132,27 @@ def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, tr
             "n": len(results)}
 
 
+def _along(arm: str, tasks: list, triples: list, modes: tuple[str, ...], config: EvalConfig,
+           t0: float) -> dict[str, Any]:
+    """``--along``: the baselines and the candidates in one batch, the baselines first (a run's
+    ``--baselines-along``): their compiles' GPU steps wait for the lease beside the candidates'
+    shared phases."""
+    from cudal1.harness.parent.api import DevicePlan, Job, run_jobs
+
+    base = [(t, m) for t in tasks for m in modes]
+    results = run_jobs([Job(t, None, m) for t, m in base] + [Job(t, c) for t, c, _ in triples], config,
+                       plan=DevicePlan.detect(config.device))
+    jobs = {f"{t.name}:baseline {m}": _job(r) for (t, m), r in zip(base, results)}
+    jobs.update({f"{t.name}:{label}": _job(r) for (t, _, label), r in zip(triples, results[len(base):])})
+    lane = {key: seconds_in(j["phase_s"], ("lane",)) for key, j in jobs.items() if "baseline" in key}
+    return {"arm": arm, "wall_s": time.perf_counter() - t0, "baselines_wall_s": 0.0, "jobs": jobs,
+            "baseline_lane_s": lane,
+            "compile_held_s": _phase_sum(results, ("compile",)), "compile_cpu_s": _phase_sum(results, ("compile_cpu",)),
+            "lane_s": _phase_sum(results, ("lane",)), "ok": sum(r.status.value == "ok" for r in results),
+            "exclusive_s": sum(r.figures.get("exclusive_before_timing_s") or 0.0 for r in results),
+            "n": len(results)}
+
+
 def compare(arms: list[dict[str, Any]]) -> list[str]:
     lines = ["arm                   wall_s  of it baselines  jobs  ok  compiling with lease s  compiling off lease s"
              "  lease waits s  exclusive before timing s"]
@@ -123,6 +160,9 @@ def compare(arms: list[dict[str, Any]]) -> list[str]:
         lines.append(f"{a['arm']:<20}  {a['wall_s']:6.0f}  {a.get('baselines_wall_s', 0.0):15.0f}  {a['n']:4d}  "
                      f"{a['ok']:2d}  {a['compile_held_s']:22.0f}  {a['compile_cpu_s']:21.0f}  {a['lane_s']:13.0f}"
                      f"  {a.get('exclusive_s', 0.0):25.1f}")
+    for a in arms:
+        for key, lane in a.get("baseline_lane_s", {}).items():
+            lines.append(f"  {a['arm']}: {key} waited {lane:.0f} s for the lease")
     if len(arms) == 2:
         first, second = arms
         overlap = within = both = 0
@@ -155,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-modes", default="",
                     help="comma-separated torch.compile modes whose baselines each arm also times "
                          "(e.g. compile-max-autotune-no-cudagraphs)")
+    ap.add_argument("--along", action="store_true",
+                    help="with --baseline-modes: the baselines in the candidates' batch, first, as a run's "
+                         "--baselines-along (the arm's wall is that one batch's)")
     ap.add_argument("--timing-budget", type=float, default=2.0)
     ap.add_argument("--timing-trials", type=int, default=50)
     ap.add_argument("--out", default=None, help="write the arms' figures here (JSON)")
@@ -172,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         arms = []
         for arm in arm_names:
             arms.append(run_arm(arm, tasks, args.workers_per_gpu, Path(tmp), args.timing_budget, args.timing_trials,
-                                args.device, modes))
+                                args.device, modes, args.along))
             print(f"{arm}: {arms[-1]['wall_s']:.0f} s, {arms[-1]['ok']} of {arms[-1]['n']} ok", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(arms, indent=1))

@@ -332,8 +332,9 @@ def judged_broadcast(tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture
 def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_root: Path):
-    """``run(device, share)``: judge ``2 * share`` copies of the bundled diag_matmul candidate with
-    ``workers_per_gpu = share`` through the real judge, and check the GPU lease held: every job
+    """``run(device, share, **settings)``: judge ``2 * share`` copies of the bundled diag_matmul
+    candidate with ``workers_per_gpu = share`` (and the judge's other ``settings``, e.g.
+    ``lease_order``) through the real judge, and check the GPU lease held: every job
     ``ok``, no job's ``timing`` phase overlapping another job's GPU phases (worker clocks), and
     workers that did run side by side.  Returns (results, batch stats)."""
     from cudal1.config import EvalConfig
@@ -354,7 +355,7 @@ def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_ro
     def overlaps(a: tuple[float, float], b: tuple[float, float]) -> bool:
         return a[0] < b[1] and b[0] < a[1]
 
-    def run(device: str, share: int) -> tuple[list[Any], Any]:
+    def run(device: str, share: int, **settings: Any) -> tuple[list[Any], Any]:
         task = load_task_file(SMALL_DIAG)
         code = (repo_root / "examples" / "candidates" / "diag_matmul_broadcast.py").read_text()
         jobs = [
@@ -362,7 +363,7 @@ def shared_device_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, repo_ro
             for i in range(2 * share)
         ]
         cfg = EvalConfig(device=device, cache_dir=str(tmp_path / "cache"), correctness_trials=2, timing_trials=20,
-                         min_timing_trials=5, timing_budget_s=0.5, workers_per_gpu=share)
+                         min_timing_trials=5, timing_budget_s=0.5, workers_per_gpu=share, **settings)
         plan = DevicePlan.detect(device)
         plan = DevicePlan(plan.device, plan.lanes[:1], plan.arch_list, plan.driver)  # one device, shared
         stats: list[Any] = []

@@ -874,10 +874,11 @@ def test_gpu_idle_share_from_worker_timelines():
 
 
 @pytest.mark.cpu
-def test_workers_sharing_a_device_never_time_alongside_gpu_work(shared_device_batch):
+@pytest.mark.parametrize("order", ["any", "choices-first"])
+def test_workers_sharing_a_device_never_time_alongside_gpu_work(shared_device_batch, order):
     """The GPU lease, through the real judge on the CPU: three lanes share the device (two sharing
     is the same lease with one holder fewer), and no job's timing phase overlaps any other job's
-    GPU phase, while their start-ups do overlap."""
+    GPU phase, while their start-ups do overlap; under either order of the lease's waiters."""
     share = 3
-    results, stats = shared_device_batch("cpu", share)
+    results, stats = shared_device_batch("cpu", share, lease_order=order)
     assert len(stats.lanes) == share

@@ -17,17 +17,23 @@ SCRIPT = REPO / "benchmarks" / "compile_lease_ab.py"
 
 
 @pytest.mark.cpu
-def test_an_arm_judges_a_compiled_and_an_eager_candidate_per_task(tmp_path):
+def test_an_arm_judges_a_compiled_and_an_eager_candidate_per_task_with_its_baselines_along(tmp_path):
+    """One arm (``choices-first``: released with the lease's order) at two workers, the task's
+    compile-default baseline in the candidates' batch (``--along``), each baseline's lease waits kept."""
     out = tmp_path / "ab.json"
     done = subprocess.run([sys.executable, str(SCRIPT), str(SMALL_DIAG),
-                           "--device", "cpu", "--arms", "released", "--workers-per-gpu", "1",
+                           "--device", "cpu", "--arms", "choices-first", "--workers-per-gpu", "2",
+                           "--baseline-modes", "compile-default", "--along",
                            "--timing-budget", "0.3", "--timing-trials", "10", "--out", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     (arm,) = json.loads(out.read_text())
-    assert arm["arm"] == "released" and arm["n"] == 2 and arm["ok"] == 2, json.dumps(arm, indent=1)[-3000:]
+    assert arm["arm"] == "choices-first" and arm["n"] == 3 and arm["ok"] == 3, json.dumps(arm, indent=1)[-3000:]
     compiled = arm["jobs"]["diag_matmul:compiled"]
     assert compiled["phase_s"].get("compile", 0) > 0  # on the CPU the lease is never given back
+    assert arm["jobs"]["diag_matmul:baseline compile-default"]["speedup"] > 0
+    assert set(arm["baseline_lane_s"]) == {"diag_matmul:baseline compile-default"}
+    assert "diag_matmul:baseline compile-default waited" in done.stdout
 
 
 def test_two_arms_compare_job_by_job():
@@ -50,7 +56,7 @@ def test_a_bad_arm_is_a_one_line_error():
     done = subprocess.run([sys.executable, str(SCRIPT), "kernelbench:level1/1", "--arms", "sideways"],
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and ("--arms takes held, released, autotune-held, first-call-exclusive, "
-                                     "baseline-choosers") in done.stderr
+                                     "baseline-choosers, choices-first") in done.stderr
 
 
 def test_the_baseline_arm_is_released_with_the_candidates_rule_for_compiled_baselines():
@@ -61,3 +67,5 @@ def test_the_baseline_arm_is_released_with_the_candidates_rule_for_compiled_base
     arm = EvalConfig(**compile_lease_ab.ARM_SETTINGS["baseline-choosers"])
     assert arm.baseline_lease == "choosers" and arm.compile_off_lease and arm.first_call_lease == "choosers"
     assert EvalConfig(**compile_lease_ab.ARM_SETTINGS["released"]).baseline_lease == "exclusive"
+    order = EvalConfig(**compile_lease_ab.ARM_SETTINGS["choices-first"])
+    assert order.lease_order == "choices-first" and order.compile_off_lease and order.baseline_lease == "exclusive"

@@ -315,6 +315,10 @@ class EvalConfig(Config):
     # with compile_off_lease, a candidate's rule under first_call_lease (shared, exclusive only while a choice is
     # made by timing), so other workers' GPU phases run beside the rest of its first call (stays off until its GPU
     # test passes on an H200 again: its one failure fits a judge fault fixed since; docs/harness.md)
+    lease_order: str = "any"  # who gets the lease first among its waiters: any (flock's: none; one waiting for it
+    # exclusive waits until no shared holder is left, new ones coming meanwhile); choices-first (a waiter for it
+    # exclusive to make a choice by timing, an autotuning compile's steps say, stops new holders until it is
+    # served; harness/lease.py; not measured on a GPU yet)
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
@@ -334,6 +338,8 @@ class EvalConfig(Config):
             raise ConfigError(f"first_call_lease must be choosers or exclusive, not {self.first_call_lease!r}")
         if self.baseline_lease not in ("choosers", "exclusive"):
             raise ConfigError(f"baseline_lease must be choosers or exclusive, not {self.baseline_lease!r}")
+        if self.lease_order not in ("any", "choices-first"):
+            raise ConfigError(f"lease_order must be any or choices-first, not {self.lease_order!r}")
         if self.timing_figure not in ("gpu", "host"):
             raise ConfigError(f"timing_figure must be gpu or host, not {self.timing_figure!r}")
         if not 1 <= self.timing_block <= 1000:
@@ -367,7 +373,7 @@ class EvalConfig(Config):
             "cache_dir", "build_workers", "workers_per_gpu", "keep_samples", "input_seed", "timeout_s",
             "build_timeout_s", "setup_timeout_s", "confine_candidates", "baseline_cache", "cpu_binding",
             # where the lease is held; what is timed is unchanged
-            "compile_off_lease", "autotune_off_lease", "first_call_lease", "baseline_lease",
+            "compile_off_lease", "autotune_off_lease", "first_call_lease", "baseline_lease", "lease_order",
             "profile",  # information only: no verdict or figure depends on it
         }
         return {k: v for k, v in self.to_dict().items() if k not in ignore}

@@ -10,8 +10,9 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def test_workers_sharing_a_gpu_never_time_alongside_gpu_work(shared_device_batch):
-    results, stats = shared_device_batch("cuda", 2)
+@pytest.mark.parametrize("order", ["any", "choices-first"])
+def test_workers_sharing_a_gpu_never_time_alongside_gpu_work(shared_device_batch, order):
+    results, stats = shared_device_batch("cuda", 2, lease_order=order)
     assert len(stats.lanes) == 2
     assert all(r.speedup and r.speedup > 0 for r in results)
 

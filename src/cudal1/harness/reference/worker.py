@@ -328,7 +328,8 @@ class RefWorker(Measurement):
 
             bind_threads_for_cpu_timing()
         self.l2_start = self.persisting_l2()  # before the candidate exists
-        self.lease = Lease(self.spec.gpu_lease, self.phase, self.sync, self.release_cached_memory)
+        self.lease = Lease(self.spec.gpu_lease, self.phase, self.sync, self.release_cached_memory,
+                           choices_first=self.cfg.lease_order == "choices-first")
         from cudal1.harness.envinfo import collect_environment
 
         self.sender.send("env", **collect_environment(self.device))
