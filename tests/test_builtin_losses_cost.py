@@ -194,7 +194,8 @@ def test_the_exclusive_seconds_before_timing_per_stage_and_the_first_calls_lease
              for t in ("level1/3", "level1/8")}
     calls = cost.call_costs({"batches": [{"what": "baselines", "jobs": 2, "wall_s": 30.0, "call": "c1",
                                           "compile_lease": "released, autotuning too",
-                                          "first_call_lease": "choosers", "baseline_lease": "choosers"}]},
+                                          "first_call_lease": "choosers", "baseline_lease": "choosers",
+                                          "lease_order": "choices-first"}]},
                            {"c1": 1})
     summary = cost.summarize(costs, calls)
     assert summary["exclusive_before_timing"] == {"search": {"s": 5.0, "verdicts": 4}, "baselines": {"s": 0.0,
@@ -202,7 +203,7 @@ def test_the_exclusive_seconds_before_timing_per_stage_and_the_first_calls_lease
     text = cost.markdown(summary | {"held_s_per_task": dict.fromkeys(summary["held_s_per_task"])})
     assert "untimed), seconds: search 5 (4 verdicts)" in text and "baselines 0" not in text
     assert ("compiling with the lease released, autotuning too, first call's lease choosers, a compiled baseline's "
-            "choosers)") in text
+            "choosers, the lease choices-first)") in text
 
 
 def test_verdicts_running_at_once_count_each_overlap_and_skip_the_gaps(bench):
@@ -379,13 +380,17 @@ def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(benc
                                            lanes_unused_share=0.0))
     assert released.run["batches"][-1]["first_call_lease"] == "choosers"
     assert "baseline_lease" not in released.run["batches"][-1]  # the default, exclusive: not recorded
+    assert "lease_order" not in released.run["batches"][-1]  # the default, any: not recorded
     (tmp_path / "c").mkdir()
     choosers = builtin_kernelbench.Batches(tmp_path / "c", compile_lease="released, autotuning too",
-                                           first_call_lease="choosers", baseline_lease="choosers")
+                                           first_call_lease="choosers", baseline_lease="choosers",
+                                           lease_order="choices-first")
     choosers.add("search", SimpleNamespace(jobs=1, wall_s=1.0, gpu_idle_share=0.0, lease_wait_s=0.0,
                                            lanes_unused_share=0.0))
     assert choosers.run["batches"][-1]["baseline_lease"] == "choosers"
     assert cost.call_costs(choosers.run, {})[0]["baseline_lease"] == "choosers"
+    assert choosers.run["batches"][-1]["lease_order"] == "choices-first"
+    assert cost.call_costs(choosers.run, {})[0]["lease_order"] == "choices-first"
 
 
 def test_another_run_of_the_sample_compared_with_against(bench, tmp_path, monkeypatch, capsys):
