@@ -97,8 +97,11 @@ ARMS = tuple(ARM_SETTINGS)
 
 
 def _job(r: EvalResult) -> dict[str, Any]:
+    """A verdict's figures for the comparison, with its window check's (both sides' slack, the
+    excess and its bound) where a GPU timed it."""
+    window = (r.figures.get("gpu") or {}).get("window")
     return {"status": r.status.value, "speedup": r.speedup, "ci": list(r.speedup_ci) if r.speedup_ci else None,
-            "phase_s": r.phase_s, "message": (r.message or "")[:200]}
+            "phase_s": r.phase_s, "message": (r.message or "")[:200], **({"window": window} if window else {})}
 
 
 def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, trials: int,

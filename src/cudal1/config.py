@@ -318,7 +318,7 @@ class EvalConfig(Config):
     lease_order: str = "any"  # who gets the lease first among its waiters: any (flock's: none; one waiting for it
     # exclusive waits until no shared holder is left, new ones coming meanwhile); choices-first (a waiter for it
     # exclusive to make a choice by timing, an autotuning compile's steps say, stops new holders until it is
-    # served; harness/lease.py; not measured on a GPU yet)
+    # served; harness/lease.py; stays off: its first GPU A/B rejected an honest candidate, not explained yet)
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
