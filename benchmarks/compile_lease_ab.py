@@ -127,8 +127,13 @@ def run_arm(arm: str, tasks: list, workers: int, root: Path, budget_s: float, tr
                 if r is not None:
                     jobs[f"{t.name}:baseline {mode}"] = _job(r)
                     results.append(r)
-    wall = time.perf_counter() - t0
-    return {"arm": arm, "wall_s": wall, "baselines_wall_s": base_wall, "jobs": jobs,
+    return _arm_figures(arm, t0, jobs, results, base_wall)
+
+
+def _arm_figures(arm: str, t0: float, jobs: dict[str, dict], results: list[EvalResult],
+                 baselines_wall_s: float = 0.0) -> dict[str, Any]:
+    """An arm's record: its wall since ``t0``, every job's figures, and the phase sums over ``results``."""
+    return {"arm": arm, "wall_s": time.perf_counter() - t0, "baselines_wall_s": baselines_wall_s, "jobs": jobs,
             "compile_held_s": _phase_sum(results, ("compile",)), "compile_cpu_s": _phase_sum(results, ("compile_cpu",)),
             "lane_s": _phase_sum(results, ("lane",)), "ok": sum(r.status.value == "ok" for r in results),
             "exclusive_s": sum(r.figures.get("exclusive_before_timing_s") or 0.0 for r in results),
@@ -146,14 +151,9 @@ def _along(arm: str, tasks: list, triples: list, modes: tuple[str, ...], config:
     results = run_jobs([Job(t, None, m) for t, m in base] + [Job(t, c) for t, c, _ in triples], config,
                        plan=DevicePlan.detect(config.device))
     jobs = {f"{t.name}:baseline {m}": _job(r) for (t, m), r in zip(base, results)}
+    lane = {key: seconds_in(j["phase_s"], ("lane",)) for key, j in jobs.items()}  # the baselines' alone
     jobs.update({f"{t.name}:{label}": _job(r) for (t, _, label), r in zip(triples, results[len(base):])})
-    lane = {key: seconds_in(j["phase_s"], ("lane",)) for key, j in jobs.items() if "baseline" in key}
-    return {"arm": arm, "wall_s": time.perf_counter() - t0, "baselines_wall_s": 0.0, "jobs": jobs,
-            "baseline_lane_s": lane,
-            "compile_held_s": _phase_sum(results, ("compile",)), "compile_cpu_s": _phase_sum(results, ("compile_cpu",)),
-            "lane_s": _phase_sum(results, ("lane",)), "ok": sum(r.status.value == "ok" for r in results),
-            "exclusive_s": sum(r.figures.get("exclusive_before_timing_s") or 0.0 for r in results),
-            "n": len(results)}
+    return {**_arm_figures(arm, t0, jobs, results), "baseline_lane_s": lane}
 
 
 def compare(arms: list[dict[str, Any]]) -> list[str]:

@@ -15,6 +15,7 @@ import pytest
 
 from cudal1.config import ConfigError, EvalConfig
 from cudal1.harness.lease import Lease
+from test_reference_worker import _try_lock  # a fresh open file description's try, released at once
 
 
 class _Worker:
@@ -115,14 +116,7 @@ def test_an_upgrade_past_the_gate_ends_the_phase_while_its_shared_lock_is_held(t
 
     def probe(name: str) -> None:
         if name == "lane":
-            fd = os.open(path, os.O_RDWR)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                still_held.append(False)
-            except BlockingIOError:
-                still_held.append(True)
-            finally:
-                os.close(fd)
+            still_held.append(not _try_lock(path, fcntl.LOCK_EX))
 
     lease = Lease(str(path), probe, lambda: None, lambda: None, choices_first=True)
     lease.enter("correctness", "shared")
