@@ -493,8 +493,9 @@ def main() -> int:
                     help="who gets the GPU's lease first among its waiters: any, flock's (a worker waiting for it "
                          "exclusive waits until no shared holder is left); choices-first, a waiter for it exclusive "
                          "to make a choice by timing (an autotuning compile's steps) stops new holders until it is "
-                         "served (EvalConfig.lease_order; off until its GPU A/B's one rejected honest candidate is "
-                         "explained, docs/harness.md; the config hash is the same either way)")
+                         "served (EvalConfig.lease_order; off by default: one honest candidate rejected in its first "
+                         "GPU A/B, not again in 24 verdicts since, docs/harness.md; the config hash is the same "
+                         "either way)")
     ap.add_argument("--finish", choices=("joined", "staged"), default="joined",
                     help="a chunk's baselines and re-timing: joined, one batch whose jobs join as the verdicts "
                          "they depend on come in (builtin_finish.py; needs the levers on and, with --confirm, "

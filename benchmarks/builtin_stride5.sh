@@ -33,7 +33,7 @@
 #                                                                   # GPU's lease exclusive to make a choice by
 #                                                                   # timing stops new holders until it is served
 #                                                                   # (--lease-order; default any, flock's; not
-#                                                                   # in the config hash; not safe yet:
+#                                                                   # in the config hash; its GPU A/Bs:
 #                                                                   # docs/harness.md)
 #   STRIDE5_FINISH=staged bash benchmarks/builtin_stride5.sh resume  # baselines, then re-timing, each its own
 #                                                                   # batch (--finish; default joined: one batch

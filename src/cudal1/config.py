@@ -318,7 +318,8 @@ class EvalConfig(Config):
     lease_order: str = "any"  # who gets the lease first among its waiters: any (flock's: none; one waiting for it
     # exclusive waits until no shared holder is left, new ones coming meanwhile); choices-first (a waiter for it
     # exclusive to make a choice by timing, an autotuning compile's steps say, stops new holders until it is
-    # served; harness/lease.py; stays off: its first GPU A/B rejected an honest candidate, not explained yet)
+    # served; harness/lease.py; off by default: its first GPU A/B rejected one honest candidate, 24 verdicts since
+    # did not, cause unknown; docs/harness.md)
 
     def validate(self) -> None:
         # the base has coerced types: 30 (YAML) and 30.0 (CLI) hash alike
