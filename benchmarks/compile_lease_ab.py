@@ -20,14 +20,14 @@ call under the exclusive lease (``EvalConfig.first_call_lease: exclusive``; unde
 choices made by timing are), and each arm reports the seconds its jobs held the lease exclusive before
 timing.  The first call's two rules on the same tasks:
 
-    python benchmarks/compile_lease_ab.py kernelbench:level2/43,88,98 --source $CUDAL1_KERNELBENCH \
+    python benchmarks/compile_lease_ab.py kernelbench:level2/43,88,98 --source $CUDAL1_KERNELBENCH \\
         --workers-per-gpu 4 --arms released,first-call-exclusive --out first_call_ab.json
 
 ``--baseline-modes`` also times the tasks' baselines under those torch.compile modes in each arm,
 after its candidates (a baseline's compile holds the lease exclusive where it holds it), the way a
 run does:
 
-    python benchmarks/compile_lease_ab.py kernelbench:level3/23,48 --source $CUDAL1_KERNELBENCH \
+    python benchmarks/compile_lease_ab.py kernelbench:level3/23,48 --source $CUDAL1_KERNELBENCH \\
         --arms released,autotune-held --baseline-modes compile-max-autotune-no-cudagraphs --out ab.json
 
 ``baseline-choosers`` is ``released`` with each torch.compile baseline's construction and first
@@ -35,8 +35,8 @@ call under the candidate's rule (``EvalConfig.baseline_lease: choosers``: the sh
 exclusive only while a choice is made by timing) instead of the exclusive lease throughout; its
 baselines' figures must stay inside the exclusive arm's intervals:
 
-    python benchmarks/compile_lease_ab.py kernelbench:level1/43,93 kernelbench:level3/13,48 \
-        --source $CUDAL1_KERNELBENCH --workers-per-gpu 4 --arms released,baseline-choosers \
+    python benchmarks/compile_lease_ab.py kernelbench:level1/43,93 kernelbench:level3/13,48 \\
+        --source $CUDAL1_KERNELBENCH --workers-per-gpu 4 --arms released,baseline-choosers \\
         --baseline-modes compile-max-autotune-no-cudagraphs,compile-max-autotune --out baseline_ab.json
 
 ``choices-first`` is ``released`` with the lease's order ``choices-first``

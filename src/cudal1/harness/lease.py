@@ -107,12 +107,9 @@ class Lease:
             if _try(self.fd, op):
                 fcntl.flock(self.gate, fcntl.LOCK_UN)
                 return
-            self._phase("lane")
-            self._release_memory()
+            self._lane()
         else:
-            self._phase("lane")
-            fcntl.flock(self.fd, fcntl.LOCK_UN)  # a held lease goes before the wait for the gate
-            self._release_memory()
+            self._lane(release=True)  # a held lease goes before the wait for the gate
             fcntl.flock(self.gate, fcntl.LOCK_EX)
         if choice:
             fcntl.flock(self.fd, op)  # no one else gets in meanwhile
@@ -124,9 +121,17 @@ class Lease:
             fcntl.flock(self.fd, op)
 
     def _wait(self, op: int) -> None:
-        self._phase("lane")
-        self._release_memory()
+        self._lane()
         fcntl.flock(self.fd, op)
+
+    def _lane(self, release: bool = False) -> None:
+        """Stamp ``lane`` (with a held lease still held), then, with ``release``, give the lease
+        back, and empty the allocator cache before the wait."""
+        self._phase("lane")
+        if release:
+            assert self.fd is not None
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+        self._release_memory()
 
 
 def _try(fd: int, op: int) -> bool:
