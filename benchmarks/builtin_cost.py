@@ -51,6 +51,8 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
+import random
 import shutil
 import statistics
 import tempfile
@@ -59,7 +61,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterator
 
 import builtin_baseline_plan
-from builtin_figures import counted, n_finished
+from builtin_figures import counted, n_finished, retimed_values
 from builtin_figures import summarize as figures_of
 from cudal1.compile_modes import UNGRAPHED_TWIN
 from cudal1.harness.parent.batchstats import GPU_PHASES
@@ -547,6 +549,36 @@ def _measures(row: dict[str, Any]) -> dict[str, dict]:
     return got
 
 
+def geomean_interval(values: list[float], resamples: int = 10_000, seed: int = 0) -> list[float] | None:
+    """The geomean of positive ``values`` with its 95% percentile-bootstrap interval over them (the
+    tasks resampled with replacement; seeded, so a report reads the same every time): [geomean,
+    low, high], None without values.  Of two runs' per-task ratios (the same tasks), an interval
+    covering 1.0 means the runs' figures do not differ beyond what the choice of tasks spreads."""
+    logs = [math.log(v) for v in values if v and v > 0]
+    if not logs:
+        return None
+    rng, n = random.Random(seed), len(logs)
+    means = sorted(sum(rng.choices(logs, k=n)) / n for _ in range(resamples))
+    lo, hi = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
+    return [math.exp(sum(logs) / n), math.exp(lo), math.exp(hi)]
+
+
+def headline_intervals(before: dict[str, dict], now: dict[str, dict], tasks: list[str]) -> dict[str, Any]:
+    """The two re-timed headline figures (best builtin over eager; over the re-timed best compile
+    mode) of two runs on the same counted tasks, each with its bootstrap interval over the tasks,
+    and the paired one of now/before per task (:func:`geomean_interval`)."""
+    a = {t: (b, m) for t, b, m in retimed_values([before[t] for t in tasks])}
+    b = {t: (x, m) for t, x, m in retimed_values([now[t] for t in tasks])}
+    eager = [t for t in tasks if t in a and t in b]
+    over = [t for t in eager if a[t][1] and b[t][1]]
+    out: dict[str, Any] = {}
+    for name, keys, value in (("best", eager, lambda v: v[0]), ("over_best_compile_mode", over, lambda v: v[0] / v[1])):
+        out[name] = {"n": len(keys), "before": geomean_interval([value(a[t]) for t in keys]),
+                     "now": geomean_interval([value(b[t]) for t in keys]),
+                     "now_over_before": geomean_interval([value(b[t]) / value(a[t]) for t in keys])}
+    return out
+
+
 def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     """The same run under two judge configurations (``report.N.json`` kept when the judge changed,
     and ``report.json``): on the tasks finished under both, every measurement of the one against
@@ -574,6 +606,7 @@ def compare(before: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
         "tasks": both,
         "agreement": agreed,
         "chains": [[t, a[t]["best_passes"], b[t]["best_passes"]] for t in both],
+        "intervals": headline_intervals(a, b, both),
         "figures": {name: {k: same[k] for k in ("best", "over_best_compile_mode")}
                     for name, rep, rows in (("before", before, a), ("now", now, b))
                     for same in [figures_of([rows[t] for t in both], rep.get("modes") or [])["retimed"]]},
@@ -592,6 +625,9 @@ def compare_markdown(c: dict[str, Any], what: str = "the judge's two configurati
     f = lambda x, d=0: "-" if x is None else f"{x:.{d}f}"  # noqa: E731
     d, h, g = c["device_s_per_task"], c["held_s_per_task"], c["figures"]
     ag = c["agreement"]
+    def ci(v: list[float] | None) -> str:
+        return "-" if v is None else f"{v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]"
+
     def fig(s: dict[str, Any]) -> str:
         best, over = s["best"] or {}, s["over_best_compile_mode"] or {}
         return (f"best builtin re-timed geomean {f(best.get('geomean'), 3)}x (n {best.get('n')}), over the best "
@@ -604,6 +640,10 @@ def compare_markdown(c: dict[str, Any], what: str = "the judge's two configurati
                 f"{f(d['now_standing'])} ({d['now_standing_tasks']} tasks finished)" if "now_standing" in d else ""),
              f"  lease-held s per task (median): before {f(h['before'])}, now {f(h['now'])}",
              f"  before: {fig(g['before'])}", f"  now:    {fig(g['now'])}",
+             *(f"  {label} (n {iv['n']}), geomean [95% bootstrap interval over tasks]: before {ci(iv['before'])}, "
+               f"now {ci(iv['now'])}; now/before per task {ci(iv['now_over_before'])}"
+               for label, iv in (("re-timed best builtin over eager", c["intervals"]["best"]),
+                                 ("over the re-timed best compile mode", c["intervals"]["over_best_compile_mode"]))),
              f"  measurements with overlapping 95% intervals: {ag['overlapping']} of {ag['compared']}, within 1% "
              f"of each other: {ag['within_1pct']} of {ag['compared']}"
              + (f"; status differs: {ag['status_differs']}" if ag["status_differs"] else "")]

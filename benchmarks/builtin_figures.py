@@ -94,6 +94,15 @@ def _confirmed(c: dict | None) -> float | None:
     return c["speedup"] if c["status"] == "ok" and c["speedup"] else 1.0
 
 
+def retimed_values(live: list[dict]) -> list[tuple[str, float, float | None]]:
+    """(task, re-timed best builtin, re-timed best compile mode) of each counted task re-timed at
+    all: the builtin's value is its search best where its winner was not re-timed (1.0 where the
+    re-check failed), the mode's is None unless its re-timing is ``ok``."""
+    return [(r["task"], _confirmed(r["best_confirmed"]) or r["best"] or 1.0,
+             _confirmed(r["mode_confirmed"]) if r["mode_confirmed"] and r["mode_confirmed"]["status"] == "ok" else None)
+            for r in live if r["best_confirmed"] is not None or r["mode_confirmed"] is not None]
+
+
 def anchor_judged(out: Path) -> bool:
     """Whether the run's search judges each task's reference as itself (``OUT/config.yaml``'s
     ``search.anchor``; runs recorded before the field existed did)."""
@@ -201,17 +210,11 @@ def summarize(rows: list[dict], modes: list[str]) -> dict[str, Any]:
                        if r["mode_status"].get(m) == "ok" and r["modes"].get(m)]) for m in modes}
     over["best_compile_mode"] = ratios([(r["task"], value(r), r["best_mode_value"]) for r in live
                                         if r["best_mode"] and r["mode_status"].get(r["best_mode"]) == "ok"])
-    confirmed = [r for r in live if r["best_confirmed"] is not None or r["mode_confirmed"] is not None]
+    confirmed = retimed_values(live)
     retimed = {
-        "best": stats([_confirmed(r["best_confirmed"]) or value(r) for r in confirmed]),
-        "over_best_compile_mode": ratios(
-            [
-                (r["task"], _confirmed(r["best_confirmed"]) or value(r), _confirmed(r["mode_confirmed"]))
-                for r in confirmed
-                if r["mode_confirmed"] and r["mode_confirmed"]["status"] == "ok"
-            ]
-        ),
-        "failed": [r["task"] for r in confirmed if r["best_confirmed"] and r["best_confirmed"]["status"] != "ok"],
+        "best": stats([best for _, best, _ in confirmed]),
+        "over_best_compile_mode": ratios([(t, best, mode) for t, best, mode in confirmed if mode is not None]),
+        "failed": [r["task"] for r in live if r["best_confirmed"] and r["best_confirmed"]["status"] != "ok"],
     }
     chains: dict[str, dict[str, Any]] = {}
     for r in live:

@@ -606,7 +606,14 @@ def main() -> int:
         snapshot_rewrites(out)
     if not args.report_only:
         batches.finished("after", _finished(out, tasks, judge, rules_of, modes))
-    report(out, tasks, judge, rules_of, modes, batches)
+    if args.pack:  # the state first: a call cut while it writes the report still sends its verdicts back
+        pack(out, Path(args.pack))
+    try:
+        report(out, tasks, judge, rules_of, modes, batches)
+    except KeyboardInterrupt:
+        print("cut short while writing the report: the verdicts are kept (and packed); --report-only writes it",
+              flush=True)
+        return 130
     if args.pack:
         pack(out, Path(args.pack))
     return code
@@ -670,14 +677,18 @@ def cost_probe(args, out: Path, tasks: list, judge: EvalConfig, rules_of: dict, 
 
 def pack(out: Path, archive: Path) -> None:
     """The run directory's state as one tar.gz (what a machine that returns few files sends back):
-    unpack it into the run directory to resume or report there."""
+    unpack it into the run directory to resume or report there.  ``main`` packs before the report
+    and again after it, so a call cut while it writes the report (a verdict that ended later than
+    its task's ones said) still sends back every verdict; the archive is replaced whole."""
     import tarfile
 
     archive.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive, "w:gz") as tar:
+    partial = archive.with_name(archive.name + ".partial")  # a pack cut halfway leaves the earlier one whole
+    with tarfile.open(partial, "w:gz") as tar:
         for name in PACKED:
             if (out / name).exists():
                 tar.add(out / name, arcname=name)
+    partial.replace(archive)
     print(f"packed {out} into {archive} ({archive.stat().st_size // 1024} KiB)", flush=True)
 
 

@@ -65,7 +65,8 @@
 #        pass's 95% interval (benchmarks/builtin_cost.py).  Judges nothing into the run.
 # resume: the recorded command; STRIDE5_DRAIN s before its end it starts no new verdict and lets the
 #        running ones finish (a verdict still running at the end is cut by SIGINT, and lost); it
-#        keeps whole tasks, and its report ends with the call's device seconds per finished task.
+#        keeps whole tasks, and its report ends with the call's device seconds per finished task; the
+#        state is packed before the report too, so a call cut while it writes the report loses nothing.
 # Both write $OUT/stride5_state.tgz (unpack it into the run's folder here to keep the state)
 # and their log to $OUT; a summary is printed last.
 set -u

@@ -234,3 +234,37 @@ def test_a_sample_too_large_for_the_gpu_stops_before_judging(tmp_path, monkeypat
     monkeypatch.setattr(bk, "this_gpu", lambda: "NVIDIA H200")
     monkeypatch.setattr(bk, "this_gpu_gib", lambda: 139.8)
     assert bk.main() == 0 and len(judged) == 1
+
+
+def test_a_call_cut_while_it_writes_the_report_still_packs_every_verdict(tmp_path, monkeypatch, capsys):
+    """``--pack`` writes the state before the report and again after it: SIGINT (the call's
+    timeout) during the report ends the call with one line and rc 130, and the archive already
+    holds the run's store and run record, whole; a call that ends normally packs its report too."""
+    import tarfile
+
+    bk, suite, out, judged = _guarded_main(tmp_path, monkeypatch)
+    archive = tmp_path / "out" / "state.tgz"
+    monkeypatch.setattr(bk, "this_gpu", lambda: None)
+
+    def cut_report(out, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bk, "report", cut_report)
+    monkeypatch.setattr(sys, "argv", ["builtin_kernelbench.py", str(suite), "--out", str(out), "--modes", "none",
+                                      "--pack", str(archive)])
+    assert bk.main() == 130 and len(judged) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == ("cut short while writing the report: the verdicts are kept (and packed); --report-only "
+                         "writes it")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    assert {"tasks.jsonl", "run.json"} <= names and "report.md" not in names
+    assert not archive.with_name("state.tgz.partial").exists()
+
+    def full_report(out, *a, **k):
+        (out / "report.md").write_text("report")
+
+    monkeypatch.setattr(bk, "report", full_report)
+    assert bk.main() == 0
+    with tarfile.open(archive) as tar:
+        assert "report.md" in tar.getnames() and tar.extractfile("report.md").read() == b"report"

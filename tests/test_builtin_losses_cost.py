@@ -325,7 +325,10 @@ def test_two_judge_configurations_compared_on_the_tasks_finished_under_both(benc
     assert c["figures"]["before"]["best"]["n"] == c["figures"]["now"]["best"]["n"] == 2
     assert c["figures"]["before"]["best"]["geomean"] == pytest.approx((2.0 * 1.1) ** 0.5)
     assert c["figures"]["now"]["best"]["geomean"] == pytest.approx((2.05 * 1.3) ** 0.5)
+    assert c["intervals"]["best"]["n"] == 2 and c["intervals"]["over_best_compile_mode"]["n"] == 0
     text = cost.compare_markdown(c)
+    assert "re-timed best builtin over eager (n 2), geomean [95% bootstrap interval over tasks]: before 1.483 [" in text
+    assert "over the re-timed best compile mode (n 0), geomean [95% bootstrap interval over tasks]: before -" in text
     assert "before 500 (2 tasks), now 75" in text and "winning chain before compile-default, now triton-fusion" in text
     assert "4 of 6" in text and "within 1% of each other: 2 of 6" in text
     assert c["agreement"]["largest"][0] == "b|best builtin"  # 1.1 -> 1.3
@@ -333,6 +336,37 @@ def test_two_judge_configurations_compared_on_the_tasks_finished_under_both(benc
     now["rows"][0]["mode_status"]["compile-default"] = "runtime_error"
     assert cost.compare(before, now)["agreement"]["status_differs"] == [["a|mode:compile-default", "ok",
                                                                          "runtime_error"]]
+
+
+def test_the_headline_figures_with_bootstrap_intervals_over_tasks_and_paired_between_runs(bench):
+    """Each run's re-timed geomeans carry a 95% bootstrap interval over the tasks, and the per-task
+    ratio of the two runs one of its own: a run that reads the same on every task but one noisy one
+    has a paired interval around 1.0 far narrower than either run's own."""
+    _, cost = bench
+    assert cost.geomean_interval([]) is None
+    g, lo, hi = cost.geomean_interval([2.0, 2.0, 2.0])
+    assert g == lo == hi == pytest.approx(2.0)  # no spread, no interval
+    values = [1.0, 1.2, 1.5, 2.0, 3.0, 0.8, 1.1, 4.0]
+    g, lo, hi = cost.geomean_interval(values)
+    assert lo < g < hi and g == pytest.approx(cost.math.prod(values) ** (1 / len(values)))
+    assert cost.geomean_interval(values) == [g, lo, hi]  # seeded: the same every time
+    tasks = [f"t{i}" for i in range(len(values))]
+
+    def rows(scale: dict[str, float]) -> dict[str, dict]:
+        out = {}
+        for t, v in zip(tasks, values):
+            r = _row(t, "algebraic", v * scale.get(t, 1.0), None, 1.0, [0.99, 1.01])
+            r["mode_confirmed"] = {"status": "ok", "speedup": 1.0 if t != "t0" else 2.0}
+            out[t] = r
+        return out
+
+    iv = cost.headline_intervals(rows({}), rows({"t3": 1.1}), tasks)
+    assert iv["best"]["n"] == iv["over_best_compile_mode"]["n"] == len(tasks)
+    assert iv["best"]["before"] == [g, lo, hi]
+    paired = iv["best"]["now_over_before"]
+    assert paired[1] == pytest.approx(1.0) and paired[0] == pytest.approx(1.1 ** (1 / len(tasks)))
+    assert paired[2] - paired[1] < (hi - lo) / 10
+    assert iv["over_best_compile_mode"]["before"][0] == pytest.approx(g / 2.0 ** (1 / len(tasks)))
 
 
 def test_a_call_cut_inside_a_batch_keeps_its_time_under_the_stage_it_was_in(bench, tmp_path, monkeypatch):
