@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any, Collection, Iterator
 
 import builtin_baseline_plan
-from builtin_figures import counted, n_finished, retimed_values
+from builtin_figures import counted, geomean, n_finished, retimed_values
 from builtin_figures import summarize as figures_of
 from cudal1.compile_modes import UNGRAPHED_TWIN
 from cudal1.harness.parent.batchstats import GPU_PHASES
@@ -560,7 +560,7 @@ def geomean_interval(values: list[float], resamples: int = 10_000, seed: int = 0
     rng, n = random.Random(seed), len(logs)
     means = sorted(sum(rng.choices(logs, k=n)) / n for _ in range(resamples))
     lo, hi = means[int(0.025 * resamples)], means[int(0.975 * resamples) - 1]
-    return [math.exp(sum(logs) / n), math.exp(lo), math.exp(hi)]
+    return [geomean(values), math.exp(lo), math.exp(hi)]
 
 
 def headline_intervals(before: dict[str, dict], now: dict[str, dict], tasks: list[str]) -> dict[str, Any]:
